@@ -1,0 +1,58 @@
+// accumplan/errors.h — the one error hierarchy of accumplan, with process exit codes.
+//
+// What it is: every error a user can cause (bad flag, bad file, infeasible plan) derives from
+// `InputError` and maps to exit code 2; anything else that escapes is an internal error (exit 1).
+// What it is not: a logging facility. Messages are complete sentences that name the bad value
+// and, where there is one, the fix.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace accumplan {
+
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitInternal = 1,  // a bug or an environment failure we did not anticipate
+  kExitInput = 2,     // bad input, infeasible plan, backend not built: the user can fix it
+};
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+  virtual int exit_code() const { return kExitInternal; }
+};
+
+// Bad flag, bad file, bad value. Exit code 2.
+class InputError : public Error {
+ public:
+  using Error::Error;
+  int exit_code() const override { return kExitInput; }
+};
+
+// A JSON document that does not match its schema; the message names the JSON path ($.a.b[2]).
+class SchemaError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
+// The request is well-formed but no plan satisfies it (budget too small, B not divisible by W).
+class InfeasibleError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
+// A backend (CUDA, CUPTI, LibTorch) was asked for but not compiled in; the message says how to
+// reconfigure.
+class BackendNotBuiltError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
+// An invariant broke: always a bug in accumplan. Exit code 1.
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace accumplan

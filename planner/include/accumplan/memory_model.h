@@ -1,0 +1,58 @@
+// accumplan/memory_model.h — peak(b) = persistent + a0 + a1·b, fitted to measured points.
+//
+// What it is: an ordinary least-squares line through the profile's (micro_batch, peak) points,
+// with residuals kept so a plan can say how well the line explains what was measured. On caching
+// allocators the fit uses `reserved_peak_bytes` (a GPU runs out of memory on reserved bytes, not
+// allocated ones) when every point has it. Also a time model for microbatch seconds.
+// What it is not: a guarantee. The solver keeps headroom and the profiler confirms by a real step,
+// because a fitted line is a prediction.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "accumplan/schema.h"
+
+namespace accumplan {
+
+class MemoryModel {
+ public:
+  // Throws InputError if the profile has fewer than two distinct microbatch sizes, or peaks that
+  // do not grow with the microbatch (slope <= 0, or a drop bigger than measurement noise).
+  static MemoryModel fit(const Profile& profile);
+
+  const FitSummary& summary() const { return fit_; }
+  const Persistent& persistent() const { return persistent_; }
+
+  double predict_bytes(int64_t micro_batch) const;
+  int64_t predict_peak_bytes(int64_t micro_batch) const;  // rounded up
+  // Largest b >= 1 with predict_peak_bytes(b) <= usable_bytes, or 0 if even b = 1 does not fit.
+  int64_t largest_fitting(int64_t usable_bytes) const;
+  // a0 = intercept - persistent, rounded to bytes; may be negative when the fit is poor.
+  int64_t activation_fixed_bytes() const;
+  // The largest optimizer-step transient peak measured, or 0 if none was recorded.
+  int64_t optimizer_step_peak_bytes() const { return optimizer_step_peak_bytes_; }
+
+ private:
+  FitSummary fit_;
+  Persistent persistent_;
+  int64_t optimizer_step_peak_bytes_ = 0;
+};
+
+// Seconds per microbatch as a function of its size, from the profile's `step_seconds`:
+// piecewise-linear between measured sizes, and beyond the largest along the least-squares slope.
+class TimeModel {
+ public:
+  // False when any point lacks step_seconds or fewer than two sizes were timed.
+  static bool available(const Profile& profile);
+  static TimeModel fit(const Profile& profile);
+
+  double predict_seconds(int64_t micro_batch) const;
+  double window_seconds(const std::vector<int64_t>& sizes) const;
+
+ private:
+  std::vector<std::pair<int64_t, double>> points_;  // sorted by size, one per size (mean)
+  double slope_seconds_per_sample_ = 0;
+};
+
+}  // namespace accumplan

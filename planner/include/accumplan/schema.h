@@ -1,0 +1,158 @@
+// accumplan/schema.h — profile.json and plan.json: the structs, their JSON, their versions.
+//
+// What it is: the single definition of both documents accumplan exchanges. Every field that holds
+// bytes ends in `_bytes`, every field that holds time ends in `_seconds`. Writers always emit
+// `"schema"` and `"schema_version": "1.0"`; readers accept any 1.x (unknown fields are ignored)
+// and refuse another major version. A missing or ill-typed field raises SchemaError naming its
+// JSON path, e.g. `$.points[2].peak_bytes`. JSON Schema files for both documents live in
+// planner/schemas/ and a test keeps them in step with this file.
+// What it is not: the logic that fills them (profiler/, planner/solver.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace accumplan {
+
+inline constexpr const char* kProfileSchema = "accumplan.profile";
+inline constexpr const char* kPlanSchema = "accumplan.plan";
+inline constexpr int kSchemaMajor = 1;
+inline constexpr int kSchemaMinor = 0;
+const std::string& schema_version_string();  // "1.0"
+
+struct DeviceInfo {
+  std::string type;          // "cpu" or "cuda"
+  int index = 0;
+  std::string name;          // e.g. "cpu (counting allocator)", "NVIDIA H200"
+  int64_t total_bytes = 0;   // device memory (CPU: the enforced budget, else machine memory)
+};
+
+struct ModelInfo {
+  std::string path;
+  std::string sha256;        // of the model file's bytes; the executor checks it
+  int64_t parameter_count = 0;
+  std::vector<std::string> batch_dependent_layers;  // e.g. "layer1.0.bn1 (BatchNorm2d)"
+};
+
+struct Setup {
+  std::string optimizer = "sgd";    // sgd momentum adam adamw adagrad rmsprop
+  double lr = 0.01;
+  std::string amp = "none";         // none bf16 fp16
+  std::string loss = "cross_entropy";  // cross_entropy mse model
+  std::vector<std::string> inputs;  // tensor specs, one per forward argument
+  std::string target;               // tensor spec; empty when loss == "model" takes none
+  int64_t ignore_index = -100;
+};
+
+struct Persistent {
+  int64_t weights_bytes = 0;
+  int64_t gradients_bytes = 0;
+  int64_t optimizer_state_bytes = 0;
+  int64_t total() const { return weights_bytes + gradients_bytes + optimizer_state_bytes; }
+};
+
+// Peak of one steady-state microbatch (forward+backward with gradients and optimizer state
+// resident), all bytes on the device, persistent included.
+struct ProfilePoint {
+  int64_t micro_batch = 0;
+  int64_t peak_bytes = 0;
+  std::optional<int64_t> reserved_peak_bytes;        // caching allocators (CUDA) only
+  std::optional<int64_t> optimizer_step_peak_bytes;  // peak during optimizer.step()
+  std::optional<double> step_seconds;                // one microbatch forward+backward
+};
+
+// Every real training step the profiler took, and what it cost.
+struct Trial {
+  std::string kind;          // "probe" | "confirm"
+  int64_t micro_batch = 0;
+  bool fit = false;          // ran without OOM and within the budget
+  int64_t peak_bytes = 0;    // 0 when it ran out of memory before finishing
+  double seconds = 0;
+};
+
+struct Profile {
+  DeviceInfo device;
+  ModelInfo model;
+  Setup setup;
+  std::string libtorch_version;
+  std::string probe;                        // which MemoryProbe measured, e.g. "cpu-counting"
+  std::optional<int64_t> budget_bytes;      // budget enforced while profiling, if any
+  Persistent persistent;
+  std::vector<ProfilePoint> points;
+  std::vector<Trial> trials;
+};
+
+struct MemoryBreakdown {
+  int64_t budget_bytes = 0;
+  double headroom = 0.10;
+  int64_t usable_bytes = 0;                 // floor(budget * (1 - headroom))
+  int64_t predicted_peak_bytes = 0;         // at plan.micro_batch
+  int64_t weights_bytes = 0;
+  int64_t gradients_bytes = 0;
+  int64_t optimizer_state_bytes = 0;
+  int64_t activation_fixed_bytes = 0;       // a0 of peak(b) = persistent + a0 + a1*b
+  double activation_bytes_per_sample = 0;   // a1
+};
+
+struct FitSummary {
+  std::string target;                       // "peak_bytes" or "reserved_peak_bytes"
+  double intercept_bytes = 0;               // persistent + a0
+  double slope_bytes_per_sample = 0;        // a1
+  double max_abs_residual_bytes = 0;
+  double rms_residual_bytes = 0;
+  std::vector<double> residuals_bytes;      // measured - fitted, one per profile point
+};
+
+struct Timing {
+  double window_seconds = 0;                // predicted seconds for one accumulation window
+  double microbatch_seconds_at_plan = 0;    // predicted seconds of the largest microbatch
+};
+
+struct UniformSplit {
+  int64_t micro_batch = 0;
+  int64_t accumulation_steps = 0;
+};
+
+struct Plan {
+  int64_t target_batch = 0;
+  int64_t world_size = 1;
+  int64_t per_rank_batch = 0;
+  int64_t micro_batch = 0;                  // largest entry of microbatch_sizes
+  int64_t accumulation_steps = 0;           // == microbatch_sizes.size()
+  std::vector<int64_t> microbatch_sizes;    // one window, per rank
+  std::vector<double> weights;              // n_i / per_rank_batch
+  int64_t max_micro_batch = 0;              // largest microbatch allowed (memory and bounds)
+  std::string split = "balanced";           // balanced | uniform
+  std::optional<int64_t> multiple_of;
+  UniformSplit uniform;
+  MemoryBreakdown memory;
+  FitSummary fit;
+  std::optional<Timing> timing;
+  bool confirmed = false;                   // a real step at micro_batch ran within budget
+  std::optional<int64_t> confirmed_peak_bytes;
+  std::string reason;                       // one sentence: why this plan
+  DeviceInfo device;
+  ModelInfo model;
+  Setup setup;
+  std::string libtorch_version;
+  std::vector<ProfilePoint> profile_points;
+  std::vector<Trial> trials;
+};
+
+// JSON conversion. Readers take the document's root and report paths from `$`.
+// Writers return ordered JSON: keys appear in the order users read them (the answer first).
+nlohmann::ordered_json to_json(const Profile& p);
+nlohmann::ordered_json to_json(const Plan& p);
+Profile profile_from_json(const nlohmann::json& j);
+Plan plan_from_json(const nlohmann::json& j);
+
+// Read and parse a file; InputError if it is missing or not JSON, SchemaError if it does not
+// match. `what` names the file's role in messages ("--profile").
+Profile read_profile_file(const std::string& path, const std::string& what = "profile");
+Plan read_plan_file(const std::string& path, const std::string& what = "plan");
+
+}  // namespace accumplan

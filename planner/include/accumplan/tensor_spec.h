@@ -1,0 +1,37 @@
+// accumplan/tensor_spec.h — the torch-free description of one model input or target.
+//
+// What it is: `float32[B,3,224,224]`, `int64[B,128]:50257` (integers in [0, 50257)),
+// `float32[B,10]` parsed into dtype, dims and an integer range. `B` marks the microbatch dimension
+// and appears exactly once. Specs travel inside profile.json and plan.json as their text, so the
+// executor can rebuild synthetic inputs from a plan alone.
+// What it is not: a tensor factory; src/ turns a spec into a LibTorch tensor.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace accumplan {
+
+struct TensorSpec {
+  static constexpr int64_t kBatchDim = -1;  // the `B` entry of `dims`
+
+  std::string dtype;               // float32 float64 float16 bfloat16 int64 int32 int16 int8 uint8 bool
+  std::vector<int64_t> dims;       // kBatchDim for B, else a positive extent
+  std::optional<int64_t> high;     // integers are drawn from [0, high); required for int dtypes
+  std::string text;                // the spec as written, canonical form
+
+  bool is_integer() const;
+  size_t batch_axis() const;       // index of B in dims
+  // Shape with B replaced by `micro_batch`.
+  std::vector<int64_t> shape(int64_t micro_batch) const;
+  // Elements per sample (product of the non-B dims).
+  int64_t elements_per_sample() const;
+  std::string to_string() const;   // canonical text, e.g. "int64[B,128]:50257"
+};
+
+// Throws InputError naming `what` (e.g. "--input") and the bad part of `text`.
+TensorSpec parse_tensor_spec(const std::string& text, const std::string& what);
+
+}  // namespace accumplan

@@ -1,0 +1,331 @@
+// schema.cpp — JSON for profile.json and plan.json. See schema.h for the rules; field order in
+// the writers is the order users read, so golden files stay stable and diffs stay small.
+#include "accumplan/schema.h"
+
+#include <cstdlib>
+
+#include "accumplan/errors.h"
+#include "accumplan/json_io.h"
+
+namespace accumplan {
+
+using nlohmann::json;
+// ordered_json keeps keys in insertion order, so plan.json reads top-down: the answer first.
+using ojson = nlohmann::ordered_json;
+
+const std::string& schema_version_string() {
+  static const std::string v = std::to_string(kSchemaMajor) + "." + std::to_string(kSchemaMinor);
+  return v;
+}
+
+namespace {
+
+template <class T>
+ojson opt(const std::optional<T>& v) {
+  return v ? ojson(*v) : ojson(nullptr);
+}
+
+ojson device_json(const DeviceInfo& d) {
+  return ojson{{"type", d.type}, {"index", d.index}, {"name", d.name}, {"total_bytes", d.total_bytes}};
+}
+DeviceInfo device_from(const JsonField& f) {
+  DeviceInfo d;
+  d.type = f.str("type");
+  d.index = static_cast<int>(f.i64("index"));
+  d.name = f.str("name");
+  d.total_bytes = f.i64("total_bytes");
+  return d;
+}
+
+ojson model_json(const ModelInfo& m) {
+  return ojson{{"path", m.path},
+               {"sha256", m.sha256},
+               {"parameter_count", m.parameter_count},
+               {"batch_dependent_layers", m.batch_dependent_layers}};
+}
+ModelInfo model_from(const JsonField& f) {
+  ModelInfo m;
+  m.path = f.str("path");
+  m.sha256 = f.str("sha256");
+  m.parameter_count = f.i64("parameter_count");
+  m.batch_dependent_layers = f.strings("batch_dependent_layers");
+  return m;
+}
+
+ojson setup_json(const Setup& s) {
+  return ojson{{"optimizer", s.optimizer}, {"lr", s.lr},         {"amp", s.amp},
+               {"loss", s.loss},           {"inputs", s.inputs}, {"target", s.target},
+               {"ignore_index", s.ignore_index}};
+}
+Setup setup_from(const JsonField& f) {
+  Setup s;
+  s.optimizer = f.str("optimizer");
+  s.lr = f.f64("lr");
+  s.amp = f.str("amp");
+  s.loss = f.str("loss");
+  s.inputs = f.strings("inputs");
+  s.target = f.str("target");
+  if (auto ii = f.opt_i64("ignore_index")) s.ignore_index = *ii;
+  return s;
+}
+
+ojson point_json(const ProfilePoint& p) {
+  ojson j{{"micro_batch", p.micro_batch}, {"peak_bytes", p.peak_bytes}};
+  if (p.reserved_peak_bytes) j["reserved_peak_bytes"] = *p.reserved_peak_bytes;
+  if (p.optimizer_step_peak_bytes) j["optimizer_step_peak_bytes"] = *p.optimizer_step_peak_bytes;
+  j["step_seconds"] = opt(p.step_seconds);
+  return j;
+}
+ProfilePoint point_from(const JsonField& f) {
+  ProfilePoint p;
+  p.micro_batch = f.i64("micro_batch");
+  p.peak_bytes = f.i64("peak_bytes");
+  p.reserved_peak_bytes = f.opt_i64("reserved_peak_bytes");
+  p.optimizer_step_peak_bytes = f.opt_i64("optimizer_step_peak_bytes");
+  p.step_seconds = f.opt_f64("step_seconds");
+  return p;
+}
+ojson points_json(const std::vector<ProfilePoint>& pts) {
+  ojson a = ojson::array();
+  for (const auto& p : pts) a.push_back(point_json(p));
+  return a;
+}
+std::vector<ProfilePoint> points_from(const JsonField& f) {
+  std::vector<ProfilePoint> out;
+  for (const auto& item : f.items()) out.push_back(point_from(item));
+  return out;
+}
+
+ojson trials_json(const std::vector<Trial>& trials) {
+  ojson a = ojson::array();
+  for (const auto& t : trials) {
+    a.push_back(ojson{{"kind", t.kind},
+                      {"micro_batch", t.micro_batch},
+                      {"fit", t.fit},
+                      {"peak_bytes", t.peak_bytes},
+                      {"seconds", t.seconds}});
+  }
+  return a;
+}
+std::vector<Trial> trials_from(const JsonField& f) {
+  std::vector<Trial> out;
+  for (const auto& item : f.items()) {
+    Trial t;
+    t.kind = item.str("kind");
+    t.micro_batch = item.i64("micro_batch");
+    t.fit = item.boolean("fit");
+    t.peak_bytes = item.i64("peak_bytes");
+    t.seconds = item.f64("seconds");
+    out.push_back(t);
+  }
+  return out;
+}
+
+// Checks `schema` and `schema_version`: another major is refused, a newer minor accepted.
+void check_header(const JsonField& root, const char* expected_schema) {
+  const std::string schema = root.str("schema");
+  if (schema != expected_schema) {
+    throw SchemaError("$.schema: this is a '" + schema + "' document, expected '" +
+                      expected_schema + "'");
+  }
+  const std::string version = root.str("schema_version");
+  const size_t dot = version.find('.');
+  char* end = nullptr;
+  const long major = std::strtol(version.c_str(), &end, 10);
+  if (dot == std::string::npos || end != version.c_str() + dot || dot == 0) {
+    throw SchemaError("$.schema_version: '" + version + "' is not MAJOR.MINOR");
+  }
+  if (major != kSchemaMajor) {
+    throw SchemaError("$.schema_version: " + std::string(expected_schema) + " version " + version +
+                      " is not readable by this accumplan, which reads " +
+                      std::to_string(kSchemaMajor) + ".x; use an accumplan that writes " +
+                      std::to_string(major) + ".x, or regenerate the file with this one");
+  }
+}
+
+}  // namespace
+
+ojson to_json(const Profile& p) {
+  ojson j;
+  j["schema"] = kProfileSchema;
+  j["schema_version"] = schema_version_string();
+  j["device"] = device_json(p.device);
+  j["model"] = model_json(p.model);
+  j["setup"] = setup_json(p.setup);
+  j["libtorch_version"] = p.libtorch_version;
+  j["probe"] = p.probe;
+  j["budget_bytes"] = opt(p.budget_bytes);
+  j["persistent"] = ojson{{"weights_bytes", p.persistent.weights_bytes},
+                          {"gradients_bytes", p.persistent.gradients_bytes},
+                          {"optimizer_state_bytes", p.persistent.optimizer_state_bytes}};
+  j["points"] = points_json(p.points);
+  j["trials"] = trials_json(p.trials);
+  return j;
+}
+
+Profile profile_from_json(const json& doc) {
+  const JsonField root(doc, "$");
+  check_header(root, kProfileSchema);
+  Profile p;
+  p.device = device_from(root.at("device"));
+  p.model = model_from(root.at("model"));
+  p.setup = setup_from(root.at("setup"));
+  p.libtorch_version = root.str("libtorch_version");
+  p.probe = root.opt_str("probe").value_or("");
+  p.budget_bytes = root.opt_i64("budget_bytes");
+  const JsonField per = root.at("persistent");
+  p.persistent.weights_bytes = per.i64("weights_bytes");
+  p.persistent.gradients_bytes = per.i64("gradients_bytes");
+  p.persistent.optimizer_state_bytes = per.i64("optimizer_state_bytes");
+  p.points = points_from(root.at("points"));
+  if (root.has("trials")) p.trials = trials_from(root.at("trials"));
+  return p;
+}
+
+ojson to_json(const Plan& p) {
+  ojson j;
+  j["schema"] = kPlanSchema;
+  j["schema_version"] = schema_version_string();
+  j["target_batch"] = p.target_batch;
+  j["world_size"] = p.world_size;
+  j["per_rank_batch"] = p.per_rank_batch;
+  j["micro_batch"] = p.micro_batch;
+  j["accumulation_steps"] = p.accumulation_steps;
+  j["microbatch_sizes"] = p.microbatch_sizes;
+  j["weights"] = p.weights;
+  j["max_micro_batch"] = p.max_micro_batch;
+  j["split"] = p.split;
+  j["multiple_of"] = opt(p.multiple_of);
+  j["uniform"] = ojson{{"micro_batch", p.uniform.micro_batch},
+                       {"accumulation_steps", p.uniform.accumulation_steps}};
+  const MemoryBreakdown& m = p.memory;
+  j["memory"] = ojson{{"budget_bytes", m.budget_bytes},
+                      {"headroom", m.headroom},
+                      {"usable_bytes", m.usable_bytes},
+                      {"predicted_peak_bytes", m.predicted_peak_bytes},
+                      {"weights_bytes", m.weights_bytes},
+                      {"gradients_bytes", m.gradients_bytes},
+                      {"optimizer_state_bytes", m.optimizer_state_bytes},
+                      {"activation_fixed_bytes", m.activation_fixed_bytes},
+                      {"activation_bytes_per_sample", m.activation_bytes_per_sample}};
+  j["fit"] = ojson{{"target", p.fit.target},
+                   {"intercept_bytes", p.fit.intercept_bytes},
+                   {"slope_bytes_per_sample", p.fit.slope_bytes_per_sample},
+                   {"max_abs_residual_bytes", p.fit.max_abs_residual_bytes},
+                   {"rms_residual_bytes", p.fit.rms_residual_bytes},
+                   {"residuals_bytes", p.fit.residuals_bytes}};
+  if (p.timing) {
+    j["timing"] = ojson{{"window_seconds", p.timing->window_seconds},
+                        {"microbatch_seconds_at_plan", p.timing->microbatch_seconds_at_plan}};
+  } else {
+    j["timing"] = nullptr;
+  }
+  j["confirmed"] = p.confirmed;
+  j["confirmed_peak_bytes"] = opt(p.confirmed_peak_bytes);
+  j["reason"] = p.reason;
+  j["device"] = device_json(p.device);
+  j["model"] = model_json(p.model);
+  j["setup"] = setup_json(p.setup);
+  j["libtorch_version"] = p.libtorch_version;
+  j["profile_points"] = points_json(p.profile_points);
+  j["trials"] = trials_json(p.trials);
+  return j;
+}
+
+Plan plan_from_json(const json& doc) {
+  const JsonField root(doc, "$");
+  check_header(root, kPlanSchema);
+  Plan p;
+  p.target_batch = root.i64("target_batch");
+  p.world_size = root.i64("world_size");
+  p.per_rank_batch = root.i64("per_rank_batch");
+  p.micro_batch = root.i64("micro_batch");
+  p.accumulation_steps = root.i64("accumulation_steps");
+  for (const auto& f : root.at("microbatch_sizes").items()) p.microbatch_sizes.push_back(f.as_int());
+  for (const auto& f : root.at("weights").items()) p.weights.push_back(f.as_double());
+  p.max_micro_batch = root.i64("max_micro_batch");
+  p.split = root.str("split");
+  p.multiple_of = root.opt_i64("multiple_of");
+  const JsonField u = root.at("uniform");
+  p.uniform.micro_batch = u.i64("micro_batch");
+  p.uniform.accumulation_steps = u.i64("accumulation_steps");
+  const JsonField m = root.at("memory");
+  p.memory.budget_bytes = m.i64("budget_bytes");
+  p.memory.headroom = m.f64("headroom");
+  p.memory.usable_bytes = m.i64("usable_bytes");
+  p.memory.predicted_peak_bytes = m.i64("predicted_peak_bytes");
+  p.memory.weights_bytes = m.i64("weights_bytes");
+  p.memory.gradients_bytes = m.i64("gradients_bytes");
+  p.memory.optimizer_state_bytes = m.i64("optimizer_state_bytes");
+  p.memory.activation_fixed_bytes = m.i64("activation_fixed_bytes");
+  p.memory.activation_bytes_per_sample = m.f64("activation_bytes_per_sample");
+  if (root.has("fit")) {
+    const JsonField f = root.at("fit");
+    p.fit.target = f.str("target");
+    p.fit.intercept_bytes = f.f64("intercept_bytes");
+    p.fit.slope_bytes_per_sample = f.f64("slope_bytes_per_sample");
+    p.fit.max_abs_residual_bytes = f.f64("max_abs_residual_bytes");
+    p.fit.rms_residual_bytes = f.f64("rms_residual_bytes");
+    for (const auto& r : f.at("residuals_bytes").items()) p.fit.residuals_bytes.push_back(r.as_double());
+  }
+  const JsonField t = root.at("timing");
+  if (!t.raw().is_null()) {
+    Timing timing;
+    timing.window_seconds = t.f64("window_seconds");
+    timing.microbatch_seconds_at_plan = t.f64("microbatch_seconds_at_plan");
+    p.timing = timing;
+  }
+  p.confirmed = root.boolean("confirmed");
+  p.confirmed_peak_bytes = root.opt_i64("confirmed_peak_bytes");
+  p.reason = root.str("reason");
+  p.device = device_from(root.at("device"));
+  p.model = model_from(root.at("model"));
+  p.setup = setup_from(root.at("setup"));
+  p.libtorch_version = root.str("libtorch_version");
+  p.profile_points = points_from(root.at("profile_points"));
+  if (root.has("trials")) p.trials = trials_from(root.at("trials"));
+
+  // Cross-field invariants: a hand-edited plan that breaks them would silently mis-weight.
+  int64_t sum = 0;
+  for (auto n : p.microbatch_sizes) {
+    if (n < 1) throw SchemaError("$.microbatch_sizes: every size must be >= 1");
+    sum += n;
+  }
+  if (sum != p.per_rank_batch) {
+    throw SchemaError("$.microbatch_sizes: sizes sum to " + std::to_string(sum) +
+                      ", but per_rank_batch is " + std::to_string(p.per_rank_batch));
+  }
+  if (p.weights.size() != p.microbatch_sizes.size()) {
+    throw SchemaError("$.weights: " + std::to_string(p.weights.size()) + " weights for " +
+                      std::to_string(p.microbatch_sizes.size()) + " microbatches");
+  }
+  if (static_cast<int64_t>(p.microbatch_sizes.size()) != p.accumulation_steps) {
+    throw SchemaError("$.accumulation_steps: " + std::to_string(p.accumulation_steps) +
+                      " does not match the " + std::to_string(p.microbatch_sizes.size()) +
+                      " entries of microbatch_sizes");
+  }
+  if (p.world_size < 1 || p.per_rank_batch * p.world_size != p.target_batch) {
+    throw SchemaError("$.per_rank_batch: per_rank_batch * world_size != target_batch");
+  }
+  return p;
+}
+
+Profile read_profile_file(const std::string& path, const std::string& what) {
+  const json doc = read_json_file(path, what);
+  try {
+    return profile_from_json(doc);
+  } catch (const SchemaError& e) {
+    throw SchemaError(what + " '" + path + "': " + e.what());
+  }
+}
+
+Plan read_plan_file(const std::string& path, const std::string& what) {
+  const json doc = read_json_file(path, what);
+  try {
+    return plan_from_json(doc);
+  } catch (const SchemaError& e) {
+    throw SchemaError(what + " '" + path + "': " + e.what());
+  }
+}
+
+}  // namespace accumplan

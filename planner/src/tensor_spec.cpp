@@ -1,0 +1,121 @@
+// tensor_spec.cpp — parsing of `dtype[dims]:high` specs. See tensor_spec.h.
+#include "accumplan/tensor_spec.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include "accumplan/errors.h"
+
+namespace accumplan {
+namespace {
+
+const char* kFloatTypes[] = {"float32", "float64", "float16", "bfloat16"};
+const char* kIntTypes[] = {"int64", "int32", "int16", "int8", "uint8", "bool"};
+
+bool is_one_of(const std::string& s, const char* const* list, size_t n) {
+  return std::any_of(list, list + n, [&](const char* x) { return s == x; });
+}
+
+bool all_digits(const std::string& s) {
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(' ');
+  size_t e = s.find_last_not_of(' ');
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+}  // namespace
+
+bool TensorSpec::is_integer() const { return is_one_of(dtype, kIntTypes, std::size(kIntTypes)); }
+
+size_t TensorSpec::batch_axis() const {
+  return static_cast<size_t>(std::find(dims.begin(), dims.end(), kBatchDim) - dims.begin());
+}
+
+std::vector<int64_t> TensorSpec::shape(int64_t micro_batch) const {
+  std::vector<int64_t> out = dims;
+  for (auto& d : out) {
+    if (d == kBatchDim) d = micro_batch;
+  }
+  return out;
+}
+
+int64_t TensorSpec::elements_per_sample() const {
+  int64_t n = 1;
+  for (auto d : dims) {
+    if (d != kBatchDim) n *= d;
+  }
+  return n;
+}
+
+std::string TensorSpec::to_string() const {
+  std::string s = dtype + "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) s += ",";
+    s += dims[i] == kBatchDim ? "B" : std::to_string(dims[i]);
+  }
+  s += "]";
+  if (high) s += ":" + std::to_string(*high);
+  return s;
+}
+
+TensorSpec parse_tensor_spec(const std::string& text, const std::string& what) {
+  auto fail = [&](const std::string& why) -> TensorSpec {
+    throw InputError(what + " '" + text + "': " + why +
+                     "; expected e.g. float32[B,3,224,224], int64[B,128]:50257 or float32[B,10]");
+  };
+  const size_t open = text.find('[');
+  const size_t close = text.find(']');
+  if (open == std::string::npos) return fail("missing '[' after the dtype");
+  if (close == std::string::npos || close < open) return fail("missing closing ']'");
+
+  TensorSpec spec;
+  spec.dtype = trim(text.substr(0, open));
+  if (!is_one_of(spec.dtype, kFloatTypes, std::size(kFloatTypes)) && !spec.is_integer()) {
+    return fail("unknown dtype '" + spec.dtype +
+                "' (known: float32 float64 float16 bfloat16 int64 int32 int16 int8 uint8 bool)");
+  }
+
+  const std::string inner = text.substr(open + 1, close - open - 1);
+  size_t start = 0;
+  int batch_dims = 0;
+  while (true) {
+    const size_t comma = inner.find(',', start);
+    const std::string tok = trim(inner.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (tok == "B") {
+      spec.dims.push_back(TensorSpec::kBatchDim);
+      ++batch_dims;
+    } else if (all_digits(tok) && tok.size() < 12 && std::stoll(tok) > 0) {
+      spec.dims.push_back(std::stoll(tok));
+    } else {
+      return fail("dimension '" + tok + "' is neither B nor a positive integer");
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (batch_dims != 1) return fail("the microbatch dimension B must appear exactly once");
+
+  const std::string rest = text.substr(close + 1);
+  if (!rest.empty()) {
+    if (rest[0] != ':') return fail("unexpected '" + rest + "' after ']'");
+    const std::string high = rest.substr(1);
+    if (!all_digits(high) || high.size() > 18 || std::stoll(high) < 1) {
+      return fail("the integer range ':" + high + "' must be a positive count of values");
+    }
+    if (!spec.is_integer()) return fail("':N' ranges apply to integer dtypes only");
+    spec.high = std::stoll(high);
+  } else if (spec.is_integer()) {
+    if (spec.dtype == "bool") {
+      spec.high = 2;
+    } else {
+      return fail("integer inputs need a range, e.g. " + spec.dtype + "[...]:1000 for [0, 1000)");
+    }
+  }
+  spec.text = spec.to_string();
+  return spec;
+}
+
+}  // namespace accumplan

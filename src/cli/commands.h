@@ -1,0 +1,36 @@
+// cli/commands.h — how the `accumplan` executable is put together from command modules.
+//
+// What it is: each module adds its CLI11 subcommands (or, for the device commands, the root's own
+// options: `accumplan --model m.pt --target-batch 256`) and returns what to run once parsing
+// succeeded. main.cpp owns error handling and exit codes (errors.h).
+// What it is not: torch-aware. This header and the planner commands compile without LibTorch;
+// the device commands come from device_commands.cpp (LibTorch) or no_torch_commands.cpp.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace accumplan::cli {
+
+struct Command {
+  CLI::App* app = nullptr;       // the subcommand, or the root app for the root's own job
+  std::function<int()> run;      // returns the exit code; throws accumplan::Error on failure
+};
+
+// `plan` and `export`: torch-free.
+void add_planner_commands(CLI::App& root, std::vector<Command>& commands);
+
+// The root's own job (profile + plan + confirm) and `profile`, `run`, `verify`. Without LibTorch
+// these exist too and fail with BackendNotBuiltError explaining how to rebuild. Returns the
+// root's job.
+Command add_device_commands(CLI::App& root, std::vector<Command>& commands);
+
+// Writes `text` to `path` atomically, or to stdout when `path` is empty or "-".
+void emit_output(const std::string& path, const std::string& text);
+
+}  // namespace accumplan::cli

@@ -1,0 +1,73 @@
+// cli/main.cpp — the `accumplan` executable: parse, dispatch, map errors to exit codes.
+//
+// Exit codes: 0 ok, 2 bad input or infeasible plan (accumplan::InputError and CLI parse errors),
+// 1 internal error. Error messages go to stderr as one line starting with "accumplan: error:".
+#include <CLI/CLI.hpp>
+
+#include <exception>
+#include <iostream>
+
+#include "accumplan/build_config.h"
+#include "accumplan/errors.h"
+#include "accumplan/json_io.h"
+#include "cli/commands.h"
+
+namespace accumplan::cli {
+
+void emit_output(const std::string& path, const std::string& text) {
+  if (path.empty() || path == "-") {
+    std::cout << text << std::flush;
+  } else {
+    write_text_atomic(path, text);
+  }
+}
+
+}  // namespace accumplan::cli
+
+int main(int argc, char** argv) {
+  using namespace accumplan;
+  CLI::App app{
+      "accumplan: measure a PyTorch model on its device, plan the largest microbatch that fits and\n"
+      "the gradient accumulation that reaches your effective batch, and run that plan with exact\n"
+      "weighting and OOM recovery.\n\n"
+      "  accumplan --model m.pt --target-batch 256 --input float32[B,3,224,224] --target int64[B]:1000\n"
+      "  accumplan plan --profile profile.json --target-batch 512 --memory-budget 12GiB\n"
+      "  accumplan export --plan plan.json --to deepspeed\n",
+      "accumplan"};
+  app.set_version_flag("--version", std::string("accumplan ") + ACCUMPLAN_VERSION + " (" +
+                                        build_summary() + ")");
+  app.require_subcommand(0, 1);
+  app.footer("Exit codes: 0 ok, 2 bad input or infeasible plan, 1 internal error.\n"
+             "Sizes: 512MiB, 12GiB, 1.5GB, 2048 (bytes), or 90% of the device.");
+
+  std::vector<cli::Command> commands;
+  cli::add_planner_commands(app, commands);
+  const cli::Command root_job = cli::add_device_commands(app, commands);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "accumplan: error: " << e.what() << "\nRun with --help for usage.\n";
+    return kExitInput;
+  }
+
+  try {
+    for (const auto& c : commands) {
+      if (c.app != &app && c.app->parsed()) return c.run();
+    }
+    return root_job.run();
+  } catch (const accumplan::Error& e) {
+    std::cerr << "accumplan: error: " << e.what() << "\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::cerr << "accumplan: internal error: " << e.what()
+              << "\nThis is a bug in accumplan; please report it with the command line.\n";
+    return kExitInternal;
+  }
+}

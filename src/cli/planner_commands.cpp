@@ -1,0 +1,92 @@
+// cli/planner_commands.cpp — `accumplan plan` and `accumplan export`: torch-free commands that
+// turn a profile into a plan and a plan into trainer settings, without touching a device.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "accumplan/errors.h"
+#include "accumplan/exporters.h"
+#include "accumplan/schema.h"
+#include "accumplan/solver.h"
+#include "accumplan/units.h"
+#include "cli/commands.h"
+
+namespace accumplan::cli {
+namespace {
+
+struct PlanArgs {
+  std::string profile;
+  int64_t target_batch = 0;
+  std::string budget;
+  double headroom = 0.10;
+  int64_t world_size = 1;
+  int64_t multiple_of = 0;
+  int64_t max_micro_batch = 0;
+  std::string split = "balanced";
+  std::string out;
+};
+
+struct ExportArgs {
+  std::string plan;
+  std::string to;
+  std::string out;
+};
+
+}  // namespace
+
+void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
+  auto args = std::make_shared<PlanArgs>();
+  CLI::App* plan = root.add_subcommand(
+      "plan", "Plan from a saved profile (no device needed): microbatch, accumulation, weights.");
+  plan->add_option("--profile", args->profile, "profile.json written by `accumplan profile`")->required();
+  plan->add_option("--target-batch", args->target_batch, "effective batch B per optimizer step, all ranks")
+      ->required();
+  plan->add_option("--memory-budget", args->budget,
+                   "device memory to plan for: 512MiB, 12GiB, 1.5GB, bytes, or 90% (default: the "
+                   "profiled device's total)");
+  plan->add_option("--headroom", args->headroom, "fraction of the budget kept free, in [0, 1)")
+      ->capture_default_str();
+  plan->add_option("--world-size", args->world_size, "data-parallel ranks W; B must be divisible by W")
+      ->capture_default_str();
+  plan->add_option("--multiple-of", args->multiple_of, "make every microbatch a multiple of K");
+  plan->add_option("--max-micro-batch", args->max_micro_batch, "never plan a microbatch above M");
+  plan->add_option("--split", args->split, "balanced: k sizes differing by at most one; uniform: equal sizes")
+      ->capture_default_str();
+  plan->add_option("--out", args->out, "write plan.json here (atomically); default stdout");
+
+  commands.push_back({plan, [args]() {
+                        const Profile profile = read_profile_file(args->profile, "--profile");
+                        PlanRequest req;
+                        req.target_batch = args->target_batch;
+                        req.world_size = args->world_size;
+                        if (!args->budget.empty()) req.budget = parse_budget(args->budget, "--memory-budget");
+                        req.headroom = args->headroom;
+                        if (args->multiple_of != 0) req.multiple_of = args->multiple_of;
+                        if (args->max_micro_batch != 0) req.max_micro_batch = args->max_micro_batch;
+                        req.split = args->split;
+                        const Plan p = make_plan(profile, req);
+                        std::cerr << describe_plan(p);
+                        emit_output(args->out, to_json(p).dump(2) + "\n");
+                        return 0;
+                      }});
+
+  auto eargs = std::make_shared<ExportArgs>();
+  CLI::App* exp = root.add_subcommand(
+      "export", "Render a plan as trainer settings (DeepSpeed, Accelerate, Lightning, HF Trainer, torchrun).");
+  exp->add_option("--plan", eargs->plan, "plan.json")->required();
+  exp->add_option("--to", eargs->to, "deepspeed | accelerate | lightning | hf | torchrun")->required();
+  exp->add_option("--out", eargs->out, "write here (atomically); default stdout");
+  commands.push_back({exp, [eargs]() {
+                        const Plan p = read_plan_file(eargs->plan, "--plan");
+                        std::string note;
+                        const std::string text = export_plan(p, eargs->to, &note);
+                        if (!note.empty()) std::cerr << "accumplan: note: " << note << "\n";
+                        emit_output(eargs->out, text);
+                        return 0;
+                      }});
+}
+
+}  // namespace accumplan::cli

@@ -1,0 +1,101 @@
+// `accumplan plan` and `accumplan export` as a user runs them: exit codes, stdout, stderr, files.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+
+using namespace accumplan::test;
+using nlohmann::json;
+
+namespace {
+const std::string kProfile = source_path("tests/golden/profile.json");
+
+// Every bad-input case: exit 2 and one "accumplan: error:" line that mentions `needle`.
+void expect_input_error(const std::vector<std::string>& args, const std::string& needle) {
+  const CliResult r = run_cli(args);
+  INFO(r.err);
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("accumplan: error:") != std::string::npos);
+  CHECK(r.err.find(needle) != std::string::npos);
+  CHECK(r.out.empty());
+}
+}  // namespace
+
+TEST_CASE("CLI plan: writes plan JSON to stdout and a summary to stderr", "[cli][plan]") {
+  const CliResult r = run_cli({"plan", "--profile", kProfile, "--target-batch", "256"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json plan = json::parse(r.out);
+  CHECK(plan["schema"] == "accumplan.plan");
+  CHECK(plan["target_batch"] == 256);
+  CHECK(r.err.find("predicted peak") != std::string::npos);
+  CHECK(r.err.find("batch-dependent") != std::string::npos);  // the profile lists a BatchNorm
+}
+
+TEST_CASE("CLI plan: --out writes the file atomically and leaves no temp file", "[cli][plan]") {
+  const std::string dir = scratch_dir("plan-out");
+  const std::string out = dir + "/plan.json";
+  const CliResult r = run_cli({"plan", "--profile", kProfile, "--target-batch", "512", "--memory-budget",
+                               "90%", "--world-size", "2", "--out", out});
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.empty());
+  const json plan = json::parse(slurp(out));
+  CHECK(plan["world_size"] == 2);
+  CHECK(plan["per_rank_batch"] == 256);
+  CHECK(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator{}) == 1);
+}
+
+TEST_CASE("CLI plan: bad input exits 2 with a message naming the problem", "[cli][plan][errors]") {
+  expect_input_error({"plan", "--profile", "/nonexistent/p.json", "--target-batch", "8"},
+                     "cannot open '/nonexistent/p.json'");
+  const std::string dir = scratch_dir("bad-json");
+  const std::string bad = dir + "/bad.json";
+  std::ofstream(bad) << "{ not json";
+  expect_input_error({"plan", "--profile", bad, "--target-batch", "8"}, "is not valid JSON");
+  expect_input_error({"plan", "--profile", kProfile, "--target-batch", "0"}, "--target-batch must be at least 1, got 0");
+  expect_input_error({"plan", "--profile", kProfile, "--target-batch", "-4"}, "got -4");
+  expect_input_error({"plan", "--profile", kProfile, "--target-batch", "8", "--world-size", "0"},
+                     "--world-size must be at least 1, got 0");
+  for (const char* size : {"12 GiB", "abc", "-5MiB"}) {
+    expect_input_error({"plan", "--profile", kProfile, "--target-batch", "8", "--memory-budget", size},
+                       std::string("'") + size + "' is not a size");
+  }
+  expect_input_error({"plan", "--profile", kProfile, "--target-batch", "8", "--headroom", "1.0"},
+                     "--headroom must be a fraction in [0, 1)");
+  expect_input_error({"plan", "--profile", kProfile, "--target-batch", "8", "--headroom", "-0.5"},
+                     "--headroom must be a fraction in [0, 1)");
+  expect_input_error({"plan", "--profile", kProfile, "--target-batch", "8", "--memory-budget", "100MiB"},
+                     "persistent memory alone is");
+  expect_input_error({"plan", "--target-batch", "8"}, "--profile is required");
+  expect_input_error({"plan", "--profile", kProfile, "--target-batch", "eight"}, "--target-batch");
+}
+
+TEST_CASE("CLI export: renders the uniform split and notes the difference on stderr", "[cli][export]") {
+  const std::string dir = scratch_dir("export");
+  const std::string plan = dir + "/plan.json";
+  REQUIRE(run_cli({"plan", "--profile", kProfile, "--target-batch", "256", "--out", plan}).exit_code == 0);
+  const CliResult r = run_cli({"export", "--plan", plan, "--to", "deepspeed"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json ds = json::parse(r.out);
+  CHECK(ds["train_batch_size"] == 256);
+  CHECK(ds["train_micro_batch_size_per_gpu"].get<int>() * ds["gradient_accumulation_steps"].get<int>() == 256);
+  expect_input_error({"export", "--plan", plan, "--to", "keras"}, "not a known trainer");
+  expect_input_error({"export", "--plan", kProfile, "--to", "hf"}, "expected 'accumplan.plan'");
+}
+
+TEST_CASE("CLI: --help and --version exit 0", "[cli]") {
+  CliResult r = run_cli({"--help"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("plan") != std::string::npos);
+  r = run_cli({"plan", "--help"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("--memory-budget") != std::string::npos);
+  r = run_cli({"--version"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("accumplan 0.1.0") != std::string::npos);
+}

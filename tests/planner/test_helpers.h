@@ -1,0 +1,33 @@
+// test_helpers.h — small fixtures shared by the planner tests: synthetic profiles whose memory is
+// an exact line, so the expected microbatch can be computed by hand.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "accumplan/schema.h"
+
+namespace accumplan::test {
+
+// peak(b) = persistent + fixed + per_sample * b exactly, probed at 1, 2, 4, 8.
+inline Profile linear_profile(int64_t weights_bytes, int64_t fixed_bytes, int64_t per_sample_bytes,
+                              int64_t device_total_bytes = int64_t{1} << 34) {
+  Profile p;
+  p.device = {"cpu", 0, "test device", device_total_bytes};
+  p.model = {"model.pt", std::string(64, 'a'), weights_bytes / 4, {}};
+  p.setup.inputs = {"float32[B,16]"};
+  p.setup.target = "int64[B]:10";
+  p.libtorch_version = "test";
+  p.persistent = {weights_bytes, weights_bytes, 0};
+  for (int64_t b : {1, 2, 4, 8}) {
+    ProfilePoint pt;
+    pt.micro_batch = b;
+    pt.peak_bytes = p.persistent.total() + fixed_bytes + per_sample_bytes * b;
+    p.points.push_back(pt);
+  }
+  return p;
+}
+
+inline std::string source_path(const std::string& rel) { return std::string(ACCUMPLAN_SOURCE_DIR) + "/" + rel; }
+
+}  // namespace accumplan::test

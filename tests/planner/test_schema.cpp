@@ -1,0 +1,155 @@
+// profile.json and plan.json: round trips, golden files, versioning, and errors that name the
+// JSON path. Golden files live in tests/golden/; regenerate them deliberately with
+// ACCUMPLAN_UPDATE_GOLDEN=1 and review the diff.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "accumplan/errors.h"
+#include "accumplan/json_io.h"
+#include "accumplan/schema.h"
+#include "accumplan/solver.h"
+#include "test_helpers.h"
+
+using namespace accumplan;
+using accumplan::test::source_path;
+using nlohmann::json;
+
+namespace {
+
+Plan golden_plan() {
+  const Profile profile = read_profile_file(source_path("tests/golden/profile.json"));
+  PlanRequest r;
+  r.target_batch = 256;  // budget: the profiled device's 1 GiB, default 10% headroom
+  return make_plan(profile, r);
+}
+
+void check_golden(const std::string& rel, const std::string& actual) {
+  const std::string path = source_path(rel);
+  if (std::getenv("ACCUMPLAN_UPDATE_GOLDEN")) write_text_atomic(path, actual);
+  CHECK(read_text_file(path, "golden") == actual);
+}
+
+std::string error_of(const json& doc, bool plan) {
+  try {
+    if (plan) {
+      plan_from_json(doc);
+    } else {
+      profile_from_json(doc);
+    }
+  } catch (const SchemaError& e) {
+    return e.what();
+  }
+  FAIL("accepted");
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("Schema: profile round-trips through JSON unchanged", "[schema]") {
+  const Profile p = read_profile_file(source_path("tests/golden/profile.json"));
+  CHECK(p.points.size() == 4);
+  CHECK(p.points[0].step_seconds);
+  const auto once = to_json(p);
+  const auto twice = to_json(profile_from_json(json::parse(once.dump())));
+  CHECK(once == twice);
+  check_golden("tests/golden/profile.json", once.dump(2) + "\n");
+}
+
+TEST_CASE("Schema: plan round-trips and matches its golden file", "[schema][golden]") {
+  const Plan plan = golden_plan();
+  const auto once = to_json(plan);
+  CHECK(once["schema"] == "accumplan.plan");
+  CHECK(once["schema_version"] == "1.0");
+  const auto twice = to_json(plan_from_json(json::parse(once.dump())));
+  CHECK(once == twice);
+  check_golden("tests/golden/plan.json", once.dump(2) + "\n");
+}
+
+TEST_CASE("Schema: a newer minor version is read, another major is refused", "[schema][version]") {
+  json doc = json::parse(to_json(golden_plan()).dump());
+  doc["schema_version"] = "1.7";
+  doc["a_field_from_the_future"] = 42;
+  CHECK_NOTHROW(plan_from_json(doc));
+  doc["schema_version"] = "2.0";
+  const std::string msg = error_of(doc, true);
+  CHECK(msg.find("$.schema_version") != std::string::npos);
+  CHECK(msg.find("2.0") != std::string::npos);
+  CHECK(msg.find("reads 1.x") != std::string::npos);
+  doc["schema_version"] = "one";
+  CHECK(error_of(doc, true).find("not MAJOR.MINOR") != std::string::npos);
+}
+
+TEST_CASE("Schema: a missing or ill-typed field is reported by its JSON path", "[schema][errors]") {
+  json doc = json::parse(to_json(golden_plan()).dump());
+  json bad = doc;
+  bad["memory"]["budget_bytes"] = "lots";
+  CHECK(error_of(bad, true) == "$.memory.budget_bytes: expected an integer, found string");
+  bad = doc;
+  bad["memory"].erase("usable_bytes");
+  CHECK(error_of(bad, true) == "$.memory.usable_bytes: missing required field");
+  bad = doc;
+  bad["profile_points"][2]["peak_bytes"] = 1.5;
+  CHECK(error_of(bad, true) == "$.profile_points[2].peak_bytes: expected an integer, found number");
+
+  json prof = json::parse(to_json(read_profile_file(source_path("tests/golden/profile.json"))).dump());
+  prof["points"][1].erase("micro_batch");
+  CHECK(error_of(prof, false) == "$.points[1].micro_batch: missing required field");
+  prof["schema"] = "accumplan.plan";
+  CHECK(error_of(prof, false).find("expected 'accumplan.profile'") != std::string::npos);
+}
+
+TEST_CASE("Schema: plans whose sizes, weights and counts disagree are refused", "[schema][errors]") {
+  json doc = json::parse(to_json(golden_plan()).dump());
+  json bad = doc;
+  bad["microbatch_sizes"][0] = 1;
+  CHECK(error_of(bad, true).find("sizes sum to") != std::string::npos);
+  bad = doc;
+  bad["weights"].erase(0);
+  CHECK(error_of(bad, true).find("$.weights") != std::string::npos);
+}
+
+TEST_CASE("Schema: files that are missing or not JSON are clear input errors", "[schema][errors]") {
+  CHECK_THROWS_WITH(read_plan_file("/nonexistent/plan.json", "--plan"),
+                    Catch::Contains("--plan: cannot open '/nonexistent/plan.json'"));
+  const std::string path = std::string(ACCUMPLAN_BINARY_DIR) + "/not-json.json";
+  write_text_atomic(path, "{\n  \"schema\": \"accumplan.plan\",\n  oops\n}\n");
+  CHECK_THROWS_WITH(read_plan_file(path, "--plan"), Catch::Contains("is not valid JSON (line 3"));
+}
+
+// The published JSON Schema files must describe what the writers emit: every required key is
+// written, and every written key is declared (a drift in either direction fails here).
+TEST_CASE("Schema: published JSON Schemas match what the writers emit", "[schema]") {
+  auto check = [](const char* schema_file, const json& doc) {
+    const json schema = read_json_file(source_path(schema_file), "schema");
+    CHECK(schema["properties"]["schema_version"]["pattern"] == "^1\\.[0-9]+$");
+    std::set<std::string> declared;
+    for (auto it = schema["properties"].begin(); it != schema["properties"].end(); ++it) declared.insert(it.key());
+    for (const auto& req : schema["required"]) {
+      INFO(schema_file << " requires " << req);
+      CHECK(doc.contains(req.get<std::string>()));
+    }
+    for (auto it = doc.begin(); it != doc.end(); ++it) {
+      INFO(schema_file << " lacks " << it.key());
+      CHECK(declared.count(it.key()) == 1);
+    }
+    // One level down, for the objects the schema spells out.
+    for (auto it = schema["properties"].begin(); it != schema["properties"].end(); ++it) {
+      const json& sub = it.value();
+      if (!sub.contains("properties") || !doc.contains(it.key()) || !doc[it.key()].is_object()) continue;
+      for (auto f = doc[it.key()].begin(); f != doc[it.key()].end(); ++f) {
+        INFO(schema_file << " lacks " << it.key() << "." << f.key());
+        CHECK(sub["properties"].contains(f.key()));
+      }
+      for (const auto& req : sub.value("required", json::array())) {
+        CHECK(doc[it.key()].contains(req.get<std::string>()));
+      }
+    }
+  };
+  check("planner/schemas/plan.schema.json", json::parse(to_json(golden_plan()).dump()));
+  check("planner/schemas/profile.schema.json",
+        json::parse(to_json(read_profile_file(source_path("tests/golden/profile.json"))).dump()));
+}
