@@ -53,14 +53,24 @@ ModelInfo model_from(const JsonField& f) {
 }
 
 ojson setup_json(const Setup& s) {
-  return ojson{{"optimizer", s.optimizer}, {"lr", s.lr},         {"amp", s.amp},
-               {"loss", s.loss},           {"inputs", s.inputs}, {"target", s.target},
-               {"ignore_index", s.ignore_index}};
+  ojson hp = ojson::object();
+  for (const auto& [k, v] : s.hyperparameters) hp[k] = v;
+  return ojson{{"optimizer", s.optimizer}, {"lr", s.lr},         {"hyperparameters", hp},
+               {"amp", s.amp},             {"loss", s.loss},     {"normalization", s.normalization},
+               {"inputs", s.inputs},       {"target", s.target}, {"ignore_index", s.ignore_index}};
 }
 Setup setup_from(const JsonField& f) {
   Setup s;
   s.optimizer = f.str("optimizer");
   s.lr = f.f64("lr");
+  if (f.has("hyperparameters")) {
+    const JsonField hp = f.at("hyperparameters");
+    if (!hp.raw().is_object()) hp.fail("an object of numbers");
+    for (auto it = hp.raw().begin(); it != hp.raw().end(); ++it) {
+      s.hyperparameters[it.key()] = JsonField(it.value(), hp.path() + "." + it.key()).as_double();
+    }
+  }
+  if (auto n = f.opt_str("normalization")) s.normalization = *n;
   s.amp = f.str("amp");
   s.loss = f.str("loss");
   s.inputs = f.strings("inputs");

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,8 +42,12 @@ struct ModelInfo {
 struct Setup {
   std::string optimizer = "sgd";    // sgd momentum adam adamw adagrad rmsprop
   double lr = 0.01;
+  // Optimizer hyperparameters beyond lr, by LibTorch's names: momentum, weight_decay, beta1,
+  // beta2, eps, alpha (rmsprop), lr_decay (adagrad). Absent means LibTorch's default.
+  std::map<std::string, double> hyperparameters;
   std::string amp = "none";         // none bf16 fp16
   std::string loss = "cross_entropy";  // cross_entropy mse model
+  std::string normalization = "auto";  // samples | tokens | auto (tokens for [B,T,C] cross-entropy)
   std::vector<std::string> inputs;  // tensor specs, one per forward argument
   std::string target;               // tensor spec; empty when loss == "model" takes none
   int64_t ignore_index = -100;

@@ -1,0 +1,51 @@
+// runtime/loss.h — losses as sums over the units they are normalised by.
+//
+// What it is: every loss returns the SUM of per-unit losses of one microbatch plus the number of
+// units, so that weighting is one division by the window's total: samples mode divides by the
+// samples N of the window (each microbatch mean therefore carries weight n_i/N), tokens mode by
+// the valid (target != ignore_index) tokens of the whole window, counted before the first
+// backward. DESIGN.md "Correct weighting".
+//   cross_entropy  logits [B,C] with target [B], or [B,T,C] with target [B,T]; ignore_index skips
+//                  a position. Samples mode: a sample's loss is the mean over its valid positions.
+//   mse            output and target of equal shape; a sample's loss is the mean over its elements.
+//   model          the model's forward takes the target last and returns the microbatch's MEAN
+//                  loss (a scalar); samples mode only: its sum is mean × n.
+// What it is not: a reduction="mean" loss. Callers that want a plain mean divide sum by units.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace accumplan {
+
+enum class Normalization { Samples, Tokens };
+
+struct LossConfig {
+  std::string kind = "cross_entropy";  // cross_entropy | mse | model
+  Normalization normalization = Normalization::Samples;
+  int64_t ignore_index = -100;
+};
+
+struct LossSum {
+  at::Tensor sum;     // scalar, differentiable: sum over units of the per-unit loss
+  int64_t units = 0;  // samples, or valid tokens
+};
+
+// Throws InputError for an unknown kind, mismatched shapes, or tokens mode with a loss that has
+// no tokens (mse, model, [B,C] cross-entropy without ignored targets is allowed and counts them).
+LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, const LossConfig& config);
+
+// Units in a microbatch without running the model: samples, or target != ignore_index. This is
+// how the executor counts a window's denominator before the first backward.
+int64_t count_units(const at::Tensor& target, int64_t samples, const LossConfig& config);
+
+// Resolves setup.normalization "auto": tokens for cross-entropy over [B,T,C] logits (a target
+// with more than one dimension), samples otherwise. Throws InputError for an unknown name.
+Normalization resolve_normalization(const std::string& name, const std::string& loss_kind,
+                                    int64_t target_dims);
+std::string to_string(Normalization n);
+
+}  // namespace accumplan

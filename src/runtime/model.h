@@ -1,0 +1,40 @@
+// runtime/model.h — loading the model to train: a TorchScript file, or a built-in example.
+//
+// What it is: `load_model("m.pt", device)` (torch::jit::load, with clear errors for a missing file
+// or a file that is not TorchScript) and `load_model("builtin:NAME", device)` for the example
+// models built in C++ without Python (used by the README's main command and by tests). It fills
+// the profile's ModelInfo: path, SHA-256 of the file, parameter count, batch-dependent layers.
+// What it is not: a trainer. Training steps live in the probe runner and the executor.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/script.h>
+
+#include "accumplan/schema.h"
+
+namespace accumplan {
+
+struct LoadedModel {
+  torch::jit::Module module;
+  ModelInfo info;
+};
+
+// The names accepted after "builtin:", e.g. "mlp", "convnet".
+std::vector<std::string> builtin_model_names();
+
+// Throws InputError for a missing file, a file that is not TorchScript, or an unknown builtin.
+// The module is moved to `device` and put in training mode.
+LoadedModel load_model(const std::string& path_or_builtin, const torch::Device& device);
+
+// Saves a built-in example model as TorchScript (for `accumplan example-model` and tests).
+void save_builtin_model(const std::string& name, const std::string& path);
+
+// Trainable parameters, in module order.
+std::vector<at::Tensor> trainable_parameters(const torch::jit::Module& module);
+
+// Hex SHA-256 of a file's bytes ("builtin:NAME" hashes the serialized example).
+std::string sha256_file(const std::string& path);
+
+}  // namespace accumplan

@@ -1,0 +1,33 @@
+// runtime/optim.h — LibTorch optimizers built from a profile/plan Setup.
+//
+// What it is: sgd, momentum (SGD with momentum, default 0.9), adam, adamw, adagrad, rmsprop, with
+// lr and the hyperparameters in Setup::hyperparameters (momentum, weight_decay, beta1, beta2,
+// eps, alpha, lr_decay). Also the bytes an optimizer's state holds right now, summed over the
+// tensors LibTorch keeps in its param state (Adam: exp_avg and exp_avg_sq; its step counter is a
+// plain int64 in LibTorch's C++ state, not a tensor, so it allocates no device memory).
+// What it is not: a scheduler. The executor takes a step callback for that.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/optim.h>
+
+#include "accumplan/schema.h"
+
+namespace accumplan {
+
+const std::vector<std::string>& optimizer_names();
+
+// Throws InputError for an unknown optimizer or hyperparameter (naming the known ones).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Setup& setup, std::vector<at::Tensor> params);
+
+// Bytes of all tensors in the optimizer's per-parameter state (storage nbytes, counted once).
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+
+// Set every parameter's learning rate (for schedulers and step callbacks).
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+
+}  // namespace accumplan
