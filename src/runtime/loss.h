@@ -36,7 +36,9 @@ struct LossSum {
 
 // Throws InputError for an unknown kind, mismatched shapes, or tokens mode with a loss that has
 // no tokens (mse, model, [B,C] cross-entropy without ignored targets is allowed and counts them).
-LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, const LossConfig& config);
+// `samples` is the microbatch's sample count (needed for "model", whose output is a mean).
+LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, int64_t samples,
+                 const LossConfig& config);
 
 // Units in a microbatch without running the model: samples, or target != ignore_index. This is
 // how the executor counts a window's denominator before the first backward.

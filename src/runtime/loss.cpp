@@ -1,0 +1,110 @@
+// runtime/loss.cpp — losses as (sum, units). See loss.h for the contract and DESIGN.md for why.
+#include "runtime/loss.h"
+
+#include <ATen/ATen.h>
+
+#include "accumplan/errors.h"
+
+namespace accumplan {
+namespace {
+
+std::string shape_of(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? "," : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+// Cross-entropy per position: logits [B,C] & target [B], or [B,T,C] & [B,T]. Returns the per-
+// position losses with ignored positions zeroed, and the valid mask, both shaped like target.
+std::pair<at::Tensor, at::Tensor> cross_entropy_positions(const at::Tensor& logits, const at::Tensor& target,
+                                                          int64_t ignore_index) {
+  const bool ok2 = logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0);
+  const bool ok3 = logits.dim() == 3 && target.dim() == 2 && target.size(0) == logits.size(0) &&
+                   target.size(1) == logits.size(1);
+  if (!ok2 && !ok3) {
+    throw InputError("cross_entropy needs logits [B,C] with target [B], or [B,T,C] with [B,T]; got output " +
+                     shape_of(logits) + " and target " + shape_of(target));
+  }
+  if (target.scalar_type() != at::kLong) {
+    throw InputError("cross_entropy needs an int64 target of class indices; got " +
+                     std::string(c10::toString(target.scalar_type())));
+  }
+  const int64_t C = logits.size(-1);
+  const at::Tensor flat_logits = logits.reshape({-1, C}).to(at::kFloat);
+  const at::Tensor flat_target = target.reshape({-1});
+  // reduction none (0) keeps per-position losses; ignored positions come back as 0.
+  at::Tensor per = at::cross_entropy_loss(flat_logits, flat_target, {}, at::Reduction::None, ignore_index);
+  const at::Tensor valid = flat_target.ne(ignore_index);
+  return {per.reshape(target.sizes()), valid.reshape(target.sizes())};
+}
+
+}  // namespace
+
+std::string to_string(Normalization n) { return n == Normalization::Tokens ? "tokens" : "samples"; }
+
+Normalization resolve_normalization(const std::string& name, const std::string& loss_kind, int64_t target_dims) {
+  if (name == "samples") return Normalization::Samples;
+  if (name == "tokens") {
+    if (loss_kind != "cross_entropy") {
+      throw InputError("normalization 'tokens' needs --loss cross_entropy (a per-token loss); '" + loss_kind +
+                       "' has no tokens. Use samples");
+    }
+    return Normalization::Tokens;
+  }
+  if (name == "auto") {
+    return loss_kind == "cross_entropy" && target_dims > 1 ? Normalization::Tokens : Normalization::Samples;
+  }
+  throw InputError("normalization '" + name + "' is unknown; use samples, tokens or auto");
+}
+
+int64_t count_units(const at::Tensor& target, int64_t samples, const LossConfig& config) {
+  if (config.normalization == Normalization::Samples) return samples;
+  if (!target.defined()) throw InputError("tokens normalization needs a target to count tokens in");
+  return target.ne(config.ignore_index).sum().item<int64_t>();
+}
+
+LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, int64_t samples,
+                 const LossConfig& config) {
+  LossSum out;
+  if (config.kind == "cross_entropy") {
+    auto [per, valid] = cross_entropy_positions(output, target, config.ignore_index);
+    if (config.normalization == Normalization::Tokens) {
+      out.sum = per.sum();
+      out.units = valid.sum().item<int64_t>();
+    } else if (per.dim() == 1) {
+      out.sum = per.sum();  // one position per sample: its loss is the sample's loss
+      out.units = per.size(0);
+    } else {
+      // A sample's loss is the mean over its valid positions; a sample with none contributes 0.
+      const at::Tensor counts = valid.sum(1).clamp_min(1).to(per.scalar_type());
+      out.sum = (per.sum(1) / counts).sum();
+      out.units = per.size(0);
+    }
+    return out;
+  }
+  if (config.normalization == Normalization::Tokens) {
+    throw InputError("tokens normalization applies to cross_entropy only, not '" + config.kind + "'");
+  }
+  if (config.kind == "mse") {
+    if (!target.defined() || output.sizes() != target.sizes()) {
+      throw InputError("mse needs output and target of the same shape; got output " + shape_of(output) +
+                       " and target " + (target.defined() ? shape_of(target) : std::string("none")));
+    }
+    const at::Tensor sq = (output.to(at::kFloat) - target.to(at::kFloat)).pow(2);
+    const int64_t B = output.size(0);
+    out.sum = sq.reshape({B, -1}).mean(1).sum();
+    out.units = B;
+    return out;
+  }
+  if (config.kind == "model") {
+    if (output.numel() != 1) {
+      throw InputError("--loss model expects the model to return a scalar loss; it returned " + shape_of(output));
+    }
+    out.sum = output.reshape({}).to(at::kFloat) * static_cast<double>(samples);
+    out.units = samples;
+    return out;
+  }
+  throw InputError("--loss '" + config.kind + "' is unknown; use cross_entropy, mse or model");
+}
+
+}  // namespace accumplan
