@@ -30,6 +30,9 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands);
 // root's job.
 Command add_device_commands(CLI::App& root, std::vector<Command>& commands);
 
+// `run` and `verify` (executor_commands.cpp, LibTorch only); called from add_device_commands.
+void add_executor_commands(CLI::App& root, std::vector<Command>& commands);
+
 // Writes `text` to `path` atomically, or to stdout when `path` is empty or "-".
 void emit_output(const std::string& path, const std::string& text);
 
