@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# scripts/install-deps.sh — installs what accumplan builds and tests with, from Debian's packages.
+#
+# Idempotent: packages already installed are not touched, and apt is not run at all when nothing
+# is missing. Needs root (or sudo) only when something must be installed.
+set -euo pipefail
+
+packages=(cmake ninja-build g++ ccache pkg-config
+          libtorch-dev nlohmann-json3-dev libcli11-dev catch2)
+# Extra groups, asked for by the scripts that need them.
+for extra in "$@"; do
+  case "$extra" in
+    python-torch) packages+=(python3-torch python3-torchvision) ;;
+    *) echo "install-deps: unknown extra '$extra'" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null; then sudo="sudo"; else
+    echo "install-deps: missing ${missing[*]}; run as root to install them" >&2; exit 2
+  fi
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
