@@ -6,7 +6,7 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ ccache pkg-config
-          libtorch-dev nlohmann-json3-dev libcli11-dev catch2)
+          libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev catch2)
 # Extra groups, asked for by the scripts that need them.
 for extra in "$@"; do
   case "$extra" in

@@ -1,0 +1,72 @@
+// dist/communicator.h — what the executor needs from data parallelism, and nothing more.
+//
+// What it is: a rank in a group of W that can (1) sum a few integer counters across ranks in one
+// collective — the window's samples and valid tokens before the first backward, and an OOM flag
+// at a fixed point per microbatch so every rank learns of any rank's OOM in the same place — and
+// (2) sum the gradients across ranks once per window, flattened into a few buckets rather than
+// one collective per parameter. Implementations: `local` (W = 1, no communication) and `gloo`
+// (PyTorch's c10d ProcessGroupGloo over a TCPStore rendezvous, configured by the variables
+// `torchrun --no-python` sets: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
+// Every collective is counted so tests can assert one gradient exchange per window.
+// What it is not: a data loader or DDP. Sharding is the executor's: rank r takes samples
+// r, r+W, r+2W, ... of every window (strided, so a short last window stays balanced to within
+// one sample).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace accumplan {
+
+struct CollectiveCounts {
+  int64_t counter_all_reduces = 0;   // integer counters (counts, OOM flags)
+  int64_t gradient_exchanges = 0;    // calls of all_reduce_gradients (expected: one per window)
+  int64_t tensor_all_reduces = 0;    // bucket collectives issued by those exchanges
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual std::string backend() const = 0;  // "local" | "gloo"
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // Element-wise sum of `values` over all ranks, in one collective.
+  virtual std::vector<int64_t> all_reduce_counters(const std::vector<int64_t>& values) = 0;
+  // Sums every tensor in place over all ranks; tensors are flattened into buckets of at most
+  // `bucket_bytes` so a model with 200 parameters costs a few collectives, not 200.
+  virtual void all_reduce_gradients(std::vector<at::Tensor>& tensors) = 0;
+
+  const CollectiveCounts& counts() const { return counts_; }
+
+ protected:
+  CollectiveCounts counts_;
+};
+
+// The standard variables of `torchrun --no-python`. nullopt when WORLD_SIZE is unset; InputError
+// naming the variable when one is set but another is missing or malformed.
+struct DistEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+};
+std::optional<DistEnv> dist_env_from_environment();
+
+std::unique_ptr<Communicator> make_local_communicator();
+
+// Joins the c10d group: TCPStore rendezvous (rank 0 serves), ProcessGroupGloo on the host's
+// interface for MASTER_ADDR. `timeout` bounds every collective and the rendezvous, so a peer that
+// died turns into an error instead of a hang. Throws BackendNotBuiltError when this LibTorch has
+// no Gloo, InputError when the rendezvous fails (naming MASTER_ADDR:MASTER_PORT).
+std::unique_ptr<Communicator> make_gloo_communicator(const DistEnv& env, std::chrono::milliseconds timeout,
+                                                     int64_t bucket_bytes = 25 * 1024 * 1024);
+
+}  // namespace accumplan
