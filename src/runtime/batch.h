@@ -44,4 +44,12 @@ Batch tile_batch(const Batch& batch, int64_t samples);
 void check_batch_matches(const Batch& batch, const std::vector<TensorSpec>& inputs,
                          const std::optional<TensorSpec>& target, const std::string& what);
 
+// The spec text describing `samples` (dim 0 = samples): "float32[B,3,32,32]"; integer tensors get
+// ":high" with high = max + 1, so a plan made from a batch file can rebuild synthetic data.
+std::string spec_text_of(const at::Tensor& samples);
+
+// at::ScalarType for a spec dtype name ("float32" → kFloat); InternalError for an unknown one
+// (parse_tensor_spec has already refused those).
+at::ScalarType scalar_type_of(const std::string& dtype);
+
 }  // namespace accumplan

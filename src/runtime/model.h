@@ -7,6 +7,8 @@
 // What it is not: a trainer. Training steps live in the probe runner and the executor.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,5 +38,25 @@ std::vector<at::Tensor> trainable_parameters(const torch::jit::Module& module);
 
 // Hex SHA-256 of a file's bytes ("builtin:NAME" hashes the serialized example).
 std::string sha256_file(const std::string& path);
+
+// True for "builtin:NAME" (whether or not NAME exists).
+bool is_builtin(const std::string& path_or_builtin);
+
+// What a built-in example is trained on when the user gives no --input/--target/--loss.
+struct ModelDefaults {
+  std::vector<std::string> inputs;  // tensor specs, one per forward argument
+  std::string target;               // tensor spec
+  std::string loss;                 // cross_entropy | mse | model
+};
+// nullopt for a file; InputError for an unknown builtin.
+std::optional<ModelDefaults> builtin_defaults(const std::string& path_or_builtin);
+
+// Bytes of all parameters / parameters plus buffers (storage bytes, each storage counted once).
+int64_t parameter_bytes(const torch::jit::Module& module);
+int64_t parameter_and_buffer_bytes(const torch::jit::Module& module);
+
+// Submodules whose running statistics depend on the batch (BatchNorm*, SyncBatchNorm, InstanceNorm*
+// with track_running_stats), as "path.to.bn1 (BatchNorm2d)".
+std::vector<std::string> batch_dependent_layers(const torch::jit::Module& module);
 
 }  // namespace accumplan
