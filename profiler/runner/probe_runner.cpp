@@ -1,0 +1,367 @@
+// runner/probe_runner.cpp — measuring real training steps. See probe_runner.h for the contract.
+#include "runner/probe_runner.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim.h>
+#include <torch/script.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <set>
+
+#include "accumplan/errors.h"
+#include "accumplan/tensor_spec.h"
+#include "runtime/loss.h"
+#include "runtime/optim.h"
+
+namespace accumplan {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string shapes_of(const Batch& b) {
+  std::string s;
+  for (const auto& t : b.inputs) {
+    s += s.empty() ? "[" : ", [";
+    for (int64_t i = 0; i < t.dim(); ++i) s += (i ? "," : "") + std::to_string(t.size(i));
+    s += "]";
+  }
+  return s;
+}
+
+// A TorchScript error carries the script traceback (useful) and sometimes a C++ backtrace after
+// "Exception raised from" (not useful to a user); keep the former.
+std::string model_error_text(const std::string& what) {
+  std::string text = what;
+  const auto cut = text.find("\nException raised from");
+  if (cut != std::string::npos) text = text.substr(0, cut);
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
+}  // namespace
+
+std::pair<std::string, int> parse_device(const std::string& text) {
+  if (text == "cpu") return {"cpu", 0};
+  if (text == "cuda") return {"cuda", 0};
+  if (text.rfind("cuda:", 0) == 0 && text.size() > 5 &&
+      text.find_first_not_of("0123456789", 5) == std::string::npos && text.size() < 9) {
+    return {"cuda", std::stoi(text.substr(5))};
+  }
+  throw InputError("--device '" + text + "' is not a device; use cpu, cuda or cuda:N");
+}
+
+ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
+    : probe_(probe), options_(std::move(options)), device_(torch::kCPU) {
+  const auto [type, index] = parse_device(options_.device);
+  device_ = type == "cpu" ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  next_seed_ = options_.seed;
+  Setup& setup = options_.setup;
+
+  // Everything a user can get wrong is checked before the first allocation on the device.
+  if (setup.loss != "cross_entropy" && setup.loss != "mse" && setup.loss != "model") {
+    throw InputError("--loss '" + setup.loss + "' is unknown; use cross_entropy, mse or model");
+  }
+  if (std::find(optimizer_names().begin(), optimizer_names().end(), setup.optimizer) == optimizer_names().end()) {
+    std::string names;
+    for (const auto& n : optimizer_names()) names += (names.empty() ? "" : ", ") + n;
+    throw InputError("--optimizer '" + setup.optimizer + "' is unknown; choose one of: " + names);
+  }
+  if (options_.batch_file) {
+    file_batch_ = load_batch_file(*options_.batch_file, /*has_target=*/true);
+    setup.inputs.clear();
+    for (const auto& t : file_batch_->inputs) setup.inputs.push_back(spec_text_of(t));
+    setup.target = spec_text_of(file_batch_->target);
+  }
+  for (const auto& text : setup.inputs) input_specs_.push_back(parse_tensor_spec(text, "--input"));
+  if (!setup.target.empty()) target_spec_ = parse_tensor_spec(setup.target, "--target");
+  if (input_specs_.empty()) {
+    throw InputError("the model needs at least one --input spec (one per forward argument), e.g. "
+                     "--input float32[B,3,224,224], or a --batch-file");
+  }
+  if (!target_spec_ && setup.loss != "model") {
+    throw InputError("--loss " + setup.loss + " needs a --target spec, e.g. --target int64[B]:1000 (class indices) "
+                     "or --target float32[B,10]");
+  }
+  // Resolving now refuses e.g. --normalization tokens with mse before any step runs.
+  resolve_normalization(setup.normalization, setup.loss, target_spec_ ? static_cast<int64_t>(target_spec_->dims.size()) : 0);
+  make_optimizer(setup, {});  // validates hyperparameters and lr with no parameters to allocate for
+
+  if (options_.budget.is_set()) {
+    budget_bytes_ = options_.budget.resolve_bytes(probe_.device_total_bytes());
+  }
+  probe_.clear_oom();
+  probe_.set_budget_bytes(budget_bytes_);
+  load_and_measure_persistent();
+}
+
+ProbeRunner::~ProbeRunner() = default;
+
+int64_t ProbeRunner::declared_optimizer_state_bytes() const {
+  return optimizer_ ? optimizer_state_bytes(*optimizer_) : 0;
+}
+
+void ProbeRunner::say(const std::string& line) const {
+  if (options_.progress) options_.progress(line);
+}
+
+void ProbeRunner::zero_gradients() {
+  // Zero in place rather than set to None: in steady state the gradients stay resident, and that
+  // is the memory the plan must account for. (LibTorch 2.x's zero_grad() defaults to set_to_none.)
+  at::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+}
+
+void ProbeRunner::microbatch(int64_t micro_batch, int64_t microbatches_in_window) {
+  Batch mb = file_batch_ ? tile_batch(*file_batch_, micro_batch).to(device_)
+                         : synthetic_batch(input_specs_, target_spec_, micro_batch, next_seed_++, device_);
+  std::vector<c10::IValue> args(mb.inputs.begin(), mb.inputs.end());
+  if (options_.setup.loss == "model" && mb.target.defined()) args.emplace_back(mb.target);
+  c10::IValue out;
+  try {
+    out = model_.module.forward(std::move(args));
+  } catch (const std::exception& e) {
+    if (probe_.oom_happened()) throw;
+    const std::string source = file_batch_ ? "--batch-file " + *options_.batch_file
+                                           : "--input " + options_.setup.inputs.front() +
+                                                 (options_.setup.inputs.size() > 1 ? " ..." : "");
+    throw InputError("the model rejected inputs of shape " + shapes_of(mb) + " (from " + source +
+                     "); its forward failed with:\n" + model_error_text(e.what()));
+  }
+  if (!out.isTensor()) {
+    throw InputError(std::string("the model's forward returned a ") + out.tagKind() +
+                     "; accumplan needs one tensor (the logits or outputs, or the loss with --loss model)");
+  }
+  LossConfig config;
+  config.kind = options_.setup.loss;
+  config.ignore_index = options_.setup.ignore_index;
+  config.normalization = resolve_normalization(options_.setup.normalization, config.kind,
+                                               mb.target.defined() ? mb.target.dim() : 0);
+  const LossSum ls = loss_sum(out.toTensor(), mb.target, micro_batch, config);
+  const double divisor = static_cast<double>(std::max<int64_t>(1, ls.units) * microbatches_in_window);
+  (ls.sum / divisor).backward();
+}
+
+void ProbeRunner::load_and_measure_persistent() {
+  // Attempt 0 runs under the budget. If persistent memory alone does not fit, attempt 1 measures
+  // it without the budget, so the error can give the breakdown instead of "out of memory".
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const auto t0 = Clock::now();
+    try {
+      const int64_t baseline = probe_.current_bytes();
+      model_ = options_.loader ? options_.loader(device_) : load_model(options_.model, device_);
+      persistent_.weights_bytes = probe_.current_bytes() - baseline;
+      declared_parameter_bytes_ = parameter_bytes(model_.module);
+      declared_weight_bytes_ = parameter_and_buffer_bytes(model_.module);
+      params_ = trainable_parameters(model_.module);
+      if (params_.empty()) throw InputError("the model has no trainable parameters; there is nothing to plan for");
+
+      // Adagrad allocates its state when constructed, Adam and momentum on the first step: the
+      // state is the delta across both, less the gradients allocated in between.
+      const int64_t before_optimizer = probe_.current_bytes();
+      optimizer_ = make_optimizer(options_.setup, params_);
+      const int64_t after_construct = probe_.current_bytes();
+      probe_.reset_peak();
+      microbatch(1, 1);
+      const int64_t after_backward = probe_.current_bytes();
+      persistent_.gradients_bytes = after_backward - after_construct;
+      optimizer_->step();
+      persistent_.optimizer_state_bytes = (after_construct - before_optimizer) + (probe_.current_bytes() - after_backward);
+      trials_.push_back({"probe", 1, !budget_bytes_ || probe_peak() <= *budget_bytes_, probe_peak(), seconds_since(t0)});
+      say("measured persistent memory: weights " + format_bytes(persistent_.weights_bytes) + ", gradients " +
+          format_bytes(persistent_.gradients_bytes) + ", optimizer state " +
+          format_bytes(persistent_.optimizer_state_bytes) + " (" + options_.setup.optimizer + ")");
+      if (persistent_.weights_bytes != declared_weight_bytes_) {
+        say("note: loading the model allocated " + format_bytes(persistent_.weights_bytes) + " while its parameters and "
+            "buffers hold " + format_bytes(declared_weight_bytes_) + "; the measured figure is used");
+      }
+      return;
+    } catch (const std::exception&) {
+      if (!probe_.oom_happened()) throw;
+      optimizer_.reset();
+      params_.clear();
+      model_ = LoadedModel{};
+      probe_.clear_oom();
+      probe_.release_cached();
+      trials_.push_back({"probe", 1, false, 0, seconds_since(t0)});
+      if (attempt == 1 || !budget_bytes_) {
+        throw InfeasibleError("the model's weights, gradients and optimizer state do not fit on " +
+                              probe_.device_name() + " even without a budget; use a smaller model, "
+                              "an optimizer with less state (sgd keeps none), or a larger device");
+      }
+      say("persistent memory does not fit the budget of " + format_bytes(*budget_bytes_) +
+          "; measuring it without the budget to report the breakdown");
+      persistent_over_budget_ = true;
+      probe_.set_budget_bytes(std::nullopt);
+    }
+  }
+}
+
+int64_t ProbeRunner::probe_peak() const {
+  return std::max(probe_.peak_bytes(), probe_.reserved_peak_bytes().value_or(0));
+}
+
+StepMeasurement ProbeRunner::measure(int64_t micro_batch) {
+  StepMeasurement m;
+  m.micro_batch = micro_batch;
+  probe_.clear_oom();
+  const auto t0 = Clock::now();
+  auto track = [&] { m.max_peak_bytes = std::max(m.max_peak_bytes, probe_peak()); };
+  try {
+    zero_gradients();
+    probe_.reset_peak();
+    microbatch(micro_batch, 2);
+    microbatch(micro_batch, 2);
+    track();
+    probe_.reset_peak();
+    optimizer_->step();
+    m.optimizer_step_peak_bytes = probe_.peak_bytes();
+    track();
+    zero_gradients();
+    probe_.reset_peak();
+    const auto t1 = Clock::now();
+    microbatch(micro_batch, 1);
+    m.step_seconds = seconds_since(t1);
+    m.peak_bytes = probe_.peak_bytes();
+    m.reserved_peak_bytes = probe_.reserved_peak_bytes();
+    track();
+  } catch (const std::exception&) {
+    if (!probe_.oom_happened()) throw;
+    m.oom = true;
+  }
+  if (m.oom) {
+    // Everything the failed step held (batch, outputs, loss, autograd graph) was a local of the
+    // frames the exception unwound; what remains are the gradients it half-accumulated.
+    zero_gradients();
+    probe_.clear_oom();
+    probe_.release_cached();
+    m.peak_bytes = 0;
+    m.max_peak_bytes = 0;
+  }
+  m.seconds = seconds_since(t0);
+  const std::optional<int64_t> budget = probe_.budget_bytes() ? probe_.budget_bytes() : budget_bytes_;
+  m.fit = !m.oom && (!budget || m.max_peak_bytes <= *budget);
+  return m;
+}
+
+Profile ProbeRunner::profile() {
+  Profile p;
+  const auto [type, index] = parse_device(options_.device);
+  p.device.type = type;
+  p.device.index = index;
+  p.device.name = probe_.device_name();
+  p.model = model_.info;
+  p.setup = options_.setup;
+  p.libtorch_version = TORCH_VERSION;
+  p.probe = probe_.name();
+  p.budget_bytes = budget_bytes_;
+  p.persistent = persistent_;
+
+  std::set<int64_t> sizes;
+  for (int64_t b : options_.probe_sizes) {
+    if (b < 1) throw InputError("probe sizes must be at least 1, got " + std::to_string(b));
+    // Sizes above the per-rank target are never planned, but two points are needed for a fit.
+    if (options_.max_probe_micro_batch > 0 && b > std::max<int64_t>(2, options_.max_probe_micro_batch)) continue;
+    sizes.insert(b);
+  }
+  if (sizes.size() < 2) {
+    throw InputError("profiling needs at least two probe sizes to fit peak(b) = persistent + a0 + a1*b");
+  }
+
+  bool lifted = persistent_over_budget_;  // the budget is not in force
+  auto record = [&](const StepMeasurement& s) {
+    trials_.push_back({"probe", s.micro_batch, s.fit, s.max_peak_bytes, s.seconds});
+    if (s.oom) {
+      say("probe b=" + std::to_string(s.micro_batch) + ": out of memory under the budget of " +
+          format_bytes(budget_bytes_.value_or(0)));
+      return;
+    }
+    ProfilePoint pt;
+    pt.micro_batch = s.micro_batch;
+    pt.peak_bytes = s.peak_bytes;
+    pt.reserved_peak_bytes = s.reserved_peak_bytes;
+    pt.optimizer_step_peak_bytes = s.optimizer_step_peak_bytes;
+    pt.step_seconds = s.step_seconds;
+    p.points.push_back(pt);
+    say("probe b=" + std::to_string(s.micro_batch) + ": peak " + format_bytes(s.peak_bytes) + ", " +
+        format_seconds(s.step_seconds) + (s.fit ? "" : " (over the budget)") + (lifted ? " [measured without the budget]" : ""));
+  };
+  for (int64_t b : sizes) {
+    if (lifted && p.points.size() >= 2) break;
+    StepMeasurement s = measure(b);
+    record(s);
+    if (s.oom) {
+      if (p.points.size() >= 2) break;  // larger sizes would fail too; the fit has enough points
+      // Fewer than two points: measure this size without the budget, so the planner can explain
+      // how far the budget is from what the smallest microbatches need.
+      lifted = true;
+      probe_.set_budget_bytes(std::nullopt);
+      s = measure(b);
+      record(s);
+      if (s.oom) break;
+    }
+    if (!s.fit && p.points.size() >= 2) break;
+  }
+  probe_.set_budget_bytes(budget_bytes_);
+  p.trials = trials_;
+  if (p.points.size() < 2) {
+    throw InfeasibleError("only " + std::to_string(p.points.size()) + " probe size(s) ran on " + probe_.device_name() +
+                          "; a memory model needs two. Raise --memory-budget or use a smaller model");
+  }
+  return p;
+}
+
+Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request) {
+  if (!request.budget.is_set() && budget_bytes_) request.budget.bytes = budget_bytes_;
+  const std::optional<int64_t> user_bound = request.max_micro_batch;
+  int64_t fits = 0;                                        // largest size a real step ran within budget
+  int64_t fails = std::numeric_limits<int64_t>::max();     // smallest size that did not
+  for (const auto& t : profile.trials) {
+    if (t.kind != "probe") continue;
+    if (t.fit) fits = std::max(fits, t.micro_batch);
+    else fails = std::min(fails, t.micro_batch);
+  }
+  for (;;) {
+    Plan plan = make_plan(profile, request);
+    const int64_t m = plan.micro_batch;
+    const StepMeasurement s = measure(m);
+    const bool ok = s.fit && s.max_peak_bytes <= plan.memory.budget_bytes;
+    const Trial trial{"confirm", m, ok, s.max_peak_bytes, s.seconds};
+    trials_.push_back(trial);
+    profile.trials.push_back(trial);
+    if (ok) {
+      say("confirm b=" + std::to_string(m) + ": peak " + format_bytes(s.max_peak_bytes) + " of " +
+          format_bytes(plan.memory.budget_bytes) + " budget (predicted " + format_bytes(plan.memory.predicted_peak_bytes) +
+          "), fits");
+      plan.confirmed = true;
+      plan.confirmed_peak_bytes = s.max_peak_bytes;
+      plan.trials = profile.trials;
+      return plan;
+    }
+    say("confirm b=" + std::to_string(m) + ": " +
+        (s.oom ? std::string("out of memory") : "peak " + format_bytes(s.max_peak_bytes) + " over the budget") +
+        " (predicted " + format_bytes(plan.memory.predicted_peak_bytes) + "); lowering the bound");
+    fails = std::min(fails, m);
+    if (m <= 1) {
+      throw InfeasibleError("a real step at microbatch 1 does not fit the budget of " +
+                            format_bytes(plan.memory.budget_bytes) + " on " + probe_.device_name() +
+                            " although the fit predicted " + format_bytes(plan.memory.predicted_peak_bytes) +
+                            "; raise --memory-budget");
+    }
+    // Bisect between the largest size that ran and the smallest that failed.
+    int64_t bound = fits < fails ? fits + (fails - fits) / 2 : m - 1;
+    bound = std::max<int64_t>(1, std::min(bound, m - 1));
+    request.max_micro_batch = user_bound ? std::min(*user_bound, bound) : bound;
+  }
+}
+
+}  // namespace accumplan

@@ -1,0 +1,295 @@
+// cli/device_commands.cpp — the commands that run a model on a device: the root job
+// (`accumplan --model m.pt --target-batch N`: profile, plan, confirm) and `accumplan profile`
+// (measure only, for `accumplan plan` to re-plan later without the device).
+//
+// What it is: flag parsing into a Setup and RunnerOptions, the probe from make_memory_probe, the
+// ProbeRunner, and output (JSON to --out or stdout, a human summary and progress on stderr).
+// What it is not: the measuring itself (profiler/runner/) or the executor's `run`/`verify`
+// (executor_commands.cpp).
+#include <CLI/CLI.hpp>
+
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "accumplan/errors.h"
+#include "accumplan/memory_probe.h"
+#include "accumplan/schema.h"
+#include "accumplan/solver.h"
+#include "accumplan/units.h"
+#include "cli/commands.h"
+#include "runner/probe_runner.h"
+#include "runtime/model.h"
+
+namespace accumplan::cli {
+namespace {
+
+struct DeviceArgs {
+  std::string model;
+  std::vector<std::string> inputs;
+  std::string target;
+  std::string batch_file;
+  std::string loss;
+  std::string normalization = "auto";
+  int64_t ignore_index = -100;
+  std::string optimizer = "sgd";
+  double lr = 0;
+  CLI::Option* lr_option = nullptr;
+  std::map<std::string, double> hyper;  // filled from the options below when given
+  double momentum = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0, alpha = 0;
+  std::vector<CLI::Option*> hyper_options;
+  std::string device;
+  std::string probe = "auto";
+  std::string budget;
+  int threads = 0;
+  std::string probe_sizes = "1,2,4,8";
+  uint64_t seed = 1234;
+  // planning (root job)
+  int64_t target_batch = 0;
+  double headroom = 0.10;
+  int64_t world_size = 1;
+  int64_t multiple_of = 0;
+  int64_t max_micro_batch = 0;
+  std::string out;
+};
+
+void add_setup_options(CLI::App* app, DeviceArgs& a) {
+  const std::string model_group = "Model and data";
+  app->add_option("--model", a.model,
+                  "TorchScript file (torch.jit.script(model).save(path)) or a built-in example: "
+                  "builtin:mlp, builtin:convnet, builtin:tinylm")
+      ->group(model_group);
+  app->add_option("--input", a.inputs,
+                  "one per forward argument, B = the microbatch dimension: float32[B,3,224,224], "
+                  "int64[B,128]:50257 (integers in [0, 50257)). Built-ins have defaults")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->group(model_group);
+  app->add_option("--target", a.target, "the target: int64[B]:1000 (class indices), float32[B,10]")->group(model_group);
+  app->add_option("--batch-file", a.batch_file,
+                  "real samples instead of specs: Python's torch.save([inputs..., target], f), dim 0 = "
+                  "samples, tiled to any microbatch")
+      ->group(model_group);
+  app->add_option("--loss", a.loss,
+                  "cross_entropy ([B,C] or [B,T,C] logits), mse, or model (forward takes the target last "
+                  "and returns the loss); default cross_entropy")
+      ->group(model_group);
+  app->add_option("--normalization", a.normalization, "samples | tokens | auto (tokens for [B,T,C] cross-entropy)")
+      ->capture_default_str()
+      ->group(model_group);
+  app->add_option("--ignore-index", a.ignore_index, "target value cross_entropy skips")
+      ->capture_default_str()
+      ->group(model_group);
+
+  const std::string opt_group = "Optimizer (its state is measured after a real step)";
+  app->add_option("--optimizer", a.optimizer, "sgd | momentum | adam | adamw | adagrad | rmsprop")
+      ->capture_default_str()
+      ->group(opt_group);
+  a.lr_option = app->add_option("--lr", a.lr, "learning rate (default 0.01; 0.001 for adam, adamw, rmsprop)")->group(opt_group);
+  a.hyper_options = {
+      app->add_option("--momentum", a.momentum, "momentum (momentum: 0.9, rmsprop: 0)")->group(opt_group),
+      app->add_option("--weight-decay", a.weight_decay, "weight decay (adamw: 0.01, others 0)")->group(opt_group),
+      app->add_option("--beta1", a.beta1, "adam/adamw beta1 (0.9)")->group(opt_group),
+      app->add_option("--beta2", a.beta2, "adam/adamw beta2 (0.999)")->group(opt_group),
+      app->add_option("--eps", a.eps, "adam/adamw/rmsprop/adagrad epsilon")->group(opt_group),
+      app->add_option("--alpha", a.alpha, "rmsprop smoothing constant (0.99)")->group(opt_group),
+  };
+
+  const std::string dev_group = "Device";
+  app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: cuda when available, else cpu)")->group(dev_group);
+  app->add_option("--memory-budget", a.budget,
+                  "device memory to stay within, enforced while measuring: 512MiB, 12GiB, 1.5GB, bytes, or "
+                  "90% of the device. On cpu this makes the CPU a simulated accelerator of that size")
+      ->group(dev_group);
+  app->add_option("--probe", a.probe, "memory probe: auto | cpu-counting | cuda-caching-allocator | cupti")
+      ->capture_default_str()
+      ->group(dev_group);
+  app->add_option("--threads", a.threads, "CPU threads for LibTorch (at::set_num_threads)")->group(dev_group);
+  app->add_option("--probe-sizes", a.probe_sizes, "microbatch sizes to measure before fitting, comma-separated")
+      ->capture_default_str()
+      ->group(dev_group);
+  app->add_option("--seed", a.seed, "seed of the synthetic inputs")->capture_default_str()->group(dev_group);
+}
+
+std::vector<int64_t> parse_sizes(const std::string& text) {
+  std::vector<int64_t> sizes;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(item, &used);
+      if (used != item.size() || v < 1) throw std::invalid_argument(item);
+      sizes.push_back(v);
+    } catch (const std::exception&) {
+      throw InputError("--probe-sizes '" + text + "': '" + item + "' is not a positive integer; e.g. 1,2,4,8");
+    }
+  }
+  return sizes;
+}
+
+RunnerOptions runner_options(const DeviceArgs& a) {
+  if (a.model.empty()) {
+    throw InputError("--model is required: a TorchScript file or builtin:convnet (run `accumplan --help`)");
+  }
+  RunnerOptions o;
+  o.model = a.model;
+  Setup& s = o.setup;
+  const std::optional<ModelDefaults> defaults = builtin_defaults(a.model);  // InputError for an unknown builtin
+  s.loss = !a.loss.empty() ? a.loss : defaults ? defaults->loss : "cross_entropy";
+  s.optimizer = a.optimizer;
+  // Conventional defaults: adaptive optimizers diverge at SGD's 0.01 on many models.
+  const bool adaptive = a.optimizer == "adam" || a.optimizer == "adamw" || a.optimizer == "rmsprop";
+  s.lr = a.lr_option->count() > 0 ? a.lr : adaptive ? 1e-3 : 1e-2;  // make_optimizer refuses lr <= 0
+  const char* names[] = {"momentum", "weight_decay", "beta1", "beta2", "eps", "alpha"};
+  const double values[] = {a.momentum, a.weight_decay, a.beta1, a.beta2, a.eps, a.alpha};
+  for (size_t i = 0; i < a.hyper_options.size(); ++i) {
+    if (a.hyper_options[i]->count() > 0) s.hyperparameters[names[i]] = values[i];
+  }
+  s.normalization = a.normalization;
+  s.ignore_index = a.ignore_index;
+  if (!a.batch_file.empty()) {
+    if (!a.inputs.empty() || !a.target.empty()) {
+      throw InputError("give either --batch-file or --input/--target specs, not both");
+    }
+    o.batch_file = a.batch_file;
+  } else {
+    s.inputs = a.inputs;
+    s.target = a.target;
+    if (defaults && s.inputs.empty()) {
+      s.inputs = defaults->inputs;
+      if (s.target.empty() && s.loss == defaults->loss) s.target = defaults->target;
+    }
+    if (s.inputs.empty()) {
+      throw InputError("--input is required for a TorchScript file: one spec per forward argument, e.g. "
+                       "--input float32[B,3,224,224] --target int64[B]:1000 (or give --batch-file)");
+    }
+  }
+  o.device = !a.device.empty() ? a.device : (torch::cuda::is_available() ? "cuda" : "cpu");
+  parse_device(o.device);
+  if (!a.budget.empty()) o.budget = parse_budget(a.budget, "--memory-budget");
+  o.probe_sizes = parse_sizes(a.probe_sizes);
+  o.seed = a.seed;
+  o.progress = [](const std::string& line) { std::cerr << "accumplan: " << line << "\n" << std::flush; };
+  return o;
+}
+
+std::unique_ptr<MemoryProbe> open_probe(const DeviceArgs& a, const RunnerOptions& o) {
+  if (a.threads < 0) throw InputError("--threads must be at least 1, got " + std::to_string(a.threads));
+  if (a.threads > 0) at::set_num_threads(a.threads);
+  ProbeRequest req;
+  req.device = o.device;
+  req.backend = a.probe;
+  return make_memory_probe(req);  // BackendNotBuiltError for cuda on a CPU-only build
+}
+
+std::string steps_summary(const std::vector<Trial>& trials) {
+  int probes = 0, confirms = 0;
+  double seconds = 0;
+  for (const auto& t : trials) {
+    (t.kind == "confirm" ? confirms : probes) += 1;
+    seconds += t.seconds;
+  }
+  std::ostringstream s;
+  s << "  real steps taken   " << trials.size() << " (" << probes << " probe, " << confirms << " confirm) in "
+    << format_seconds(seconds) << "\n";
+  return s.str();
+}
+
+}  // namespace
+
+Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
+  // --- the root job: profile, plan, confirm ---------------------------------------------------
+  auto args = std::make_shared<DeviceArgs>();
+  add_setup_options(&root, *args);
+  const std::string plan_group = "Plan (the main job)";
+  root.add_option("--target-batch", args->target_batch, "effective batch B per optimizer step, over all ranks")
+      ->group(plan_group);
+  root.add_option("--headroom", args->headroom, "fraction of the budget kept free, in [0, 1)")
+      ->capture_default_str()
+      ->group(plan_group);
+  root.add_option("--world-size", args->world_size, "data-parallel ranks W; B must be divisible by W")
+      ->capture_default_str()
+      ->group(plan_group);
+  root.add_option("--multiple-of", args->multiple_of, "make every microbatch a multiple of K")->group(plan_group);
+  root.add_option("--max-micro-batch", args->max_micro_batch, "never plan a microbatch above M")->group(plan_group);
+  root.add_option("--out", args->out, "write plan.json here (atomically); default stdout")->group(plan_group);
+
+  // --- profile: measure only --------------------------------------------------------------------
+  auto pargs = std::make_shared<DeviceArgs>();
+  CLI::App* profile = root.add_subcommand(
+      "profile",
+      "Measure weights, gradients, optimizer state and activations at a few microbatch sizes on the device; "
+      "write profile.json for `accumplan plan` (no planning, no confirmation).");
+  add_setup_options(profile, *pargs);
+  profile->add_option("--target-batch", pargs->target_batch,
+                      "optional: per-rank target batch; probe sizes above it are skipped");
+  profile->add_option("--world-size", pargs->world_size, "data-parallel ranks (bounds probes by B / W)")
+      ->capture_default_str();
+  profile->add_option("--out", pargs->out, "write profile.json here (atomically); default stdout");
+  commands.push_back({profile, [pargs]() {
+                        RunnerOptions o = runner_options(*pargs);
+                        if (pargs->target_batch < 0 || pargs->world_size < 1) {
+                          throw InputError("--target-batch and --world-size must be positive");
+                        }
+                        if (pargs->target_batch > 0) o.max_probe_micro_batch = std::max<int64_t>(1, pargs->target_batch / pargs->world_size);
+                        auto probe = open_probe(*pargs, o);
+                        ProbeRunner runner(*probe, o);
+                        const Profile p = runner.profile();
+                        std::cerr << "profile: weights " << format_bytes(p.persistent.weights_bytes) << " + gradients "
+                                  << format_bytes(p.persistent.gradients_bytes) << " + optimizer state "
+                                  << format_bytes(p.persistent.optimizer_state_bytes) << "; " << p.points.size()
+                                  << " microbatch sizes measured on " << p.device.name << "\n"
+                                  << steps_summary(p.trials);
+                        emit_output(pargs->out, to_json(p).dump(2) + "\n");
+                        return 0;
+                      }});
+
+  return {&root, [args, &root]() -> int {
+            if (args->model.empty() && args->target_batch == 0) {
+              throw InputError("nothing to do: give --model and --target-batch (e.g. accumplan --model "
+                               "builtin:convnet --target-batch 256 --device cpu --memory-budget 256MiB), or a "
+                               "subcommand; run `accumplan --help`");
+            }
+            (void)root;
+            if (args->target_batch < 1) {
+              throw InputError("--target-batch is required and must be at least 1 (the effective batch per optimizer "
+                               "step), got " + std::to_string(args->target_batch));
+            }
+            if (args->world_size < 1) {
+              throw InputError("--world-size must be at least 1, got " + std::to_string(args->world_size));
+            }
+            if (args->target_batch % args->world_size != 0) {
+              throw InfeasibleError("--target-batch " + std::to_string(args->target_batch) +
+                                    " is not divisible by --world-size " + std::to_string(args->world_size));
+            }
+            if (!(args->headroom >= 0 && args->headroom < 1)) {
+              throw InputError("--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got " +
+                               std::to_string(args->headroom));
+            }
+            RunnerOptions o = runner_options(*args);
+            o.max_probe_micro_batch = args->target_batch / args->world_size;
+            auto probe = open_probe(*args, o);
+            ProbeRunner runner(*probe, o);
+            Profile profile = runner.profile();
+            PlanRequest req;
+            req.target_batch = args->target_batch;
+            req.world_size = args->world_size;
+            req.headroom = args->headroom;
+            if (runner.budget_bytes()) req.budget.bytes = runner.budget_bytes();
+            if (args->multiple_of > 0) req.multiple_of = args->multiple_of;
+            if (args->max_micro_batch > 0) req.max_micro_batch = args->max_micro_batch;
+            const Plan plan = runner.plan_and_confirm(profile, req);
+            std::cerr << describe_plan(plan) << steps_summary(plan.trials);
+            emit_output(args->out, to_json(plan).dump(2) + "\n");
+            return 0;
+          }};
+}
+
+}  // namespace accumplan::cli
