@@ -1,0 +1,53 @@
+// cupti_probe.cpp — the "cupti" probe (ACCUMPLAN_HAS_CUPTI builds only). See cupti_probe.h.
+// What it is not: compiled or run on the development machine (no CUDA LibTorch there).
+#include "cupti_probe.h"
+
+#include <algorithm>
+
+#include "accumplan/errors.h"
+
+namespace accumplan {
+
+CuptiProbe::CuptiProbe(int device, std::optional<int64_t> budget_bytes)
+    : cuda_(device, budget_bytes), api_(CuptiActivityApi::singleton()) {
+  const CuptiAvailability availability = api_.enable_memory_records();
+  if (!availability.available) {
+    throw InputError(availability.message + ". Use --device cuda without the cupti backend.");
+  }
+  api_.take_records();  // discard anything recorded before this probe
+  timeline_ = std::make_unique<CuptiMemoryTimeline>(api_);
+  // What the allocator already holds was allocated before tracing; count it as the baseline so
+  // the traced bytes compare with the allocator's reserved bytes.
+  timeline_->set_baseline_bytes(static_cast<uint32_t>(device), cuda_.reserved_current_bytes());
+}
+
+CuptiProbe::~CuptiProbe() { api_.disable_memory_records(); }
+
+std::string CuptiProbe::device_name() const { return cuda_.device_name() + " (CUPTI traced)"; }
+
+std::optional<int64_t> CuptiProbe::reserved_peak_bytes() const {
+  const CrossCheck check = cross_check();
+  return std::max(check.allocator_reserved_peak_bytes, check.traced_peak_bytes);
+}
+
+void CuptiProbe::reset_peak() {
+  cuda_.reset_peak();
+  if (auto now = api_.timestamp_ns()) {
+    timeline_->update();
+    timeline_->reset_peak(static_cast<uint32_t>(cuda_.device()), *now);
+  }
+}
+
+CuptiProbe::CrossCheck CuptiProbe::cross_check() const {
+  timeline_->update();  // the timeline is owned through a pointer, so this const method may update
+  const auto device = static_cast<uint32_t>(cuda_.device());
+  CrossCheck check;
+  check.allocator_reserved_peak_bytes = cuda_.reserved_peak_bytes().value_or(0);
+  check.traced_peak_bytes = timeline_->peak_bytes(device);
+  check.traced_current_bytes = timeline_->current_bytes(device);
+  check.dropped_record_count = api_.dropped_record_count();
+  check.anomalies = timeline_->anomalies(device);
+  return check;
+}
+
+}  // namespace accumplan
