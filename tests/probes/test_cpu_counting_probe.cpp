@@ -1,17 +1,12 @@
 // test_cpu_counting_probe.cpp — the cpu-counting probe: exact byte counts, peak semantics,
 // budget OOM from eager ops and from TorchScript, injected OOMs, install/uninstall.
 // Not tested here: the factory's error messages (test_memory_probe_factory.cpp).
-#include <catch2/catch.hpp>
-
-#include <c10/core/CPUAllocator.h>
-#include <torch/script.h>
-#include <torch/torch.h>
-
 #include <optional>
 #include <string>
 
 #include "accumplan/errors.h"
 #include "cpu_counting_probe.h"
+#include "torch_and_catch.h"  // last: see why there
 
 using accumplan::CpuCountingProbe;
 using Catch::Matchers::Contains;

@@ -164,7 +164,7 @@ TEST_CASE("Cupti timeline: an allocation at a live address replaces it (lost rel
   CHECK(timeline.anomalies(0).reallocated_address_count == 1);
 }
 
-TEST_CASE("Cupti timeline: equal timestamps keep delivery order; release uses allocated size",
+TEST_CASE("Cupti timeline: equal timestamps keep delivery order and a release uses the allocated size",
           "[probe][cupti][timeline]") {
   FakeRecordSource source;
   // Release record says 1 byte, but 100 were allocated: subtract what was added.

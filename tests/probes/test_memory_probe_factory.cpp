@@ -1,16 +1,13 @@
 // test_memory_probe_factory.cpp — make_memory_probe: the CPU probe with a budget, and the errors
 // for backends this build lacks and names that do not exist.
 // Not tested here: CUDA or CUPTI probes themselves (they need a GPU build and a GPU).
-#include <catch2/catch.hpp>
-
 #include <memory>
 #include <string>
-
-#include <ATen/ATen.h>
 
 #include "accumplan/build_config.h"
 #include "accumplan/errors.h"
 #include "accumplan/memory_probe.h"
+#include "torch_and_catch.h"  // last: see why there
 
 using accumplan::make_memory_probe;
 using accumplan::ProbeRequest;
