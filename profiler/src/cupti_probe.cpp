@@ -3,13 +3,30 @@
 #include "cupti_probe.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "accumplan/errors.h"
 
 namespace accumplan {
+namespace {
+// CUPTI's record stream is process-wide and each probe's timeline takes the records it reads,
+// so two live probes would split the records between them and both undercount.
+std::atomic<bool> g_cupti_probe_live{false};
+}  // namespace
+
+CuptiProbe::ExclusiveUse::ExclusiveUse() {
+  if (g_cupti_probe_live.exchange(true)) {
+    throw InternalError(
+        "a cupti memory probe is already active: CUPTI's memory records are process-wide, so "
+        "only one probe can consume them at a time. Destroy the first probe before making "
+        "another.");
+  }
+}
+
+CuptiProbe::ExclusiveUse::~ExclusiveUse() { g_cupti_probe_live.store(false); }
 
 CuptiProbe::CuptiProbe(int device, std::optional<int64_t> budget_bytes)
-    : cuda_(device, budget_bytes), api_(CuptiActivityApi::singleton()) {
+    : exclusive_(), cuda_(device, budget_bytes), api_(CuptiActivityApi::singleton()) {
   const CuptiAvailability availability = api_.enable_memory_records();
   if (!availability.available) {
     throw InputError(availability.message + ". Use --device cuda without the cupti backend.");

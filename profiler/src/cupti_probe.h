@@ -6,7 +6,8 @@
 // CUPTI traced, because CUPTI also sees memory the allocator does not own (libraries calling
 // cudaMalloc themselves). cross_check() reports both so a caller can show the difference.
 // What it is not: a record of memory allocated before the probe was made: the allocator's
-// reserved bytes at that moment are the timeline's baseline. Torch-free header.
+// reserved bytes at that moment are the timeline's baseline. Only one can be alive at a time.
+// Torch-free header.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +55,15 @@ class CuptiProbe final : public MemoryProbe {
   CrossCheck cross_check() const;
 
  private:
+  // Declared first so it is claimed before cuda_ applies a budget: only one cupti probe may be
+  // alive (a second is an InternalError), see cupti_probe.cpp.
+  struct ExclusiveUse {
+    ExclusiveUse();
+    ~ExclusiveUse();
+    ExclusiveUse(const ExclusiveUse&) = delete;
+    ExclusiveUse& operator=(const ExclusiveUse&) = delete;
+  };
+  ExclusiveUse exclusive_;
   CudaCachingProbe cuda_;
   CuptiActivityApi& api_;
   std::unique_ptr<CuptiMemoryTimeline> timeline_;
