@@ -1,0 +1,328 @@
+// executor/executor.cpp — the accumulation window, its weighting, AMP, clipping, gating and OOM
+// recovery. See executor.h for the contract and DESIGN.md for why each rule exists.
+#include "executor/executor.h"
+
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <numeric>
+#include <sstream>
+#include <unordered_set>
+
+#include "accumplan/errors.h"
+#include "accumplan/json_io.h"
+#include "accumplan/units.h"
+#include "executor/replan.h"
+#include "runtime/optim.h"
+
+namespace accumplan {
+namespace {
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+// The first line of an exception message: TorchScript's rewrapped errors run to dozens of lines
+// of interpreter traceback; the log line only needs what happened.
+std::string first_line(const std::string& s) {
+  const auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+bool token_shaped(const at::Tensor& target, const LossConfig& cfg) {
+  return cfg.kind == "cross_entropy" && target.defined() && target.dim() >= 2 && !at::isFloatingType(target.scalar_type());
+}
+
+}  // namespace
+
+int64_t batch_samples(const Batch& batch, const std::string& what) {
+  std::optional<int64_t> n;
+  auto check = [&](const at::Tensor& t, const std::string& name) {
+    if (!t.defined()) return;
+    if (t.dim() < 1) throw InputError(what + ": " + name + " is a scalar; dim 0 must index samples");
+    if (n && *n != t.size(0)) {
+      throw InputError(what + ": " + name + " has " + std::to_string(t.size(0)) + " samples (dim 0) but the first tensor has " +
+                       std::to_string(*n));
+    }
+    n = t.size(0);
+  };
+  for (size_t i = 0; i < batch.inputs.size(); ++i) check(batch.inputs[i], "input " + std::to_string(i));
+  check(batch.target, "the target");
+  if (!n) throw InputError(what + " holds no tensors");
+  return *n;
+}
+
+Batch slice_batch(const Batch& batch, int64_t start, int64_t count) {
+  Batch out;
+  for (const auto& t : batch.inputs) out.inputs.push_back(t.narrow(0, start, count));
+  if (batch.target.defined()) out.target = batch.target.narrow(0, start, count);
+  return out;
+}
+
+std::vector<std::pair<int64_t, int64_t>> epoch_windows(int64_t samples, int64_t per_rank_batch) {
+  if (per_rank_batch < 1) throw InputError("per_rank_batch must be >= 1");
+  std::vector<std::pair<int64_t, int64_t>> w;
+  for (int64_t start = 0; start < samples; start += per_rank_batch) {
+    w.emplace_back(start, std::min(per_rank_batch, samples - start));
+  }
+  return w;
+}
+
+Executor::Executor(torch::jit::Module module, torch::optim::Optimizer& optimizer, Plan plan, ExecutorOptions options)
+    : module_(std::move(module)), optimizer_(optimizer), plan_(std::move(plan)), options_(std::move(options)), device_(at::kCPU) {
+  check_plan_executable(plan_);
+  module_.train();
+  std::unordered_set<const void*> in_module;
+  for (const auto& p : module_.parameters(/*recurse=*/true)) {
+    if (!p.requires_grad()) continue;
+    params_.push_back(p);
+    in_module.insert(p.unsafeGetTensorImpl());
+  }
+  if (params_.empty()) throw InputError("the model has no trainable parameters");
+  device_ = params_.front().device();
+  for (const auto& group : optimizer_.param_groups()) {
+    for (const auto& p : group.params()) {
+      if (!in_module.count(p.unsafeGetTensorImpl())) {
+        throw InputError("the optimizer holds a tensor that is not a trainable parameter of the model; build it from "
+                         "the module's parameters");
+      }
+    }
+  }
+  if (options_.amp == AmpMode::FP16) scaler_.emplace(options_.scaler, device_);
+  if (options_.max_grad_norm && !(*options_.max_grad_norm > 0)) {
+    throw InputError("max gradient norm must be positive, got " + std::to_string(*options_.max_grad_norm));
+  }
+}
+
+double Executor::loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+
+void Executor::log(const std::string& line) const {
+  if (options_.log) {
+    options_.log(line);
+  } else {
+    std::cerr << "accumplan: " << line << "\n" << std::flush;
+  }
+}
+
+void Executor::zero_grads() {
+  // Set to none rather than filled with zeros: the memory is returned between windows and after
+  // an OOM, and the first backward of a window writes the gradient instead of adding to zeros.
+  for (auto& p : params_) {
+    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+  }
+}
+
+bool Executor::is_oom(const std::exception* e) const {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(e) != nullptr) return true;
+  return options_.probe != nullptr && options_.probe->oom_happened();
+}
+
+void Executor::run_microbatch(const Batch& mb, int64_t n, double units, double& loss_sum_total) {
+  std::vector<c10::IValue> args;
+  args.reserve(mb.inputs.size() + 1);
+  for (const auto& t : mb.inputs) args.emplace_back(t.device() == device_ ? t : t.to(device_));
+  const at::Tensor target =
+      mb.target.defined() ? (mb.target.device() == device_ ? mb.target : mb.target.to(device_)) : at::Tensor();
+  if (options_.loss.kind == "model" && target.defined()) args.emplace_back(target);
+
+  at::Tensor objective;
+  {
+    AutocastGuard autocast(options_.amp, device_);
+    const c10::IValue out = module_.forward(args);
+    // A model returning (logits, extras...) is trained on its first element.
+    const at::Tensor output = out.isTuple() ? out.toTupleRef().elements().at(0).toTensor() : out.toTensor();
+    const LossSum ls = loss_sum(output, target, n, options_.loss);
+    loss_sum_total += ls.sum.detach().to(at::kDouble).item<double>();
+    // Exact weighting: every microbatch contributes its SUM over units divided by the window's
+    // units N, so sum_i (sum_i / N) = (sum over the window) / N = the combined batch's mean loss.
+    // 8,8,8,2 samples: weights 8/26, 8/26, 8/26, 2/26 of each microbatch mean, not 1/4 each.
+    objective = ls.sum / units;
+  }
+  if (scaler_) objective = objective * scaler_->scale_tensor().reshape({});
+  objective.backward();
+}
+
+void Executor::recover(int64_t failing_size, const MicrobatchEvent& where, const std::string& what) {
+  zero_grads();
+  if (options_.probe) {
+    options_.probe->clear_oom();
+    options_.probe->release_cached();
+  }
+  std::string note;
+  Plan next;
+  try {
+    next = replan_below(plan_, failing_size, &note);
+  } catch (const InfeasibleError& e) {
+    throw ExecutorOomError("window " + std::to_string(where.window) + ", microbatch " + std::to_string(where.index + 1) +
+                           " of " + std::to_string(where.count) + ": " + e.what() + " (" + first_line(what) + ")");
+  }
+  plan_ = std::move(next);
+  ++totals_.oom_recoveries;
+  std::ostringstream line;
+  line << "out of memory in window " << where.window << " at microbatch " << (where.index + 1) << " of " << where.count
+       << " (size " << where.size << "); re-planned to " << plan_.accumulation_steps << " microbatches of at most "
+       << plan_.micro_batch << " (" << join(plan_.microbatch_sizes) << ") — " << note
+       << "; replaying the window from its first sample";
+  log(line.str());
+  if (!options_.plan_out.empty()) write_text_atomic(options_.plan_out, to_json(plan_).dump(2) + "\n");
+}
+
+WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>& sizes_in) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t n = batch_samples(window);
+  std::vector<int64_t> sizes = sizes_in;
+  if (sizes.empty()) {
+    sizes = window_sizes(plan_, n);
+  } else {
+    const int64_t sum = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+    if (sum != n || *std::min_element(sizes.begin(), sizes.end()) < 1) {
+      throw InputError("microbatch sizes " + join(sizes) + " do not split a window of " + std::to_string(n) + " samples");
+    }
+  }
+
+  WindowStats st;
+  st.samples = n;
+  if (options_.probe) {
+    options_.probe->clear_oom();
+    options_.probe->reset_peak();
+  }
+
+  // N, counted before the first backward: the weights of all microbatches depend on it.
+  for (int64_t start = 0, i = 0; i < static_cast<int64_t>(sizes.size()); start += sizes[i], ++i) {
+    const Batch mb = slice_batch(window, start, sizes[i]);
+    st.units += count_units(mb.target, sizes[i], options_.loss);
+  }
+  if (token_shaped(window.target, options_.loss)) {
+    st.valid_tokens = options_.loss.normalization == Normalization::Tokens
+                          ? st.units
+                          : window.target.ne(options_.loss.ignore_index).sum().item<int64_t>();
+  }
+  if (scaler_) st.loss_scale = scaler_->scale();
+  zero_grads();
+  if (st.units == 0) {
+    st.skipped = true;
+    st.skip_reason = "the window has no valid tokens (every target is ignore_index)";
+    st.microbatch_sizes = sizes;
+    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return st;
+  }
+
+  double loss_total = 0;
+  for (int64_t attempt = 0;; ++attempt) {
+    zero_grads();
+    loss_total = 0;
+    bool failed = false;
+    MicrobatchEvent where;
+    std::string what;
+    try {
+      int64_t start = 0;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        where = MicrobatchEvent{window_index_, static_cast<int64_t>(i), sizes[i], static_cast<int64_t>(sizes.size()), attempt};
+        if (options_.before_microbatch) options_.before_microbatch(where);
+        run_microbatch(slice_batch(window, start, sizes[i]), sizes[i], static_cast<double>(st.units), loss_total);
+        start += sizes[i];
+      }
+    } catch (const std::exception& e) {
+      if (!is_oom(&e)) throw;
+      failed = true;
+      what = e.what();
+    }
+    if (!failed) break;
+    // Out of the catch block, so the exception and every tensor of the failed microbatch (its
+    // inputs on the device, activations, autograd graph) are already released.
+    if (!options_.oom_recovery) {
+      zero_grads();
+      if (options_.probe) options_.probe->clear_oom();
+      throw ExecutorOomError("out of memory in window " + std::to_string(where.window) + " at microbatch " +
+                             std::to_string(where.index + 1) + " of " + std::to_string(where.count) + " (size " +
+                             std::to_string(where.size) + ") and OOM recovery is off: " + first_line(what));
+    }
+    recover(where.size, where, what);
+    ++st.oom_recoveries;
+    sizes = window_sizes(plan_, n);
+  }
+
+  st.microbatch_sizes = sizes;
+  st.loss = loss_total / static_cast<double>(st.units);
+
+  bool non_finite = false;
+  if (scaler_) non_finite = scaler_->unscale_and_check(params_);
+  // The combined gradient's 2-norm, as torch.nn.utils.clip_grad_norm_ computes it.
+  std::vector<at::Tensor> norms;
+  for (const auto& p : params_) {
+    if (p.grad().defined()) norms.push_back(p.grad().detach().norm(2).to(at::kDouble));
+  }
+  st.grad_norm = norms.empty() ? 0.0 : at::stack(norms).norm(2).item<double>();
+  if (!std::isfinite(st.grad_norm)) non_finite = true;
+  if (non_finite) {
+    st.skipped = true;
+    st.skip_reason = scaler_ ? "non-finite gradient at loss scale " + std::to_string(st.loss_scale)
+                             : "non-finite gradient norm";
+  } else if (options_.max_grad_norm) {
+    // Clip once, the combined gradient; clipping per microbatch would change the update.
+    const double coef = *options_.max_grad_norm / (st.grad_norm + 1e-6);
+    if (coef < 1.0) {
+      for (auto& p : params_) {
+        if (p.grad().defined()) p.mutable_grad().mul_(coef);
+      }
+    }
+  }
+  if (options_.probe) st.peak_bytes = options_.probe->peak_bytes();
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+void Executor::apply(WindowStats& st) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (st.skipped) {
+    // fp16 overflow: back the scale off. A window without valid tokens says nothing about it.
+    if (scaler_ && st.units > 0) scaler_->update(true);
+    ++totals_.skipped_steps;
+    log("window " + std::to_string(window_index_) + ": optimizer step skipped (" + st.skip_reason + ")" +
+        (scaler_ && st.units > 0 ? "; loss scale now " + std::to_string(scaler_->scale()) : std::string()) +
+        "; the scheduler does not advance");
+  } else {
+    if (options_.lr_schedule) set_learning_rate(optimizer_, options_.lr_schedule(totals_.optimizer_steps));
+    try {
+      optimizer_.step();
+    } catch (const std::exception& e) {
+      if (!is_oom(&e)) throw;
+      const std::string what = first_line(e.what());
+      zero_grads();
+      if (options_.probe) options_.probe->clear_oom();
+      throw ExecutorOomError("out of memory during the optimizer step of window " + std::to_string(window_index_) +
+                             " (" + what +
+                             "). Some parameters may already be updated, so the window cannot be replayed; the "
+                             "budget must hold the optimizer step's transient memory (plan.memory)");
+    }
+    st.stepped = true;
+    ++totals_.optimizer_steps;
+    if (scaler_) scaler_->update(false);
+    if (options_.on_step) options_.on_step(StepEvent{totals_.optimizer_steps, window_index_, st.loss});
+  }
+  zero_grads();
+  st.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (options_.probe) {
+    const int64_t peak = std::max(st.peak_bytes.value_or(0), options_.probe->peak_bytes());
+    st.peak_bytes = peak;
+    totals_.peak_bytes = std::max(totals_.peak_bytes.value_or(0), peak);
+  }
+  ++totals_.windows;
+  totals_.samples_seen += st.samples;
+  totals_.tokens_seen += st.valid_tokens;
+  totals_.seconds += st.seconds;
+  ++window_index_;
+}
+
+WindowStats Executor::step(const Batch& window) {
+  WindowStats st = accumulate(window);
+  apply(st);
+  return st;
+}
+
+}  // namespace accumplan

@@ -1,0 +1,165 @@
+// executor/executor.h — runs a plan: one accumulation window per call, exactly weighted, with
+// mixed precision, clipping of the combined gradient, scheduler gating and OOM recovery.
+//
+// What it is: the training loop's inner part, DESIGN.md "Correct weighting" and "OOM recovery".
+// `step(window)` takes the samples of one window (the plan's per-rank batch, or fewer for the last
+// window of an epoch), and:
+//   1. splits them into the plan's microbatch sizes (a short window: split_samples, own N);
+//   2. counts the window's units N before the first backward — samples, or valid tokens
+//      (target != ignore_index) in tokens mode;
+//   3. sets every gradient to none, then for each microbatch runs forward (under autocast for
+//      bf16) and backward of loss_sum / N (× the loss scale for fp16), so the accumulated
+//      gradient is the gradient of the combined window's mean loss;
+//   4. fp16: unscales once, and a non-finite gradient skips the step and backs the scale off;
+//      clips the combined (unscaled) gradient to max_grad_norm;
+//   5. steps the optimizer once, then advances the scheduler / calls on_step — only if it stepped.
+// On an out-of-memory inside a microbatch (recognised by the memory probe's flag, because
+// TorchScript rewraps c10::OutOfMemoryError as std::runtime_error) it drops that microbatch's
+// tensors, sets the gradients to none, releases cached device memory, re-plans every microbatch
+// below the failing size (replan.h) and replays the window from its first sample: the update is
+// the one the original plan would have made, every sample counted once.
+// What it is not: a data loader (callers hand it windows), distributed (one process; global
+// counts across ranks belong to a data-parallel wrapper), or a checkpointer.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/optim.h>
+#include <torch/script.h>
+
+#include "accumplan/errors.h"
+#include "accumplan/memory_probe.h"
+#include "accumplan/schema.h"
+#include "executor/amp.h"
+#include "runtime/batch.h"
+#include "runtime/loss.h"
+
+namespace accumplan {
+
+// Where a microbatch is about to run; passed to ExecutorOptions::before_microbatch.
+struct MicrobatchEvent {
+  int64_t window = 0;    // 0-based index of the window among this executor's windows
+  int64_t index = 0;     // 0-based microbatch index within the window
+  int64_t size = 0;      // samples in this microbatch
+  int64_t count = 0;     // microbatches in this attempt of the window
+  int64_t attempt = 0;   // 0 first try; n after n OOM recoveries in this window
+};
+
+// Information handed to the scheduler after a real optimizer step.
+struct StepEvent {
+  int64_t optimizer_steps = 0;  // including this one
+  int64_t window = 0;
+  double loss = 0;
+};
+
+struct ExecutorOptions {
+  LossConfig loss;                       // kind, normalization (samples|tokens), ignore_index
+  AmpMode amp = AmpMode::None;
+  LossScalerOptions scaler;              // fp16 only
+  std::optional<double> max_grad_norm;   // clip the combined gradient's 2-norm to this
+  // Learning rate for optimizer step k (0-based count of real steps) — set before that step. A
+  // skipped step does not advance k.
+  std::function<double(int64_t step)> lr_schedule;
+  // Called after each real optimizer step (never after a skipped one).
+  std::function<void(const StepEvent&)> on_step;
+  bool oom_recovery = true;
+  MemoryProbe* probe = nullptr;          // not owned; OOM flag, peaks. Without one, OOM is
+                                         // recognised by c10::OutOfMemoryError's type alone.
+  std::string plan_out;                  // write the plan atomically after each re-plan
+  // One line per event (recoveries, skipped steps). Default: stderr, prefixed "accumplan: ".
+  std::function<void(const std::string&)> log;
+  // Testing and instrumentation hook, called before each microbatch's forward.
+  std::function<void(const MicrobatchEvent&)> before_microbatch;
+};
+
+struct WindowStats {
+  int64_t samples = 0;                   // samples in the window (each counted once)
+  int64_t units = 0;                     // N: samples, or valid tokens in tokens mode
+  int64_t valid_tokens = 0;              // target != ignore_index, for token-shaped targets; else 0
+  std::vector<int64_t> microbatch_sizes; // sizes of the attempt that completed
+  double loss = 0;                       // the window's mean loss: sum of unit losses / N
+  double grad_norm = 0;                  // 2-norm of the combined, unscaled gradient before clipping
+  bool stepped = false;                  // the optimizer updated the parameters
+  bool skipped = false;                  // non-finite gradient (or no units): no update
+  std::string skip_reason;
+  int64_t oom_recoveries = 0;            // OOM events recovered from in this window
+  double loss_scale = 1;                 // fp16: the scale used through this window
+  double seconds = 0;
+  std::optional<int64_t> peak_bytes;     // probe's peak during the window
+};
+
+struct ExecutorTotals {
+  int64_t windows = 0;
+  int64_t optimizer_steps = 0;
+  int64_t skipped_steps = 0;
+  int64_t samples_seen = 0;
+  int64_t tokens_seen = 0;
+  int64_t oom_recoveries = 0;
+  double seconds = 0;
+  std::optional<int64_t> peak_bytes;     // max over windows
+};
+
+// An out-of-memory the executor could not (recovery off) or must not (during the optimizer step,
+// when parameters may already be half-updated) recover from. Exit code 2: the budget is the fix.
+class ExecutorOomError : public InfeasibleError {
+ public:
+  using InfeasibleError::InfeasibleError;
+};
+
+class Executor {
+ public:
+  // The optimizer must outlive the executor and hold the module's trainable parameters. Throws
+  // InputError for a plan it cannot execute (sizes that do not sum to per_rank_batch).
+  Executor(torch::jit::Module module, torch::optim::Optimizer& optimizer, Plan plan, ExecutorOptions options);
+
+  // One window: gradients, then one optimizer step (unless skipped). window.size() in
+  // 1..per_rank_batch.
+  WindowStats step(const Batch& window);
+
+  // The gradient half of step(): leaves the combined (unscaled, clipped) gradient in .grad and
+  // does not step the optimizer. `sizes` (optional) overrides the split; they must sum to the
+  // window's samples. For verification and tests; step() is accumulate() + apply().
+  WindowStats accumulate(const Batch& window, const std::vector<int64_t>& sizes = {});
+  // The update half: lr schedule, optimizer step, scheduler callback; fills stepped/skipped.
+  void apply(WindowStats& stats);
+
+  const Plan& plan() const { return plan_; }
+  const ExecutorTotals& totals() const { return totals_; }
+  const std::vector<at::Tensor>& parameters() const { return params_; }
+  double loss_scale() const;
+  const ExecutorOptions& options() const { return options_; }
+
+ private:
+  void run_microbatch(const Batch& mb, int64_t n, double units, double& loss_sum);
+  bool is_oom(const std::exception* e) const;
+  void recover(int64_t failing_size, const MicrobatchEvent& where, const std::string& what);
+  void log(const std::string& line) const;
+  void zero_grads();
+
+  torch::jit::Module module_;
+  torch::optim::Optimizer& optimizer_;
+  Plan plan_;
+  ExecutorOptions options_;
+  std::vector<at::Tensor> params_;
+  at::Device device_;
+  std::optional<LossScaler> scaler_;
+  ExecutorTotals totals_;
+  int64_t window_index_ = 0;
+};
+
+// [start, count) of each window of an epoch of `samples` samples in windows of `per_rank_batch`,
+// in order, the last one short when per_rank_batch does not divide samples.
+std::vector<std::pair<int64_t, int64_t>> epoch_windows(int64_t samples, int64_t per_rank_batch);
+
+// Samples [start, start+count) of every tensor of `batch` (views, no copy).
+Batch slice_batch(const Batch& batch, int64_t start, int64_t count);
+
+// Samples in a batch (dim 0 of every tensor); InputError naming `what` if they disagree or the
+// batch has no tensors.
+int64_t batch_samples(const Batch& batch, const std::string& what = "window");
+
+}  // namespace accumplan

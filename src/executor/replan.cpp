@@ -1,0 +1,148 @@
+// executor/replan.cpp — re-planning below a failed microbatch size. See replan.h.
+#include "executor/replan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <sstream>
+
+#include "accumplan/errors.h"
+#include "accumplan/solver.h"
+
+namespace accumplan {
+namespace {
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+// The profile a plan was solved from, as far as the plan records it (points, persistent bytes,
+// device, setup). Enough for MemoryModel::fit and make_plan.
+Profile profile_of(const Plan& plan) {
+  Profile p;
+  p.device = plan.device;
+  p.model = plan.model;
+  p.setup = plan.setup;
+  p.libtorch_version = plan.libtorch_version;
+  p.persistent.weights_bytes = plan.memory.weights_bytes;
+  p.persistent.gradients_bytes = plan.memory.gradients_bytes;
+  p.persistent.optimizer_state_bytes = plan.memory.optimizer_state_bytes;
+  p.points = plan.profile_points;
+  p.trials = plan.trials;
+  return p;
+}
+
+void set_sizes(Plan& plan, std::vector<int64_t> sizes, int64_t max_micro_batch, int64_t unit) {
+  plan.microbatch_sizes = std::move(sizes);
+  plan.micro_batch = *std::max_element(plan.microbatch_sizes.begin(), plan.microbatch_sizes.end());
+  plan.accumulation_steps = static_cast<int64_t>(plan.microbatch_sizes.size());
+  plan.weights.clear();
+  for (auto n : plan.microbatch_sizes) {
+    plan.weights.push_back(static_cast<double>(n) / static_cast<double>(plan.per_rank_batch));
+  }
+  plan.max_micro_batch = max_micro_batch;
+  plan.uniform.micro_batch = largest_divisor_at_most(plan.per_rank_batch, max_micro_batch, unit);
+  if (plan.uniform.micro_batch < 1) plan.uniform.micro_batch = largest_divisor_at_most(plan.per_rank_batch, max_micro_batch, 1);
+  plan.uniform.accumulation_steps = plan.per_rank_batch / plan.uniform.micro_batch;
+}
+
+}  // namespace
+
+void check_plan_executable(const Plan& plan, const std::string& what) {
+  if (plan.per_rank_batch < 1) {
+    throw InputError(what + ": per_rank_batch is " + std::to_string(plan.per_rank_batch) + "; it must be >= 1");
+  }
+  if (plan.microbatch_sizes.empty()) throw InputError(what + ": microbatch_sizes is empty");
+  int64_t sum = 0;
+  for (auto n : plan.microbatch_sizes) {
+    if (n < 1) throw InputError(what + ": microbatch_sizes holds " + std::to_string(n) + "; sizes must be >= 1");
+    sum += n;
+  }
+  if (sum != plan.per_rank_batch) {
+    throw InputError(what + ": microbatch_sizes (" + join(plan.microbatch_sizes) + ") sum to " + std::to_string(sum) +
+                     ", not per_rank_batch " + std::to_string(plan.per_rank_batch));
+  }
+  if (!plan.weights.empty() && plan.weights.size() != plan.microbatch_sizes.size()) {
+    throw InputError(what + ": weights has " + std::to_string(plan.weights.size()) + " entries for " +
+                     std::to_string(plan.microbatch_sizes.size()) + " microbatches");
+  }
+}
+
+std::vector<int64_t> window_sizes(const Plan& plan, int64_t samples) {
+  if (samples == plan.per_rank_batch) return plan.microbatch_sizes;
+  if (samples < 1 || samples > plan.per_rank_batch) {
+    throw InputError("a window holds 1.." + std::to_string(plan.per_rank_batch) + " samples (the plan's per-rank batch); got " +
+                     std::to_string(samples));
+  }
+  // The plan's largest microbatch, not max_micro_batch: for 256 with m_max 60 the plan runs
+  // 52,51,51,51,51, and a short window of 60 should run 30,30 rather than one 60 nobody ran.
+  const int64_t cap = *std::max_element(plan.microbatch_sizes.begin(), plan.microbatch_sizes.end());
+  return split_samples(samples, cap, plan.split == "uniform" ? "uniform" : "balanced", plan.multiple_of.value_or(1));
+}
+
+Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* note) {
+  if (failing_micro_batch <= 1) {
+    throw InfeasibleError(
+        "out of memory at microbatch size 1: the model's weights, gradients and optimizer state plus one "
+        "sample do not fit in the memory budget" +
+        (plan.memory.budget_bytes > 0 ? " (" + std::to_string(plan.memory.budget_bytes) + " bytes)" : std::string()) +
+        ". Nothing smaller can be tried; raise the budget, free device memory, or use a smaller model/sequence");
+  }
+  int64_t bound = failing_micro_batch - 1;
+  if (plan.max_micro_batch > 0) bound = std::min(bound, plan.max_micro_batch);
+  int64_t unit = plan.multiple_of.value_or(1);
+  std::ostringstream how;
+  if (unit > bound || plan.per_rank_batch % unit != 0) {
+    how << "--multiple-of " << unit << " dropped (no multiple of it fits below " << failing_micro_batch << "); ";
+    unit = 1;
+  }
+
+  Plan next = plan;
+  bool solved = false;
+  if (plan.profile_points.size() >= 2 && plan.memory.budget_bytes > 0) {
+    PlanRequest req;
+    req.target_batch = plan.target_batch;
+    req.world_size = plan.world_size;
+    req.budget.bytes = plan.memory.budget_bytes;
+    req.headroom = plan.memory.headroom;
+    if (unit > 1) req.multiple_of = unit;
+    req.max_micro_batch = bound;
+    req.split = plan.split;
+    try {
+      Plan solved_plan = make_plan(profile_of(plan), req);
+      if (solved_plan.micro_batch <= bound && solved_plan.per_rank_batch == plan.per_rank_batch) {
+        // Keep what the solver does not know about this run (the model file, its hash, device).
+        solved_plan.model = plan.model;
+        solved_plan.device = plan.device;
+        solved_plan.setup = plan.setup;
+        solved_plan.libtorch_version = plan.libtorch_version;
+        next = solved_plan;
+        solved = true;
+        how << "solved again by the planner with max_micro_batch " << bound;
+      }
+    } catch (const InputError& e) {
+      how << "the planner refused (" << e.what() << "), so ";
+    }
+  }
+  if (!solved) {
+    set_sizes(next, split_samples(plan.per_rank_batch, bound, plan.split == "uniform" ? "uniform" : "balanced", unit), bound,
+              unit);
+    if (plan.fit.slope_bytes_per_sample > 0) {
+      next.memory.predicted_peak_bytes = static_cast<int64_t>(
+          std::llround(plan.fit.intercept_bytes + plan.fit.slope_bytes_per_sample * static_cast<double>(next.micro_batch)));
+    }
+    how << "re-split " << plan.per_rank_batch << " samples under max_micro_batch " << bound;
+  }
+  if (unit == 1 && plan.multiple_of.value_or(1) != 1) next.multiple_of.reset();
+  next.confirmed = false;
+  next.confirmed_peak_bytes.reset();
+  next.reason = (solved ? next.reason : plan.reason) + " Re-planned during training after microbatch " + std::to_string(failing_micro_batch) +
+                " ran out of memory: " + std::to_string(next.accumulation_steps) + " microbatches (" +
+                join(next.microbatch_sizes) + ").";
+  if (note) *note = how.str();
+  return next;
+}
+
+}  // namespace accumplan

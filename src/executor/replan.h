@@ -1,0 +1,35 @@
+// executor/replan.h — the plan after an out-of-memory during training: same target batch, every
+// microbatch strictly below the size that failed.
+//
+// What it is: DESIGN.md "OOM recovery", the re-planning step. The failing size becomes an upper
+// bound (max_micro_batch = failing − 1). When the plan carries its profile points and budget, the
+// planner's own make_plan solves again under that bound (so the split, weights, predicted peak
+// and reason are the planner's); otherwise, or if the solver refuses, the same per-rank batch is
+// re-split with split_samples. Also the split of a short (last) window. Torch-free.
+// What it is not: the recovery itself (dropping references, zeroing gradients, replaying the
+// window): that is Executor (executor.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "accumplan/schema.h"
+
+namespace accumplan {
+
+// The plan to continue with after microbatch size `failing_micro_batch` ran out of memory.
+// Throws InfeasibleError when failing_micro_batch <= 1: nothing smaller exists, which is a budget
+// problem, not something to retry. `note` (optional) receives how the new plan was made.
+Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* note = nullptr);
+
+// Microbatch sizes for a window of `samples` (== per_rank_batch: the plan's own sizes; fewer: a
+// short last window split with split_samples under the plan's largest microbatch, which was
+// confirmed or survived training, so the short window never uses a size the full one did not).
+std::vector<int64_t> window_sizes(const Plan& plan, int64_t samples);
+
+// Checks the fields the executor relies on (per_rank_batch, sizes that sum to it, weights);
+// InputError naming the field otherwise.
+void check_plan_executable(const Plan& plan, const std::string& what = "plan");
+
+}  // namespace accumplan
