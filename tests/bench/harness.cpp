@@ -1,0 +1,240 @@
+// bench/harness.cpp — accumplan against ground truth and the peers' searches, on real models.
+//
+// What it is: for every model of examples/models/manifest.json (written by
+// examples/export_models.py) and two CPU memory budgets per model, in one process:
+//   accumplan   profile (probes at 1,2,4,8) + plan + confirm, as `accumplan --model` does: real
+//               trials, wall seconds, chosen microbatch, predicted peak;
+//   truth       the largest microbatch that really fits (real trials: doubling, then bisection),
+//               and the measured peak at accumplan's choice → prediction error and utilisation;
+//   peers       Lightning power/binsearch, Accelerate (x0.9 and legacy x0.5), Composer halving,
+//               DeepSpeed autotuning (peer_strategies.h) over the same oracle;
+//   overhead    executor vs a hand-written LibTorch accumulation loop (interleaved A/B windows).
+// Every trial of every strategy is the same unit of real work: ProbeRunner::measure(b), a window
+// of two accumulated microbatches of b samples plus an optimizer step, then one steady-state
+// microbatch with gradients and optimizer state resident — so trial counts compare search
+// strategies, not loop details. Budgets are placed per model from an unbudgeted pre-profile so
+// the true maximum lands near `--small` and `--large` samples; that pre-profile is setup and is
+// not charged to anyone.
+// What it is not: a unit test. Figures are measurements of one run on one machine; compare the
+// ratios, not the absolute seconds.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "accumplan/build_config.h"
+#include "accumplan/errors.h"
+#include "accumplan/json_io.h"
+#include "accumplan/memory_model.h"
+#include "accumplan/memory_probe.h"
+#include "accumplan/units.h"
+#include "bench_overhead.h"
+#include "peer_strategies.h"
+#include "runner/probe_runner.h"
+
+using nlohmann::ordered_json;
+namespace ap = accumplan;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+ap::RunnerOptions runner_options(const nlohmann::json& m, int64_t max_micro_batch) {
+  ap::RunnerOptions o;
+  o.model = m["model"].get<std::string>();
+  o.setup.optimizer = m["optimizer"].get<std::string>();
+  o.setup.lr = 0.01;
+  o.setup.loss = m["loss"].get<std::string>();
+  o.setup.inputs = m["inputs"].get<std::vector<std::string>>();
+  o.setup.target = m["target"].get<std::string>();
+  o.device = "cpu";
+  o.max_probe_micro_batch = max_micro_batch;
+  return o;
+}
+
+struct BudgetCase {
+  std::string label;
+  int64_t budget_bytes;
+};
+
+// Budgets that put the true maximum near `small` and `large` samples, from an unbudgeted
+// profile's line: budget = intercept + slope * (n + 0.5).
+std::vector<BudgetCase> place_budgets(const nlohmann::json& m, int64_t small, int64_t large, int64_t T) {
+  auto probe = ap::make_memory_probe(ap::ProbeRequest{});
+  ap::ProbeRunner runner(*probe, runner_options(m, T));
+  const ap::Profile profile = runner.profile();
+  const ap::MemoryModel model = ap::MemoryModel::fit(profile);
+  std::vector<BudgetCase> out;
+  for (int64_t n : {small, large}) {
+    const double bytes = model.summary().intercept_bytes + model.summary().slope_bytes_per_sample * (n + 0.5);
+    // Whole KiB: MiB steps are too coarse for small models (builtin:mlp is about 1 MiB in all).
+    const int64_t kib = static_cast<int64_t>(std::ceil(bytes / 1024));
+    out.push_back({ap::format_bytes(kib << 10), kib << 10});
+  }
+  return out;
+}
+
+ordered_json search_json(const ap::bench::SearchResult& r) {
+  return ordered_json{{"strategy", r.strategy}, {"micro_batch", r.micro_batch}, {"trials", r.trials},
+                      {"steps", r.steps},       {"ooms", r.ooms},               {"seconds", r.seconds},
+                      {"tried", r.tried}};
+}
+
+ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t T, double headroom) {
+  auto probe = ap::make_memory_probe(ap::ProbeRequest{"cpu", "auto", budget.budget_bytes});
+  ap::RunnerOptions opts = runner_options(m, T);
+  opts.budget.bytes = budget.budget_bytes;
+  opts.progress = [](const std::string& line) { std::cerr << "    " << line << "\n"; };
+  ap::ProbeRunner runner(*probe, opts);
+  ordered_json row;
+  row["model"] = m["name"];
+  row["budget"] = budget.label;
+  row["budget_bytes"] = budget.budget_bytes;
+  row["persistent_bytes"] = runner.persistent().total();
+
+  // accumplan: profile + plan + confirm.
+  auto t0 = std::chrono::steady_clock::now();
+  ap::Profile profile = runner.profile();
+  ap::PlanRequest req;
+  req.target_batch = T;
+  req.budget.bytes = budget.budget_bytes;
+  req.headroom = headroom;
+  const ap::Plan plan = runner.plan_and_confirm(profile, req);
+  const double plan_seconds = seconds_since(t0);
+  const int64_t plan_trials = static_cast<int64_t>(profile.trials.size());
+  const int64_t plan_ooms = std::count_if(profile.trials.begin(), profile.trials.end(),
+                                          [](const ap::Trial& t) { return !t.fit; });
+  row["accumplan"] = ordered_json{{"micro_batch", plan.micro_batch},
+                                  {"max_micro_batch", plan.max_micro_batch},
+                                  {"predicted_peak_bytes", plan.memory.predicted_peak_bytes},
+                                  {"confirmed", plan.confirmed},
+                                  {"trials", plan_trials},
+                                  {"ooms", plan_ooms},
+                                  {"seconds", plan_seconds},
+                                  {"probe_sizes", [&] {
+                                     std::vector<int64_t> s;
+                                     for (const auto& p : profile.points) s.push_back(p.micro_batch);
+                                     return s;
+                                   }()}};
+
+  // Oracle shared by the truth search and the peers: one real steady-state trial.
+  ap::bench::Oracle oracle = [&](int64_t b, int) {
+    const ap::StepMeasurement s = runner.measure(b);
+    return ap::bench::StepOutcome{s.fit, s.peak_bytes};
+  };
+
+  // Prediction error at the chosen microbatch: the plan's peak against a fresh measurement of
+  // the same steady-state work (the optimizer-step transient counts, as in the prediction).
+  const ap::StepMeasurement at_plan = runner.measure(plan.micro_batch);
+  const int64_t measured = std::max(at_plan.peak_bytes, at_plan.optimizer_step_peak_bytes);
+  const double error = at_plan.fit ? 100.0 * static_cast<double>(plan.memory.predicted_peak_bytes - measured) /
+                                         static_cast<double>(measured)
+                                   : NAN;
+  // Ground truth: the largest b <= T whose trial fits (fit is monotone in b). Starting from the
+  // plan's bound only saves time; the bisection below is exact either way.
+  int64_t lo = 0, hi = T + 1;
+  if (oracle(plan.max_micro_batch, 1).fit) {
+    lo = plan.max_micro_batch;
+  } else {
+    hi = plan.max_micro_batch;
+  }
+  while (hi == T + 1 && lo < T) {
+    const int64_t b = std::min<int64_t>(T, std::max<int64_t>(1, lo * 2));
+    if (oracle(b, 1).fit) lo = b; else hi = b;
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (oracle(mid, 1).fit) lo = mid; else hi = mid;
+  }
+  row["truth"] = ordered_json{{"max_micro_batch", lo},
+                              {"measured_peak_bytes_at_plan", measured},
+                              {"plan_micro_batch_fits", at_plan.fit},
+                              {"prediction_error_percent", error},
+                              // What training will use (the largest planned microbatch) over what fits.
+                              {"utilisation", lo > 0 ? static_cast<double>(plan.micro_batch) / static_cast<double>(lo) : 0.0}};
+
+  ordered_json peers = ordered_json::array();
+  const int64_t state_bytes = runner.persistent().total();
+  peers.push_back(search_json(ap::bench::lightning_power(oracle, T)));
+  peers.push_back(search_json(ap::bench::lightning_binsearch(oracle, T)));
+  peers.push_back(search_json(ap::bench::accelerate_find_executable(oracle, 128)));
+  peers.push_back(search_json(ap::bench::accelerate_find_executable(oracle, 128, true)));
+  peers.push_back(search_json(ap::bench::composer_auto_microbatch(oracle, T)));
+  peers.push_back(search_json(ap::bench::deepspeed_autotune(oracle, budget.budget_bytes, state_bytes, T)));
+  row["peers"] = peers;
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"accumplan benchmark harness: prediction error, search cost against peers, executor overhead"};
+  std::string manifest_path = "examples/models/manifest.json", out_path = "tests/bench/results.json";
+  std::vector<std::string> only;
+  int64_t target = 512, small = 12, large = 40;
+  double headroom = 0.10;
+  int overhead_models = 3, overhead_rounds = 6;
+  bool quick = false;
+  app.add_option("--manifest", manifest_path, "models to run (examples/export_models.py writes it)")->capture_default_str();
+  app.add_option("--out", out_path, "results JSON (written atomically)")->capture_default_str();
+  app.add_option("--models", only, "only these model names");
+  app.add_option("--target-batch", target, "per-rank target batch T (caps every search)")->capture_default_str();
+  app.add_option("--small", small, "place the first budget so about this many samples fit")->capture_default_str();
+  app.add_option("--large", large, "place the second budget so about this many samples fit")->capture_default_str();
+  app.add_option("--headroom", headroom, "accumplan's headroom")->capture_default_str();
+  app.add_option("--overhead-models", overhead_models, "models for the executor-overhead A/B")->capture_default_str();
+  app.add_option("--overhead-rounds", overhead_rounds, "interleaved A/B rounds per model")->capture_default_str();
+  app.add_flag("--quick", quick, "smoke mode: first model, one budget, 2 overhead rounds");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const nlohmann::json manifest = ap::read_json_file(manifest_path, "--manifest");
+    ordered_json results;
+    results["schema"] = "accumplan.bench";
+    results["schema_version"] = "1.0";
+    results["build"] = ap::build_summary();
+    results["threads"] = at::get_num_threads();
+    results["target_batch"] = target;
+    results["headroom"] = headroom;
+    results["rows"] = ordered_json::array();
+    results["overhead"] = ordered_json::array();
+    const auto t_all = std::chrono::steady_clock::now();
+    int done = 0;
+    for (const auto& m : manifest["models"]) {
+      const std::string name = m["name"];
+      if (!only.empty() && std::find(only.begin(), only.end(), name) == only.end()) continue;
+      if (quick && done > 0) break;
+      std::cerr << "[" << static_cast<int>(seconds_since(t_all)) << " s] " << name << ": placing budgets\n";
+      auto budgets = place_budgets(m, small, large, target);
+      if (quick) budgets.resize(1);
+      for (const auto& b : budgets) {
+        std::cerr << "[" << static_cast<int>(seconds_since(t_all)) << " s] " << name << " @ " << b.label << "\n";
+        results["rows"].push_back(run_case(m, b, target, headroom));
+      }
+      if (done < overhead_models) {
+        std::cerr << "[" << static_cast<int>(seconds_since(t_all)) << " s] " << name << ": executor overhead\n";
+        results["overhead"].push_back(accumplan::bench::executor_overhead(m, quick ? 2 : overhead_rounds));
+      }
+      ++done;
+    }
+    results["wall_seconds"] = seconds_since(t_all);
+    ap::write_text_atomic(out_path, results.dump(2) + "\n");
+    std::cerr << "wrote " << out_path << " (" << static_cast<int>(seconds_since(t_all)) << " s)\n";
+    return 0;
+  } catch (const ap::Error& e) {
+    std::cerr << "accumplan_bench: error: " << e.what() << "\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::cerr << "accumplan_bench: error: " << e.what() << "\n";
+    return 1;
+  }
+}
