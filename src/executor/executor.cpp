@@ -21,9 +21,11 @@
 namespace accumplan {
 namespace {
 
+// "22,21,21"; long lists are cut after 8 entries so a log line stays one readable line.
 std::string join(const std::vector<int64_t>& v) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size() && i < 8; ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  if (v.size() > 8) s += ",… (" + std::to_string(v.size()) + " in all)";
   return s;
 }
 
@@ -153,14 +155,18 @@ void Executor::recover(int64_t failing_size, const MicrobatchEvent& where, const
     options_.probe->clear_oom();
     options_.probe->release_cached();
   }
-  std::string note;
-  Plan next;
-  try {
-    next = replan_below(plan_, failing_size, &note);
-  } catch (const InfeasibleError& e) {
-    throw ExecutorOomError("window " + std::to_string(where.window) + ", microbatch " + std::to_string(where.index + 1) +
-                           " of " + std::to_string(where.count) + ": " + e.what() + " (" + first_line(what) + ")");
+  if (failing_size <= 1) {
+    const std::optional<int64_t> budget = options_.probe ? options_.probe->budget_bytes() : std::nullopt;
+    throw ExecutorOomError(
+        "out of memory in window " + std::to_string(where.window) + " at microbatch " + std::to_string(where.index + 1) +
+        " of " + std::to_string(where.count) + " with a single sample: the weights, gradients and optimizer state plus "
+        "one sample do not fit" +
+        (budget ? " the enforced budget of " + format_bytes(*budget) : std::string(" in device memory")) +
+        ". Nothing smaller can be tried; raise the budget, free device memory, or shrink the model or its inputs (" +
+        first_line(what) + ")");
   }
+  std::string note;
+  Plan next = replan_below(plan_, failing_size, &note);
   plan_ = std::move(next);
   ++totals_.oom_recoveries;
   std::ostringstream line;

@@ -1,0 +1,388 @@
+// cli/executor_commands.cpp — `accumplan run` (train with a plan, exactly weighted, recovering
+// from OOM) and `accumplan verify` (one accumulated update against one combined-batch update).
+//
+// What it is: flag parsing, the checks that keep a plan honest before a step is taken (schema
+// and version via read_plan_file, the model's SHA-256 against the plan's, the data's shapes
+// against the plan's input specs), the data (a torch.save file or synthetic samples from the
+// plan's specs), the Executor (src/executor/), and the outputs: a human summary on stderr,
+// `--stats` JSON, `--plan-out` (the plan after any re-plan), `--save` (the trained TorchScript).
+// What it is not: the executor's logic (executor.h), or profiling/planning (device_commands.cpp).
+#include <CLI/CLI.hpp>
+
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+#include <torch/script.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "accumplan/errors.h"
+#include "accumplan/json_io.h"
+#include "accumplan/memory_probe.h"
+#include "accumplan/schema.h"
+#include "accumplan/tensor_spec.h"
+#include "accumplan/units.h"
+#include "cli/commands.h"
+#include "executor/executor.h"
+#include "executor/replan.h"
+#include "executor/verify.h"
+#include "runtime/batch.h"
+#include "runtime/loss.h"
+#include "runtime/model.h"
+#include "runtime/optim.h"
+
+namespace accumplan::cli {
+namespace {
+
+// Exit code of `verify` when accumulated and combined updates differ beyond the tolerance: the
+// inputs were fine (not 2), accumplan worked (not 1), the check found a difference.
+constexpr int kExitVerifyDiffers = 3;
+
+struct RunArgs {
+  std::string plan;
+  std::string model;
+  std::string data;
+  int64_t steps = 0;
+  CLI::Option* steps_option = nullptr;
+  int64_t epochs = 0;
+  CLI::Option* epochs_option = nullptr;
+  double lr = 0;
+  CLI::Option* lr_option = nullptr;
+  double clip = 0;
+  std::string amp;
+  std::string budget;
+  std::string device;
+  std::string save;
+  std::string stats;
+  std::string plan_out;
+  bool force = false;
+  bool no_recovery = false;
+  int64_t synthetic_samples = 0;
+  uint64_t seed = 1234;
+  int threads = 0;
+  // verify only
+  double rtol = 1e-5;
+  std::string json_out;
+};
+
+std::string short_hash(const std::string& h) { return h.size() > 12 ? h.substr(0, 12) + "…" : h; }
+
+// Everything both commands need before touching the executor.
+struct Prepared {
+  Plan plan;
+  std::unique_ptr<MemoryProbe> probe;
+  LoadedModel model;
+  std::vector<TensorSpec> inputs;
+  std::optional<TensorSpec> target;
+  LossConfig loss;
+  at::Device device = at::kCPU;
+  bool hash_matched = true;
+};
+
+std::string device_of(const RunArgs& a, const Plan& plan) {
+  if (!a.device.empty()) return a.device;
+  if (plan.device.type == "cuda") {
+    if (!torch::cuda::is_available()) {
+      throw InputError("the plan was made for cuda:" + std::to_string(plan.device.index) +
+                       " but no CUDA device is available here; pass --device cpu to run it on the CPU");
+    }
+    return "cuda:" + std::to_string(plan.device.index);
+  }
+  return "cpu";
+}
+
+Prepared prepare(const RunArgs& a, const std::string& command) {
+  if (a.plan.empty()) throw InputError("--plan is required: the plan.json written by `accumplan --model ...`");
+  if (a.model.empty()) throw InputError("--model is required: the TorchScript file (or builtin:NAME) the plan was made for");
+  if (a.threads < 0) throw InputError("--threads must be at least 1, got " + std::to_string(a.threads));
+  if (a.threads > 0) at::set_num_threads(a.threads);
+  Prepared p;
+  p.plan = read_plan_file(a.plan, "--plan");  // SchemaError (exit 2) for another schema or major version
+  check_plan_executable(p.plan, "--plan");
+  if (p.plan.world_size != 1) {
+    throw InputError("--plan is for world size " + std::to_string(p.plan.world_size) + "; `accumplan " + command +
+                     "` runs one process. Re-plan with --world-size 1, or launch your data-parallel trainer with "
+                     "the exported settings (`accumplan export`)");
+  }
+  const std::string device = device_of(a, p.plan);
+  ProbeRequest req;
+  req.device = device;
+  p.probe = make_memory_probe(req);  // installed before the model loads, so weights are counted
+  p.model = load_model(a.model, torch::Device(device));
+  p.device = torch::Device(device);
+  if (!p.plan.model.sha256.empty() && p.model.info.sha256 != p.plan.model.sha256) {
+    const std::string msg = "--model " + a.model + " has SHA-256 " + short_hash(p.model.info.sha256) +
+                            " but the plan was made for " + (p.plan.model.path.empty() ? "another model" : p.plan.model.path) +
+                            " (SHA-256 " + short_hash(p.plan.model.sha256) + ")";
+    if (!a.force) {
+      throw InputError(msg + ". Its memory and weighting were measured on that model; re-plan for this one "
+                       "(accumplan --model " + a.model + " ...), or pass --force to run anyway");
+    }
+    std::cerr << "accumplan: warning: " << msg << "; running anyway (--force)\n";
+    p.hash_matched = false;
+  }
+  const Setup& s = p.plan.setup;
+  for (size_t i = 0; i < s.inputs.size(); ++i) {
+    p.inputs.push_back(parse_tensor_spec(s.inputs[i], "plan setup.inputs[" + std::to_string(i) + "]"));
+  }
+  if (p.inputs.empty()) throw InputError("--plan has no input specs (setup.inputs); re-plan with --input");
+  if (!s.target.empty()) p.target = parse_tensor_spec(s.target, "plan setup.target");
+  p.loss.kind = s.loss;
+  p.loss.ignore_index = s.ignore_index;
+  p.loss.normalization =
+      resolve_normalization(s.normalization, s.loss, p.target ? static_cast<int64_t>(p.target->dims.size()) : 1);
+  return p;
+}
+
+// The samples to train or verify on, on the CPU (microbatches move to the device one at a time).
+Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) {
+  if (!a.data.empty()) {
+    Batch b;
+    try {
+      b = load_batch_file(a.data, p.target.has_value());
+    } catch (const InputError& e) {
+      std::string m = e.what();
+      const std::string from = "--batch-file";
+      if (m.rfind(from, 0) == 0) m = "--data" + m.substr(from.size());
+      throw InputError(m);
+    }
+    check_batch_matches(b, p.inputs, p.target, "--data '" + a.data + "'");
+    const int64_t n = batch_samples(b, "--data '" + a.data + "'");
+    if (n < 1) throw InputError("--data '" + a.data + "' has no samples");
+    return b;
+  }
+  return synthetic_batch(p.inputs, p.target, synthetic_samples, a.seed, at::kCPU);
+}
+
+void save_module_atomic(torch::jit::Module& module, const std::string& path) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  try {
+    module.save(tmp);
+  } catch (const c10::Error& e) {
+    throw InputError("--save '" + path + "': cannot write (" + std::string(e.what_without_backtrace()) + ")");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw InputError("--save '" + path + "': cannot rename the written file into place");
+  }
+}
+
+int run_command(const RunArgs& a) {
+  if (a.steps_option->count() > 0 && a.steps < 1) {
+    throw InputError("--steps must be at least 1 (optimizer windows to run), got " + std::to_string(a.steps));
+  }
+  if (a.epochs_option->count() > 0 && a.epochs < 1) {
+    throw InputError("--epochs must be at least 1, got " + std::to_string(a.epochs));
+  }
+  if (a.steps_option->count() > 0 && a.epochs_option->count() > 0) {
+    throw InputError("give --steps or --epochs, not both");
+  }
+  if (a.synthetic_samples < 0) throw InputError("--synthetic-samples must be positive");
+  if (a.clip < 0) throw InputError("--clip-grad-norm must be positive, got " + std::to_string(a.clip));
+
+  Prepared p = prepare(a, "run");
+  Setup setup = p.plan.setup;
+  if (a.lr_option->count() > 0) setup.lr = a.lr;
+  if (!a.amp.empty()) setup.amp = a.amp;
+  const AmpMode amp = parse_amp_mode(setup.amp, a.amp.empty() ? "plan setup.amp" : "--amp");
+  const int64_t T = p.plan.per_rank_batch;
+
+  // Host data sits in the same allocator as the "device" on CPU; it would sit in host memory on
+  // a GPU. Count its bytes so the budget below can exclude them.
+  const int64_t before_data_bytes = p.probe->current_bytes();
+  const Batch data = load_data(a, p, a.synthetic_samples > 0 ? a.synthetic_samples : 4 * T);
+  const int64_t host_data_bytes = p.device.is_cpu() ? std::max<int64_t>(0, p.probe->current_bytes() - before_data_bytes) : 0;
+  const int64_t samples = batch_samples(data, "the data");
+
+  std::optional<int64_t> budget_bytes;
+  if (!a.budget.empty()) {
+    budget_bytes = parse_budget(a.budget, "--memory-budget").resolve_bytes(p.probe->device_total_bytes());
+    // On CPU the whole data set (e.g. 4 windows of synthetic samples) is allocated through the
+    // counting allocator; the profiler only ever held one microbatch's inputs. Enforce the budget
+    // on what a device would hold: the budget plus the host data.
+    p.probe->set_budget_bytes(*budget_bytes + host_data_bytes);
+  }
+
+  auto optimizer = make_optimizer(setup, trainable_parameters(p.model.module));
+  ExecutorOptions eo;
+  eo.loss = p.loss;
+  eo.amp = amp;
+  if (a.clip > 0) eo.max_grad_norm = a.clip;
+  eo.oom_recovery = !a.no_recovery;
+  eo.probe = p.probe.get();
+  eo.plan_out = a.plan_out;
+  Executor ex(p.model.module, *optimizer, p.plan, eo);
+
+  const auto windows = epoch_windows(samples, T);
+  const int64_t total = a.steps_option->count() > 0 ? a.steps
+                        : static_cast<int64_t>(windows.size()) * (a.epochs_option->count() > 0 ? a.epochs : 1);
+  std::cerr << "accumplan: run: " << total << " windows of up to " << T << " samples (" << samples << " samples in "
+            << windows.size() << " windows per epoch, " << (a.data.empty() ? "synthetic" : a.data) << "), microbatches "
+            << p.plan.accumulation_steps << " x up to " << p.plan.micro_batch << ", normalization "
+            << to_string(p.loss.normalization) << ", amp " << to_string(amp);
+  if (budget_bytes) {
+    std::cerr << ", budget " << format_bytes(*budget_bytes);
+    if (host_data_bytes > 0) std::cerr << " (+" << format_bytes(host_data_bytes) << " of host data)";
+  }
+  std::cerr << "\n";
+
+  const int64_t progress_every = std::max<int64_t>(1, total / 10);
+  double last_loss = 0;
+  for (int64_t w = 0; w < total; ++w) {
+    const auto& [start, count] = windows[static_cast<size_t>(w) % windows.size()];
+    const WindowStats st = ex.step(slice_batch(data, start, count));
+    last_loss = st.loss;
+    if ((w + 1) % progress_every == 0 || w + 1 == total) {
+      std::cerr << "accumplan: window " << (w + 1) << "/" << total << ": loss " << st.loss << ", " << st.samples
+                << " samples in " << st.microbatch_sizes.size() << " microbatches"
+                << (st.stepped ? "" : ", step skipped")
+                << (st.peak_bytes ? ", peak " + format_bytes(*st.peak_bytes - host_data_bytes) : std::string()) << "\n";
+    }
+  }
+
+  Plan final_plan = ex.plan();
+  const ExecutorTotals& t = ex.totals();
+  if (t.oom_recoveries > 0 && t.windows > 0) {
+    // The re-planned sizes have now run whole windows within the budget: a real confirmation.
+    final_plan.confirmed = true;
+    if (t.peak_bytes) final_plan.confirmed_peak_bytes = *t.peak_bytes;
+  }
+  if (!a.plan_out.empty()) write_text_atomic(a.plan_out, to_json(final_plan).dump(2) + "\n");
+  if (!a.save.empty()) save_module_atomic(p.model.module, a.save);
+
+  const int64_t measured = t.peak_bytes.value_or(0) - (t.peak_bytes ? host_data_bytes : 0);
+  nlohmann::ordered_json j;
+  j["schema"] = "accumplan.run_stats";
+  j["schema_version"] = schema_version_string();
+  j["windows"] = t.windows;
+  j["optimizer_steps"] = t.optimizer_steps;
+  j["skipped_steps"] = t.skipped_steps;
+  j["samples_seen"] = t.samples_seen;
+  j["tokens_seen"] = t.tokens_seen;
+  j["oom_recoveries"] = t.oom_recoveries;
+  j["microbatch_sizes"] = final_plan.microbatch_sizes;
+  j["micro_batch"] = final_plan.micro_batch;
+  j["accumulation_steps"] = final_plan.accumulation_steps;
+  j["per_rank_batch"] = T;
+  j["normalization"] = to_string(p.loss.normalization);
+  j["amp"] = to_string(amp);
+  j["measured_peak_bytes"] = t.peak_bytes ? nlohmann::ordered_json(measured) : nlohmann::ordered_json(nullptr);
+  j["predicted_peak_bytes"] = p.plan.memory.predicted_peak_bytes;
+  j["final_predicted_peak_bytes"] = final_plan.memory.predicted_peak_bytes;
+  j["budget_bytes"] = budget_bytes ? nlohmann::ordered_json(*budget_bytes) : nlohmann::ordered_json(nullptr);
+  j["host_data_bytes"] = host_data_bytes;
+  j["probe"] = p.probe->name();
+  j["mean_window_seconds"] = t.windows > 0 ? t.seconds / static_cast<double>(t.windows) : 0.0;
+  j["final_loss"] = last_loss;
+  j["loss_scale"] = ex.loss_scale();
+  j["model_sha256"] = p.model.info.sha256;
+  j["model_hash_matches_plan"] = p.hash_matched;
+  if (!a.stats.empty()) emit_output(a.stats, j.dump(2) + "\n");
+
+  std::cerr << "accumplan: run done: " << t.windows << " windows, " << t.optimizer_steps << " optimizer steps ("
+            << t.skipped_steps << " skipped), " << t.samples_seen << " samples"
+            << (t.tokens_seen ? ", " + std::to_string(t.tokens_seen) + " tokens" : std::string()) << ", "
+            << t.oom_recoveries << " OOM recoveries; microbatches " << final_plan.accumulation_steps << " ("
+            << [&] {
+                 std::string s;
+                 for (size_t i = 0; i < final_plan.microbatch_sizes.size(); ++i) {
+                   s += (i ? "," : "") + std::to_string(final_plan.microbatch_sizes[i]);
+                 }
+                 return s;
+               }()
+            << ")";
+  if (t.peak_bytes) {
+    std::cerr << "; measured peak " << format_bytes(measured) << " vs predicted "
+              << format_bytes(p.plan.memory.predicted_peak_bytes);
+  }
+  std::cerr << "; mean window " << format_seconds(t.windows ? t.seconds / static_cast<double>(t.windows) : 0.0) << "\n";
+  return 0;
+}
+
+int verify_command(const RunArgs& a) {
+  if (!(a.rtol > 0)) throw InputError("--rtol must be positive, got " + std::to_string(a.rtol));
+  Prepared p = prepare(a, "verify");
+  const int64_t T = p.plan.per_rank_batch;
+  Batch data = load_data(a, p, T);
+  const int64_t n = batch_samples(data, "the data");
+  if (n < T) {
+    std::cerr << "accumplan: note: --data holds " << n << " samples, fewer than the plan's per-rank batch " << T
+              << "; verifying on a window of " << n << "\n";
+  }
+  const Batch window = slice_batch(data, 0, std::min(n, T));
+  VerifyOptions vo;
+  vo.loss = p.loss;
+  vo.rtol = a.rtol;
+  vo.seed = a.seed;
+  vo.batch_dependent_layers = batch_dependent_layers(p.model.module);
+  for (const auto& l : p.plan.model.batch_dependent_layers) {
+    if (std::find(vo.batch_dependent_layers.begin(), vo.batch_dependent_layers.end(), l) == vo.batch_dependent_layers.end()) {
+      vo.batch_dependent_layers.push_back(l);
+    }
+  }
+  const VerifyReport rep = verify_accumulation(p.model.module, window, p.plan, vo);
+  std::cout << format_table(rep) << std::flush;
+  for (const auto& w : rep.warnings) std::cerr << "accumplan: warning: " << w << "\n";
+  if (!a.json_out.empty()) emit_output(a.json_out, to_json(rep).dump(2) + "\n");
+  return rep.pass ? 0 : kExitVerifyDiffers;
+}
+
+void add_common(CLI::App* app, RunArgs& a) {
+  app->add_option("--plan", a.plan, "plan.json from `accumplan --model ...` or `accumplan plan`")->required();
+  app->add_option("--model", a.model, "the TorchScript file (or builtin:NAME) the plan was made for; its SHA-256 is checked")
+      ->required();
+  app->add_option("--data", a.data,
+                  "samples: Python's torch.save([inputs..., target], f), dim 0 = samples, in order; default: "
+                  "synthetic samples from the plan's input specs");
+  app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: the plan's device)");
+  app->add_flag("--force", a.force, "run even if --model's SHA-256 differs from the plan's");
+  app->add_option("--seed", a.seed, "seed of the synthetic samples")->capture_default_str();
+  app->add_option("--threads", a.threads, "CPU threads for LibTorch (at::set_num_threads)");
+}
+
+}  // namespace
+
+void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
+  auto args = std::make_shared<RunArgs>();
+  CLI::App* run = root.add_subcommand(
+      "run",
+      "Train with a plan: each window of the plan's per-rank batch is split into its microbatches, weighted "
+      "exactly (samples or valid tokens of the window), stepped once; OOM re-plans below the failing size and "
+      "replays the window.");
+  add_common(run, *args);
+  args->steps_option = run->add_option("--steps", args->steps, "optimizer windows to run (cycling through the data)");
+  args->epochs_option = run->add_option("--epochs", args->epochs, "passes over the data (default 1); the last window of "
+                                                                  "each pass may be short and has its own N");
+  args->lr_option = run->add_option("--lr", args->lr, "learning rate (default: the plan's setup)");
+  run->add_option("--clip-grad-norm", args->clip, "clip the combined gradient of each window to this 2-norm");
+  run->add_option("--amp", args->amp, "none | bf16 | fp16 (default: the plan's setup); fp16 uses a dynamic loss scale");
+  run->add_option("--memory-budget", args->budget,
+                  "enforce this device memory (512MiB, 12GiB, 90%); on cpu the counting allocator makes the CPU a "
+                  "simulated device of that size, as when planning");
+  run->add_option("--save", args->save, "write the trained TorchScript module here (atomically)");
+  run->add_option("--stats", args->stats, "write run statistics JSON here (atomically; - for stdout)");
+  run->add_option("--plan-out", args->plan_out, "write the plan (re-planned after any OOM) here, atomically");
+  run->add_flag("--no-oom-recovery", args->no_recovery, "fail on the first out-of-memory instead of re-planning");
+  run->add_option("--synthetic-samples", args->synthetic_samples,
+                  "samples in the synthetic data set when --data is absent (default 4 x the per-rank batch)");
+  commands.push_back({run, [args]() { return run_command(*args); }});
+
+  auto vargs = std::make_shared<RunArgs>();
+  CLI::App* verify = root.add_subcommand(
+      "verify",
+      "Compare one accumulated update with one combined-batch update on the model and samples (equal, unequal, "
+      "partial-window and token-mask splits); exit 3 when they differ beyond --rtol.");
+  add_common(verify, *vargs);
+  verify->add_option("--rtol", vargs->rtol, "relative tolerance max|a-b|/max|b| (float32)")->capture_default_str();
+  verify->add_option("--json", vargs->json_out, "write the report as JSON here (atomically; - for stdout)");
+  verify->footer("Exit codes: 0 equal within --rtol, 3 they differ, 2 bad input, 1 internal error.");
+  commands.push_back({verify, [vargs]() { return verify_command(*vargs); }});
+}
+
+}  // namespace accumplan::cli
