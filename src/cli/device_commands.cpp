@@ -251,6 +251,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
                         return 0;
                       }});
 
+  add_executor_commands(root, commands);
   return {&root, [args, &root]() -> int {
             if (args->model.empty() && args->target_batch == 0) {
               throw InputError("nothing to do: give --model and --target-batch (e.g. accumplan --model "
