@@ -257,13 +257,26 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
   st.loss = loss_total / static_cast<double>(st.units);
 
   bool non_finite = false;
-  if (scaler_) non_finite = scaler_->unscale_and_check(params_);
-  // The combined gradient's 2-norm, as torch.nn.utils.clip_grad_norm_ computes it.
-  std::vector<at::Tensor> norms;
-  for (const auto& p : params_) {
-    if (p.grad().defined()) norms.push_back(p.grad().detach().norm(2).to(at::kDouble));
+  try {
+    if (scaler_) non_finite = scaler_->unscale_and_check(params_);
+    // The combined gradient's 2-norm, as torch.nn.utils.clip_grad_norm_ computes it.
+    std::vector<at::Tensor> norms;
+    for (const auto& p : params_) {
+      if (p.grad().defined()) norms.push_back(p.grad().detach().norm(2).to(at::kDouble));
+    }
+    st.grad_norm = norms.empty() ? 0.0 : at::stack(norms).norm(2).item<double>();
+  } catch (const std::exception& e) {
+    if (!is_oom(&e)) throw;
+    // A few scalars per parameter: smaller microbatches would not help, so no re-plan. The
+    // gradients may be half unscaled; drop them rather than step on them.
+    const std::string what = first_line(e.what());
+    zero_grads();
+    if (options_.probe) options_.probe->clear_oom();
+    throw ExecutorOomError("out of memory while combining the gradients of window " + std::to_string(window_index_) +
+                           " (unscale and norm, after the last backward): " + what +
+                           ". The budget leaves no room beyond the microbatches' peak; raise it or lower --headroom's "
+                           "share used by the plan");
   }
-  st.grad_norm = norms.empty() ? 0.0 : at::stack(norms).norm(2).item<double>();
   if (!std::isfinite(st.grad_norm)) non_finite = true;
   if (non_finite) {
     st.skipped = true;
