@@ -106,6 +106,10 @@ class ProbeRunner {
   void microbatch(int64_t micro_batch, int64_t microbatches_in_window);
   void zero_gradients();
   void say(const std::string& line) const;
+  // Leaves out small sizes whose peak does not follow the line of the larger ones, and probes
+  // closer to the budget's predicted maximum when it is far beyond the probes (numbers in the .cpp).
+  void extend_linear_tail(Profile& p, int64_t largest_scheduled,
+                          const std::function<void(const StepMeasurement&)>& record);
   int64_t probe_peak() const;
 
   MemoryProbe& probe_;

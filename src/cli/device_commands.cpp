@@ -162,10 +162,8 @@ RunnerOptions runner_options(const DeviceArgs& a) {
   } else {
     s.inputs = a.inputs;
     s.target = a.target;
-    if (defaults && s.inputs.empty()) {
-      s.inputs = defaults->inputs;
-      if (s.target.empty() && s.loss == defaults->loss) s.target = defaults->target;
-    }
+    if (defaults && s.inputs.empty()) s.inputs = defaults->inputs;
+    if (defaults && s.target.empty() && s.loss == defaults->loss) s.target = defaults->target;
     if (s.inputs.empty()) {
       throw InputError("--input is required for a TorchScript file: one spec per forward argument, e.g. "
                        "--input float32[B,3,224,224] --target int64[B]:1000 (or give --batch-file)");

@@ -1,0 +1,117 @@
+// Model loading (files and built-ins) and batches (synthetic, from a torch.save file, tiled).
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/script.h>
+
+#include <fstream>
+
+#include "accumplan/errors.h"
+#include "accumplan/tensor_spec.h"
+#include "cli_runner.h"
+#include "runtime/batch.h"
+#include "runtime/model.h"
+
+#include "catch_after_torch.h"  // last: after glog's CHECK from LibTorch
+
+using namespace accumplan;
+
+TEST_CASE("built-in models load, train, and carry a stable hash", "[model]") {
+  CHECK((builtin_model_names() == std::vector<std::string>{"convnet", "mlp", "tinylm"}));
+  for (const auto& name : builtin_model_names()) {
+    INFO(name);
+    const LoadedModel a = load_model("builtin:" + name, torch::kCPU);
+    const LoadedModel b = load_model("builtin:" + name, torch::kCPU);
+    CHECK(a.info.sha256.size() == 64);
+    CHECK(a.info.sha256 == b.info.sha256);  // seeded weights: the same bytes every time
+    CHECK(a.info.parameter_count > 0);
+    CHECK(a.module.is_training());
+    // The defaults describe inputs the model accepts.
+    const ModelDefaults d = *builtin_defaults("builtin:" + name);
+    std::vector<TensorSpec> specs;
+    for (const auto& s : d.inputs) specs.push_back(parse_tensor_spec(s, "--input"));
+    const Batch batch = synthetic_batch(specs, parse_tensor_spec(d.target, "--target"), 2, 7, torch::kCPU);
+    torch::jit::Module m = a.module;
+    const at::Tensor out = m.forward({batch.inputs[0]}).toTensor();
+    CHECK(out.size(0) == 2);
+  }
+  CHECK((load_model("builtin:convnet", torch::kCPU).info.batch_dependent_layers ==
+         std::vector<std::string>{"bn1 (BatchNorm2d)"}));
+  CHECK(load_model("builtin:mlp", torch::kCPU).info.batch_dependent_layers.empty());
+  CHECK_THROWS_WITH(load_model("builtin:resnet", torch::kCPU), Catch::Contains("builtin:convnet"));
+}
+
+TEST_CASE("a saved built-in loads from its file with the file's hash", "[model]") {
+  const std::string path = test::scratch_dir("model") + "/convnet.pt";
+  save_builtin_model("convnet", path);
+  const LoadedModel m = load_model(path, torch::kCPU);
+  CHECK(m.info.sha256 == sha256_file(path));
+  // Saving is deterministic (seeded weights, no timestamps), so the same name hashes the same.
+  // (The archive's inner folder is named after the file, so another file name hashes differently.)
+  const std::string again = test::scratch_dir("model-again") + "/convnet.pt";
+  save_builtin_model("builtin:convnet", again);
+  CHECK(sha256_file(again) == m.info.sha256);
+  CHECK(sha256_file("builtin:convnet") == sha256_file("builtin:convnet"));
+  CHECK(m.info.batch_dependent_layers.size() == 1);
+  CHECK(m.info.parameter_count == load_model("builtin:convnet", torch::kCPU).info.parameter_count);
+}
+
+TEST_CASE("a missing model file and a file that is not TorchScript are input errors", "[model][errors]") {
+  CHECK_THROWS_AS(load_model("/nonexistent/m.pt", torch::kCPU), InputError);
+  CHECK_THROWS_WITH(load_model("/nonexistent/m.pt", torch::kCPU), Catch::Contains("no such file"));
+  const std::string path = test::scratch_dir("model-bad") + "/bad.pt";
+  std::ofstream(path) << "this is not a zip archive";
+  CHECK_THROWS_WITH(load_model(path, torch::kCPU), Catch::Contains("is not a TorchScript model"));
+}
+
+TEST_CASE("synthetic batches are seeded, shaped by their specs, and integers stay in range", "[batch]") {
+  const std::vector<TensorSpec> in = {parse_tensor_spec("float32[B,3,4]", "--input"),
+                                      parse_tensor_spec("int64[B,5]:7", "--input")};
+  const TensorSpec target = parse_tensor_spec("int64[B]:10", "--target");
+  const Batch a = synthetic_batch(in, target, 6, 42, torch::kCPU);
+  const Batch b = synthetic_batch(in, target, 6, 42, torch::kCPU);
+  const Batch c = synthetic_batch(in, target, 6, 43, torch::kCPU);
+  CHECK(a.size() == 6);
+  CHECK((a.inputs[0].sizes() == at::IntArrayRef({6, 3, 4})));
+  CHECK(a.inputs[1].scalar_type() == at::kLong);
+  CHECK(a.inputs[1].max().item<int64_t>() < 7);
+  CHECK(a.inputs[1].min().item<int64_t>() >= 0);
+  CHECK(a.inputs[0].equal(b.inputs[0]));
+  CHECK_FALSE(a.inputs[0].equal(c.inputs[0]));
+  CHECK(a.slice(2, 3).size() == 3);
+  CHECK(a.slice(2, 3).inputs[0].equal(a.inputs[0].narrow(0, 2, 3)));
+  check_batch_matches(a, in, target, "batch");
+  CHECK_THROWS_WITH(check_batch_matches(a, {in[0]}, target, "batch"), Catch::Contains("the model takes 1"));
+}
+
+TEST_CASE("a torch.save list of tensors loads as a batch and tiles to any size", "[batch]") {
+  // torch::jit::pickle_save writes the zip format Python's torch.save writes by default.
+  const at::Tensor x = at::arange(12, at::kFloat).reshape({3, 4});
+  const at::Tensor y = at::tensor({0, 1, 2}, at::kLong);
+  c10::List<at::Tensor> list;
+  list.push_back(x);
+  list.push_back(y);
+  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(list));
+  const std::string dir = test::scratch_dir("batch-file");
+  const std::string path = dir + "/batch.pt";
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+
+  const Batch b = load_batch_file(path, true);
+  REQUIRE(b.inputs.size() == 1);
+  CHECK(b.inputs[0].equal(x));
+  CHECK(b.target.equal(y));
+  CHECK(spec_text_of(b.inputs[0]) == "float32[B,4]");
+  CHECK(spec_text_of(b.target) == "int64[B]:3");
+  const Batch t = tile_batch(b, 7);
+  CHECK(t.size() == 7);
+  CHECK(t.target.equal(at::tensor({0, 1, 2, 0, 1, 2, 0}, at::kLong)));
+  CHECK(t.inputs[0][6].equal(x[0]));
+
+  CHECK_THROWS_WITH(load_batch_file(dir + "/missing.pt", true), Catch::Contains("cannot open"));
+  std::ofstream(dir + "/bad.pt") << "garbage";
+  CHECK_THROWS_WITH(load_batch_file(dir + "/bad.pt", true), Catch::Contains("is not a file written by torch.save"));
+  c10::List<at::Tensor> uneven;
+  uneven.push_back(x);
+  uneven.push_back(at::zeros({2}, at::kLong));
+  const std::vector<char> ub = torch::jit::pickle_save(c10::IValue(uneven));
+  std::ofstream(dir + "/uneven.pt", std::ios::binary).write(ub.data(), static_cast<std::streamsize>(ub.size()));
+  CHECK_THROWS_WITH(load_batch_file(dir + "/uneven.pt", true), Catch::Contains("dim 0 must be the samples"));
+}
