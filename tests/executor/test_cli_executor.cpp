@@ -1,0 +1,232 @@
+// test_cli_executor.cpp — `accumplan run` and `accumplan verify` end to end, through the real
+// binary: a plan made by `accumplan --model builtin:mlp` under a CPU budget runs under that budget
+// without OOM and reports its measured peak next to the prediction; a tighter budget recovers by
+// re-planning; epochs count windows; verify passes on an MLP and warns (exit 3) on BatchNorm;
+// bad input exits 2 with a clear message.
+//
+// What it is not: a test of the planner's or profiler's numbers (their own tests), nor timing.
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+#include "executor_fixtures.h"
+
+// Last: torch/torch.h brings glog's CHECK macro, which would shadow Catch's.
+#undef CHECK
+#include <catch2/catch.hpp>
+
+using namespace accumplan::test;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kBudget = "1200KiB";  // builtin:mlp: ~1 MiB persistent + 3.3 KiB/sample
+
+struct Fixture {
+  std::string dir;
+  std::string plan;  // plan.json for builtin:mlp, target 64, under kBudget
+  json plan_json;
+};
+
+// One plan shared by every case (profiling costs about a second); made on first use.
+const Fixture& mlp_plan() {
+  static const Fixture f = [] {
+    Fixture x;
+    x.dir = scratch_dir("executor-cli");
+    x.plan = x.dir + "/plan.json";
+    const CliResult r = run_cli({"--model", "builtin:mlp", "--target-batch", "64", "--device", "cpu", "--memory-budget",
+                                 kBudget, "--threads", "2", "--out", x.plan});
+    if (r.exit_code != 0) throw std::runtime_error("accumplan --model builtin:mlp failed: " + r.err);
+    x.plan_json = json::parse(slurp(x.plan));
+    return x;
+  }();
+  return f;
+}
+
+std::string write_json(const std::string& path, const json& j) {
+  std::ofstream(path) << j.dump(2);
+  return path;
+}
+
+// torch.save([x, y], f) as Python writes it (zip format).
+std::string write_data(const std::string& path, const at::Tensor& x, const at::Tensor& y) {
+  c10::List<at::Tensor> list;
+  list.push_back(x);
+  list.push_back(y);
+  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(list));
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("run executes a plan from `accumplan --model` under the same CPU budget, peak next to prediction",
+          "[cli][run]") {
+  const Fixture& f = mlp_plan();
+  const std::vector<int64_t> planned = f.plan_json["microbatch_sizes"].get<std::vector<int64_t>>();
+  REQUIRE(planned.size() >= 2);  // the budget forces accumulation, or this test shows nothing
+  const std::string stats = f.dir + "/stats.json", saved = f.dir + "/trained.pt";
+  const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--memory-budget", kBudget, "--steps", "3",
+                               "--threads", "2", "--stats", stats, "--save", saved});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json s = json::parse(slurp(stats));
+  CHECK(s["oom_recoveries"] == 0);
+  CHECK(s["windows"] == 3);
+  CHECK(s["optimizer_steps"] == 3);
+  CHECK(s["skipped_steps"] == 0);
+  CHECK(s["samples_seen"] == 3 * 64);
+  CHECK(s["microbatch_sizes"].get<std::vector<int64_t>>() == planned);
+  CHECK(s["normalization"] == "samples");
+  const int64_t measured = s["measured_peak_bytes"], predicted = s["predicted_peak_bytes"], budget = s["budget_bytes"];
+  CHECK(predicted == f.plan_json["memory"]["predicted_peak_bytes"].get<int64_t>());
+  CHECK(measured > 0);
+  CHECK(measured <= budget);
+  report("run builtin:mlp 64 = " + f.plan_json["microbatch_sizes"].dump() + ": measured/predicted peak",
+         static_cast<double>(measured) / static_cast<double>(predicted));
+  CHECK(std::abs(static_cast<double>(measured) / static_cast<double>(predicted) - 1.0) < 0.10);
+  CHECK(s["mean_window_seconds"].get<double>() > 0);
+  CHECK(r.err.find("measured peak") != std::string::npos);
+  // The trained model is a loadable TorchScript module whose weights moved.
+  const auto trained = torch::jit::load(saved);
+  CHECK(trained.parameters().size() > 0);
+}
+
+TEST_CASE("run under a tighter budget recovers from OOM by re-planning and writes the new plan", "[cli][run][oom]") {
+  const Fixture& f = mlp_plan();
+  const int64_t m = f.plan_json["micro_batch"];
+  const double intercept = f.plan_json["fit"]["intercept_bytes"], slope = f.plan_json["fit"]["slope_bytes_per_sample"];
+  // Six samples' worth below the planned microbatch's prediction: the planned size cannot fit,
+  // sizes of m - 6 and below can (about 20 KiB of margin either way).
+  const auto budget = static_cast<int64_t>(intercept + slope * static_cast<double>(m - 6));
+  const std::string stats = f.dir + "/stats-oom.json", plan_out = f.dir + "/replanned.json";
+  const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--memory-budget", std::to_string(budget),
+                               "--steps", "2", "--threads", "2", "--stats", stats, "--plan-out", plan_out});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json s = json::parse(slurp(stats));
+  CHECK(s["oom_recoveries"].get<int64_t>() >= 1);
+  CHECK(s["samples_seen"] == 2 * 64);
+  CHECK(s["optimizer_steps"] == 2);
+  const auto sizes = s["microbatch_sizes"].get<std::vector<int64_t>>();
+  CHECK(*std::max_element(sizes.begin(), sizes.end()) < m);
+  CHECK(r.err.find("out of memory in window 0 at microbatch") != std::string::npos);
+  const json p = json::parse(slurp(plan_out));
+  CHECK(p["microbatch_sizes"].get<std::vector<int64_t>>() == sizes);
+  CHECK(p["confirmed"] == true);
+  CHECK(p["per_rank_batch"] == 64);
+}
+
+TEST_CASE("run over a data file: epochs of ceil(N/B) windows, the last one short", "[cli][run][epoch]") {
+  const Fixture& f = mlp_plan();
+  torch::manual_seed(3);
+  const std::string data = write_data(f.dir + "/data.pt", torch::randn({150, 64}), torch::randint(0, 10, {150}, torch::kLong));
+  const std::string stats = f.dir + "/stats-epochs.json";
+  const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--data", data, "--epochs", "2", "--threads",
+                               "2", "--stats", stats});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json s = json::parse(slurp(stats));
+  CHECK(s["windows"] == 6);          // 64, 64, 22 per epoch
+  CHECK(s["optimizer_steps"] == 6);  // 2 * ceil(150 / 64)
+  CHECK(s["samples_seen"] == 300);
+}
+
+TEST_CASE("run refuses bad input with exit code 2 and a clear message", "[cli][run][errors]") {
+  const Fixture& f = mlp_plan();
+  auto run = [&](const std::string& plan, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"run", "--plan", plan, "--model", "builtin:mlp", "--steps", "1", "--threads", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_cli(args);
+  };
+  SECTION("a document of another schema") {
+    json j = f.plan_json;
+    j["schema"] = "accumplan.profile";
+    const CliResult r = run(write_json(f.dir + "/wrong-schema.json", j));
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("schema") != std::string::npos);
+  }
+  SECTION("a future major version") {
+    json j = f.plan_json;
+    j["schema_version"] = "2.0";
+    const CliResult r = run(write_json(f.dir + "/future.json", j));
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("2.0") != std::string::npos);
+  }
+  SECTION("a model whose SHA-256 is not the plan's, unless --force") {
+    json j = f.plan_json;
+    j["model"]["sha256"] = std::string(64, '0');
+    const std::string path = write_json(f.dir + "/other-model.json", j);
+    const CliResult r = run(path);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("SHA-256") != std::string::npos);
+    CHECK(r.err.find("--force") != std::string::npos);
+    const CliResult forced = run(path, {"--force"});
+    CHECK(forced.exit_code == 0);
+    CHECK(forced.err.find("running anyway (--force)") != std::string::npos);
+  }
+  SECTION("a data file whose shapes do not match the plan's inputs") {
+    const std::string data = write_data(f.dir + "/bad-shape.pt", torch::randn({10, 63}), torch::randint(0, 10, {10}, torch::kLong));
+    const CliResult r = run(f.plan, {"--data", data});
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("--data") != std::string::npos);
+    CHECK(r.err.find("float32[B,64]") != std::string::npos);
+  }
+  SECTION("a data file whose tensors disagree on the sample count") {
+    const std::string data = write_data(f.dir + "/bad-count.pt", torch::randn({10, 64}), torch::randint(0, 10, {9}, torch::kLong));
+    const CliResult r = run(f.plan, {"--data", data});
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("--data") != std::string::npos);
+  }
+  SECTION("--steps 0") {
+    const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--steps", "0"});
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("--steps must be at least 1") != std::string::npos);
+  }
+}
+
+TEST_CASE("verify: accumulated equals combined on an MLP; BatchNorm is warned about and differs", "[cli][verify]") {
+  const Fixture& f = mlp_plan();
+  const std::string out = f.dir + "/verify.json";
+  const CliResult ok = run_cli({"verify", "--plan", f.plan, "--model", "builtin:mlp", "--threads", "2", "--json", out});
+  INFO(ok.err);
+  REQUIRE(ok.exit_code == 0);
+  CHECK(ok.out.find("verify: accumulated updates equal combined-batch updates") != std::string::npos);
+  const json v = json::parse(slurp(out));
+  CHECK(v["pass"] == true);
+  int ran = 0;
+  for (const auto& s : v["scenarios"]) {
+    if (!s["ran"].get<bool>()) continue;
+    ++ran;
+    CHECK(s["grad_max_rel_diff"].get<double>() <= 1e-5);
+    CHECK(s["accumulated_optimizer_steps"] == 1);
+    report("verify builtin:mlp " + s["name"].get<std::string>() + ": grad max rel diff", s["grad_max_rel_diff"].get<double>());
+  }
+  CHECK(ran == 3);  // equal, unequal, partial; token-masks needs a per-token target
+
+  // builtin:convnet has a BatchNorm2d: the plan is the MLP's with convnet's inputs and a small
+  // window (verification needs no profile), run with --force since the hash is the MLP's.
+  json j = f.plan_json;
+  j["target_batch"] = 6;
+  j["per_rank_batch"] = 6;
+  j["microbatch_sizes"] = {3, 3};
+  j["weights"] = {0.5, 0.5};
+  j["micro_batch"] = 3;
+  j["max_micro_batch"] = 3;
+  j["accumulation_steps"] = 2;
+  j["setup"]["inputs"] = {"float32[B,3,32,32]"};
+  j["setup"]["target"] = "int64[B]:10";
+  const std::string cplan = write_json(f.dir + "/convnet-plan.json", j);
+  const CliResult bn = run_cli({"verify", "--plan", cplan, "--model", "builtin:convnet", "--force", "--threads", "2"});
+  INFO(bn.err);
+  CHECK(bn.exit_code == 3);
+  CHECK(bn.err.find("batch-dependent layers") != std::string::npos);
+  CHECK(bn.err.find("BatchNorm") != std::string::npos);
+  CHECK(bn.out.find("DIFFERS") != std::string::npos);
+}
