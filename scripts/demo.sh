@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# scripts/demo.sh — the README's main command: installs dependencies, builds, and plans for a
-# built-in example. Extra arguments are passed to accumplan.
+# scripts/demo.sh — the README's main command: installs dependencies, builds, then measures,
+# plans and confirms a built-in example model on the CPU device under a 256 MiB budget. The plan
+# JSON goes to stdout, the summary and progress to stderr. Extra arguments go to accumplan
+# (e.g. --target-batch 1024, --out plan.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh >&2
-bin="${BUILD_DIR:-build}/accumplan"
-echo "+ accumplan plan --profile examples/profiles/builtin-convnet-cpu.profile.json --target-batch 256 --memory-budget 256MiB" >&2
-exec "$bin" plan --profile examples/profiles/builtin-convnet-cpu.profile.json --target-batch 256 \
-  --memory-budget 256MiB "$@"
+args=(--model builtin:convnet --target-batch 256 --device cpu --memory-budget 256MiB --optimizer adam --threads 2)
+echo "+ accumplan ${args[*]} $*" >&2
+exec "${BUILD_DIR:-build}/accumplan" "${args[@]}" "$@"

@@ -287,13 +287,13 @@ std::string describe_plan(const Plan& p) {
                 format_bytes(static_cast<int64_t>(p.fit.max_abs_residual_bytes)).c_str());
   s << line;
   if (p.timing) {
-    s << "  predicted window   " << format_seconds(p.timing->window_seconds) << "\n";
+    s << "  predicted window     " << format_seconds(p.timing->window_seconds) << "\n";
   }
   if (p.confirmed) {
-    s << "  confirmed          yes: a real step at microbatch " << p.micro_batch << " peaked at "
+    s << "  confirmed            yes: a real step at microbatch " << p.micro_batch << " peaked at "
       << format_bytes(p.confirmed_peak_bytes.value_or(0)) << "\n";
   } else {
-    s << "  confirmed          no (no real step at microbatch " << p.micro_batch << " was run)\n";
+    s << "  confirmed            no (no real step at microbatch " << p.micro_batch << " was run)\n";
   }
   if (!p.model.batch_dependent_layers.empty()) {
     s << "  warning: " << p.model.batch_dependent_layers.size()

@@ -195,7 +195,7 @@ std::string steps_summary(const std::vector<Trial>& trials) {
     seconds += t.seconds;
   }
   std::ostringstream s;
-  s << "  real steps taken   " << trials.size() << " (" << probes << " probe, " << confirms << " confirm) in "
+  s << "  real steps taken     " << trials.size() << " (" << probes << " probe, " << confirms << " confirm) in "
     << format_seconds(seconds) << "\n";
   return s.str();
 }
