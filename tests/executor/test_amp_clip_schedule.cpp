@@ -89,7 +89,7 @@ TEST_CASE("fp16: a non-finite gradient skips the step, the scheduler does not ad
   CHECK(ex.totals().windows == 3);
 }
 
-TEST_CASE("fp16: gradients are unscaled once; they equal the float32 full-batch gradient", "[amp][fp16]") {
+TEST_CASE("fp16: gradients are unscaled once — they equal the float32 full-batch gradient", "[amp][fp16]") {
   const auto model = make_mlp();
   const Batch window = classification_batch(26);
   const auto ref = reference_gradients(clone_module(model), window, "ce");

@@ -191,7 +191,7 @@ TEST_CASE("run refuses bad input with exit code 2 and a clear message", "[cli][r
   }
 }
 
-TEST_CASE("verify: accumulated equals combined on an MLP; BatchNorm is warned about and differs", "[cli][verify]") {
+TEST_CASE("verify: accumulated equals combined on an MLP — BatchNorm is warned about and differs", "[cli][verify]") {
   const Fixture& f = mlp_plan();
   const std::string out = f.dir + "/verify.json";
   const CliResult ok = run_cli({"verify", "--plan", f.plan, "--model", "builtin:mlp", "--threads", "2", "--json", out});

@@ -256,7 +256,7 @@ TEST_CASE("a tight CPU budget: the planned size runs out of memory, the re-plann
   CHECK_FALSE(std::filesystem::exists(plan_out + ".tmp"));
 }
 
-TEST_CASE("OOM at microbatch size 1 is a clear error, not a loop; recovery off fails at once", "[oom]") {
+TEST_CASE("OOM at microbatch size 1 is a clear error, not a loop — recovery off fails at once", "[oom]") {
   auto probe = make_memory_probe({"cpu", "cpu-counting", std::nullopt});
   const auto model = make_mlp();
   const Batch window = classification_batch(3);

@@ -65,7 +65,7 @@ TEST_CASE("equal microbatches: accumulated gradient equals the full-batch gradie
   CHECK(compare_tensors(naive, ref).max_rel <= kTol);
 }
 
-TEST_CASE("unequal microbatches 8,8,8,2: weights n_i/N; the mean of microbatch means fails", "[weighting]") {
+TEST_CASE("unequal microbatches 8,8,8,2: weights n_i/N — the mean of microbatch means fails", "[weighting]") {
   const auto model = make_mlp();
   const Plan plan = make_plan_with({8, 8, 8, 2});
   const Batch window = classification_batch(26);
@@ -83,7 +83,7 @@ TEST_CASE("unequal microbatches 8,8,8,2: weights n_i/N; the mean of microbatch m
   CHECK(wrong_rel > kWrong);
 }
 
-TEST_CASE("partial last window uses its own N; dividing by the plan's k fails", "[weighting]") {
+TEST_CASE("partial last window uses its own N — dividing by the plan's k fails", "[weighting]") {
   const auto model = make_mlp();
   const Plan plan = make_plan_with({4, 4, 4, 4});  // per-rank batch 16, k = 4
   const Batch window = classification_batch(10);   // the epoch's last 10 samples
