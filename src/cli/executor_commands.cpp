@@ -137,6 +137,8 @@ Prepared prepare(const RunArgs& a, const std::string& command) {
   p.loss.ignore_index = s.ignore_index;
   p.loss.normalization =
       resolve_normalization(s.normalization, s.loss, p.target ? static_cast<int64_t>(p.target->dims.size()) : 1);
+  // Record the mode actually used ("auto" resolved), so a --plan-out plan says what ran.
+  p.plan.setup.normalization = to_string(p.loss.normalization);
   return p;
 }
 
@@ -326,6 +328,11 @@ int verify_command(const RunArgs& a) {
       vo.batch_dependent_layers.push_back(l);
     }
   }
+  if (p.plan.setup.amp != "none") {
+    std::cerr << "accumplan: note: verification runs in float32, where " << a.rtol
+              << " is a meaningful tolerance; the plan trains with " << p.plan.setup.amp
+              << ", whose rounding is not part of this check\n";
+  }
   const VerifyReport rep = verify_accumulation(p.model.module, window, p.plan, vo);
   std::cout << format_table(rep) << std::flush;
   for (const auto& w : rep.warnings) std::cerr << "accumplan: warning: " << w << "\n";
@@ -366,7 +373,9 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
                   "enforce this device memory (512MiB, 12GiB, 90%); on cpu the counting allocator makes the CPU a "
                   "simulated device of that size, as when planning");
   run->add_option("--save", args->save, "write the trained TorchScript module here (atomically)");
-  run->add_option("--stats", args->stats, "write run statistics JSON here (atomically; - for stdout)");
+  run->add_option("--stats", args->stats,
+                  "write run statistics JSON here (atomically; - for stdout). On cpu, measured_peak_bytes excludes "
+                  "the data set held in memory (host_data_bytes), as a device would");
   run->add_option("--plan-out", args->plan_out, "write the plan (re-planned after any OOM) here, atomically");
   run->add_flag("--no-oom-recovery", args->no_recovery, "fail on the first out-of-memory instead of re-planning");
   run->add_option("--synthetic-samples", args->synthetic_samples,
