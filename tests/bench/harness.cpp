@@ -70,7 +70,9 @@ struct BudgetCase {
 // profile's line: budget = intercept + slope * (n + 0.5).
 std::vector<BudgetCase> place_budgets(const nlohmann::json& m, int64_t small, int64_t large, int64_t T) {
   auto probe = ap::make_memory_probe(ap::ProbeRequest{});
-  ap::ProbeRunner runner(*probe, runner_options(m, T));
+  // Unbudgeted, the line predicts the machine's whole memory; capping the probes near `large`
+  // keeps this setup step from training vgg11 at hundreds of samples.
+  ap::ProbeRunner runner(*probe, runner_options(m, std::min(T, 2 * large)));
   const ap::Profile profile = runner.profile();
   const ap::MemoryModel model = ap::MemoryModel::fit(profile);
   std::vector<BudgetCase> out;
