@@ -11,6 +11,7 @@
 
 #include <fstream>
 #include <stdexcept>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -38,7 +39,9 @@ struct Fixture {
 const Fixture& mlp_plan() {
   static const Fixture f = [] {
     Fixture x;
-    x.dir = scratch_dir("executor-cli");
+    // One directory per process: ctest -j2 runs these cases as concurrent processes, and a shared
+    // name let one case empty the directory while another read its plan.json.
+    x.dir = scratch_dir("executor-cli-" + std::to_string(::getpid()));
     x.plan = x.dir + "/plan.json";
     const CliResult r = run_cli({"--model", "builtin:mlp", "--target-batch", "64", "--device", "cpu", "--memory-budget",
                                  kBudget, "--threads", "2", "--out", x.plan});
