@@ -8,9 +8,9 @@
 // (PyTorch's c10d ProcessGroupGloo over a TCPStore rendezvous, configured by the variables
 // `torchrun --no-python` sets: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
 // Every collective is counted so tests can assert one gradient exchange per window.
-// What it is not: a data loader or DDP. Sharding is the executor's: rank r takes samples
-// r, r+W, r+2W, ... of every window (strided, so a short last window stays balanced to within
-// one sample).
+// What it is not: a data loader or DDP. Sharding is the caller's (`accumplan run`): rank r takes
+// samples r, r+W, r+2W, ... of every global window (strided, so a short last window stays
+// balanced to within one sample); the executor only needs every rank to call it once per window.
 #pragma once
 
 #include <chrono>
@@ -33,7 +33,7 @@ struct CollectiveCounts {
 class Communicator {
  public:
   virtual ~Communicator() = default;
-  virtual std::string backend() const = 0;  // "local" | "gloo"
+  virtual std::string backend() const = 0;  // "local" | "gloo" | "nccl"
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
 
@@ -62,11 +62,17 @@ std::optional<DistEnv> dist_env_from_environment();
 
 std::unique_ptr<Communicator> make_local_communicator();
 
-// Joins the c10d group: TCPStore rendezvous (rank 0 serves), ProcessGroupGloo on the host's
-// interface for MASTER_ADDR. `timeout` bounds every collective and the rendezvous, so a peer that
-// died turns into an error instead of a hang. Throws BackendNotBuiltError when this LibTorch has
-// no Gloo, InputError when the rendezvous fails (naming MASTER_ADDR:MASTER_PORT).
+// Joins the c10d group: TCPStore rendezvous (rank 0 serves on MASTER_ADDR:MASTER_PORT),
+// ProcessGroupGloo bound on THIS host's interface: GLOO_SOCKET_IFNAME if set, loopback when
+// MASTER_ADDR is loopback, else Gloo's default device (this host's name). `timeout` bounds every
+// collective and the rendezvous, so a peer that died turns into an error instead of a hang.
+// InputError when the rendezvous fails (naming MASTER_ADDR:MASTER_PORT). world_size 1: local.
 std::unique_ptr<Communicator> make_gloo_communicator(const DistEnv& env, std::chrono::milliseconds timeout,
+                                                     int64_t bucket_bytes = 25 * 1024 * 1024);
+
+// The same on CUDA with ProcessGroupNCCL (counters and buckets on cuda:LOCAL_RANK). Compiled only
+// when this LibTorch has CUDA and NCCL (USE_C10D_NCCL); otherwise BackendNotBuiltError.
+std::unique_ptr<Communicator> make_nccl_communicator(const DistEnv& env, std::chrono::milliseconds timeout,
                                                      int64_t bucket_bytes = 25 * 1024 * 1024);
 
 }  // namespace accumplan
