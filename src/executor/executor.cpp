@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
+#include <exception>
 #include <iostream>
 #include <numeric>
 #include <sstream>
@@ -40,6 +42,18 @@ bool token_shaped(const at::Tensor& target, const LossConfig& cfg) {
   return cfg.kind == "cross_entropy" && target.defined() && target.dim() >= 2 && !at::isFloatingType(target.scalar_type());
 }
 
+// After an agreement collective: `status[r]` is -1 when rank r hit an error that is not an OOM.
+// The failing rank rethrows its own error; every other rank throws one that names it, so no rank
+// waits for a collective its peer will never join (that would only end at the group's timeout).
+void throw_if_a_rank_failed(const std::vector<int64_t>& status, const std::exception_ptr& local_error,
+                            const std::string& during) {
+  for (size_t r = 0; r < status.size(); ++r) {
+    if (status[r] >= 0) continue;
+    if (local_error) std::rethrow_exception(local_error);
+    throw Error("rank " + std::to_string(r) + " failed " + during + " (its own log says why); this rank stops with it");
+  }
+}
+
 }  // namespace
 
 int64_t batch_samples(const Batch& batch, const std::string& what) {
@@ -63,6 +77,19 @@ Batch slice_batch(const Batch& batch, int64_t start, int64_t count) {
   Batch out;
   for (const auto& t : batch.inputs) out.inputs.push_back(t.narrow(0, start, count));
   if (batch.target.defined()) out.target = batch.target.narrow(0, start, count);
+  return out;
+}
+
+Batch shard_window(const Batch& window, int rank, int world_size) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw InputError("rank " + std::to_string(rank) + " is not in a group of " + std::to_string(world_size));
+  }
+  const int64_t n = batch_samples(window);
+  // slice(dim, start, end, step); a start past the end gives 0 rows, a rank with no share.
+  auto part = [&](const at::Tensor& t) { return t.slice(0, std::min<int64_t>(rank, n), n, world_size); };
+  Batch out;
+  for (const auto& t : window.inputs) out.inputs.push_back(part(t));
+  if (window.target.defined()) out.target = part(window.target);
   return out;
 }
 
@@ -95,6 +122,11 @@ Executor::Executor(torch::jit::Module module, torch::optim::Optimizer& optimizer
       }
     }
   }
+  if (options_.communicator && plan_.world_size != options_.communicator->world_size()) {
+    throw InputError("the plan is for world size " + std::to_string(plan_.world_size) + " but the process group has " +
+                     std::to_string(options_.communicator->world_size()) + " ranks; re-plan with --world-size " +
+                     std::to_string(options_.communicator->world_size()));
+  }
   if (options_.amp == AmpMode::FP16) scaler_.emplace(options_.scaler, device_);
   if (options_.max_grad_norm && !(*options_.max_grad_norm > 0)) {
     throw InputError("max gradient norm must be positive, got " + std::to_string(*options_.max_grad_norm));
@@ -104,10 +136,14 @@ Executor::Executor(torch::jit::Module module, torch::optim::Optimizer& optimizer
 double Executor::loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
 
 void Executor::log(const std::string& line) const {
+  // Every rank logs the same recoveries; say which rank is speaking.
+  const std::string text = options_.communicator && options_.communicator->world_size() > 1
+                               ? "rank " + std::to_string(options_.communicator->rank()) + ": " + line
+                               : line;
   if (options_.log) {
-    options_.log(line);
+    options_.log(text);
   } else {
-    std::cerr << "accumplan: " << line << "\n" << std::flush;
+    std::cerr << "accumplan: " << text << "\n" << std::flush;
   }
 }
 
@@ -175,12 +211,23 @@ void Executor::recover(int64_t failing_size, const MicrobatchEvent& where, const
        << plan_.micro_batch << " (" << join(plan_.microbatch_sizes) << ") — " << note
        << "; replaying the window from its first sample";
   log(line.str());
-  if (!options_.plan_out.empty()) write_text_atomic(options_.plan_out, to_json(plan_).dump(2) + "\n");
+  // Every rank re-plans identically; one writer is enough and avoids W renames onto one path.
+  const bool writer = !options_.communicator || options_.communicator->rank() == 0;
+  if (!options_.plan_out.empty() && writer) write_text_atomic(options_.plan_out, to_json(plan_).dump(2) + "\n");
 }
 
 WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>& sizes_in) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t n = batch_samples(window);
+  if (options_.communicator) {
+    if (!sizes_in.empty()) {
+      throw InputError("microbatch sizes cannot be overridden in a data-parallel window: every rank must know every "
+                       "rank's split to run the same number of rounds");
+    }
+    WindowStats st;
+    st.local_samples = n;
+    return accumulate_distributed(window, std::move(st), t0);
+  }
   std::vector<int64_t> sizes = sizes_in;
   if (sizes.empty()) {
     sizes = window_sizes(plan_, n);
@@ -193,6 +240,7 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
 
   WindowStats st;
   st.samples = n;
+  st.local_samples = n;
   if (options_.probe) {
     options_.probe->clear_oom();
     options_.probe->reset_peak();
@@ -254,8 +302,168 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
   }
 
   st.microbatch_sizes = sizes;
+  st.microbatch_rounds = static_cast<int64_t>(sizes.size());
   st.loss = loss_total / static_cast<double>(st.units);
+  finish_gradient(st);
+  if (options_.probe) st.peak_bytes = options_.probe->peak_bytes();
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
 
+WindowStats Executor::accumulate_distributed(const Batch& window, WindowStats st,
+                                             std::chrono::steady_clock::time_point t0) {
+  Communicator& comm = *options_.communicator;
+  const int world = comm.world_size();
+  const int rank = comm.rank();
+  const int64_t n = st.local_samples;
+  if (options_.probe) {
+    options_.probe->clear_oom();
+    options_.probe->reset_peak();
+  }
+
+  // (a) Counts before the first backward, in ONE collective: [units, samples, valid tokens,
+  // samples of rank 0 .. W-1]. The per-rank slots let every rank compute every rank's split
+  // (hence the number of rounds) and check every rank's share identically; a slot of -1 says that
+  // rank could not count its share, and every rank stops.
+  std::vector<int64_t> local(3 + static_cast<size_t>(world), 0);
+  std::exception_ptr count_error;
+  try {
+    if (n > 0) {
+      local[0] = count_units(window.target, n, options_.loss);
+      if (token_shaped(window.target, options_.loss)) {
+        local[2] = options_.loss.normalization == Normalization::Tokens
+                       ? local[0]
+                       : window.target.ne(options_.loss.ignore_index).sum().item<int64_t>();
+      }
+    }
+    local[1] = n;
+    local[3 + static_cast<size_t>(rank)] = n;
+  } catch (const std::exception&) {
+    count_error = std::current_exception();
+    local[3 + static_cast<size_t>(rank)] = -1;
+  }
+  const std::vector<int64_t> global = comm.all_reduce_counters(local);
+  const std::vector<int64_t> rank_samples(global.begin() + 3, global.end());
+  throw_if_a_rank_failed(rank_samples, count_error, "while counting the units of window " + std::to_string(window_index_));
+  st.units = global[0];
+  st.samples = global[1];
+  st.valid_tokens = global[2];
+  // Every rank sees the same numbers, so every rank throws the same error: nobody is left waiting.
+  if (st.samples < 1) throw InputError("window " + std::to_string(window_index_) + " holds no samples on any rank");
+  for (int r = 0; r < world; ++r) {
+    if (rank_samples[static_cast<size_t>(r)] > plan_.per_rank_batch) {
+      throw InputError("rank " + std::to_string(r) + " was handed " + std::to_string(rank_samples[static_cast<size_t>(r)]) +
+                       " samples of a global window of " + std::to_string(st.samples) + ", more than the plan's per-rank "
+                       "batch " + std::to_string(plan_.per_rank_batch) + ". Shard each global window of " +
+                       std::to_string(plan_.per_rank_batch * world) + " samples strided: rank r takes r, r+W, r+2W, ...");
+    }
+  }
+  if (scaler_) st.loss_scale = scaler_->scale();
+  zero_grads();
+  if (st.units == 0) {
+    st.skipped = true;
+    st.skip_reason = "the window has no valid tokens on any rank (every target is ignore_index)";
+    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return st;
+  }
+
+  auto split_of = [&](int64_t m) { return m == 0 ? std::vector<int64_t>{} : window_sizes(plan_, m); };
+  const double units = static_cast<double>(st.units);
+  double loss_total = 0;
+  std::vector<int64_t> sizes;
+  int64_t rounds = 0;
+  for (int64_t attempt = 0;; ++attempt) {
+    zero_grads();
+    loss_total = 0;
+    sizes = split_of(n);
+    // (b) Same number of rounds everywhere: the largest split of any rank (the plan is the same on
+    // every rank, and so is every rank's count). 5 and 4 samples under sizes 2,2,1 give 3 and 2
+    // microbatches: rank 1 runs one empty round.
+    rounds = 0;
+    for (int64_t m : rank_samples) rounds = std::max(rounds, static_cast<int64_t>(split_of(m).size()));
+    int64_t failing = 0;  // the agreed failing size; 0 = no OOM anywhere
+    int64_t failed_round = 0;
+    int failing_rank = -1;
+    std::string what;
+    int64_t start = 0;
+    for (int64_t i = 0; i < rounds; ++i) {
+      int64_t status = 0;
+      std::exception_ptr error;
+      if (i < static_cast<int64_t>(sizes.size())) {
+        const MicrobatchEvent where{window_index_, i, sizes[static_cast<size_t>(i)], static_cast<int64_t>(sizes.size()), attempt};
+        try {
+          if (options_.before_microbatch) options_.before_microbatch(where);
+          run_microbatch(slice_batch(window, start, where.size), where.size, units, loss_total);
+        } catch (const std::exception& e) {
+          if (is_oom(&e)) {
+            status = where.size;
+            what = first_line(e.what());
+          } else {
+            status = -1;
+            error = std::current_exception();
+          }
+        }
+        start += where.size;
+      }
+      // (c) The agreement point of round i: one collective, on every rank, whatever happened.
+      std::vector<int64_t> flags(static_cast<size_t>(world), 0);
+      flags[static_cast<size_t>(rank)] = status;
+      const std::vector<int64_t> all = comm.all_reduce_counters(flags);
+      throw_if_a_rank_failed(all, error,
+                             "in window " + std::to_string(window_index_) + " at microbatch round " + std::to_string(i + 1));
+      for (int r = 0; r < world; ++r) {
+        const int64_t s = all[static_cast<size_t>(r)];
+        // The smallest size that failed anywhere: the tightest bound any rank has evidence for,
+        // and the same number on every rank, so every rank re-plans to the same split.
+        if (s > 0 && (failing == 0 || s < failing)) {
+          failing = s;
+          failing_rank = r;
+        }
+      }
+      if (failing > 0) {
+        failed_round = i;
+        break;
+      }
+    }
+    if (failing == 0) break;
+    const MicrobatchEvent where{window_index_, failed_round, failing, rounds, attempt};
+    const std::string on = "on rank " + std::to_string(failing_rank) + (what.empty() ? std::string() : ": " + what);
+    if (!options_.oom_recovery) {
+      zero_grads();
+      if (options_.probe) options_.probe->clear_oom();
+      throw ExecutorOomError("out of memory in window " + std::to_string(where.window) + " at microbatch round " +
+                             std::to_string(where.index + 1) + " of " + std::to_string(where.count) + " (size " +
+                             std::to_string(failing) + ") " + on + ", and OOM recovery is off");
+    }
+    recover(failing, where, on);
+    ++st.oom_recoveries;
+  }
+  st.microbatch_sizes = sizes;
+  st.microbatch_rounds = rounds;
+
+  // (d) ONE gradient exchange per window: every trainable parameter's gradient (zeros where this
+  // rank's microbatches produced none, e.g. a rank with no samples, so every rank sends the same
+  // list) plus this rank's loss sum, which rides in the last bucket instead of costing a
+  // collective of its own. The gradient sums sum_r sum_i (loss_sum_ri / N) = the global mean.
+  std::vector<at::Tensor> exchange;
+  exchange.reserve(params_.size() + 1);
+  for (auto& p : params_) {
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p.detach());
+    exchange.push_back(p.grad());  // same TensorImpl: the exchange writes into .grad in place
+  }
+  const auto grad_dtype = exchange.back().scalar_type();
+  const bool wide = grad_dtype == at::kFloat || grad_dtype == at::kDouble;
+  exchange.push_back(at::full({1}, loss_total, exchange.back().options().dtype(wide ? grad_dtype : at::kFloat)));
+  comm.all_reduce_gradients(exchange);
+  loss_total = exchange.back().item<double>();
+  st.loss = loss_total / units;
+  finish_gradient(st);  // on the global gradient: every rank decides skip/clip identically
+  if (options_.probe) st.peak_bytes = options_.probe->peak_bytes();
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+void Executor::finish_gradient(WindowStats& st) {
   bool non_finite = false;
   try {
     if (scaler_) non_finite = scaler_->unscale_and_check(params_);
@@ -291,9 +499,6 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
       }
     }
   }
-  if (options_.probe) st.peak_bytes = options_.probe->peak_bytes();
-  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return st;
 }
 
 void Executor::apply(WindowStats& st) {

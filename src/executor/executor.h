@@ -18,10 +18,30 @@
 // tensors, sets the gradients to none, releases cached device memory, re-plans every microbatch
 // below the failing size (replan.h) and replays the window from its first sample: the update is
 // the one the original plan would have made, every sample counted once.
-// What it is not: a data loader (callers hand it windows), distributed (one process; global
-// counts across ranks belong to a data-parallel wrapper), or a checkpointer.
+// Data parallel (ExecutorOptions::communicator, DESIGN.md "Distributed"): each of W ranks calls
+// step() with ITS share of the global window. The sharding is the caller's, and accumplan's own
+// callers (`accumplan run`) use the strided rule: of every global window of B samples, rank r
+// takes samples r, r+W, r+2W, ... — so a short last window of 7 on 2 ranks gives 4 and 3, never
+// 5 and 2, and a window of 1 gives rank 1 no samples at all (it still joins every collective).
+// With a communicator, step()
+//   a. sums [units, samples, valid tokens, every rank's sample count] across ranks in ONE
+//      collective before the first backward, so every microbatch on every rank is weighted by the
+//      GLOBAL N (per-rank N is the 2024 transformers loss bug);
+//   b. runs k_max microbatch rounds on every rank, k_max the largest split any rank has (known
+//      from every rank's count); a rank with fewer microbatches runs empty rounds;
+//   c. after each round, one small collective of every rank's status (0 ok, s > 0 OOM at size s,
+//      -1 another error): the fixed agreement point per microbatch (as Composer does). On any OOM
+//      every rank recovers with the SAME failing size (the smallest that failed), re-plans
+//      identically and replays the window; on another rank's error every rank throws;
+//   d. after the last round, ONE gradient exchange (Communicator::all_reduce_gradients: a few
+//      flat buckets) of every trainable parameter's gradient (zeros where this rank made none) and
+//      the loss sum; then unscale, non-finite check and clipping see the global gradient, so
+//      every rank takes the same decision. Gradients are never all-reduced per microbatch.
+//   Per window: 1 gradient exchange and 1 + (rounds run, over all attempts) counter reduces.
+// What it is not: a data loader (callers hand it windows and shard them), or a checkpointer.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -34,6 +54,7 @@
 #include "accumplan/errors.h"
 #include "accumplan/memory_probe.h"
 #include "accumplan/schema.h"
+#include "dist/communicator.h"
 #include "executor/amp.h"
 #include "runtime/batch.h"
 #include "runtime/loss.h"
@@ -72,15 +93,24 @@ struct ExecutorOptions {
   std::string plan_out;                  // write the plan atomically after each re-plan
   // One line per event (recoveries, skipped steps). Default: stderr, prefixed "accumplan: ".
   std::function<void(const std::string&)> log;
-  // Testing and instrumentation hook, called before each microbatch's forward.
+  // Testing and instrumentation hook, called before each microbatch's forward (not for the
+  // empty rounds of a data-parallel rank that has fewer microbatches).
   std::function<void(const MicrobatchEvent&)> before_microbatch;
+  // Data parallel: not owned; null = one process, no collectives. Must outlive the executor; the
+  // plan's world_size must equal communicator->world_size() (InputError otherwise). With one,
+  // only rank 0 writes plan_out.
+  Communicator* communicator = nullptr;
 };
 
+// With a communicator, samples/units/valid_tokens/loss are GLOBAL (summed over ranks) and
+// local_samples/microbatch_sizes/peak_bytes are this rank's.
 struct WindowStats {
   int64_t samples = 0;                   // samples in the window (each counted once)
   int64_t units = 0;                     // N: samples, or valid tokens in tokens mode
   int64_t valid_tokens = 0;              // target != ignore_index, for token-shaped targets; else 0
-  std::vector<int64_t> microbatch_sizes; // sizes of the attempt that completed
+  int64_t local_samples = 0;             // this rank's share (== samples in one process)
+  std::vector<int64_t> microbatch_sizes; // sizes of the attempt that completed (this rank's)
+  int64_t microbatch_rounds = 0;         // rounds of the completed attempt (k_max over ranks)
   double loss = 0;                       // the window's mean loss: sum of unit losses / N
   double grad_norm = 0;                  // 2-norm of the combined, unscaled gradient before clipping
   bool stepped = false;                  // the optimizer updated the parameters
@@ -117,12 +147,14 @@ class Executor {
   Executor(torch::jit::Module module, torch::optim::Optimizer& optimizer, Plan plan, ExecutorOptions options);
 
   // One window: gradients, then one optimizer step (unless skipped). window.size() in
-  // 1..per_rank_batch.
+  // 1..per_rank_batch (0..per_rank_batch for a rank of a data-parallel group, whose global
+  // window must hold at least one sample).
   WindowStats step(const Batch& window);
 
   // The gradient half of step(): leaves the combined (unscaled, clipped) gradient in .grad and
   // does not step the optimizer. `sizes` (optional) overrides the split; they must sum to the
-  // window's samples. For verification and tests; step() is accumulate() + apply().
+  // window's samples. For verification and tests; step() is accumulate() + apply(). No override
+  // with a communicator (every rank must know every rank's split): InputError.
   WindowStats accumulate(const Batch& window, const std::vector<int64_t>& sizes = {});
   // The update half: lr schedule, optimizer step, scheduler callback; fills stepped/skipped.
   void apply(WindowStats& stats);
@@ -135,6 +167,8 @@ class Executor {
 
  private:
   void run_microbatch(const Batch& mb, int64_t n, double units, double& loss_sum);
+  WindowStats accumulate_distributed(const Batch& window, WindowStats st, std::chrono::steady_clock::time_point t0);
+  void finish_gradient(WindowStats& st);
   bool is_oom(const std::exception* e) const;
   void recover(int64_t failing_size, const MicrobatchEvent& where, const std::string& what);
   void log(const std::string& line) const;
@@ -157,6 +191,11 @@ std::vector<std::pair<int64_t, int64_t>> epoch_windows(int64_t samples, int64_t 
 
 // Samples [start, start+count) of every tensor of `batch` (views, no copy).
 Batch slice_batch(const Batch& batch, int64_t start, int64_t count);
+
+// Rank `rank`'s share of a global window under the strided rule: samples rank, rank+world,
+// rank+2·world, ... (views, no copy). A window of 7 on 2 ranks: 4 and 3 samples; of 1: 1 and 0.
+// Every rank can compute every share, which is why the rule is strided rather than blocks.
+Batch shard_window(const Batch& window, int rank, int world_size);
 
 // Samples in a batch (dim 0 of every tensor); InputError naming `what` if they disagree or the
 // batch has no tensors.
