@@ -183,8 +183,11 @@ void ProbeRunner::load_and_measure_persistent() {
           format_bytes(persistent_.gradients_bytes) + ", optimizer state " +
           format_bytes(persistent_.optimizer_state_bytes) + " (" + options_.setup.optimizer + ")");
       if (persistent_.weights_bytes != declared_weight_bytes_) {
-        say("note: loading the model allocated " + format_bytes(persistent_.weights_bytes) + " while its parameters and "
-            "buffers hold " + format_bytes(declared_weight_bytes_) + "; the measured figure is used");
+        // Exact byte counts: the difference (e.g. a TorchScript constant, a num_batches_tracked
+        // counter) is often smaller than format_bytes can show.
+        say("note: loading the model allocated " + std::to_string(persistent_.weights_bytes) +
+            " bytes while its parameters and buffers hold " + std::to_string(declared_weight_bytes_) +
+            " bytes; the measured figure is used");
       }
       return;
     } catch (const std::exception&) {

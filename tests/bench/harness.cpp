@@ -66,9 +66,12 @@ struct BudgetCase {
   int64_t budget_bytes;
 };
 
-// Budgets that put the true maximum near `small` and `large` samples, from an unbudgeted
-// profile's line: budget = intercept + slope * (n + 0.5).
-std::vector<BudgetCase> place_budgets(const nlohmann::json& m, int64_t small, int64_t large, int64_t T) {
+// Budgets at which accumplan's usable memory (budget less headroom) holds about `small` and
+// `large` samples by an unbudgeted profile's line: budget = (intercept + slope*(n + 0.5)) /
+// (1 - headroom). Placing them on the usable part keeps every row feasible: vgg11's fixed
+// activations (about 400 MiB at b = 1) exceed 10% of a budget that fits only 12 samples.
+std::vector<BudgetCase> place_budgets(const nlohmann::json& m, int64_t small, int64_t large, int64_t T,
+                                      double headroom) {
   auto probe = ap::make_memory_probe(ap::ProbeRequest{});
   // Unbudgeted, the line predicts the machine's whole memory; capping the probes near `large`
   // keeps this setup step from training vgg11 at hundreds of samples.
@@ -77,7 +80,8 @@ std::vector<BudgetCase> place_budgets(const nlohmann::json& m, int64_t small, in
   const ap::MemoryModel model = ap::MemoryModel::fit(profile);
   std::vector<BudgetCase> out;
   for (int64_t n : {small, large}) {
-    const double bytes = model.summary().intercept_bytes + model.summary().slope_bytes_per_sample * (n + 0.5);
+    const double bytes =
+        (model.summary().intercept_bytes + model.summary().slope_bytes_per_sample * (n + 0.5)) / (1.0 - headroom);
     // Whole KiB: MiB steps are too coarse for small models (builtin:mlp is about 1 MiB in all).
     const int64_t kib = static_cast<int64_t>(std::ceil(bytes / 1024));
     out.push_back({ap::format_bytes(kib << 10), kib << 10});
@@ -209,6 +213,7 @@ int main(int argc, char** argv) {
     results["headroom"] = headroom;
     results["rows"] = ordered_json::array();
     results["overhead"] = ordered_json::array();
+    results["failures"] = ordered_json::array();
     const auto t_all = std::chrono::steady_clock::now();
     int done = 0;
     for (const auto& m : manifest["models"]) {
@@ -216,17 +221,26 @@ int main(int argc, char** argv) {
       if (!only.empty() && std::find(only.begin(), only.end(), name) == only.end()) continue;
       if (quick && done > 0) break;
       std::cerr << "[" << static_cast<int>(seconds_since(t_all)) << " s] " << name << ": placing budgets\n";
-      auto budgets = place_budgets(m, small, large, target);
+      auto budgets = place_budgets(m, small, large, target, headroom);
       if (quick) budgets.resize(1);
       for (const auto& b : budgets) {
         std::cerr << "[" << static_cast<int>(seconds_since(t_all)) << " s] " << name << " @ " << b.label << "\n";
-        results["rows"].push_back(run_case(m, b, target, headroom));
+        try {
+          results["rows"].push_back(run_case(m, b, target, headroom));
+        } catch (const std::exception& e) {
+          // One model's failure is a finding to report, not a reason to lose the other rows.
+          std::cerr << "  failed: " << e.what() << "\n";
+          results["failures"].push_back(ordered_json{{"model", name}, {"budget", b.label}, {"error", e.what()}});
+        }
       }
       if (done < overhead_models) {
         std::cerr << "[" << static_cast<int>(seconds_since(t_all)) << " s] " << name << ": executor overhead\n";
         results["overhead"].push_back(accumplan::bench::executor_overhead(m, quick ? 2 : overhead_rounds));
       }
       ++done;
+      // Rows so far, in case a later model takes the process down.
+      results["wall_seconds"] = seconds_since(t_all);
+      ap::write_text_atomic(out_path, results.dump(2) + "\n");
     }
     results["wall_seconds"] = seconds_since(t_all);
     ap::write_text_atomic(out_path, results.dump(2) + "\n");

@@ -90,6 +90,11 @@ def main(src, dst):
     out.append("")
     out.append("accumplan's OOMs are its trials that did not fit (a probe size over the budget, or a confirmation that")
     out.append("failed and was bisected); every trial is listed in `results.json`.\n")
+    if r.get("failures"):
+        out.append("## Rows that failed\n")
+        for f in r["failures"]:
+            out.append(f"- {f['model']} @ {f['budget']}: {f['error']}")
+        out.append("")
     out.append("## Executor overhead\n")
     out.append("Executor::step against a hand-written LibTorch accumulation loop on identical model copies and windows")
     out.append("(4 microbatches of 4), interleaved ABBA per round; ratio = executor / hand loop.\n")
