@@ -6,6 +6,11 @@
 // against the plan's input specs), the data (a torch.save file or synthetic samples from the
 // plan's specs), the Executor (src/executor/), and the outputs: a human summary on stderr,
 // `--stats` JSON, `--plan-out` (the plan after any re-plan), `--save` (the trained TorchScript).
+// Data parallel: when WORLD_SIZE > 1 (torchrun --no-python sets RANK, WORLD_SIZE, LOCAL_RANK,
+// MASTER_ADDR, MASTER_PORT), `run` joins a c10d group (Gloo on cpu, NCCL on cuda when built),
+// iterates global windows of B = W x per_rank_batch samples in order and gives rank r the strided
+// share r, r+W, ... of each (shard_window). Outputs: rank 0 writes --stats/--save/--plan-out; a
+// path containing "{rank}" is written by every rank with its rank substituted.
 // What it is not: the executor's logic (executor.h), or profiling/planning (device_commands.cpp).
 #include <CLI/CLI.hpp>
 
@@ -14,6 +19,7 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -29,6 +35,7 @@
 #include "accumplan/tensor_spec.h"
 #include "accumplan/units.h"
 #include "cli/commands.h"
+#include "dist/communicator.h"
 #include "executor/executor.h"
 #include "executor/replan.h"
 #include "executor/verify.h"
@@ -66,6 +73,7 @@ struct RunArgs {
   int64_t synthetic_samples = 0;
   uint64_t seed = 1234;
   int threads = 0;
+  int dist_timeout_s = 120;
   // verify only
   double rtol = 1e-5;
   std::string json_out;
@@ -85,19 +93,21 @@ struct Prepared {
   bool hash_matched = true;
 };
 
-std::string device_of(const RunArgs& a, const Plan& plan) {
+// `dist`: a data-parallel rank uses the GPU of its LOCAL_RANK, as torchrun intends.
+std::string device_of(const RunArgs& a, const Plan& plan, const std::optional<DistEnv>& dist) {
   if (!a.device.empty()) return a.device;
   if (plan.device.type == "cuda") {
     if (!torch::cuda::is_available()) {
       throw InputError("the plan was made for cuda:" + std::to_string(plan.device.index) +
                        " but no CUDA device is available here; pass --device cpu to run it on the CPU");
     }
-    return "cuda:" + std::to_string(plan.device.index);
+    return "cuda:" + std::to_string(dist && dist->world_size > 1 ? dist->local_rank : plan.device.index);
   }
   return "cpu";
 }
 
-Prepared prepare(const RunArgs& a, const std::string& command) {
+// Prepare for a group of `dist` (nullopt: one process; the plan must be for world size 1).
+Prepared prepare(const RunArgs& a, const std::string& command, const std::optional<DistEnv>& dist = std::nullopt) {
   if (a.plan.empty()) throw InputError("--plan is required: the plan.json written by `accumplan --model ...`");
   if (a.model.empty()) throw InputError("--model is required: the TorchScript file (or builtin:NAME) the plan was made for");
   if (a.threads < 0) throw InputError("--threads must be at least 1, got " + std::to_string(a.threads));
@@ -105,12 +115,20 @@ Prepared prepare(const RunArgs& a, const std::string& command) {
   Prepared p;
   p.plan = read_plan_file(a.plan, "--plan");  // SchemaError (exit 2) for another schema or major version
   check_plan_executable(p.plan, "--plan");
-  if (p.plan.world_size != 1) {
+  const int world = dist ? dist->world_size : 1;
+  if (p.plan.world_size != world) {
+    if (command == "run") {
+      throw InputError("--plan is for world size " + std::to_string(p.plan.world_size) + " but this run has " +
+                       (dist ? "WORLD_SIZE " + std::to_string(world) : std::string("one process (WORLD_SIZE unset)")) +
+                       ". Launch " + std::to_string(p.plan.world_size) + " processes (torchrun --no-python "
+                       "--nproc-per-node " + std::to_string(p.plan.world_size) + " accumplan run ...), or re-plan with "
+                       "--world-size " + std::to_string(world));
+    }
     throw InputError("--plan is for world size " + std::to_string(p.plan.world_size) + "; `accumplan " + command +
                      "` runs one process. Re-plan with --world-size 1, or launch your data-parallel trainer with "
                      "the exported settings (`accumplan export`)");
   }
-  const std::string device = device_of(a, p.plan);
+  const std::string device = device_of(a, p.plan, dist);
   ProbeRequest req;
   req.device = device;
   p.probe = make_memory_probe(req);  // installed before the model loads, so weights are counted
@@ -175,6 +193,29 @@ void save_module_atomic(torch::jit::Module& module, const std::string& path) {
   }
 }
 
+// Where this rank writes an output: "{rank}" in the path makes every rank write its own file;
+// otherwise only rank 0 writes (every rank holds the same parameters and global statistics).
+std::string rank_path(const std::string& path, int rank) {
+  const std::string key = "{rank}";
+  if (path.empty() || path == "-") return rank == 0 ? path : std::string();
+  if (path.find(key) == std::string::npos) return rank == 0 ? path : std::string();
+  std::string out = path;
+  for (size_t at = out.find(key); at != std::string::npos; at = out.find(key, at)) out.replace(at, key.size(), std::to_string(rank));
+  return out;
+}
+
+// FNV-1a over every parameter's bytes: replicas that applied the same updates are bitwise equal
+// (every rank steps with the same all-reduced gradient), so this is exact, not a tolerance.
+int64_t parameter_fingerprint(const torch::jit::Module& module) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& p : module.parameters()) {
+    const at::Tensor t = p.detach().to(at::kCPU).contiguous();
+    const auto* b = static_cast<const unsigned char*>(t.data_ptr());
+    for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  return static_cast<int64_t>(h >> 1);  // non-negative, so a sum over one-hot slots is exact
+}
+
 int run_command(const RunArgs& a) {
   if (a.steps_option->count() > 0 && a.steps < 1) {
     throw InputError("--steps must be at least 1 (optimizer windows to run), got " + std::to_string(a.steps));
@@ -188,17 +229,32 @@ int run_command(const RunArgs& a) {
   if (a.synthetic_samples < 0) throw InputError("--synthetic-samples must be positive");
   if (a.clip < 0) throw InputError("--clip-grad-norm must be positive, got " + std::to_string(a.clip));
 
-  Prepared p = prepare(a, "run");
+  if (a.dist_timeout_s < 1) throw InputError("--dist-timeout must be at least 1 second");
+  const std::optional<DistEnv> dist = dist_env_from_environment();
+  Prepared p = prepare(a, "run", dist);
+  // Join the group once the inputs are known good here; every rank checks the same plan and data
+  // specs, so a bad input stops every rank before the rendezvous, not one rank inside it.
+  std::unique_ptr<Communicator> comm;
+  if (dist && dist->world_size > 1) {
+    const std::chrono::milliseconds timeout(int64_t{a.dist_timeout_s} * 1000);
+    comm = p.device.is_cuda() ? make_nccl_communicator(*dist, timeout) : make_gloo_communicator(*dist, timeout);
+  }
+  const int rank = comm ? comm->rank() : 0;
+  const int world = comm ? comm->world_size() : 1;
+  const bool lead = rank == 0;  // writes the human progress lines
   Setup setup = p.plan.setup;
   if (a.lr_option->count() > 0) setup.lr = a.lr;
   if (!a.amp.empty()) setup.amp = a.amp;
   const AmpMode amp = parse_amp_mode(setup.amp, a.amp.empty() ? "plan setup.amp" : "--amp");
   const int64_t T = p.plan.per_rank_batch;
+  const int64_t B = T * world;  // a global window
 
   // Host data sits in the same allocator as the "device" on CPU; it would sit in host memory on
   // a GPU. Count its bytes so the budget below can exclude them.
   const int64_t before_data_bytes = p.probe->current_bytes();
-  const Batch data = load_data(a, p, a.synthetic_samples > 0 ? a.synthetic_samples : 4 * T);
+  // Every rank loads the whole data set (synthetic samples come from the same seed) and takes its
+  // share of each window; a sharded loader is the trainer's business, not the plan's.
+  const Batch data = load_data(a, p, a.synthetic_samples > 0 ? a.synthetic_samples : 4 * B);
   const int64_t host_data_bytes = p.device.is_cpu() ? std::max<int64_t>(0, p.probe->current_bytes() - before_data_bytes) : 0;
   const int64_t samples = batch_samples(data, "the data");
 
@@ -218,29 +274,37 @@ int run_command(const RunArgs& a) {
   if (a.clip > 0) eo.max_grad_norm = a.clip;
   eo.oom_recovery = !a.no_recovery;
   eo.probe = p.probe.get();
-  eo.plan_out = a.plan_out;
+  eo.plan_out = rank_path(a.plan_out, rank);
+  eo.communicator = comm.get();
   Executor ex(p.model.module, *optimizer, p.plan, eo);
 
-  const auto windows = epoch_windows(samples, T);
+  const auto windows = epoch_windows(samples, B);
   const int64_t total = a.steps_option->count() > 0 ? a.steps
                         : static_cast<int64_t>(windows.size()) * (a.epochs_option->count() > 0 ? a.epochs : 1);
-  std::cerr << "accumplan: run: " << total << " windows of up to " << T << " samples (" << samples << " samples in "
-            << windows.size() << " windows per epoch, " << (a.data.empty() ? "synthetic" : a.data) << "), microbatches "
-            << p.plan.accumulation_steps << " x up to " << p.plan.micro_batch << ", normalization "
-            << to_string(p.loss.normalization) << ", amp " << to_string(amp);
-  if (budget_bytes) {
-    std::cerr << ", budget " << format_bytes(*budget_bytes);
-    if (host_data_bytes > 0) std::cerr << " (+" << format_bytes(host_data_bytes) << " of host data)";
+  if (lead) {
+    std::cerr << "accumplan: run: " << total << " windows of up to " << B << " samples (" << samples << " samples in "
+              << windows.size() << " windows per epoch, " << (a.data.empty() ? "synthetic" : a.data) << ")";
+    if (comm) {
+      std::cerr << " on " << world << " ranks (" << comm->backend() << "; rank r takes samples r, r+" << world
+                << ", ... of each window: up to " << T << " per rank)";
+    }
+    std::cerr << ", microbatches " << p.plan.accumulation_steps << " x up to " << p.plan.micro_batch
+              << ", normalization " << to_string(p.loss.normalization) << ", amp " << to_string(amp);
+    if (budget_bytes) {
+      std::cerr << ", budget " << format_bytes(*budget_bytes);
+      if (host_data_bytes > 0) std::cerr << " (+" << format_bytes(host_data_bytes) << " of host data)";
+    }
+    std::cerr << "\n";
   }
-  std::cerr << "\n";
 
   const int64_t progress_every = std::max<int64_t>(1, total / 10);
   double last_loss = 0;
   for (int64_t w = 0; w < total; ++w) {
     const auto& [start, count] = windows[static_cast<size_t>(w) % windows.size()];
-    const WindowStats st = ex.step(slice_batch(data, start, count));
+    const Batch window = slice_batch(data, start, count);
+    const WindowStats st = ex.step(comm ? shard_window(window, rank, world) : window);
     last_loss = st.loss;
-    if ((w + 1) % progress_every == 0 || w + 1 == total) {
+    if (lead && ((w + 1) % progress_every == 0 || w + 1 == total)) {
       std::cerr << "accumplan: window " << (w + 1) << "/" << total << ": loss " << st.loss << ", " << st.samples
                 << " samples in " << st.microbatch_sizes.size() << " microbatches"
                 << (st.stepped ? "" : ", step skipped")
@@ -255,8 +319,23 @@ int run_command(const RunArgs& a) {
     final_plan.confirmed = true;
     if (t.peak_bytes) final_plan.confirmed_peak_bytes = *t.peak_bytes;
   }
-  if (!a.plan_out.empty()) write_text_atomic(a.plan_out, to_json(final_plan).dump(2) + "\n");
-  if (!a.save.empty()) save_module_atomic(p.model.module, a.save);
+  // Counts of the training windows, before the replica check below adds its own collective.
+  const CollectiveCounts collectives = comm ? comm->counts() : CollectiveCounts{};
+  bool replicas_identical = true;
+  if (comm) {
+    std::vector<int64_t> slots(static_cast<size_t>(world), 0);
+    slots[static_cast<size_t>(rank)] = parameter_fingerprint(p.model.module);
+    const std::vector<int64_t> all = comm->all_reduce_counters(slots);
+    replicas_identical = std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == all[0]; });
+    if (!replicas_identical) {
+      std::cerr << "accumplan: warning: rank " << rank << ": the ranks' parameters differ after the run; every rank "
+                << "stepped with the same all-reduced gradient, so this is a bug worth reporting\n";
+    }
+  }
+  const std::string plan_out = rank_path(a.plan_out, rank), save = rank_path(a.save, rank),
+                    stats = rank_path(a.stats, rank);
+  if (!plan_out.empty()) write_text_atomic(plan_out, to_json(final_plan).dump(2) + "\n");
+  if (!save.empty()) save_module_atomic(p.model.module, save);
 
   const int64_t measured = t.peak_bytes.value_or(0) - (t.peak_bytes ? host_data_bytes : 0);
   nlohmann::ordered_json j;
@@ -272,6 +351,14 @@ int run_command(const RunArgs& a) {
   j["micro_batch"] = final_plan.micro_batch;
   j["accumulation_steps"] = final_plan.accumulation_steps;
   j["per_rank_batch"] = T;
+  j["world_size"] = world;
+  j["rank"] = rank;
+  j["backend"] = comm ? comm->backend() : std::string("none");
+  j["sharding"] = comm ? "strided: rank r takes samples r, r+W, r+2W, ... of each global window" : "none";
+  j["collectives"] = {{"counter_all_reduces", collectives.counter_all_reduces},
+                      {"gradient_exchanges", collectives.gradient_exchanges},
+                      {"tensor_all_reduces", collectives.tensor_all_reduces}};
+  j["replicas_identical"] = replicas_identical;
   j["normalization"] = to_string(p.loss.normalization);
   j["amp"] = to_string(amp);
   j["measured_peak_bytes"] = t.peak_bytes ? nlohmann::ordered_json(measured) : nlohmann::ordered_json(nullptr);
@@ -285,9 +372,14 @@ int run_command(const RunArgs& a) {
   j["loss_scale"] = ex.loss_scale();
   j["model_sha256"] = p.model.info.sha256;
   j["model_hash_matches_plan"] = p.hash_matched;
-  if (!a.stats.empty()) emit_output(a.stats, j.dump(2) + "\n");
+  if (!stats.empty()) emit_output(stats, j.dump(2) + "\n");
+  if (!lead) return 0;
 
-  std::cerr << "accumplan: run done: " << t.windows << " windows, " << t.optimizer_steps << " optimizer steps ("
+  std::cerr << "accumplan: run done: " << t.windows << " windows"
+            << (comm ? " on " + std::to_string(world) + " ranks (" + std::to_string(collectives.gradient_exchanges) +
+                           " gradient exchanges)"
+                     : std::string())
+            << ", " << t.optimizer_steps << " optimizer steps ("
             << t.skipped_steps << " skipped), " << t.samples_seen << " samples"
             << (t.tokens_seen ? ", " + std::to_string(t.tokens_seen) + " tokens" : std::string()) << ", "
             << t.oom_recoveries << " OOM recoveries; microbatches " << final_plan.accumulation_steps << " ("
@@ -379,7 +471,15 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
   run->add_option("--plan-out", args->plan_out, "write the plan (re-planned after any OOM) here, atomically");
   run->add_flag("--no-oom-recovery", args->no_recovery, "fail on the first out-of-memory instead of re-planning");
   run->add_option("--synthetic-samples", args->synthetic_samples,
-                  "samples in the synthetic data set when --data is absent (default 4 x the per-rank batch)");
+                  "samples in the synthetic data set when --data is absent (default 4 global windows)");
+  run->add_option("--dist-timeout", args->dist_timeout_s,
+                  "seconds a rank waits for its peers (rendezvous and every collective) before failing")
+      ->capture_default_str();
+  run->footer(
+      "Data parallel: launch with torchrun --no-python --nproc-per-node W accumplan run --plan plan.json ... "
+      "(a plan made with --world-size W). Each global window of B samples is sharded strided: rank r takes "
+      "samples r, r+W, r+2W, .... Rank 0 writes --stats/--save/--plan-out; put {rank} in a path to have every rank "
+      "write its own.");
   commands.push_back({run, [args]() { return run_command(*args); }});
 
   auto vargs = std::make_shared<RunArgs>();
