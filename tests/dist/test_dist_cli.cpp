@@ -1,0 +1,110 @@
+// test_dist_cli.cpp — `accumplan run` as 2 processes, launched the way torchrun --no-python
+// launches them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), on 127.0.0.1 with Gloo.
+//
+// What it is: a plan made by `accumplan --model builtin:mlp --world-size 2` (per-rank batch 8,
+// microbatches of at most 3: 3,3,2 or 2,2,2,2 — the planner may weigh measured step times), run for 3 windows over 40 synthetic samples (16, 16, then a short 8: 4 per
+// rank): both ranks exit 0, save bitwise identical parameters ({rank} in --save/--stats), count
+// every sample once globally, and exchange gradients once per window. Also the failures that must
+// be clear rather than hangs: a plan for 2 ranks run as one process, and a rank whose peer never
+// comes (bounded by --dist-timeout).
+// What it is not: the weighting proof (test_dist_executor.cpp compares against full-batch updates).
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+#include "dist_harness.h"
+#include "accumplan/schema.h"
+#include "executor/replan.h"
+#include "executor/verify.h"
+
+#undef CHECK
+#include <catch2/catch.hpp>
+
+using namespace accumplan;
+using namespace accumplan::test;
+using json = nlohmann::json;
+
+namespace {
+
+// plan.json for builtin:mlp, B = 16 on 2 ranks, microbatches of at most 3.
+std::string make_dist_plan(const std::string& dir) {
+  const std::string plan = dir + "/plan.json";
+  const CliResult r = run_cli({"--model", "builtin:mlp", "--target-batch", "16", "--world-size", "2", "--max-micro-batch",
+                               "3", "--device", "cpu", "--threads", "1", "--out", plan},
+                              120);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("accumplan run on 2 processes: both ranks finish with identical parameters, one gradient exchange a window",
+          "[dist][cli]") {
+  const std::string dir = scratch_dir("dist-cli-" + std::to_string(::getpid()));
+  const std::string plan = make_dist_plan(dir);
+  const Plan pj = read_plan_file(plan);
+  REQUIRE(pj.world_size == 2);
+  REQUIRE(pj.per_rank_batch == 8);
+  REQUIRE(pj.micro_batch <= 3);
+  // Rounds per window: the plan's split of 8 (twice), then its split of the short window's 4.
+  const int64_t rounds = 2 * static_cast<int64_t>(pj.microbatch_sizes.size()) +
+                         static_cast<int64_t>(window_sizes(pj, 4).size());
+
+  const LaunchResult res =
+      launch_ranks({ACCUMPLAN_BIN, "run", "--plan", plan, "--model", "builtin:mlp", "--steps", "3", "--synthetic-samples",
+                    "40", "--threads", "1", "--dist-timeout", "20", "--save", dir + "/trained-{rank}.pt", "--stats",
+                    dir + "/stats-{rank}.json"},
+                   2, dir, {}, 60);
+  INFO("rank 0:\n" << slurp(res.ranks[0].log) << "\nrank 1:\n" << slurp(res.ranks[1].log));
+  REQUIRE_FALSE(res.timed_out);
+  REQUIRE(res.ranks[0].exit_code == 0);
+  REQUIRE(res.ranks[1].exit_code == 0);
+
+  std::vector<std::vector<at::Tensor>> params;
+  for (int r = 0; r < 2; ++r) {
+    const json st = json::parse(slurp(dir + "/stats-" + std::to_string(r) + ".json"));
+    CHECK(st["rank"] == r);
+    CHECK(st["world_size"] == 2);
+    CHECK(st["backend"] == "gloo");
+    CHECK(st["windows"] == 3);
+    CHECK(st["samples_seen"] == 40);  // global: 16 + 16 + 8, each sample once
+    CHECK(st["replicas_identical"] == true);
+    CHECK(st["collectives"]["gradient_exchanges"] == 3);
+    // One count reduce per window plus one agreement per microbatch round: 3 + (3 + 3 + 2)
+    // for microbatches 3,3,2 (the short window's 4 -> 2,2); never one exchange per microbatch.
+    CHECK(st["collectives"]["counter_all_reduces"] == 3 + rounds);
+    torch::jit::Module m = torch::jit::load(dir + "/trained-" + std::to_string(r) + ".pt");
+    std::vector<at::Tensor> v;
+    for (const auto& p : m.parameters()) v.push_back(p.detach().clone());
+    params.push_back(v);
+  }
+  CHECK(compare_tensors(params[0], params[1]).max_abs == 0.0);
+  CHECK(slurp(res.ranks[0].log).find("on 2 ranks") != std::string::npos);
+}
+
+TEST_CASE("accumplan run refuses a 2-rank plan in one process, and a missing peer is an error within --dist-timeout",
+          "[dist][cli][errors]") {
+  const std::string dir = scratch_dir("dist-cli-errors-" + std::to_string(::getpid()));
+  const std::string plan = make_dist_plan(dir);
+  SECTION("WORLD_SIZE unset") {
+    const CliResult r = run_cli({"run", "--plan", plan, "--model", "builtin:mlp", "--steps", "1"}, 120);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("world size 2") != std::string::npos);
+    CHECK(r.err.find("torchrun --no-python") != std::string::npos);
+  }
+  SECTION("rank 1 never starts: rank 0 fails after 3 s instead of waiting forever") {
+    const LaunchResult res = launch_ranks({ACCUMPLAN_BIN, "run", "--plan", plan, "--model", "builtin:mlp", "--steps", "1",
+                                           "--threads", "1", "--dist-timeout", "3"},
+                                          2, dir, {}, 60, /*only_ranks=*/{0});
+    const std::string log = slurp(res.ranks[0].log);
+    INFO(log);
+    CHECK_FALSE(res.timed_out);
+    CHECK(res.ranks[0].exit_code == 2);
+    CHECK(log.find("could not join the process group") != std::string::npos);
+  }
+}
