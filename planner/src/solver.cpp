@@ -1,5 +1,6 @@
 // solver.cpp — the planner's arithmetic. See solver.h and DESIGN.md "What the planner solves".
 #include "accumplan/solver.h"
+#include "accumplan/units.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,11 +17,7 @@ namespace {
 // handful of probe steps is noisy, and fewer, larger microbatches are the safer default.
 constexpr double kFasterBy = 0.05;
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
-}
+std::string join(const std::vector<int64_t>& v) { return join_sizes(v); }
 
 std::string pct(double f) {
   char buf[32];

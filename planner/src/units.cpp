@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 
 #include "accumplan/errors.h"
 
@@ -156,6 +157,14 @@ std::string format_seconds(double seconds) {
     std::snprintf(buf, sizeof buf, "%.2f s", seconds);
   }
   return buf;
+}
+
+std::string join_sizes(const std::vector<int64_t>& sizes, size_t max_items) {
+  std::string s;
+  const size_t n = max_items > 0 ? std::min(max_items, sizes.size()) : sizes.size();
+  for (size_t i = 0; i < n; ++i) s += (i ? "," : "") + std::to_string(sizes[i]);
+  if (n < sizes.size()) s += ",… (" + std::to_string(sizes.size()) + " in all)";
+  return s;
 }
 
 }  // namespace accumplan

@@ -24,12 +24,7 @@ namespace accumplan {
 namespace {
 
 // "22,21,21"; long lists are cut after 8 entries so a log line stays one readable line.
-std::string join(const std::vector<int64_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size() && i < 8; ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  if (v.size() > 8) s += ",… (" + std::to_string(v.size()) + " in all)";
-  return s;
-}
+std::string join(const std::vector<int64_t>& v) { return join_sizes(v, 8); }
 
 // The first line of an exception message: TorchScript's rewrapped errors run to dozens of lines
 // of interpreter traceback; the log line only needs what happened.

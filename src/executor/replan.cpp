@@ -8,15 +8,12 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/solver.h"
+#include "accumplan/units.h"
 
 namespace accumplan {
 namespace {
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
-}
+std::string join(const std::vector<int64_t>& v) { return join_sizes(v); }
 
 // The profile a plan was solved from, as far as the plan records it (points, persistent bytes,
 // device, setup). Enough for MemoryModel::fit and make_plan.

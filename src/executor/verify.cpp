@@ -11,16 +11,13 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/solver.h"
+#include "accumplan/units.h"
 #include "executor/executor.h"
 
 namespace accumplan {
 namespace {
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
-}
+std::string join(const std::vector<int64_t>& v) { return join_sizes(v); }
 
 std::vector<at::Tensor> trainable(const torch::jit::Module& module) {
   std::vector<at::Tensor> out;

@@ -132,6 +132,25 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
                                      return s;
                                    }()}};
 
+  // The same profile planned with no headroom: what the prediction alone achieves when, like the
+  // peers, nothing is held back. Its cost is the extra confirmation trials only.
+  {
+    ap::Profile p0 = profile;
+    const size_t before = p0.trials.size();
+    ap::PlanRequest r0 = req;
+    r0.headroom = 0.0;
+    const auto t1 = std::chrono::steady_clock::now();
+    const ap::Plan plan0 = runner.plan_and_confirm(p0, r0);
+    int64_t ooms0 = 0;
+    for (size_t i = before; i < p0.trials.size(); ++i) ooms0 += p0.trials[i].fit ? 0 : 1;
+    row["accumplan_headroom0"] = ordered_json{{"micro_batch", plan0.micro_batch},
+                                              {"max_micro_batch", plan0.max_micro_batch},
+                                              {"confirmed", plan0.confirmed},
+                                              {"extra_trials", static_cast<int64_t>(p0.trials.size() - before)},
+                                              {"ooms", ooms0},
+                                              {"seconds", seconds_since(t1)}};
+  }
+
   // Oracle shared by the truth search and the peers: one real steady-state trial.
   ap::bench::Oracle oracle = [&](int64_t b, int) {
     const ap::StepMeasurement s = runner.measure(b);
@@ -166,7 +185,11 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
                               {"plan_micro_batch_fits", at_plan.fit},
                               {"prediction_error_percent", error},
                               // What training will use (the largest planned microbatch) over what fits.
-                              {"utilisation", lo > 0 ? static_cast<double>(plan.micro_batch) / static_cast<double>(lo) : 0.0}};
+                              {"utilisation", lo > 0 ? static_cast<double>(plan.micro_batch) / static_cast<double>(lo) : 0.0},
+                              {"utilisation_headroom0",
+                               lo > 0 ? static_cast<double>(row["accumplan_headroom0"]["micro_batch"].get<int64_t>()) /
+                                            static_cast<double>(lo)
+                                      : 0.0}};
 
   ordered_json peers = ordered_json::array();
   const int64_t state_bytes = runner.persistent().total();

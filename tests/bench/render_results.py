@@ -19,6 +19,13 @@ def mib(b):
     return f"{b / 2**20:.0f}"
 
 
+def h0(x):
+    h = x.get("accumplan_headroom0")
+    if not h:
+        return "n/a"
+    return f"{h['micro_batch']} / {x['truth']['utilisation_headroom0']:.2f} / {h['extra_trials']}"
+
+
 def main(src, dst):
     r = json.load(open(src))
     rows = r["rows"]
@@ -53,7 +60,13 @@ def main(src, dst):
     if errors:
         out.append(f"- prediction error at the planned microbatch: mean {statistics.mean(abs(e) for e in errors):.2f}%, "
                    f"max {max(abs(e) for e in errors):.2f}% (signed range {min(errors):+.2f}% .. {max(errors):+.2f}%)")
-    out.append(f"- utilisation: min {min(utils):.2f}, mean {statistics.mean(utils):.2f} (headroom {r['headroom']} by design)")
+    out.append(f"- utilisation: min {min(utils):.2f}, mean {statistics.mean(utils):.2f} with the default headroom {r['headroom']}")
+    u0 = [x["truth"].get("utilisation_headroom0") for x in rows if "utilisation_headroom0" in x["truth"]]
+    if u0:
+        extra = sum(x["accumplan_headroom0"]["extra_trials"] for x in rows)
+        o0 = sum(x["accumplan_headroom0"]["ooms"] for x in rows)
+        out.append(f"- the same profiles planned with headroom 0: utilisation min {min(u0):.2f}, mean {statistics.mean(u0):.2f}, "
+                   f"confirmed by {extra} extra trials ({o0} of them OOM)")
     peers = [p["strategy"] for p in rows[0]["peers"]]
     out.append("- accumplan's search cost relative to each peer (sum over all rows; < 1 means accumplan is cheaper):\n")
     out.append("| peer | trials ratio | seconds ratio | OOMs hit by peer | rows where the peer found a larger microbatch |")
@@ -67,15 +80,15 @@ def main(src, dst):
                    f"{a_secs / max(1e-9, sum(p['seconds'] for p in ps)):.2f} | {sum(p['ooms'] for p in ps)} | {larger} |")
     out.append("")
     out.append("## Prediction and utilisation\n")
-    out.append("| model | budget MiB | persistent MiB | probes | planned (max) | true max | predicted MiB | measured MiB | error % | utilisation | trials | seconds |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    out.append("| model | budget MiB | persistent MiB | probes | planned (max) | true max | predicted MiB | measured MiB | error % | utilisation | headroom 0: planned / utilisation / extra trials | trials | seconds |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for x in rows:
         a, t = x["accumplan"], x["truth"]
         err = t["prediction_error_percent"]
         out.append(f"| {x['model']} | {mib(x['budget_bytes'])} | {mib(x['persistent_bytes'])} | {','.join(map(str, a['probe_sizes']))} | "
                    f"{a['micro_batch']} ({a['max_micro_batch']}) | {t['max_micro_batch']} | {mib(a['predicted_peak_bytes'])} | "
                    f"{mib(t['measured_peak_bytes_at_plan'])} | {'n/a' if err is None else f'{err:+.2f}'} | {t['utilisation']:.2f} | "
-                   f"{a['trials']} | {a['seconds']:.1f} |")
+                   f"{h0(x)} | {a['trials']} | {a['seconds']:.1f} |")
     out.append("")
     out.append("## Search cost against the peers\n")
     out.append("Each cell: microbatch found / trials / OOMs / seconds.\n")

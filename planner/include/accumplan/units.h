@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace accumplan {
 
@@ -37,5 +38,9 @@ std::string format_bytes(int64_t bytes);
 
 // 0.0123 -> "12.3 ms", 2.5 -> "2.50 s".
 std::string format_seconds(double seconds);
+
+// Microbatch sizes for messages: {52,51,51} -> "52,51,51". With max_items > 0, longer lists are
+// cut after that many entries and end with ",… (N in all)" so a log line stays one line.
+std::string join_sizes(const std::vector<int64_t>& sizes, size_t max_items = 0);
 
 }  // namespace accumplan
