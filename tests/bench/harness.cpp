@@ -103,6 +103,7 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
   ap::ProbeRunner runner(*probe, opts);
   ordered_json row;
   row["model"] = m["name"];
+  row["target_batch"] = T;
   row["budget"] = budget.label;
   row["budget_bytes"] = budget.budget_bytes;
   row["persistent_bytes"] = runner.persistent().total();
@@ -243,13 +244,17 @@ int main(int argc, char** argv) {
       const std::string name = m["name"];
       if (!only.empty() && std::find(only.begin(), only.end(), name) == only.end()) continue;
       if (quick && done > 0) break;
+      // A model may cap its own searches: vgg11 spends about 0.4 s per sample per trial on this CPU,
+      // so searching it up to 512 samples would take most of the half hour the run is allowed.
+      const int64_t T = m.value("bench_target_batch", target);
+      const int64_t m_small = m.value("bench_small", small), m_large = m.value("bench_large", large);
       std::cerr << "[" << static_cast<int>(seconds_since(t_all)) << " s] " << name << ": placing budgets\n";
-      auto budgets = place_budgets(m, small, large, target, headroom);
+      auto budgets = place_budgets(m, m_small, m_large, T, headroom);
       if (quick) budgets.resize(1);
       for (const auto& b : budgets) {
         std::cerr << "[" << static_cast<int>(seconds_since(t_all)) << " s] " << name << " @ " << b.label << "\n";
         try {
-          results["rows"].push_back(run_case(m, b, target, headroom));
+          results["rows"].push_back(run_case(m, b, T, headroom));
         } catch (const std::exception& e) {
           // One model's failure is a finding to report, not a reason to lose the other rows.
           std::cerr << "  failed: " << e.what() << "\n";
