@@ -196,8 +196,11 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
   const int64_t state_bytes = runner.persistent().total();
   peers.push_back(search_json(ap::bench::lightning_power(oracle, T)));
   peers.push_back(search_json(ap::bench::lightning_binsearch(oracle, T)));
-  peers.push_back(search_json(ap::bench::accelerate_find_executable(oracle, 128)));
-  peers.push_back(search_json(ap::bench::accelerate_find_executable(oracle, 128, true)));
+  // Accelerate starts at 128, or at the per-rank batch when that is smaller: nobody asks for a
+  // microbatch larger than the batch they need.
+  const int64_t accelerate_start = std::min<int64_t>(128, T);
+  peers.push_back(search_json(ap::bench::accelerate_find_executable(oracle, accelerate_start)));
+  peers.push_back(search_json(ap::bench::accelerate_find_executable(oracle, accelerate_start, true)));
   peers.push_back(search_json(ap::bench::composer_auto_microbatch(oracle, T)));
   peers.push_back(search_json(ap::bench::deepspeed_autotune(oracle, budget.budget_bytes, state_bytes, T)));
   row["peers"] = peers;

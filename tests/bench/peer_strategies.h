@@ -8,7 +8,8 @@
 //                        3 steps per trial, at most 25 trials; on OOM halve and stop.
 //   lightning_binsearch  mode="binsearch": double until OOM, then binary search between the last
 //                        success and the failure (stop when high - low <= 1).
-//   accelerate           accelerate.utils.find_executable_batch_size: start 128, on OOM
+//   accelerate           accelerate.utils.find_executable_batch_size: start 128 (the harness
+//                        starts at the per-rank batch when that is smaller), on OOM
 //                        batch = int(batch * 0.9) (since 0.20; `legacy_halving` is the old //= 2).
 //   composer             auto microbatching: start at the per-rank batch, halve on OOM.
 //   deepspeed            autotuning's micro-batch search: profile at 1, predict the maximum
