@@ -166,4 +166,17 @@ inline void report(const std::string& what, double value) {
   std::fflush(stdout);
 }
 
+// The module's parameters (live tensors), and detached copies of their values.
+inline std::vector<at::Tensor> params_of(const torch::jit::Module& m) {
+  std::vector<at::Tensor> v;
+  for (const auto& p : m.parameters()) v.push_back(p);
+  return v;
+}
+
+inline std::vector<at::Tensor> values_of(const std::vector<at::Tensor>& ps) {
+  std::vector<at::Tensor> v;
+  for (const auto& p : ps) v.push_back(p.detach().clone());
+  return v;
+}
+
 }  // namespace accumplan::test

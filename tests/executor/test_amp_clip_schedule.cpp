@@ -25,18 +25,6 @@ using namespace accumplan::test;
 
 namespace {
 
-std::vector<at::Tensor> params_of(const torch::jit::Module& m) {
-  std::vector<at::Tensor> v;
-  for (const auto& p : m.parameters()) v.push_back(p);
-  return v;
-}
-
-std::vector<at::Tensor> values_of(const std::vector<at::Tensor>& ps) {
-  std::vector<at::Tensor> v;
-  for (const auto& p : ps) v.push_back(p.detach().clone());
-  return v;
-}
-
 }  // namespace
 
 TEST_CASE("fp16: a non-finite gradient skips the step, the scheduler does not advance, the scale backs off",

@@ -32,18 +32,6 @@ using namespace accumplan::test;
 
 namespace {
 
-std::vector<at::Tensor> params_of(const torch::jit::Module& m) {
-  std::vector<at::Tensor> v;
-  for (const auto& p : m.parameters()) v.push_back(p);
-  return v;
-}
-
-std::vector<at::Tensor> values_of(const std::vector<at::Tensor>& ps) {
-  std::vector<at::Tensor> v;
-  for (const auto& p : ps) v.push_back(p.detach().clone());
-  return v;
-}
-
 struct Outcome {
   std::vector<at::Tensor> grads;   // the combined gradient the optimizer stepped with
   std::vector<at::Tensor> params;  // parameters after the step
