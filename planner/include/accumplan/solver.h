@@ -5,7 +5,7 @@
 // --max-micro-batch and --multiple-of; k = ceil(T / m_max); T split into k sizes that differ by at
 // most one unit (`balanced`, 256 with m_max 60 → 52,51,51,51,51) or into equal sizes that divide T
 // (`uniform`); weights n_i / T. When step times were measured, a larger k may be chosen if it is
-// predicted at least 5% faster, and `reason` says so.
+// predicted at least 10% faster, and `reason` says so.
 // What it is not: a measurement. Plans from `accumplan plan` are `confirmed: false` until a real
 // step at micro_batch has run (the profiler does that).
 #pragma once
