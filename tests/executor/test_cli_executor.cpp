@@ -39,12 +39,15 @@ struct Fixture {
 const Fixture& mlp_plan() {
   static const Fixture f = [] {
     Fixture x;
+    // --no-timing: these cases need the largest microbatch that fits, not one that 1 ms step
+    // times on a busy machine happened to predict faster (a CI run planned 12 microbatches of up
+    // to 6, leaving the OOM case below no smaller size to recover to).
     // One directory per process: ctest -j2 runs these cases as concurrent processes, and a shared
     // name let one case empty the directory while another read its plan.json.
     x.dir = scratch_dir("executor-cli-" + std::to_string(::getpid()));
     x.plan = x.dir + "/plan.json";
     const CliResult r = run_cli({"--model", "builtin:mlp", "--target-batch", "64", "--device", "cpu", "--memory-budget",
-                                 kBudget, "--threads", "2", "--out", x.plan});
+                                 kBudget, "--threads", "2", "--no-timing", "--out", x.plan});
     if (r.exit_code != 0) throw std::runtime_error("accumplan --model builtin:mlp failed: " + r.err);
     x.plan_json = json::parse(slurp(x.plan));
     return x;
@@ -104,6 +107,9 @@ TEST_CASE("run executes a plan from `accumplan --model` under the same CPU budge
 TEST_CASE("run under a tighter budget recovers from OOM by re-planning and writes the new plan", "[cli][run][oom]") {
   const Fixture& f = mlp_plan();
   const int64_t m = f.plan_json["micro_batch"];
+  const int64_t m_max = f.plan_json["max_micro_batch"];
+  REQUIRE(f.plan_json["accumulation_steps"].get<int64_t>() == (64 + m_max - 1) / m_max);  // the fewest
+  REQUIRE(m > 6);
   const double intercept = f.plan_json["fit"]["intercept_bytes"], slope = f.plan_json["fit"]["slope_bytes_per_sample"];
   // Six samples' worth below the planned microbatch's prediction: the planned size cannot fit,
   // sizes of m - 6 and below can (about 20 KiB of margin either way).
