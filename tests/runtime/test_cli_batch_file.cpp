@@ -1,0 +1,71 @@
+// `accumplan --model ... --batch-file batch.pt` end to end through the real binary: real samples
+// (Python's torch.save([inputs..., target], f)) replace the synthetic specs, the plan's setup
+// records the specs read from the file, and a file the model cannot take is refused with the
+// model's own error and the file's name.
+//
+// What it is not: a test of load_batch_file's parsing and tiling (test_model_batch.cpp).
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/torch.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+
+#include "catch_after_torch.h"  // last: after glog's CHECK from LibTorch
+
+using namespace accumplan::test;
+using nlohmann::json;
+
+namespace {
+
+// torch.save([x, y], path) as Python writes it (zip format).
+std::string write_batch(const std::string& path, const at::Tensor& x, const at::Tensor& y) {
+  c10::List<at::Tensor> list;
+  list.push_back(x);
+  list.push_back(y);
+  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(list));
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("CLI --batch-file: real samples are profiled, planned and confirmed; the plan names their specs",
+          "[cli][device][batch-file]") {
+  const std::string dir = scratch_dir("cli-batch-file");
+  torch::manual_seed(7);
+  // Five real samples of builtin:mlp (64 features, classes 0..6): tiled to every probed size.
+  const std::string batch =
+      write_batch(dir + "/batch.pt", torch::randn({5, 64}), torch::tensor({2, 3, 4, 5, 6}, torch::kLong));
+  const CliResult r = run_cli({"--model", "builtin:mlp", "--batch-file", batch, "--target-batch", "128", "--device", "cpu",
+                               "--memory-budget", "2MiB", "--threads", "2", "--no-timing"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json plan = json::parse(r.out);
+  CHECK(plan["confirmed"] == true);
+  CHECK(plan["confirmed_peak_bytes"].get<int64_t>() <= 2 * 1024 * 1024);
+  CHECK(plan["setup"]["inputs"] == json::array({"float32[B,64]"}));
+  CHECK(plan["setup"]["target"] == "int64[B]:7");  // the largest class in the file is 6
+  int64_t sum = 0;
+  for (const auto& n : plan["microbatch_sizes"]) sum += n.get<int64_t>();
+  CHECK(sum == 128);
+}
+
+TEST_CASE("CLI --batch-file: a file the model cannot take, or one given beside --input, exits 2", "[cli][device][batch-file][errors]") {
+  const std::string dir = scratch_dir("cli-batch-file-bad");
+  const std::string narrow = write_batch(dir + "/narrow.pt", torch::randn({4, 63}), torch::zeros({4}, torch::kLong));
+  const CliResult r = run_cli({"--model", "builtin:mlp", "--batch-file", narrow, "--target-batch", "16", "--device", "cpu",
+                               "--memory-budget", "2MiB"});
+  INFO(r.err);
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("--batch-file " + narrow) != std::string::npos);
+  CHECK(r.err.find("mat1 and mat2 shapes cannot be multiplied") != std::string::npos);
+  CHECK(r.out.empty());
+
+  const CliResult both = run_cli({"--model", "builtin:mlp", "--batch-file", narrow, "--input", "float32[B,64]",
+                                  "--target-batch", "16", "--device", "cpu"});
+  CHECK(both.exit_code == 2);
+  CHECK(both.err.find("give either --batch-file or --input/--target specs, not both") != std::string::npos);
+}
