@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/bench.sh — the benchmark in one command: installs what it needs (Debian's PyTorch and
 # torchvision for exporting the models), exports the real models, builds the harness, runs it,
-# and writes tests/bench/results.json and tests/bench/RESULTS.md. About 21 minutes on 2 cores with
-# the build done (20.5 min of it the harness), plus the build of the harness on a cold checkout.
+# and writes tests/bench/results.json and tests/bench/RESULTS.md. 21-27 minutes on 2 cores: the
+# harness took 1228 s and 1508 s in two runs on this kind of machine, plus the build of the harness
+# on a cold checkout (27 min 17 s in all for the second, from a fresh clone).
 # Extra arguments go to the harness (e.g. --models resnet18,vgg11 or --quick).
 set -euo pipefail
 cd "$(dirname "$0")/.."
