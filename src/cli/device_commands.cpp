@@ -219,8 +219,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
   root.add_option("--multiple-of", args->multiple_of, "make every microbatch a multiple of K")->group(plan_group);
   root.add_option("--max-micro-batch", args->max_micro_batch, "never plan a microbatch above M")->group(plan_group);
   root.add_flag("--no-timing", args->no_timing,
-                "plan by memory alone: fewest microbatches, never more because measured step times predict it faster "
-                "(the same plan from run to run)")
+                "plan by memory alone: the fewest microbatches, ignoring measured step times (same plan every run)")
       ->group(plan_group);
   root.add_option("--out", args->out, "write plan.json here (atomically); default stdout")->group(plan_group);
 
