@@ -13,11 +13,12 @@
 namespace accumplan {
 namespace {
 
-// A larger accumulation count is chosen only when predicted this much faster. Step times come
-// from a handful of probe steps and are noisy: with 5% and one timed step per size, the same
-// command on builtin:mlp (1 ms steps, 2 busy cores) planned 3 x 22 in one run and 8 x 8 in the
-// next. A real throughput cliff (a cache or kernel switch) costs tens of percent; fewer, larger
-// microbatches are the safer default, and --no-timing makes the plan depend on memory alone.
+// With --use-timing, a larger accumulation count is chosen only when predicted this much faster.
+// Step times come from a handful of probe steps and are noisy: with 5% and one timed step per
+// size, the same command on builtin:mlp (1 ms steps, 2 busy cores) planned 3 x 22 in one run and
+// 8 x 8 in the next, and even the faster of two timed steps put tinylm's b=8 at 72 ms against
+// 23 ms at b=4 with another process on the machine (a "36% faster" 10 x 4 where 5 x 8 fit).
+// That is why timing is opt-in and memory alone decides by default.
 constexpr double kFasterBy = 0.10;
 
 std::string join(const std::vector<int64_t>& v) { return join_sizes(v); }

@@ -56,7 +56,7 @@ struct DeviceArgs {
   int64_t world_size = 1;
   int64_t multiple_of = 0;
   int64_t max_micro_batch = 0;
-  bool no_timing = false;
+  bool use_timing = false;
   std::string out;
 };
 
@@ -218,8 +218,8 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
       ->group(plan_group);
   root.add_option("--multiple-of", args->multiple_of, "make every microbatch a multiple of K")->group(plan_group);
   root.add_option("--max-micro-batch", args->max_micro_batch, "never plan a microbatch above M")->group(plan_group);
-  root.add_flag("--no-timing", args->no_timing,
-                "plan by memory alone: the fewest microbatches, ignoring measured step times (same plan every run)")
+  root.add_flag("--use-timing", args->use_timing,
+                "also weigh measured step times: more, smaller microbatches when predicted >= 10% faster per window")
       ->group(plan_group);
   root.add_option("--out", args->out, "write plan.json here (atomically); default stdout")->group(plan_group);
 
@@ -288,7 +288,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
             if (runner.budget_bytes()) req.budget.bytes = runner.budget_bytes();
             if (args->multiple_of > 0) req.multiple_of = args->multiple_of;
             if (args->max_micro_batch > 0) req.max_micro_batch = args->max_micro_batch;
-            req.use_timing = !args->no_timing;
+            req.use_timing = args->use_timing;
             const Plan plan = runner.plan_and_confirm(profile, req);
             std::cerr << describe_plan(plan) << steps_summary(plan.trials);
             emit_output(args->out, to_json(plan).dump(2) + "\n");

@@ -25,7 +25,7 @@ struct PlanArgs {
   int64_t world_size = 1;
   int64_t multiple_of = 0;
   int64_t max_micro_batch = 0;
-  bool no_timing = false;
+  bool use_timing = false;
   std::string split = "balanced";
   std::string out;
 };
@@ -54,8 +54,8 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
       ->capture_default_str();
   plan->add_option("--multiple-of", args->multiple_of, "make every microbatch a multiple of K");
   plan->add_option("--max-micro-batch", args->max_micro_batch, "never plan a microbatch above M");
-  plan->add_flag("--no-timing", args->no_timing,
-                 "plan by memory alone: fewest microbatches, ignoring the profile's step times");
+  plan->add_flag("--use-timing", args->use_timing,
+                "also weigh measured step times: more, smaller microbatches when predicted >= 10% faster per window");
   plan->add_option("--split", args->split, "balanced: k sizes differing by at most one; uniform: equal sizes")
       ->capture_default_str();
   plan->add_option("--out", args->out, "write plan.json here (atomically); default stdout");
@@ -69,7 +69,7 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
                         req.headroom = args->headroom;
                         if (args->multiple_of != 0) req.multiple_of = args->multiple_of;
                         if (args->max_micro_batch != 0) req.max_micro_batch = args->max_micro_batch;
-                        req.use_timing = !args->no_timing;
+                        req.use_timing = args->use_timing;
                         req.split = args->split;
                         const Plan p = make_plan(profile, req);
                         std::cerr << describe_plan(p);

@@ -107,9 +107,10 @@ Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* no
     if (unit > 1) req.multiple_of = unit;
     req.max_micro_batch = bound;
     req.split = plan.split;
-    // The fewest microbatches under the bound: the profile's step times are a few probe steps
-    // old and noisy, and a recovery that also trades throughput guesses (seen: 16 x 4 where
-    // 4 x 16 fit) is harder to reason about than one that only shrinks.
+    // The fewest microbatches under the bound, whatever the original plan weighed: the
+    // profile's step times are a few probe steps old and noisy, and a recovery that also trades
+    // throughput guesses (seen: 16 x 4 where 4 x 16 fit) is harder to reason about than one
+    // that only shrinks.
     req.use_timing = false;
     try {
       Plan solved_plan = make_plan(profile_of(plan), req);

@@ -49,10 +49,10 @@ TEST_CASE("CLI plan: --out writes the file atomically and leaves no temp file", 
   CHECK(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator{}) == 1);
 }
 
-TEST_CASE("CLI plan: step times with a throughput cliff add microbatches; --no-timing plans by memory alone",
+TEST_CASE("CLI plan: memory alone decides by default; --use-timing adds microbatches at a throughput cliff",
           "[cli][plan][timing]") {
   // The golden profile with its largest point made 3x slower per sample: 8 costs 0.393 s, so
-  // microbatches of 4 (0.068 s) win by far; memory alone would take the fewest microbatches.
+  // microbatches of 4 (0.068 s) win by far with --use-timing; by default the fewest microbatches.
   json profile = json::parse(slurp(kProfile));
   profile["points"].back()["step_seconds"] = 0.393;
   const std::string dir = scratch_dir("plan-timing");
@@ -60,16 +60,16 @@ TEST_CASE("CLI plan: step times with a throughput cliff add microbatches; --no-t
   std::ofstream(path) << profile.dump(2);
   const std::vector<std::string> args = {"plan", "--profile", path, "--target-batch", "64", "--max-micro-batch", "8"};
 
-  const CliResult timed = run_cli(args);
+  std::vector<std::string> with_timing = args;
+  with_timing.push_back("--use-timing");
+  const CliResult timed = run_cli(with_timing);
   INFO(timed.err);
   REQUIRE(timed.exit_code == 0);
   const json a = json::parse(timed.out);
   CHECK(a["accumulation_steps"].get<int>() > 8);
   CHECK(a["reason"].get<std::string>().find("faster per window than 8") != std::string::npos);
 
-  std::vector<std::string> memory_only = args;
-  memory_only.push_back("--no-timing");
-  const CliResult plain = run_cli(memory_only);
+  const CliResult plain = run_cli(args);
   INFO(plain.err);
   REQUIRE(plain.exit_code == 0);
   const json b = json::parse(plain.out);

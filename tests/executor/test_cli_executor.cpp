@@ -39,15 +39,15 @@ struct Fixture {
 const Fixture& mlp_plan() {
   static const Fixture f = [] {
     Fixture x;
-    // --no-timing: these cases need the largest microbatch that fits, not one that 1 ms step
-    // times on a busy machine happened to predict faster (a CI run planned 12 microbatches of up
-    // to 6, leaving the OOM case below no smaller size to recover to).
+    // Memory alone (the default, no --use-timing): these cases need the largest microbatch that
+    // fits, not one that 1 ms step times on a busy machine happened to predict faster (a CI run
+    // planned 12 microbatches of up to 6, leaving the OOM case below no smaller size to recover to).
     // One directory per process: ctest -j2 runs these cases as concurrent processes, and a shared
     // name let one case empty the directory while another read its plan.json.
     x.dir = scratch_dir("executor-cli-" + std::to_string(::getpid()));
     x.plan = x.dir + "/plan.json";
     const CliResult r = run_cli({"--model", "builtin:mlp", "--target-batch", "64", "--device", "cpu", "--memory-budget",
-                                 kBudget, "--threads", "2", "--no-timing", "--out", x.plan});
+                                 kBudget, "--threads", "2", "--out", x.plan});
     if (r.exit_code != 0) throw std::runtime_error("accumplan --model builtin:mlp failed: " + r.err);
     x.plan_json = json::parse(slurp(x.plan));
     return x;

@@ -221,6 +221,7 @@ TEST_CASE("Solver: measured step times may choose more microbatches, and the rea
   }
   PlanRequest r = request(64, int64_t{1} << 40);
   r.max_micro_batch = 32;
+  r.use_timing = true;
   const Plan plan = make_plan(p, r);
   CHECK(plan.accumulation_steps > 2);
   CHECK(plan.reason.find("faster per window than 2") != std::string::npos);
@@ -246,6 +247,7 @@ TEST_CASE("Solver: a predicted gain under 10% keeps the fewest microbatches", "[
   }
   PlanRequest r = request(64, int64_t{1} << 40);
   r.max_micro_batch = 22;
+  r.use_timing = true;
   const Plan plan = make_plan(p, r);
   CHECK(plan.microbatch_sizes == std::vector<int64_t>{22, 21, 21});
   CHECK(plan.reason.find("faster") == std::string::npos);

@@ -40,7 +40,7 @@ TEST_CASE("CLI --batch-file: real samples are profiled, planned and confirmed; t
   const std::string batch =
       write_batch(dir + "/batch.pt", torch::randn({5, 64}), torch::tensor({2, 3, 4, 5, 6}, torch::kLong));
   const CliResult r = run_cli({"--model", "builtin:mlp", "--batch-file", batch, "--target-batch", "128", "--device", "cpu",
-                               "--memory-budget", "2MiB", "--threads", "2", "--no-timing"});
+                               "--memory-budget", "2MiB", "--threads", "2"});
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   const json plan = json::parse(r.out);

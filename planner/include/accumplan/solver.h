@@ -4,8 +4,9 @@
 // per update; m_max = the largest microbatch predicted to fit budget·(1 − headroom), bounded by T,
 // --max-micro-batch and --multiple-of; k = ceil(T / m_max); T split into k sizes that differ by at
 // most one unit (`balanced`, 256 with m_max 60 → 52,51,51,51,51) or into equal sizes that divide T
-// (`uniform`); weights n_i / T. When step times were measured, a larger k may be chosen if it is
-// predicted at least 10% faster, and `reason` says so.
+// (`uniform`); weights n_i / T. With use_timing and measured step times, a larger k may be chosen
+// if it is predicted at least 10% faster, and `reason` says so (off by default: timings of a few
+// probe steps are noisy, and the plan should be the same from run to run).
 // What it is not: a measurement. Plans from `accumplan plan` are `confirmed: false` until a real
 // step at micro_batch has run (the profiler does that).
 #pragma once
@@ -28,7 +29,7 @@ struct PlanRequest {
   std::optional<int64_t> multiple_of;     // every microbatch a multiple of this
   std::optional<int64_t> max_micro_batch; // user bound, e.g. from a failed step
   std::string split = "balanced";         // balanced | uniform
-  bool use_timing = true;                 // may pick a larger k when predicted faster
+  bool use_timing = false;                // opt-in: may pick a larger k when predicted >= 10% faster
 };
 
 // Splits `total` samples into `parts` sizes that differ by at most `unit`, larger ones first, all
