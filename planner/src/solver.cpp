@@ -37,8 +37,9 @@ void validate(const PlanRequest& r) {
     throw InputError("--world-size must be at least 1, got " + std::to_string(r.world_size));
   }
   if (!(r.headroom >= 0.0 && r.headroom < 1.0)) {
-    throw InputError("--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got " +
-                     std::to_string(r.headroom));
+    std::ostringstream got;
+    got << r.headroom;
+    throw InputError("--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got " + got.str());
   }
   if (r.multiple_of && *r.multiple_of < 1) {
     throw InputError("--multiple-of must be at least 1, got " + std::to_string(*r.multiple_of));
@@ -169,17 +170,22 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   if (user_bound) m_max = *request.max_micro_batch;
   m_max = (m_max / unit) * unit;
 
-  // Fewest microbatches first; then, with timing, a larger count if clearly faster.
+  // Fewest microbatches first; then, with --use-timing, a larger count if clearly faster.
   std::vector<int64_t> sizes = split_samples(T, m_max, request.split, unit);
-  std::string timing_note;
+  const size_t k_min = sizes.size();
+  std::string timing_note;  // what --use-timing did, for `reason`; empty without it
   std::optional<TimeModel> time;
   if (TimeModel::available(profile)) time = TimeModel::fit(profile);
-  if (time && request.use_timing && request.split == "balanced") {
-    const int64_t k_min = static_cast<int64_t>(sizes.size());
+  if (request.use_timing && !time) {
+    timing_note = "; --use-timing had no effect: the profile has no step times at two sizes or more";
+  } else if (request.use_timing && request.split != "balanced") {
+    timing_note = "; --use-timing had no effect: it weighs balanced splits only, not --split " + request.split;
+  } else if (request.use_timing) {
     const double t_min = time->window_seconds(sizes);
     double best = t_min;
     std::vector<int64_t> best_sizes = sizes;
-    for (int64_t k = k_min + 1; k <= std::min(T / unit, 4 * k_min); ++k) {
+    const int64_t k_first = static_cast<int64_t>(k_min);
+    for (int64_t k = k_first + 1; k <= std::min(T / unit, 4 * k_first); ++k) {
       auto candidate = balanced_split(T, k, unit);
       const double t = time->window_seconds(candidate);
       if (t < best) {
@@ -187,13 +193,16 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
         best_sizes = candidate;
       }
     }
-    if (best < t_min * (1.0 - kFasterBy)) {
+    if (best <= t_min * (1.0 - kFasterBy)) {  // "at least 10% faster", as --help says
       char buf[160];
       std::snprintf(buf, sizeof buf,
-                    "; measured step times predict %zu microbatches %.0f%% faster per window than %lld",
-                    best_sizes.size(), 100.0 * (1.0 - best / t_min), static_cast<long long>(k_min));
+                    "; with --use-timing, measured step times predict %zu microbatches %.0f%% faster per window "
+                    "than %zu, so %zu are used",
+                    best_sizes.size(), 100.0 * (1.0 - best / t_min), k_min, best_sizes.size());
       timing_note = buf;
       sizes = best_sizes;
+    } else {
+      timing_note = "; --use-timing found no split predicted at least " + pct(kFasterBy) + " faster per window";
     }
   }
 
@@ -243,10 +252,13 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
           << m_fit;
       if (m_max != m_fit) why << ", " << m_max << " as a multiple of " << unit;
     }
-    why << "; " << T << " samples per rank need " << sizes.size() << " microbatches, split "
-        << request.split << " as " << join(sizes);
+    why << "; " << T << " samples per rank need " << k_min << " microbatches";
   }
-  why << timing_note << ".";
+  why << timing_note;
+  if (!(m_max >= T && sizes.size() == 1)) {
+    why << (timing_note.empty() ? ", split " : "; split ") << request.split << " as " << join(sizes);
+  }
+  why << ".";
   plan.reason = why.str();
 
   plan.device = profile.device;

@@ -55,6 +55,7 @@ struct DeviceArgs {
   double headroom = 0.10;
   int64_t world_size = 1;
   int64_t multiple_of = 0;
+  CLI::Option* multiple_of_option = nullptr;
   int64_t max_micro_batch = 0;
   bool use_timing = false;
   std::string out;
@@ -216,10 +217,12 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
   root.add_option("--world-size", args->world_size, "data-parallel ranks W; B must be divisible by W")
       ->capture_default_str()
       ->group(plan_group);
-  root.add_option("--multiple-of", args->multiple_of, "make every microbatch a multiple of K")->group(plan_group);
+  args->multiple_of_option =
+      root.add_option("--multiple-of", args->multiple_of, "make every microbatch a multiple of K")->group(plan_group);
   root.add_option("--max-micro-batch", args->max_micro_batch, "never plan a microbatch above M")->group(plan_group);
   root.add_flag("--use-timing", args->use_timing,
-                "also weigh measured step times: more, smaller microbatches when predicted >= 10% faster per window")
+                "off by default: also weigh the measured step times, taking more, smaller microbatches when a balanced "
+                "split is predicted at least 10% faster per window")
       ->group(plan_group);
   root.add_option("--out", args->out, "write plan.json here (atomically); default stdout")->group(plan_group);
 
@@ -273,8 +276,9 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
                                     " is not divisible by --world-size " + std::to_string(args->world_size));
             }
             if (!(args->headroom >= 0 && args->headroom < 1)) {
-              throw InputError("--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got " +
-                               std::to_string(args->headroom));
+              std::ostringstream got;
+              got << args->headroom;
+              throw InputError("--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got " + got.str());
             }
             RunnerOptions o = runner_options(*args);
             o.max_probe_micro_batch = args->target_batch / args->world_size;
@@ -286,7 +290,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
             req.world_size = args->world_size;
             req.headroom = args->headroom;
             if (runner.budget_bytes()) req.budget.bytes = runner.budget_bytes();
-            if (args->multiple_of > 0) req.multiple_of = args->multiple_of;
+            if (args->multiple_of_option->count() > 0) req.multiple_of = args->multiple_of;  // the solver refuses K < 1
             if (args->max_micro_batch > 0) req.max_micro_batch = args->max_micro_batch;
             req.use_timing = args->use_timing;
             const Plan plan = runner.plan_and_confirm(profile, req);

@@ -24,6 +24,7 @@ struct PlanArgs {
   double headroom = 0.10;
   int64_t world_size = 1;
   int64_t multiple_of = 0;
+  CLI::Option* multiple_of_option = nullptr;
   int64_t max_micro_batch = 0;
   bool use_timing = false;
   std::string split = "balanced";
@@ -52,10 +53,11 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
       ->capture_default_str();
   plan->add_option("--world-size", args->world_size, "data-parallel ranks W; B must be divisible by W")
       ->capture_default_str();
-  plan->add_option("--multiple-of", args->multiple_of, "make every microbatch a multiple of K");
+  args->multiple_of_option = plan->add_option("--multiple-of", args->multiple_of, "make every microbatch a multiple of K");
   plan->add_option("--max-micro-batch", args->max_micro_batch, "never plan a microbatch above M");
   plan->add_flag("--use-timing", args->use_timing,
-                "also weigh measured step times: more, smaller microbatches when predicted >= 10% faster per window");
+                "off by default: also weigh the profile's step times, taking more, smaller microbatches when a "
+                "balanced split is predicted at least 10% faster per window");
   plan->add_option("--split", args->split, "balanced: k sizes differing by at most one; uniform: equal sizes")
       ->capture_default_str();
   plan->add_option("--out", args->out, "write plan.json here (atomically); default stdout");
@@ -67,7 +69,7 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
                         req.world_size = args->world_size;
                         if (!args->budget.empty()) req.budget = parse_budget(args->budget, "--memory-budget");
                         req.headroom = args->headroom;
-                        if (args->multiple_of != 0) req.multiple_of = args->multiple_of;
+                        if (args->multiple_of_option->count() > 0) req.multiple_of = args->multiple_of;  // solver refuses K < 1
                         if (args->max_micro_batch != 0) req.max_micro_batch = args->max_micro_batch;
                         req.use_timing = args->use_timing;
                         req.split = args->split;

@@ -224,7 +224,8 @@ TEST_CASE("Solver: measured step times may choose more microbatches, and the rea
   r.use_timing = true;
   const Plan plan = make_plan(p, r);
   CHECK(plan.accumulation_steps > 2);
-  CHECK(plan.reason.find("faster per window than 2") != std::string::npos);
+  CHECK(plan.reason.find("faster per window than 2, so") != std::string::npos);
+  CHECK(plan.reason.find("need 2 microbatches") != std::string::npos);  // memory's answer, then timing's
   REQUIRE(plan.timing);
   CHECK(plan.timing->window_seconds < 2.0);
 
@@ -250,9 +251,29 @@ TEST_CASE("Solver: a predicted gain under 10% keeps the fewest microbatches", "[
   r.use_timing = true;
   const Plan plan = make_plan(p, r);
   CHECK(plan.microbatch_sizes == std::vector<int64_t>{22, 21, 21});
-  CHECK(plan.reason.find("faster") == std::string::npos);
+  CHECK(plan.reason.find("--use-timing found no split predicted at least 10% faster per window") != std::string::npos);
   REQUIRE(plan.timing);
   CHECK(plan.timing->window_seconds == Approx(0.0688).epsilon(0.01));
+}
+
+TEST_CASE("Solver: --use-timing that cannot apply says so in the reason", "[solver][timing]") {
+  Profile p = linear_profile(MiB, MiB, MiB);  // no step times
+  PlanRequest r = request(64, int64_t{1} << 40);
+  r.max_micro_batch = 8;
+  r.use_timing = true;
+  const Plan untimed = make_plan(p, r);
+  CHECK(untimed.accumulation_steps == 8);
+  CHECK(untimed.reason.find("--use-timing had no effect: the profile has no step times") != std::string::npos);
+
+  for (auto& pt : p.points) pt.step_seconds = 0.001 * static_cast<double>(pt.micro_batch);
+  r.split = "uniform";
+  const Plan uniform = make_plan(p, r);
+  CHECK(uniform.accumulation_steps == 8);
+  CHECK(uniform.reason.find("--use-timing had no effect: it weighs balanced splits only, not --split uniform") !=
+        std::string::npos);
+
+  r.use_timing = false;
+  CHECK(make_plan(p, r).reason.find("timing") == std::string::npos);
 }
 
 TEST_CASE("Solver: split_samples covers a short last window with the fewest microbatches", "[solver]") {

@@ -96,6 +96,23 @@ TEST_CASE("CLI: bad input exits 2 with a message naming the problem", "[cli][dev
   expect_input_error({"--model", "builtin:mlp", "--device", "cpu"}, "--target-batch is required");
   expect_input_error(with(kMlp, {"--world-size", "3"}), "not divisible");
   expect_input_error(with(kMlp, {"--memory-budget", "12 GiB"}), "is not a size");
+  expect_input_error(with(kMlp, {"--headroom", "1.5"}), "got 1.5");
+  expect_input_error(with(kMlp, {"--memory-budget", "2MiB", "--multiple-of", "0"}), "--multiple-of must be at least 1, got 0");
+}
+
+TEST_CASE("CLI main job: --use-timing weighs the measured step times and the reason says what came of it",
+          "[cli][device][timing]") {
+  const CliResult r = run_cli(with(kMlp, {"--memory-budget", "2MiB", "--threads", "2", "--use-timing"}));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const std::string reason = json::parse(r.out)["reason"];
+  // Either outcome is legitimate (step times vary with the machine's load); silence is not.
+  const bool used = reason.find("with --use-timing, measured step times predict") != std::string::npos;
+  const bool weighed = reason.find("--use-timing found no split predicted at least 10% faster") != std::string::npos;
+  CHECK((used || weighed));
+  const CliResult plain = run_cli(with(kMlp, {"--memory-budget", "2MiB", "--threads", "2"}));
+  REQUIRE(plain.exit_code == 0);
+  CHECK(json::parse(plain.out)["reason"].get<std::string>().find("timing") == std::string::npos);
 }
 
 TEST_CASE("CLI: `accumplan plan` still parses beside the root job's options", "[cli][device]") {
