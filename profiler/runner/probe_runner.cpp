@@ -2,6 +2,7 @@
 #include "runner/probe_runner.h"
 
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 #include <torch/optim.h>
 #include <torch/script.h>
 #include <torch/version.h>
@@ -228,8 +229,15 @@ StepMeasurement ProbeRunner::measure(int64_t micro_batch) {
     // Steady-state microbatches (gradients already there) are timed twice and the faster kept:
     // one timed step of 1 ms varied by tens of percent with another process on the other core,
     // enough to sway the solver's timing choice.
+    // CUDA kernels run asynchronously: without a synchronize on both sides the clock would time
+    // the launches, not the work (no-op on the CPU).
+    auto sync = [&] {
+      if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+    };
+    sync();
     const auto t_first = Clock::now();
     microbatch(micro_batch, 2);
+    sync();
     const double first_step_seconds = seconds_since(t_first);
     track();
     probe_.reset_peak();
@@ -238,8 +246,10 @@ StepMeasurement ProbeRunner::measure(int64_t micro_batch) {
     track();
     zero_gradients();
     probe_.reset_peak();
+    sync();
     const auto t1 = Clock::now();
     microbatch(micro_batch, 1);
+    sync();
     m.step_seconds = std::min(first_step_seconds, seconds_since(t1));
     m.peak_bytes = probe_.peak_bytes();
     m.reserved_peak_bytes = probe_.reserved_peak_bytes();
