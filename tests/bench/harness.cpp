@@ -115,6 +115,10 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
   req.target_batch = T;
   req.budget.bytes = budget.budget_bytes;
   req.headroom = headroom;
+  // Memory alone, as `accumplan` plans by default. (The run committed at a5c399e had timing on
+  // by the default of then; no row took a timing-based split: every planned microbatch there is
+  // the balanced split of max_micro_batch.)
+  req.use_timing = false;
   const ap::Plan plan = runner.plan_and_confirm(profile, req);
   const double plan_seconds = seconds_since(t0);
   const int64_t plan_trials = static_cast<int64_t>(profile.trials.size());

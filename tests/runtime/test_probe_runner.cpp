@@ -136,7 +136,6 @@ TEST_CASE("the planned microbatch is confirmed and at least 90% of the brute-for
   PlanRequest req;
   req.target_batch = 8192;  // many microbatches, so the balanced split sits close to m_max
   req.headroom = 0.03;
-  req.use_timing = false;   // timing noise must not pick a smaller microbatch here
   const Plan plan = runner.plan_and_confirm(profile, req);
   REQUIRE(plan.confirmed);
   REQUIRE(plan.confirmed_peak_bytes);
@@ -181,7 +180,6 @@ TEST_CASE("a confirm step that runs out of memory lowers the bound and confirms 
   Profile profile = runner.profile();
   PlanRequest req;
   req.target_batch = 1024;
-  req.use_timing = false;
   const Plan first = make_plan(profile, req);
   probe->fail_allocation_after(1);  // the confirm step's first allocation fails as an OOM
   const Plan plan = runner.plan_and_confirm(profile, req);
