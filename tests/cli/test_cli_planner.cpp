@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_expect.h"  // after Catch
 #include "cli_runner.h"
 
 using namespace accumplan::test;
@@ -13,16 +14,6 @@ using nlohmann::json;
 
 namespace {
 const std::string kProfile = source_path("tests/golden/profile.json");
-
-// Every bad-input case: exit 2 and one "accumplan: error:" line that mentions `needle`.
-void expect_input_error(const std::vector<std::string>& args, const std::string& needle) {
-  const CliResult r = run_cli(args);
-  INFO(r.err);
-  CHECK(r.exit_code == 2);
-  CHECK(r.err.find("accumplan: error:") != std::string::npos);
-  CHECK(r.err.find(needle) != std::string::npos);
-  CHECK(r.out.empty());
-}
 }  // namespace
 
 TEST_CASE("CLI plan: writes plan JSON to stdout and a summary to stderr", "[cli][plan]") {

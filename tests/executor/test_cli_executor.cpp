@@ -5,7 +5,6 @@
 // bad input exits 2 with a clear message.
 //
 // What it is not: a test of the planner's or profiler's numbers (their own tests), nor timing.
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -17,6 +16,7 @@
 
 #include "cli_runner.h"
 #include "executor_fixtures.h"
+#include "torch_save_file.h"
 
 // Last: torch/torch.h brings glog's CHECK macro, which would shadow Catch's.
 #undef CHECK
@@ -57,16 +57,6 @@ const Fixture& mlp_plan() {
 
 std::string write_json(const std::string& path, const json& j) {
   std::ofstream(path) << j.dump(2);
-  return path;
-}
-
-// torch.save([x, y], f) as Python writes it (zip format).
-std::string write_data(const std::string& path, const at::Tensor& x, const at::Tensor& y) {
-  c10::List<at::Tensor> list;
-  list.push_back(x);
-  list.push_back(y);
-  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(list));
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   return path;
 }
 
@@ -135,7 +125,7 @@ TEST_CASE("run under a tighter budget recovers from OOM by re-planning and write
 TEST_CASE("run over a data file: epochs of ceil(N/B) windows, the last one short", "[cli][run][epoch]") {
   const Fixture& f = mlp_plan();
   torch::manual_seed(3);
-  const std::string data = write_data(f.dir + "/data.pt", torch::randn({150, 64}), torch::randint(0, 10, {150}, torch::kLong));
+  const std::string data = write_torch_save(f.dir + "/data.pt", {torch::randn({150, 64}), torch::randint(0, 10, {150}, torch::kLong)});
   const std::string stats = f.dir + "/stats-epochs.json";
   const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--data", data, "--epochs", "2", "--threads",
                                "2", "--stats", stats});
@@ -181,14 +171,14 @@ TEST_CASE("run refuses bad input with exit code 2 and a clear message", "[cli][r
     CHECK(forced.err.find("running anyway (--force)") != std::string::npos);
   }
   SECTION("a data file whose shapes do not match the plan's inputs") {
-    const std::string data = write_data(f.dir + "/bad-shape.pt", torch::randn({10, 63}), torch::randint(0, 10, {10}, torch::kLong));
+    const std::string data = write_torch_save(f.dir + "/bad-shape.pt", {torch::randn({10, 63}), torch::randint(0, 10, {10}, torch::kLong)});
     const CliResult r = run(f.plan, {"--data", data});
     CHECK(r.exit_code == 2);
     CHECK(r.err.find("--data") != std::string::npos);
     CHECK(r.err.find("float32[B,64]") != std::string::npos);
   }
   SECTION("a data file whose tensors disagree on the sample count") {
-    const std::string data = write_data(f.dir + "/bad-count.pt", torch::randn({10, 64}), torch::randint(0, 10, {9}, torch::kLong));
+    const std::string data = write_torch_save(f.dir + "/bad-count.pt", {torch::randn({10, 64}), torch::randint(0, 10, {9}, torch::kLong)});
     const CliResult r = run(f.plan, {"--data", data});
     CHECK(r.exit_code == 2);
     CHECK(r.err.find("--data") != std::string::npos);

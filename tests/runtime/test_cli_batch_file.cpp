@@ -4,33 +4,17 @@
 // model's own error and the file's name.
 //
 // What it is not: a test of load_batch_file's parsing and tiling (test_model_batch.cpp).
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/torch.h>
-
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
+#include "torch_save_file.h"
 
 #include "catch_after_torch.h"  // last: after glog's CHECK from LibTorch
 
 using namespace accumplan::test;
 using nlohmann::json;
-
-namespace {
-
-// torch.save([x, y], path) as Python writes it (zip format).
-std::string write_batch(const std::string& path, const at::Tensor& x, const at::Tensor& y) {
-  c10::List<at::Tensor> list;
-  list.push_back(x);
-  list.push_back(y);
-  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(list));
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  return path;
-}
-
-}  // namespace
 
 TEST_CASE("CLI --batch-file: real samples are profiled, planned and confirmed; the plan names their specs",
           "[cli][device][batch-file]") {
@@ -38,7 +22,7 @@ TEST_CASE("CLI --batch-file: real samples are profiled, planned and confirmed; t
   torch::manual_seed(7);
   // Five real samples of builtin:mlp (64 features, classes 0..6): tiled to every probed size.
   const std::string batch =
-      write_batch(dir + "/batch.pt", torch::randn({5, 64}), torch::tensor({2, 3, 4, 5, 6}, torch::kLong));
+      write_torch_save(dir + "/batch.pt", {torch::randn({5, 64}), torch::tensor({2, 3, 4, 5, 6}, torch::kLong)});
   const CliResult r = run_cli({"--model", "builtin:mlp", "--batch-file", batch, "--target-batch", "128", "--device", "cpu",
                                "--memory-budget", "2MiB", "--threads", "2"});
   INFO(r.err);
@@ -55,7 +39,7 @@ TEST_CASE("CLI --batch-file: real samples are profiled, planned and confirmed; t
 
 TEST_CASE("CLI --batch-file: a file the model cannot take, or one given beside --input, exits 2", "[cli][device][batch-file][errors]") {
   const std::string dir = scratch_dir("cli-batch-file-bad");
-  const std::string narrow = write_batch(dir + "/narrow.pt", torch::randn({4, 63}), torch::zeros({4}, torch::kLong));
+  const std::string narrow = write_torch_save(dir + "/narrow.pt", {torch::randn({4, 63}), torch::zeros({4}, torch::kLong)});
   const CliResult r = run_cli({"--model", "builtin:mlp", "--batch-file", narrow, "--target-batch", "16", "--device", "cpu",
                                "--memory-budget", "2MiB"});
   INFO(r.err);

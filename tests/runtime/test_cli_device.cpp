@@ -8,20 +8,12 @@
 #include "cli_runner.h"
 
 #include "catch_after_torch.h"  // last: after glog's CHECK from LibTorch
+#include "cli_expect.h"        // after Catch
 
 using namespace accumplan::test;
 using nlohmann::json;
 
 namespace {
-
-void expect_input_error(const std::vector<std::string>& args, const std::string& needle) {
-  const CliResult r = run_cli(args);
-  INFO(r.err);
-  CHECK(r.exit_code == 2);
-  CHECK(r.err.find("accumplan: error:") != std::string::npos);
-  CHECK(r.err.find(needle) != std::string::npos);
-  CHECK(r.out.empty());
-}
 
 const std::vector<std::string> kMlp = {"--model", "builtin:mlp", "--device", "cpu", "--target-batch", "512"};
 

@@ -1,5 +1,4 @@
 // Model loading (files and built-ins) and batches (synthetic, from a torch.save file, tiled).
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/script.h>
 
 #include <fstream>
@@ -9,6 +8,7 @@
 #include "cli_runner.h"
 #include "runtime/batch.h"
 #include "runtime/model.h"
+#include "torch_save_file.h"
 
 #include "catch_after_torch.h"  // last: after glog's CHECK from LibTorch
 
@@ -83,16 +83,10 @@ TEST_CASE("synthetic batches are seeded, shaped by their specs, and integers sta
 }
 
 TEST_CASE("a torch.save list of tensors loads as a batch and tiles to any size", "[batch]") {
-  // torch::jit::pickle_save writes the zip format Python's torch.save writes by default.
   const at::Tensor x = at::arange(12, at::kFloat).reshape({3, 4});
   const at::Tensor y = at::tensor({0, 1, 2}, at::kLong);
-  c10::List<at::Tensor> list;
-  list.push_back(x);
-  list.push_back(y);
-  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(list));
   const std::string dir = test::scratch_dir("batch-file");
-  const std::string path = dir + "/batch.pt";
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  const std::string path = test::write_torch_save(dir + "/batch.pt", {x, y});
 
   const Batch b = load_batch_file(path, true);
   REQUIRE(b.inputs.size() == 1);
@@ -108,10 +102,6 @@ TEST_CASE("a torch.save list of tensors loads as a batch and tiles to any size",
   CHECK_THROWS_WITH(load_batch_file(dir + "/missing.pt", true), Catch::Contains("cannot open"));
   std::ofstream(dir + "/bad.pt") << "garbage";
   CHECK_THROWS_WITH(load_batch_file(dir + "/bad.pt", true), Catch::Contains("is not a file written by torch.save"));
-  c10::List<at::Tensor> uneven;
-  uneven.push_back(x);
-  uneven.push_back(at::zeros({2}, at::kLong));
-  const std::vector<char> ub = torch::jit::pickle_save(c10::IValue(uneven));
-  std::ofstream(dir + "/uneven.pt", std::ios::binary).write(ub.data(), static_cast<std::streamsize>(ub.size()));
+  test::write_torch_save(dir + "/uneven.pt", {x, at::zeros({2}, at::kLong)});
   CHECK_THROWS_WITH(load_batch_file(dir + "/uneven.pt", true), Catch::Contains("dim 0 must be the samples"));
 }
