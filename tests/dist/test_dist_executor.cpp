@@ -176,6 +176,18 @@ Reference reference_updates(const Scenario& s,
   return out;
 }
 
+// Window w's gradient (from one rank) and updated parameters (from one rank) against the
+// single-process reference: both within 1e-5 relative, each reported as a figure.
+void check_matches_reference(const RankRun& grads_from, const RankRun& params_from, const Reference& ref, size_t w,
+                             const std::string& what, const std::string& reference_name = "full batch") {
+  const auto grad_vs_ref = compare_tensors(grads_from.grads[w], ref.grads[w]);
+  report(what + ": gradient rel vs " + reference_name, grad_vs_ref.max_rel);
+  CHECK(grad_vs_ref.max_rel <= 1e-5);
+  const auto vs_ref = compare_tensors(params_from.params[w], ref.params[w]);
+  report(what + ": update rel vs " + reference_name, vs_ref.max_rel);
+  CHECK(vs_ref.max_rel <= 1e-5);
+}
+
 }  // namespace
 
 TEST_CASE("dist worker", "[.]") {
@@ -205,12 +217,7 @@ TEST_CASE("2 ranks, samples: each window's update equals the single-process full
       CHECK(std::abs(st["loss"].get<double>() - ref.losses[w]) <= 1e-5 * std::abs(ref.losses[w]));
     }
     const std::string what = "dist samples window " + std::to_string(w) + " (" + std::to_string(global[w]) + " samples)";
-    const auto grad_vs_ref = compare_tensors(runs[0].grads[w], ref.grads[w]);
-    report(what + ": gradient rel vs full batch", grad_vs_ref.max_rel);
-    CHECK(grad_vs_ref.max_rel <= 1e-5);
-    const auto vs_ref = compare_tensors(runs[0].params[w], ref.params[w]);
-    report(what + ": update rel vs full batch", vs_ref.max_rel);
-    CHECK(vs_ref.max_rel <= 1e-5);
+    check_matches_reference(runs[0], runs[0], ref, w, what);
     // Same all-reduced gradient, same SGD: the replicas are bitwise equal, not merely close.
     CHECK(compare_tensors(runs[0].params[w], runs[1].params[w]).max_abs == 0.0);
   }
@@ -225,12 +232,7 @@ TEST_CASE("2 ranks, tokens: weighted by the global valid-token count (32 on rank
   const Reference ref = reference_updates(s);
   CHECK(runs[0].stats["windows"][0]["units"] == 36);
   CHECK(runs[1].stats["windows"][0]["units"] == 36);
-  const auto grad_vs_ref = compare_tensors(runs[1].grads[0], ref.grads[0]);
-  report("dist tokens (32 + 4 valid tokens): gradient rel vs full batch", grad_vs_ref.max_rel);
-  CHECK(grad_vs_ref.max_rel <= 1e-5);
-  const auto vs_ref = compare_tensors(runs[0].params[0], ref.params[0]);
-  report("dist tokens (32 + 4 valid tokens): update rel vs full batch", vs_ref.max_rel);
-  CHECK(vs_ref.max_rel <= 1e-5);
+  check_matches_reference(runs[1], runs[0], ref, 0, "dist tokens (32 + 4 valid tokens)");
   CHECK(compare_tensors(runs[0].params[0], runs[1].params[0]).max_abs == 0.0);
   CHECK(std::abs(runs[1].stats["windows"][0]["loss"].get<double>() - ref.losses[0]) <= 1e-5 * std::abs(ref.losses[0]));
 
@@ -272,12 +274,7 @@ TEST_CASE("2 ranks, OOM injected on rank 1 only: both ranks recover, re-plan ali
     CHECK(st["windows"][0]["gradient_exchanges"] == 1);
   }
   CHECK(compare_tensors(runs[0].params[0], runs[1].params[0]).max_abs == 0.0);
-  const auto grad_vs_ref = compare_tensors(runs[1].grads[0], ref.grads[0]);
-  report("dist OOM on rank 1, recovered: gradient rel vs no-OOM full batch", grad_vs_ref.max_rel);
-  CHECK(grad_vs_ref.max_rel <= 1e-5);
-  const auto vs_ref = compare_tensors(runs[1].params[0], ref.params[0]);
-  report("dist OOM on rank 1, recovered: update rel vs no-OOM full batch", vs_ref.max_rel);
-  CHECK(vs_ref.max_rel <= 1e-5);
+  check_matches_reference(runs[1], runs[1], ref, 0, "dist OOM on rank 1, recovered", "no-OOM full batch");
 }
 
 TEST_CASE("2 ranks: one gradient exchange per window, one counter reduce per microbatch round plus one for the counts",

@@ -28,6 +28,20 @@ PlanRequest request(int64_t B, int64_t budget_bytes) {
   return r;
 }
 
+// peak(b) = persistent + 1 MiB + 1 MiB·b at each (size, step seconds) given.
+Profile timed_profile(const std::vector<std::pair<int64_t, double>>& times) {
+  Profile p = linear_profile(MiB, MiB, MiB);
+  p.points.clear();
+  for (const auto& [b, t] : times) {
+    ProfilePoint pt;
+    pt.micro_batch = b;
+    pt.peak_bytes = p.persistent.total() + MiB + MiB * b;
+    pt.step_seconds = t;
+    p.points.push_back(pt);
+  }
+  return p;
+}
+
 std::string error_of(const Profile& p, const PlanRequest& r) {
   try {
     make_plan(p, r);
@@ -208,17 +222,8 @@ TEST_CASE("Solver: sizes sum to T and weights to 1 for every B in 1..1024 and m_
 }
 
 TEST_CASE("Solver: measured step times may choose more microbatches, and the reason says so", "[solver][timing]") {
-  Profile p = linear_profile(MiB, MiB, MiB);
   // Throughput collapses above 16 (a cache cliff): 16 costs 0.16 s but 32 costs 1.0 s.
-  const std::pair<int64_t, double> times[] = {{1, 0.01}, {2, 0.02}, {4, 0.04}, {8, 0.08}, {16, 0.16}, {32, 1.0}};
-  p.points.clear();
-  for (const auto& [b, t] : times) {
-    ProfilePoint pt;
-    pt.micro_batch = b;
-    pt.peak_bytes = p.persistent.total() + MiB + MiB * b;
-    pt.step_seconds = t;
-    p.points.push_back(pt);
-  }
+  const Profile p = timed_profile({{1, 0.01}, {2, 0.02}, {4, 0.04}, {8, 0.08}, {16, 0.16}, {32, 1.0}});
   PlanRequest r = request(64, int64_t{1} << 40);
   r.max_micro_batch = 32;
   r.use_timing = true;
@@ -234,18 +239,9 @@ TEST_CASE("Solver: measured step times may choose more microbatches, and the rea
 }
 
 TEST_CASE("Solver: a predicted gain under 10% keeps the fewest microbatches", "[solver][timing]") {
-  Profile p = linear_profile(MiB, MiB, MiB);
   // Linear up to 8 (1 ms per sample), steeper to 32: eight microbatches of 8 are predicted 64 ms
   // per window against 68.8 ms for 22,21,21, a 7% gain — within what noise alone produces.
-  const std::pair<int64_t, double> times[] = {{1, 0.001}, {8, 0.008}, {32, 0.0349}};
-  p.points.clear();
-  for (const auto& [b, t] : times) {
-    ProfilePoint pt;
-    pt.micro_batch = b;
-    pt.peak_bytes = p.persistent.total() + MiB + MiB * b;
-    pt.step_seconds = t;
-    p.points.push_back(pt);
-  }
+  const Profile p = timed_profile({{1, 0.001}, {8, 0.008}, {32, 0.0349}});
   PlanRequest r = request(64, int64_t{1} << 40);
   r.max_micro_batch = 22;
   r.use_timing = true;
