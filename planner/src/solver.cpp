@@ -172,7 +172,7 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
 
   // Fewest microbatches first; then, with --use-timing, a larger count if clearly faster.
   std::vector<int64_t> sizes = split_samples(T, m_max, request.split, unit);
-  const size_t k_min = sizes.size();
+  const auto k_min = static_cast<int64_t>(sizes.size());  // memory's answer
   std::string timing_note;  // what --use-timing did, for `reason`; empty without it
   std::optional<TimeModel> time;
   if (TimeModel::available(profile)) time = TimeModel::fit(profile);
@@ -184,8 +184,7 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
     const double t_min = time->window_seconds(sizes);
     double best = t_min;
     std::vector<int64_t> best_sizes = sizes;
-    const int64_t k_first = static_cast<int64_t>(k_min);
-    for (int64_t k = k_first + 1; k <= std::min(T / unit, 4 * k_first); ++k) {
+    for (int64_t k = k_min + 1; k <= std::min(T / unit, 4 * k_min); ++k) {
       auto candidate = balanced_split(T, k, unit);
       const double t = time->window_seconds(candidate);
       if (t < best) {
@@ -197,8 +196,9 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
       char buf[160];
       std::snprintf(buf, sizeof buf,
                     "; with --use-timing, measured step times predict %zu microbatches %.0f%% faster per window "
-                    "than %zu, so %zu are used",
-                    best_sizes.size(), 100.0 * (1.0 - best / t_min), k_min, best_sizes.size());
+                    "than %lld, so %zu are used",
+                    best_sizes.size(), 100.0 * (1.0 - best / t_min), static_cast<long long>(k_min),
+                    best_sizes.size());
       timing_note = buf;
       sizes = best_sizes;
     } else {

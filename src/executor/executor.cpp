@@ -180,6 +180,14 @@ void Executor::run_microbatch(const Batch& mb, int64_t n, double units, double& 
   objective.backward();
 }
 
+void Executor::fail_oom(const std::string& message) {
+  // The window's gradients are partial (or half unscaled): drop them rather than step on them,
+  // and leave the probe ready for whatever the caller does next.
+  zero_grads();
+  if (options_.probe) options_.probe->clear_oom();
+  throw ExecutorOomError(message);
+}
+
 void Executor::recover(int64_t failing_size, const MicrobatchEvent& where, const std::string& what) {
   zero_grads();
   if (options_.probe) {
@@ -285,11 +293,9 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
     // Out of the catch block, so the exception and every tensor of the failed microbatch (its
     // inputs on the device, activations, autograd graph) are already released.
     if (!options_.oom_recovery) {
-      zero_grads();
-      if (options_.probe) options_.probe->clear_oom();
-      throw ExecutorOomError("out of memory in window " + std::to_string(where.window) + " at microbatch " +
-                             std::to_string(where.index + 1) + " of " + std::to_string(where.count) + " (size " +
-                             std::to_string(where.size) + ") and OOM recovery is off: " + first_line(what));
+      fail_oom("out of memory in window " + std::to_string(where.window) + " at microbatch " +
+               std::to_string(where.index + 1) + " of " + std::to_string(where.count) + " (size " +
+               std::to_string(where.size) + ") and OOM recovery is off: " + first_line(what));
     }
     recover(where.size, where, what);
     ++st.oom_recoveries;
@@ -424,11 +430,9 @@ WindowStats Executor::accumulate_distributed(const Batch& window, WindowStats st
     const MicrobatchEvent where{window_index_, failed_round, failing, rounds, attempt};
     const std::string on = "on rank " + std::to_string(failing_rank) + (what.empty() ? std::string() : ": " + what);
     if (!options_.oom_recovery) {
-      zero_grads();
-      if (options_.probe) options_.probe->clear_oom();
-      throw ExecutorOomError("out of memory in window " + std::to_string(where.window) + " at microbatch round " +
-                             std::to_string(where.index + 1) + " of " + std::to_string(where.count) + " (size " +
-                             std::to_string(failing) + ") " + on + ", and OOM recovery is off");
+      fail_oom("out of memory in window " + std::to_string(where.window) + " at microbatch round " +
+               std::to_string(where.index + 1) + " of " + std::to_string(where.count) + " (size " +
+               std::to_string(failing) + ") " + on + ", and OOM recovery is off");
     }
     recover(failing, where, on);
     ++st.oom_recoveries;
@@ -470,15 +474,12 @@ void Executor::finish_gradient(WindowStats& st) {
     st.grad_norm = norms.empty() ? 0.0 : at::stack(norms).norm(2).item<double>();
   } catch (const std::exception& e) {
     if (!is_oom(&e)) throw;
-    // A few scalars per parameter: smaller microbatches would not help, so no re-plan. The
-    // gradients may be half unscaled; drop them rather than step on them.
+    // A few scalars per parameter: smaller microbatches would not help, so no re-plan.
     const std::string what = first_line(e.what());
-    zero_grads();
-    if (options_.probe) options_.probe->clear_oom();
-    throw ExecutorOomError("out of memory while combining the gradients of window " + std::to_string(window_index_) +
-                           " (unscale and norm, after the last backward): " + what +
-                           ". The budget leaves no room beyond the microbatches' peak; raise it or lower --headroom's "
-                           "share used by the plan");
+    fail_oom("out of memory while combining the gradients of window " + std::to_string(window_index_) +
+             " (unscale and norm, after the last backward): " + what +
+             ". The budget leaves no room beyond the microbatches' peak; raise it or lower --headroom's "
+             "share used by the plan");
   }
   if (!std::isfinite(st.grad_norm)) non_finite = true;
   if (non_finite) {
@@ -512,12 +513,10 @@ void Executor::apply(WindowStats& st) {
     } catch (const std::exception& e) {
       if (!is_oom(&e)) throw;
       const std::string what = first_line(e.what());
-      zero_grads();
-      if (options_.probe) options_.probe->clear_oom();
-      throw ExecutorOomError("out of memory during the optimizer step of window " + std::to_string(window_index_) +
-                             " (" + what +
-                             "). Some parameters may already be updated, so the window cannot be replayed; the "
-                             "budget must hold the optimizer step's transient memory (plan.memory)");
+      fail_oom("out of memory during the optimizer step of window " + std::to_string(window_index_) +
+               " (" + what +
+               "). Some parameters may already be updated, so the window cannot be replayed; the "
+               "budget must hold the optimizer step's transient memory (plan.memory)");
     }
     st.stepped = true;
     ++totals_.optimizer_steps;

@@ -171,6 +171,8 @@ class Executor {
   void finish_gradient(WindowStats& st);
   bool is_oom(const std::exception* e) const;
   void recover(int64_t failing_size, const MicrobatchEvent& where, const std::string& what);
+  // An OOM that is not recovered: drops the gradients, clears the probe's flag, throws.
+  [[noreturn]] void fail_oom(const std::string& message);
   void log(const std::string& line) const;
   void zero_grads();
 
