@@ -136,14 +136,21 @@ std::vector<int64_t> split_samples(int64_t total, int64_t max_micro_batch, const
   return balanced_split(total, parts, unit);
 }
 
-Plan make_plan(const Profile& profile, const PlanRequest& request) {
+void check_request(const PlanRequest& request) {
   validate(request);
   const int64_t B = request.target_batch;
   const int64_t W = request.world_size;
   check_divisible(B, W, "--world-size");
+  const int64_t unit = request.multiple_of.value_or(1);
+  if ((B / W) % unit != 0) check_divisible(B, W * unit, "world size x --multiple-of");
+}
+
+Plan make_plan(const Profile& profile, const PlanRequest& request) {
+  check_request(request);
+  const int64_t B = request.target_batch;
+  const int64_t W = request.world_size;
   const int64_t T = B / W;
   const int64_t unit = request.multiple_of.value_or(1);
-  if (T % unit != 0) check_divisible(B, W * unit, "world size x --multiple-of");
 
   const MemoryModel model = MemoryModel::fit(profile);
 

@@ -268,31 +268,20 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
               throw InputError("--target-batch is required and must be at least 1 (the effective batch per optimizer "
                                "step), got " + std::to_string(args->target_batch));
             }
-            if (args->world_size < 1) {
-              throw InputError("--world-size must be at least 1, got " + std::to_string(args->world_size));
-            }
-            if (args->target_batch % args->world_size != 0) {
-              throw InfeasibleError("--target-batch " + std::to_string(args->target_batch) +
-                                    " is not divisible by --world-size " + std::to_string(args->world_size));
-            }
-            if (!(args->headroom >= 0 && args->headroom < 1)) {
-              std::ostringstream got;
-              got << args->headroom;
-              throw InputError("--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got " + got.str());
-            }
+            PlanRequest req;
+            req.target_batch = args->target_batch;
+            req.world_size = args->world_size;
+            req.headroom = args->headroom;
+            if (args->multiple_of_option->count() > 0) req.multiple_of = args->multiple_of;  // the solver refuses K < 1
+            if (args->max_micro_batch > 0) req.max_micro_batch = args->max_micro_batch;
+            req.use_timing = args->use_timing;
+            check_request(req);  // the planner's own checks, before the device is touched
             RunnerOptions o = runner_options(*args);
             o.max_probe_micro_batch = args->target_batch / args->world_size;
             auto probe = open_probe(*args, o);
             ProbeRunner runner(*probe, o);
             Profile profile = runner.profile();
-            PlanRequest req;
-            req.target_batch = args->target_batch;
-            req.world_size = args->world_size;
-            req.headroom = args->headroom;
             if (runner.budget_bytes()) req.budget.bytes = runner.budget_bytes();
-            if (args->multiple_of_option->count() > 0) req.multiple_of = args->multiple_of;  // the solver refuses K < 1
-            if (args->max_micro_batch > 0) req.max_micro_batch = args->max_micro_batch;
-            req.use_timing = args->use_timing;
             const Plan plan = runner.plan_and_confirm(profile, req);
             std::cerr << describe_plan(plan) << steps_summary(plan.trials);
             emit_output(args->out, to_json(plan).dump(2) + "\n");

@@ -44,6 +44,10 @@ int64_t largest_divisor_at_most(int64_t total, int64_t limit, int64_t unit = 1);
 std::vector<int64_t> split_samples(int64_t total, int64_t max_micro_batch, const std::string& split,
                                    int64_t unit = 1);
 
+// The request's own checks (ranges, B divisible by W and by W·multiple_of), without a profile:
+// callers that measure first run it before spending the measurement. Throws like make_plan.
+void check_request(const PlanRequest& request);
+
 // Throws InputError/InfeasibleError with a message that names the bad value and the fix.
 Plan make_plan(const Profile& profile, const PlanRequest& request);
 
