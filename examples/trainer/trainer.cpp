@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
       }
       double loss_sum = 0, tokens = 0;
       for (const auto& [start, count] : epoch_windows(kSamples, plan.per_rank_batch)) {
-        const WindowStats st = executor.step(slice_batch(data, start, count));
+        const WindowStats st = executor.step(data.slice(start, count));
         std::printf("epoch %lld window @%3lld: %2lld samples, %4lld tokens, %zu microbatches, loss %.4f, grad norm %.3f%s%s\n",
                     static_cast<long long>(epoch), static_cast<long long>(start), static_cast<long long>(st.samples),
                     static_cast<long long>(st.units), st.microbatch_sizes.size(), st.loss, st.grad_norm,

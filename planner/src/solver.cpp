@@ -21,7 +21,6 @@ namespace {
 // That is why timing is opt-in and memory alone decides by default.
 constexpr double kFasterBy = 0.10;
 
-std::string join(const std::vector<int64_t>& v) { return join_sizes(v); }
 
 std::string pct(double f) {
   char buf[32];
@@ -263,7 +262,7 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   }
   why << timing_note;
   if (!(m_max >= T && sizes.size() == 1)) {
-    why << (timing_note.empty() ? ", split " : "; split ") << request.split << " as " << join(sizes);
+    why << (timing_note.empty() ? ", split " : "; split ") << request.split << " as " << join_sizes(sizes);
   }
   why << ".";
   plan.reason = why.str();
@@ -284,7 +283,7 @@ std::string describe_plan(const Plan& p) {
   char line[256];
   std::ostringstream s;
   s << "plan: target batch " << p.target_batch << " = " << p.world_size << " rank(s) x "
-    << p.per_rank_batch << " = " << p.accumulation_steps << " microbatch(es) [" << join(p.microbatch_sizes)
+    << p.per_rank_batch << " = " << p.accumulation_steps << " microbatch(es) [" << join_sizes(p.microbatch_sizes)
     << "]\n";
   std::snprintf(line, sizeof line, "  %-18s %12s  (%s headroom, usable %s)\n", "budget",
                 format_bytes(m.budget_bytes).c_str(), pct(m.headroom).c_str(), format_bytes(m.usable_bytes).c_str());

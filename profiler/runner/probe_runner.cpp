@@ -279,7 +279,6 @@ Profile ProbeRunner::profile() {
   p.device.type = type;
   p.device.index = index;
   p.device.name = probe_.device_name();
-  p.device.total_bytes = probe_.device_total_bytes();  // CPU: the budget when one is enforced
   p.model = model_.info;
   p.setup = options_.setup;
   p.libtorch_version = TORCH_VERSION;
@@ -334,7 +333,7 @@ Profile ProbeRunner::profile() {
   }
   if (!lifted) extend_linear_tail(p, sizes.empty() ? 1 : *sizes.rbegin(), record);
   probe_.set_budget_bytes(budget_bytes_);
-  p.device.total_bytes = probe_.device_total_bytes();
+  p.device.total_bytes = probe_.device_total_bytes();  // CPU: the budget when one is enforced
   p.trials = trials_;
   if (p.points.size() < 2) {
     throw InfeasibleError("only " + std::to_string(p.points.size()) + " probe size(s) ran on " + probe_.device_name() +

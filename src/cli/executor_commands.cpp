@@ -20,11 +20,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <sstream>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -163,15 +161,7 @@ Prepared prepare(const RunArgs& a, const std::string& command, const std::option
 // The samples to train or verify on, on the CPU (microbatches move to the device one at a time).
 Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) {
   if (!a.data.empty()) {
-    Batch b;
-    try {
-      b = load_batch_file(a.data, p.target.has_value());
-    } catch (const InputError& e) {
-      std::string m = e.what();
-      const std::string from = "--batch-file";
-      if (m.rfind(from, 0) == 0) m = "--data" + m.substr(from.size());
-      throw InputError(m);
-    }
+    const Batch b = load_batch_file(a.data, p.target.has_value(), "--data");
     check_batch_matches(b, p.inputs, p.target, "--data '" + a.data + "'");
     const int64_t n = batch_samples(b, "--data '" + a.data + "'");
     if (n < 1) throw InputError("--data '" + a.data + "' has no samples");
@@ -180,17 +170,16 @@ Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) 
   return synthetic_batch(p.inputs, p.target, synthetic_samples, a.seed, at::kCPU);
 }
 
+// Serialized in memory, then written by the same temp-and-rename as every other output, so a
+// failed save leaves nothing behind (host memory holds the bytes once, not the device).
 void save_module_atomic(torch::jit::Module& module, const std::string& path) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  std::ostringstream bytes;
   try {
-    module.save(tmp);
+    module.save(bytes);
   } catch (const c10::Error& e) {
-    throw InputError("--save '" + path + "': cannot write (" + std::string(e.what_without_backtrace()) + ")");
+    throw InputError("--save '" + path + "': cannot serialize the model (" + std::string(e.what_without_backtrace()) + ")");
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw InputError("--save '" + path + "': cannot rename the written file into place");
-  }
+  write_text_atomic(path, bytes.str());
 }
 
 // Where this rank writes an output: "{rank}" in the path makes every rank write its own file;
@@ -301,7 +290,7 @@ int run_command(const RunArgs& a) {
   double last_loss = 0;
   for (int64_t w = 0; w < total; ++w) {
     const auto& [start, count] = windows[static_cast<size_t>(w) % windows.size()];
-    const Batch window = slice_batch(data, start, count);
+    const Batch window = data.slice(start, count);
     const WindowStats st = ex.step(comm ? shard_window(window, rank, world) : window);
     last_loss = st.loss;
     if (lead && ((w + 1) % progress_every == 0 || w + 1 == total)) {
@@ -383,14 +372,7 @@ int run_command(const RunArgs& a) {
             << t.skipped_steps << " skipped), " << t.samples_seen << " samples"
             << (t.tokens_seen ? ", " + std::to_string(t.tokens_seen) + " tokens" : std::string()) << ", "
             << t.oom_recoveries << " OOM recoveries; microbatches " << final_plan.accumulation_steps << " ("
-            << [&] {
-                 std::string s;
-                 for (size_t i = 0; i < final_plan.microbatch_sizes.size(); ++i) {
-                   s += (i ? "," : "") + std::to_string(final_plan.microbatch_sizes[i]);
-                 }
-                 return s;
-               }()
-            << ")";
+            << join_sizes(final_plan.microbatch_sizes) << ")";
   if (t.peak_bytes) {
     std::cerr << "; measured peak " << format_bytes(measured) << " vs predicted "
               << format_bytes(p.plan.memory.predicted_peak_bytes);
@@ -409,7 +391,7 @@ int verify_command(const RunArgs& a) {
     std::cerr << "accumplan: note: --data holds " << n << " samples, fewer than the plan's per-rank batch " << T
               << "; verifying on a window of " << n << "\n";
   }
-  const Batch window = slice_batch(data, 0, std::min(n, T));
+  const Batch window = data.slice(0, std::min(n, T));
   VerifyOptions vo;
   vo.loss = p.loss;
   vo.rtol = a.rtol;

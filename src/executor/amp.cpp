@@ -133,8 +133,6 @@ LossScaler::LossScaler(const LossScalerOptions& options, const at::Device& devic
 
 double LossScaler::scale() const { return scale_.item<float>(); }
 
-int64_t LossScaler::growth_tracker() const { return growth_tracker_.item<int32_t>(); }
-
 bool LossScaler::unscale_and_check(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> grads;
   for (const auto& p : params) {

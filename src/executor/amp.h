@@ -39,7 +39,6 @@ class AutocastGuard {
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
-  bool active() const { return active_; }
 
  private:
   bool active_ = false;
@@ -65,8 +64,6 @@ class LossScaler {
   // The scale as a one-element float32 tensor on the device, constant through a window.
   const at::Tensor& scale_tensor() const { return scale_; }
   double scale() const;
-  // Windows in a row without a non-finite gradient since the last growth or backoff.
-  int64_t growth_tracker() const;
 
   // Multiplies every defined gradient by 1/scale in place and reports whether any gradient holds
   // an inf or NaN (before or after unscaling). Call once per window, after the last backward.

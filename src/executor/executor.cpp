@@ -18,6 +18,7 @@
 #include "accumplan/json_io.h"
 #include "accumplan/units.h"
 #include "executor/replan.h"
+#include "runtime/model.h"
 #include "runtime/optim.h"
 
 namespace accumplan {
@@ -68,13 +69,6 @@ int64_t batch_samples(const Batch& batch, const std::string& what) {
   return *n;
 }
 
-Batch slice_batch(const Batch& batch, int64_t start, int64_t count) {
-  Batch out;
-  for (const auto& t : batch.inputs) out.inputs.push_back(t.narrow(0, start, count));
-  if (batch.target.defined()) out.target = batch.target.narrow(0, start, count);
-  return out;
-}
-
 Batch shard_window(const Batch& window, int rank, int world_size) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     throw InputError("rank " + std::to_string(rank) + " is not in a group of " + std::to_string(world_size));
@@ -102,11 +96,8 @@ Executor::Executor(torch::jit::Module module, torch::optim::Optimizer& optimizer
   check_plan_executable(plan_);
   module_.train();
   std::unordered_set<const void*> in_module;
-  for (const auto& p : module_.parameters(/*recurse=*/true)) {
-    if (!p.requires_grad()) continue;
-    params_.push_back(p);
-    in_module.insert(p.unsafeGetTensorImpl());
-  }
+  params_ = trainable_parameters(module_);
+  for (const auto& p : params_) in_module.insert(p.unsafeGetTensorImpl());
   if (params_.empty()) throw InputError("the model has no trainable parameters");
   device_ = params_.front().device();
   for (const auto& group : optimizer_.param_groups()) {
@@ -251,7 +242,7 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
 
   // N, counted before the first backward: the weights of all microbatches depend on it.
   for (int64_t start = 0, i = 0; i < static_cast<int64_t>(sizes.size()); start += sizes[i], ++i) {
-    const Batch mb = slice_batch(window, start, sizes[i]);
+    const Batch mb = window.slice(start, sizes[i]);
     st.units += count_units(mb.target, sizes[i], options_.loss);
   }
   if (token_shaped(window.target, options_.loss)) {
@@ -281,7 +272,7 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
       for (size_t i = 0; i < sizes.size(); ++i) {
         where = MicrobatchEvent{window_index_, static_cast<int64_t>(i), sizes[i], static_cast<int64_t>(sizes.size()), attempt};
         if (options_.before_microbatch) options_.before_microbatch(where);
-        run_microbatch(slice_batch(window, start, sizes[i]), sizes[i], static_cast<double>(st.units), loss_total);
+        run_microbatch(window.slice(start, sizes[i]), sizes[i], static_cast<double>(st.units), loss_total);
         start += sizes[i];
       }
     } catch (const std::exception& e) {
@@ -394,7 +385,7 @@ WindowStats Executor::accumulate_distributed(const Batch& window, WindowStats st
         const MicrobatchEvent where{window_index_, i, sizes[static_cast<size_t>(i)], static_cast<int64_t>(sizes.size()), attempt};
         try {
           if (options_.before_microbatch) options_.before_microbatch(where);
-          run_microbatch(slice_batch(window, start, where.size), where.size, units, loss_total);
+          run_microbatch(window.slice(start, where.size), where.size, units, loss_total);
         } catch (const std::exception& e) {
           if (is_oom(&e)) {
             status = where.size;

@@ -161,9 +161,7 @@ class Executor {
 
   const Plan& plan() const { return plan_; }
   const ExecutorTotals& totals() const { return totals_; }
-  const std::vector<at::Tensor>& parameters() const { return params_; }
   double loss_scale() const;
-  const ExecutorOptions& options() const { return options_; }
 
  private:
   void run_microbatch(const Batch& mb, int64_t n, double units, double& loss_sum);
@@ -190,9 +188,6 @@ class Executor {
 // [start, count) of each window of an epoch of `samples` samples in windows of `per_rank_batch`,
 // in order, the last one short when per_rank_batch does not divide samples.
 std::vector<std::pair<int64_t, int64_t>> epoch_windows(int64_t samples, int64_t per_rank_batch);
-
-// Samples [start, start+count) of every tensor of `batch` (views, no copy).
-Batch slice_batch(const Batch& batch, int64_t start, int64_t count);
 
 // Rank `rank`'s share of a global window under the strided rule: samples rank, rank+world,
 // rank+2·world, ... (views, no copy). A window of 7 on 2 ranks: 4 and 3 samples; of 1: 1 and 0.

@@ -13,7 +13,6 @@
 namespace accumplan {
 namespace {
 
-std::string join(const std::vector<int64_t>& v) { return join_sizes(v); }
 
 // The profile a plan was solved from, as far as the plan records it (points, persistent bytes,
 // device, setup). Enough for MemoryModel::fit and make_plan.
@@ -58,7 +57,7 @@ void check_plan_executable(const Plan& plan, const std::string& what) {
     sum += n;
   }
   if (sum != plan.per_rank_batch) {
-    throw InputError(what + ": microbatch_sizes (" + join(plan.microbatch_sizes) + ") sum to " + std::to_string(sum) +
+    throw InputError(what + ": microbatch_sizes (" + join_sizes(plan.microbatch_sizes) + ") sum to " + std::to_string(sum) +
                      ", not per_rank_batch " + std::to_string(plan.per_rank_batch));
   }
   if (!plan.weights.empty() && plan.weights.size() != plan.microbatch_sizes.size()) {
@@ -142,7 +141,7 @@ Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* no
   next.confirmed_peak_bytes.reset();
   next.reason = (solved ? next.reason : plan.reason) + " Re-planned during training after microbatch " + std::to_string(failing_micro_batch) +
                 " ran out of memory: " + std::to_string(next.accumulation_steps) + " microbatches (" +
-                join(next.microbatch_sizes) + ").";
+                join_sizes(next.microbatch_sizes) + ").";
   if (note) *note = how.str();
   return next;
 }

@@ -13,22 +13,13 @@
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
 #include "executor/executor.h"
+#include "runtime/model.h"
 
 namespace accumplan {
 namespace {
 
-std::string join(const std::vector<int64_t>& v) { return join_sizes(v); }
-
-std::vector<at::Tensor> trainable(const torch::jit::Module& module) {
-  std::vector<at::Tensor> out;
-  for (const auto& p : module.parameters(true)) {
-    if (p.requires_grad()) out.push_back(p);
-  }
-  return out;
-}
-
 void clear_grads(const torch::jit::Module& module) {
-  for (auto p : trainable(module)) {
+  for (auto p : trainable_parameters(module)) {
     if (p.grad().defined()) p.mutable_grad() = at::Tensor();
   }
 }
@@ -118,7 +109,7 @@ std::vector<std::string> parameter_names(const torch::jit::Module& module) {
 
 std::vector<at::Tensor> gradients_of(const torch::jit::Module& module) {
   std::vector<at::Tensor> out;
-  for (const auto& p : trainable(module)) {
+  for (const auto& p : trainable_parameters(module)) {
     out.push_back(p.grad().defined() ? p.grad().detach().clone() : at::zeros_like(p));
   }
   return out;
@@ -146,7 +137,7 @@ std::vector<at::Tensor> naive_accumulated_gradients(torch::jit::Module module, c
   clear_grads(module);
   int64_t start = 0;
   for (const int64_t n : sizes) {
-    const LossSum ls = forward_loss(module, slice_batch(window, start, n), loss);
+    const LossSum ls = forward_loss(module, window.slice(start, n), loss);
     start += n;
     if (ls.units == 0) continue;
     // "loss = criterion(out, y) / accum_iter": the microbatch MEAN over k.
@@ -166,13 +157,13 @@ VerifyScenario run_scenario(const torch::jit::Module& module, const Batch& windo
   sc.samples = batch_samples(window);
   sc.sizes = sizes;
   for (int64_t start = 0, i = 0; i < static_cast<int64_t>(sizes.size()); start += sizes[i], ++i) {
-    sc.units_per_microbatch.push_back(count_units(slice_batch(window, start, sizes[i]).target, sizes[i], options.loss));
+    sc.units_per_microbatch.push_back(count_units(window.slice(start, sizes[i]).target, sizes[i], options.loss));
   }
   const auto names = parameter_names(module);
 
   // Accumulated: the Executor, float32, no clipping, plain SGD so the update is -lr * gradient.
   torch::jit::Module acc = clone_module(module);
-  auto acc_params = trainable(acc);
+  auto acc_params = trainable_parameters(acc);
   torch::optim::SGD acc_opt(acc_params, torch::optim::SGDOptions(options.sgd_lr));
   ExecutorOptions eo;
   eo.loss = options.loss;
@@ -190,7 +181,7 @@ VerifyScenario run_scenario(const torch::jit::Module& module, const Batch& windo
 
   // Combined: one forward/backward over the whole window, one SGD step.
   torch::jit::Module comb = clone_module(module);
-  auto comb_params = trainable(comb);
+  auto comb_params = trainable_parameters(comb);
   torch::optim::SGD comb_opt(comb_params, torch::optim::SGDOptions(options.sgd_lr));
   at::manual_seed(options.seed);
   double comb_loss = 0;
@@ -269,7 +260,7 @@ VerifyReport verify_accumulation(const torch::jit::Module& module, const Batch& 
   } else {
     auto sc = run_scenario(module, window, unequal, static_cast<int64_t>(unequal.size()), plan, options);
     sc.name = "unequal";
-    sc.description = "unequal microbatches " + join(unequal) + " (the mean of microbatch means would differ)";
+    sc.description = "unequal microbatches " + join_sizes(unequal) + " (the mean of microbatch means would differ)";
     rep.scenarios.push_back(std::move(sc));
   }
   // partial: the last window of an epoch, shorter than the plan's per-rank batch, with its own N.
@@ -279,11 +270,11 @@ VerifyReport verify_accumulation(const torch::jit::Module& module, const Batch& 
     const int64_t n = T - std::max<int64_t>(1, T / 4);
     const int64_t cap = std::max<int64_t>(1, std::min(m, (n + 1) / 2));
     const auto sizes = split_samples(n, cap, "balanced");
-    auto sc = run_scenario(module, slice_batch(window, 0, n), sizes, std::max<int64_t>(1, plan.accumulation_steps), plan,
+    auto sc = run_scenario(module, window.slice(0, n), sizes, std::max<int64_t>(1, plan.accumulation_steps), plan,
                            options);
     sc.name = "partial";
     sc.description = "a short last window of " + std::to_string(n) + " of " + std::to_string(T) + " samples as " +
-                     join(sizes) + " (dividing by the plan's k = " + std::to_string(plan.accumulation_steps) +
+                     join_sizes(sizes) + " (dividing by the plan's k = " + std::to_string(plan.accumulation_steps) +
                      " would differ)";
     rep.scenarios.push_back(std::move(sc));
   }
@@ -300,7 +291,7 @@ VerifyReport verify_accumulation(const torch::jit::Module& module, const Batch& 
     masked.target = masked_target(target, sizes, options.loss.ignore_index);
     auto sc = run_scenario(module, masked, sizes, static_cast<int64_t>(sizes.size()), plan, options);
     sc.name = "token-masks";
-    sc.description = "microbatches " + join(sizes) + " with " + join(sc.units_per_microbatch) +
+    sc.description = "microbatches " + join_sizes(sizes) + " with " + join_sizes(sc.units_per_microbatch) +
                      " units (" + rep.normalization + " normalization)";
     rep.scenarios.push_back(std::move(sc));
   }
@@ -368,7 +359,7 @@ std::string format_table(const VerifyReport& r) {
       out << "  " << s.name << ": not run (" << s.not_run_reason << ")\n";
       continue;
     }
-    std::string sizes = join(s.sizes);
+    std::string sizes = join_sizes(s.sizes);
     if (sizes.size() > 16) sizes = sizes.substr(0, 13) + "...";
     std::snprintf(buf, sizeof buf, "%-12s %-16s %8lld %12.6g %12.6g %10.2e %10.2e %3lld/%-2lld %11s  %s\n", s.name.c_str(),
                   sizes.c_str(), static_cast<long long>(s.units), s.loss_accumulated, s.loss_combined, s.gradients.max_abs,

@@ -106,9 +106,10 @@ Batch synthetic_batch(const std::vector<TensorSpec>& inputs, const std::optional
   return device.is_cpu() ? b : b.to(device);
 }
 
-Batch load_batch_file(const std::string& path, bool has_target) {
+Batch load_batch_file(const std::string& path, bool has_target, const std::string& option) {
+  const std::string file = option + " '" + path + "'";  // how every message names the file
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open --batch-file '" + path + "'");
+  if (!in) throw InputError("cannot open " + file);
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   c10::IValue value;
   try {
@@ -116,7 +117,7 @@ Batch load_batch_file(const std::string& path, bool has_target) {
   } catch (const std::exception& e) {
     std::string msg = e.what();
     msg = msg.substr(0, msg.find('\n'));
-    throw InputError("--batch-file '" + path + "' is not a file written by torch.save([inputs..., target], f) (" +
+    throw InputError(file + " is not a file written by torch.save([inputs..., target], f) (" +
                      msg + "). Save with torch.save in its default (zip) format");
   }
   std::vector<c10::IValue> items;
@@ -127,27 +128,27 @@ Batch load_batch_file(const std::string& path, bool has_target) {
   } else if (value.isTensor()) {
     items.push_back(value);
   } else {
-    throw InputError("--batch-file '" + path + "' holds a " + value.tagKind() +
+    throw InputError(file + " holds a " + value.tagKind() +
                      "; expected a list of tensors [inputs..., target]");
   }
   const size_t need = has_target ? 2 : 1;
   if (items.size() < need) {
-    throw InputError("--batch-file '" + path + "' holds " + std::to_string(items.size()) +
+    throw InputError(file + " holds " + std::to_string(items.size()) +
                      " tensor(s); expected [inputs..., target] with at least " + std::to_string(need));
   }
   std::vector<at::Tensor> tensors;
   for (size_t i = 0; i < items.size(); ++i) {
     if (!items[i].isTensor()) {
-      throw InputError("--batch-file '" + path + "': element " + std::to_string(i) + " is a " +
+      throw InputError(file + ": element " + std::to_string(i) + " is a " +
                        items[i].tagKind() + ", not a tensor");
     }
     at::Tensor t = items[i].toTensor();
     if (t.dim() == 0) {
-      throw InputError("--batch-file '" + path + "': element " + std::to_string(i) +
+      throw InputError(file + ": element " + std::to_string(i) +
                        " is a scalar; every tensor needs dim 0 = samples");
     }
     if (!tensors.empty() && t.size(0) != tensors.front().size(0)) {
-      throw InputError("--batch-file '" + path + "': element " + std::to_string(i) + " has " +
+      throw InputError(file + ": element " + std::to_string(i) + " has " +
                        std::to_string(t.size(0)) + " samples but element 0 has " +
                        std::to_string(tensors.front().size(0)) + "; dim 0 must be the samples of every tensor");
     }
@@ -159,7 +160,7 @@ Batch load_batch_file(const std::string& path, bool has_target) {
     tensors.pop_back();
   }
   b.inputs = std::move(tensors);
-  if (b.size() < 1) throw InputError("--batch-file '" + path + "' has no samples");
+  if (b.size() < 1) throw InputError(file + " has no samples");
   return b;
 }
 

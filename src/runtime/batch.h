@@ -33,8 +33,8 @@ Batch synthetic_batch(const std::vector<TensorSpec>& inputs, const std::optional
 
 // Reads `torch.save([inputs..., target], f)` (zip format). `has_target` says whether the last
 // tensor is the target. Throws InputError for a missing or unreadable file, a file that is not a
-// list of tensors, or tensors whose dim 0 disagree.
-Batch load_batch_file(const std::string& path, bool has_target);
+// list of tensors, or tensors whose dim 0 disagree; its messages name the file as `option` 'path'.
+Batch load_batch_file(const std::string& path, bool has_target, const std::string& option = "--batch-file");
 
 // Repeats the batch's samples cyclically to exactly `samples` samples.
 Batch tile_batch(const Batch& batch, int64_t samples);

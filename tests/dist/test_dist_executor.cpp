@@ -94,7 +94,7 @@ void run_worker(const std::string& name, const std::string& dir) {
   for (size_t w = 0; w < s.windows.size(); ++w) {
     const auto [start, count] = s.windows[w];
     const CollectiveCounts before = comm->counts();
-    const WindowStats st = ex.step(shard_window(slice_batch(s.data, start, count), env->rank, env->world_size));
+    const WindowStats st = ex.step(shard_window(s.data.slice(start, count), env->rank, env->world_size));
     const CollectiveCounts after = comm->counts();
     out["windows"].push_back({{"samples", st.samples},
                               {"units", st.units},
@@ -164,7 +164,7 @@ Reference reference_updates(const Scenario& s,
   auto params = trainable(m);
   Reference out;
   for (const auto& [start, count] : s.windows) {
-    const Batch window = slice_batch(s.data, start, count);
+    const Batch window = s.data.slice(start, count);
     double loss = 0;
     const auto g = grads_of ? grads_of(m, window) : reference_gradients(m, window, s.reference_kind, s.loss.ignore_index, &loss);
     out.losses.push_back(loss);

@@ -129,7 +129,7 @@ TEST_CASE("clipping the combined gradient matches clipping the full-batch gradie
   std::vector<at::Tensor> sum;
   int64_t start = 0;
   for (const int64_t n : {8, 8, 8, 2}) {
-    const Batch mb = slice_batch(window, start, n);
+    const Batch mb = window.slice(start, n);
     start += n;
     for (auto& p : params) p.mutable_grad() = at::Tensor();
     (at::cross_entropy_loss(m.forward({mb.inputs[0]}).toTensor(), mb.target, {}, at::Reduction::Sum) / 26.0).backward();
@@ -186,7 +186,7 @@ TEST_CASE("an epoch of N samples with target B: ceil(N/B) optimizer steps and as
     const Batch data = classification_batch(N, 41);
     std::vector<int64_t> window_samples;
     for (const auto& [start, count] : epoch_windows(N, B)) {
-      const WindowStats st = ex.step(slice_batch(data, start, count));
+      const WindowStats st = ex.step(data.slice(start, count));
       window_samples.push_back(st.samples);
       CHECK(st.units == count);
     }

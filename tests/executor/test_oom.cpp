@@ -157,7 +157,7 @@ TEST_CASE("OOM injected at each microbatch position gives the no-OOM update", "[
   // Had the failed microbatch's partial gradient been kept, the update would differ: check that
   // the comparison sees a double-counted microbatch.
   std::vector<at::Tensor> doubled = clean.grads;
-  const auto one_mb = naive_accumulated_gradients(clone_module(model), slice_batch(window, 0, 4), {4},
+  const auto one_mb = naive_accumulated_gradients(clone_module(model), window.slice(0, 4), {4},
                                                   loss, NaiveWeighting::MeanOverK, 3);
   for (size_t i = 0; i < doubled.size(); ++i) doubled[i] = doubled[i] + one_mb[i];
   CHECK(compare_tensors(doubled, clean.grads).max_rel > 1e-2);
