@@ -38,6 +38,23 @@ bool token_shaped(const at::Tensor& target, const LossConfig& cfg) {
   return cfg.kind == "cross_entropy" && target.defined() && target.dim() >= 2 && !at::isFloatingType(target.scalar_type());
 }
 
+struct WindowUnits {
+  int64_t units = 0;         // N: samples, or valid tokens in tokens mode
+  int64_t valid_tokens = 0;  // non-ignored target tokens of a [B,T] target, whatever the mode
+};
+
+// The units of `n` samples, counted over the whole window at once: one host sync, not one per
+// microbatch (the sum over the microbatches' slices is the same number).
+WindowUnits count_window_units(const Batch& window, int64_t n, const LossConfig& cfg) {
+  WindowUnits u;
+  u.units = count_units(window.target, n, cfg);
+  if (token_shaped(window.target, cfg)) {
+    u.valid_tokens = cfg.normalization == Normalization::Tokens ? u.units
+                                                                : window.target.ne(cfg.ignore_index).sum().item<int64_t>();
+  }
+  return u;
+}
+
 // After an agreement collective: `status[r]` is -1 when rank r hit an error that is not an OOM.
 // The failing rank rethrows its own error; every other rank throws one that names it, so no rank
 // waits for a collective its peer will never join (that would only end at the group's timeout).
@@ -241,15 +258,9 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
   }
 
   // N, counted before the first backward: the weights of all microbatches depend on it.
-  for (int64_t start = 0, i = 0; i < static_cast<int64_t>(sizes.size()); start += sizes[i], ++i) {
-    const Batch mb = window.slice(start, sizes[i]);
-    st.units += count_units(mb.target, sizes[i], options_.loss);
-  }
-  if (token_shaped(window.target, options_.loss)) {
-    st.valid_tokens = options_.loss.normalization == Normalization::Tokens
-                          ? st.units
-                          : window.target.ne(options_.loss.ignore_index).sum().item<int64_t>();
-  }
+  const WindowUnits counted = count_window_units(window, n, options_.loss);
+  st.units = counted.units;
+  st.valid_tokens = counted.valid_tokens;
   if (scaler_) st.loss_scale = scaler_->scale();
   zero_grads();
   if (st.units == 0) {
@@ -321,12 +332,9 @@ WindowStats Executor::accumulate_distributed(const Batch& window, WindowStats st
   std::exception_ptr count_error;
   try {
     if (n > 0) {
-      local[0] = count_units(window.target, n, options_.loss);
-      if (token_shaped(window.target, options_.loss)) {
-        local[2] = options_.loss.normalization == Normalization::Tokens
-                       ? local[0]
-                       : window.target.ne(options_.loss.ignore_index).sum().item<int64_t>();
-      }
+      const WindowUnits counted = count_window_units(window, n, options_.loss);
+      local[0] = counted.units;
+      local[2] = counted.valid_tokens;
     }
     local[1] = n;
     local[3 + static_cast<size_t>(rank)] = n;
