@@ -1,0 +1,36 @@
+"""accumplan — follow an accumplan plan.json from a PyTorch training loop.
+
+    import accumplan
+    plan = accumplan.load_plan("plan.json")          # validates (schema 1.x); plan.microbatch_sizes, ...
+    for x, y in windows:                             # a window = the per-rank batch (or a shorter last one)
+        stats = plan.train_window(model, optimizer, (x,), y, loss="cross_entropy")   # OOM recovery inside
+
+or, in your own loop:
+
+    for (inputs, target), scale in plan.split((x,), y):
+        (scale * accumplan.loss_sum(model(*inputs), target)).backward()
+    optimizer.step(); optimizer.zero_grad()
+
+Reading plans needs only the standard library; training needs torch. docs/python.md has the rest.
+"""
+
+from .plan import (OutOfMemoryAtOne, Plan, PlanError, balanced_split, file_sha256, largest_divisor_at_most,
+                   load_plan, split_samples)
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The torch-side API is imported on first use, so `load_plan` works without torch installed.
+    if name.startswith("__"):
+        raise AttributeError(name)
+    import importlib
+    train = importlib.import_module(__name__ + ".train")
+    if name in train.__all__:
+        return getattr(train, name)
+    raise AttributeError("module 'accumplan' has no attribute %r" % name)
+
+
+__all__ = ["load_plan", "Plan", "PlanError", "OutOfMemoryAtOne", "balanced_split", "split_samples",
+           "largest_divisor_at_most", "file_sha256", "is_oom", "loss_sum", "count_units", "model_output",
+           "resolve_normalization", "split", "train_window", "all_reduce_gradients", "WindowStats"]

@@ -1,0 +1,331 @@
+"""accumplan.plan — read, validate and re-split a plan.json; no torch needed here.
+
+The arithmetic mirrors the C++ planner and executor (planner/src/solver.cpp ``balanced_split``,
+``split_samples``; src/executor/replan.cpp ``window_sizes``, ``replan_below``) so that a Python
+trainer splits, weights and re-plans exactly as ``accumplan run`` does. docs/plan-format.md
+describes every field; docs/oom-contract.md the re-planning rule.
+"""
+
+import copy
+import hashlib
+import json
+import math
+
+SCHEMA = "accumplan.plan"
+SUPPORTED_MAJOR = 1
+SPLITS = ("balanced", "uniform")
+
+
+class PlanError(ValueError):
+    """A plan that cannot be used: wrong schema, wrong major version, a missing or bad field
+    (the message names its JSON path, e.g. ``$.microbatch_sizes[2]``), or a model whose hash
+    differs from the plan's."""
+
+
+class OutOfMemoryAtOne(RuntimeError):
+    """Out of memory with a single-sample microbatch: nothing smaller exists to re-plan to."""
+
+
+# --- the planner's arithmetic ----------------------------------------------------------------
+
+def balanced_split(total, parts, unit=1):
+    """``total`` samples in ``parts`` microbatches, multiples of ``unit``, sizes differing by at
+    most one unit, larger first: balanced_split(256, 5) == [52, 51, 51, 51, 51]."""
+    if parts < 1 or unit < 1 or total % unit != 0 or total // unit < parts:
+        raise ValueError("balanced_split(%d, %d, %d) has no solution" % (total, parts, unit))
+    units = total // unit
+    q, r = divmod(units, parts)
+    return [(q + 1) * unit if i < r else q * unit for i in range(parts)]
+
+
+def largest_divisor_at_most(total, limit, unit=1):
+    """The largest d <= limit that divides total and is a multiple of unit; 0 if none."""
+    for d in range(min(limit, total), 0, -1):
+        if d % unit == 0 and total % d == 0:
+            return d
+    return 0
+
+
+def split_samples(total, max_micro_batch, split="balanced", unit=1):
+    """Fewest microbatches of at most ``max_micro_batch`` covering ``total`` samples: balanced
+    (k = ceil(total / m), sizes differing by at most one unit) or uniform (equal sizes dividing
+    total). A total that is not a multiple of ``unit`` (a short last window) ignores the unit."""
+    if total < 1 or max_micro_batch < 1:
+        raise ValueError("split_samples needs positive sizes, got %d and %d" % (total, max_micro_batch))
+    if total % unit != 0:
+        unit = 1
+    cap = max(unit, (max_micro_batch // unit) * unit)
+    if split == "uniform":
+        d = largest_divisor_at_most(total, cap, unit)
+        return [d] * (total // d)
+    units = total // unit
+    cap_units = cap // unit
+    return balanced_split(total, -(-units // cap_units), unit)
+
+
+# --- validation helpers ----------------------------------------------------------------------
+
+def _field(obj, key, path, kinds, required=True, default=None):
+    if not isinstance(obj, dict):
+        raise PlanError("%s must be an object" % path)
+    if key not in obj or obj[key] is None:
+        if required:
+            raise PlanError("%s.%s is missing" % (path, key))
+        return default
+    value = obj[key]
+    # bool is an int in Python; JSON true is never a size.
+    if isinstance(value, bool) and bool not in kinds:
+        raise PlanError("%s.%s must be %s, got %r" % (path, key, _kind_name(kinds), value))
+    if not isinstance(value, kinds):
+        raise PlanError("%s.%s must be %s, got %r" % (path, key, _kind_name(kinds), value))
+    return value
+
+
+def _kind_name(kinds):
+    names = {int: "an integer", float: "a number", str: "a string", list: "an array",
+             dict: "an object", bool: "true or false"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _positive_int(obj, key, path, required=True, default=None):
+    v = _field(obj, key, path, (int,), required, default)
+    if v is not None and v < 1:
+        raise PlanError("%s.%s must be at least 1, got %d" % (path, key, v))
+    return v
+
+
+def file_sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --- the plan ----------------------------------------------------------------------------------
+
+class Plan:
+    """A validated plan.json (schema ``accumplan.plan``, any 1.x version).
+
+    Attributes a trainer needs: ``target_batch``, ``world_size``, ``per_rank_batch``,
+    ``microbatch_sizes``, ``weights``, ``micro_batch``, ``accumulation_steps``,
+    ``max_micro_batch``, ``split_kind`` (the plan's ``split``: "balanced" or "uniform"; the name
+    ``split`` is the method), ``multiple_of``, ``normalization``, ``loss``, ``ignore_index``,
+    ``memory``, ``fit``, ``setup``, ``model``, ``device``, ``profile`` (1.1 plans; None in 1.0),
+    ``raw`` (the whole document). ``replans`` lists the re-plans made after out-of-memory errors.
+
+    The training methods (``split``, ``train_window``) need torch; see accumplan.train.
+    """
+
+    def __init__(self, doc, source="plan"):
+        self.source = source
+        self.raw = copy.deepcopy(doc)
+        self._validate(self.raw)
+        self.replans = []
+
+    # ---- reading ----
+    def _validate(self, d):
+        if not isinstance(d, dict):
+            raise PlanError("%s: the document must be a JSON object" % self.source)
+        schema = d.get("schema")
+        if schema != SCHEMA:
+            hint = " (this is a profile: plan it with `accumplan plan --profile`)" if schema == "accumplan.profile" else ""
+            raise PlanError("%s: $.schema is %r, not %r%s" % (self.source, schema, SCHEMA, hint))
+        version = d.get("schema_version")
+        if not isinstance(version, str) or not version.split(".")[0].isdigit():
+            raise PlanError("%s: $.schema_version must be a string like \"1.0\", got %r" % (self.source, version))
+        major = int(version.split(".")[0])
+        if major != SUPPORTED_MAJOR:
+            raise PlanError("%s: schema_version %s is not supported: this reader reads %d.x plans; "
+                            "use the accumplan release that wrote it" % (self.source, version, SUPPORTED_MAJOR))
+        self.schema_version = version
+        p = "$"
+        self.target_batch = _positive_int(d, "target_batch", p)
+        self.world_size = _positive_int(d, "world_size", p)
+        self.per_rank_batch = _positive_int(d, "per_rank_batch", p)
+        if self.per_rank_batch * self.world_size != self.target_batch:
+            raise PlanError("%s: per_rank_batch %d x world_size %d is not target_batch %d"
+                            % (self.source, self.per_rank_batch, self.world_size, self.target_batch))
+        sizes = _field(d, "microbatch_sizes", p, (list,))
+        if not sizes:
+            raise PlanError("%s: $.microbatch_sizes is empty" % self.source)
+        for i, n in enumerate(sizes):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise PlanError("%s: $.microbatch_sizes[%d] must be an integer >= 1, got %r" % (self.source, i, n))
+        if sum(sizes) != self.per_rank_batch:
+            raise PlanError("%s: $.microbatch_sizes (%s) sum to %d, not per_rank_batch %d"
+                            % (self.source, ",".join(map(str, sizes)), sum(sizes), self.per_rank_batch))
+        weights = _field(d, "weights", p, (list,), required=False, default=None)
+        if weights is not None and len(weights) != len(sizes):
+            raise PlanError("%s: $.weights has %d entries for %d microbatches" % (self.source, len(weights), len(sizes)))
+        self.microbatch_sizes = list(sizes)
+        self.max_micro_batch = _positive_int(d, "max_micro_batch", p, required=False, default=max(sizes))
+        self.split_kind = _field(d, "split", p, (str,), required=False, default="balanced")
+        if self.split_kind not in SPLITS:
+            raise PlanError("%s: $.split must be 'balanced' or 'uniform', got %r" % (self.source, self.split_kind))
+        self.multiple_of = _positive_int(d, "multiple_of", p, required=False, default=None)
+        self.memory = _field(d, "memory", p, (dict,), required=False, default={})
+        self.fit = _field(d, "fit", p, (dict,), required=False, default={})
+        self.setup = _field(d, "setup", p, (dict,), required=False, default={})
+        self.model = _field(d, "model", p, (dict,), required=False, default={})
+        self.device = _field(d, "device", p, (dict,), required=False, default={})
+        self.profile = _field(d, "profile", p, (dict,), required=False, default=None)  # 1.1
+        for key in ("intercept_bytes", "slope_bytes_per_sample"):
+            _field(self.fit, key, "$.fit", (int, float), required=False)
+        _field(self.memory, "usable_bytes", "$.memory", (int, float), required=False)
+        self.loss = _field(self.setup, "loss", "$.setup", (str,), required=False, default="cross_entropy")
+        self.normalization = _field(self.setup, "normalization", "$.setup", (str,), required=False, default="auto")
+        if self.normalization not in ("auto", "samples", "tokens"):
+            raise PlanError("%s: $.setup.normalization must be auto, samples or tokens, got %r"
+                            % (self.source, self.normalization))
+        self.ignore_index = _field(self.setup, "ignore_index", "$.setup", (int,), required=False, default=-100)
+        self.confirmed = bool(d.get("confirmed", False))
+        self.reason = d.get("reason", "")
+
+    @property
+    def micro_batch(self):
+        return max(self.microbatch_sizes)
+
+    @property
+    def accumulation_steps(self):
+        return len(self.microbatch_sizes)
+
+    @property
+    def weights(self):
+        """n_i / per_rank_batch: the weight of each microbatch's MEAN loss in a full window."""
+        return [n / self.per_rank_batch for n in self.microbatch_sizes]
+
+    def check_model(self, model_path, force=False):
+        """Raises PlanError when the file's SHA-256 differs from the plan's ``model.sha256``
+        (unless ``force``). Returns the file's hash."""
+        digest = file_sha256(model_path)
+        want = self.model.get("sha256")
+        if want and digest != want and not force:
+            raise PlanError("%s was planned for a model with SHA-256 %s, but %s has %s; re-plan for this model "
+                            "or pass force=True" % (self.source, want, model_path, digest))
+        return digest
+
+    # ---- splitting and re-planning ----
+    def window_sizes(self, samples):
+        """Microbatch sizes of a window of ``samples`` on this rank: the plan's own sizes for a full
+        window; a short window is re-split under the plan's largest microbatch (a size the full
+        window already ran), as the C++ executor does."""
+        if samples == self.per_rank_batch:
+            return list(self.microbatch_sizes)
+        if samples < 1 or samples > self.per_rank_batch:
+            raise ValueError("a window holds 1..%d samples (the plan's per-rank batch); got %d"
+                             % (self.per_rank_batch, samples))
+        return split_samples(samples, max(self.microbatch_sizes), self.split_kind, self.multiple_of or 1)
+
+    def largest_fitting(self):
+        """The largest microbatch b with fit.intercept_bytes + fit.slope_bytes_per_sample * b <=
+        memory.usable_bytes, or None when the plan carries no memory model."""
+        a = self.fit.get("intercept_bytes")
+        s = self.fit.get("slope_bytes_per_sample")
+        usable = self.memory.get("usable_bytes")
+        if a is None or s is None or not usable or s <= 0:
+            return None
+        return int(math.floor((usable - a) / s))
+
+    def replan_below(self, failing_micro_batch):
+        """Re-plans in place after microbatch size ``failing_micro_batch`` ran out of memory: the
+        same per-rank batch, every microbatch strictly smaller, the fewest microbatches the memory
+        model allows, split as the plan splits. Returns a one-line note. Raises OutOfMemoryAtOne
+        when the failing size is 1."""
+        if failing_micro_batch <= 1:
+            budget = self.memory.get("budget_bytes")
+            raise OutOfMemoryAtOne(
+                "out of memory at microbatch size 1: the model's weights, gradients and optimizer state plus one "
+                "sample do not fit%s. Nothing smaller can be tried; raise the budget, free device memory, or use "
+                "a smaller model or sequence" % (" the budget of %d bytes" % budget if budget else ""))
+        T = self.per_rank_batch
+        bound = min(failing_micro_batch - 1, self.max_micro_batch)
+        unit = self.multiple_of or 1
+        how = []
+        if unit > bound or T % unit != 0:
+            how.append("multiple_of %d dropped (no multiple of it fits below %d)" % (unit, failing_micro_batch))
+            unit = 1
+        m = min(bound, T)
+        fitting = self.largest_fitting()
+        if fitting is not None and fitting >= unit and fitting < m:
+            m = fitting
+            how.append("memory model allows %d" % fitting)
+        m = max(unit, (m // unit) * unit)
+        old = list(self.microbatch_sizes)
+        self.microbatch_sizes = split_samples(T, m, self.split_kind, unit)
+        self.max_micro_batch = m
+        if unit == 1:
+            self.multiple_of = None
+        self.confirmed = False
+        note = ("out of memory at microbatch %d: re-split %d samples under max_micro_batch %d into %s (was %s)%s"
+                % (failing_micro_batch, T, m, ",".join(map(str, self.microbatch_sizes)), ",".join(map(str, old)),
+                   "; " + "; ".join(how) if how else ""))
+        self.replans.append(note)
+        self.reason = (self.reason + " " if self.reason else "") + (
+            "Re-planned during training after microbatch %d ran out of memory: %d microbatches (%s)."
+            % (failing_micro_batch, self.accumulation_steps, ",".join(map(str, self.microbatch_sizes))))
+        return note
+
+    # ---- writing ----
+    def to_dict(self):
+        """The plan document with the current (possibly re-planned) sizes."""
+        d = copy.deepcopy(self.raw)
+        d["microbatch_sizes"] = list(self.microbatch_sizes)
+        d["micro_batch"] = self.micro_batch
+        d["accumulation_steps"] = self.accumulation_steps
+        d["weights"] = self.weights
+        d["max_micro_batch"] = self.max_micro_batch
+        d["multiple_of"] = self.multiple_of
+        d["confirmed"] = self.confirmed
+        if self.replans:
+            d["confirmed_peak_bytes"] = None
+            u = largest_divisor_at_most(self.per_rank_batch, self.max_micro_batch, self.multiple_of or 1) or \
+                largest_divisor_at_most(self.per_rank_batch, self.max_micro_batch, 1)
+            d["uniform"] = {"micro_batch": u, "accumulation_steps": self.per_rank_batch // u}
+        d["reason"] = self.reason
+        return d
+
+    def save(self, path):
+        """Writes the plan (with any re-plan) atomically."""
+        import os
+        tmp = "%s.tmp-%d" % (path, os.getpid())
+        with open(tmp, "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+
+    def __repr__(self):
+        return ("Plan(target_batch=%d, world_size=%d, per_rank_batch=%d, microbatch_sizes=%s)"
+                % (self.target_batch, self.world_size, self.per_rank_batch, self.microbatch_sizes))
+
+    # ---- training (torch) ----
+    def split(self, inputs, target=None, **kwargs):
+        """See accumplan.train.split."""
+        from . import train
+        return train.split(self, inputs, target, **kwargs)
+
+    def train_window(self, model, optimizer, inputs, target=None, **kwargs):
+        """See accumplan.train.train_window."""
+        from . import train
+        return train.train_window(self, model, optimizer, inputs, target, **kwargs)
+
+
+def load_plan(path_or_doc, model=None, force=False):
+    """Reads and validates a plan: a path to plan.json, or the already parsed dict.
+
+    ``model`` (a path) also checks the model file's SHA-256 against the plan's (``force=True``
+    accepts a different one). Accepts schema_version 1.x (1.0 and 1.1); refuses other majors."""
+    if isinstance(path_or_doc, dict):
+        plan = Plan(path_or_doc, source="plan")
+    else:
+        try:
+            with open(path_or_doc) as f:
+                doc = json.load(f)
+        except OSError as e:
+            raise PlanError("cannot read plan %s: %s" % (path_or_doc, e.strerror)) from e
+        except json.JSONDecodeError as e:
+            raise PlanError("%s is not JSON: %s" % (path_or_doc, e)) from e
+        plan = Plan(doc, source=str(path_or_doc))
+    if model is not None:
+        plan.check_model(model, force=force)
+    return plan

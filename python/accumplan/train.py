@@ -1,0 +1,443 @@
+"""accumplan.train — follow a plan in a PyTorch training loop, with exact weighting and OOM recovery.
+
+The rules (docs/weighting.md, docs/oom-contract.md), the same as ``accumplan run``:
+
+* a window is the per-rank batch (or a shorter last one); it is split into the plan's microbatches;
+* every microbatch contributes the SUM of its per-unit losses divided by N, the window's units:
+  samples, or valid tokens (target != ignore_index) — counted before the first backward, and over
+  all ranks under torch.distributed — so the accumulated gradient is the whole window's mean;
+* gradients are synchronised once per window; the optimizer steps once per window; clipping sees
+  the combined gradient; a GradScaler unscales once; a scheduler advances only on real steps;
+* on out-of-memory the window's gradients are dropped, the plan is re-split below the failing size
+  and the window is replayed from its first sample (under torch.distributed every rank agrees on
+  the failure and re-plans identically).
+
+Works with Debian's PyTorch 1.13 and with 2.x; ``model`` may be an ``nn.Module``, a DDP module or
+a TorchScript module from ``torch.jit.load``.
+"""
+
+import contextlib
+import math
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .plan import OutOfMemoryAtOne
+
+LOSSES = ("cross_entropy", "mse", "model")
+_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+# --- small helpers -----------------------------------------------------------------------------
+
+def is_oom(error):
+    """True for torch.cuda.OutOfMemoryError (PyTorch >= 1.13; torch.OutOfMemoryError in 2.x) and
+    for any RuntimeError whose message says "out of memory" (older releases, other backends)."""
+    for name in ("OutOfMemoryError",):
+        for owner in (getattr(torch, "cuda", None), torch):
+            cls = getattr(owner, name, None) if owner is not None else None
+            if isinstance(cls, type) and isinstance(error, cls):
+                return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+
+
+def _as_tuple(inputs):
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,)
+    return tuple(inputs)
+
+
+def _samples(inputs, target):
+    tensors = list(inputs) + ([target] if target is not None else [])
+    if not tensors:
+        raise ValueError("the window holds no tensors")
+    n = tensors[0].shape[0] if tensors[0].dim() > 0 else None
+    for i, t in enumerate(tensors):
+        if t.dim() < 1:
+            raise ValueError("tensor %d of the window is a scalar; dim 0 must index samples" % i)
+        if t.shape[0] != n:
+            raise ValueError("tensor %d of the window has %d samples (dim 0) but the first has %d" % (i, t.shape[0], n))
+    return n
+
+
+def _world(group=None):
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(group)
+    return 1
+
+
+def _is_ddp(model):
+    return isinstance(model, torch.nn.parallel.DistributedDataParallel)
+
+
+def resolve_normalization(name, loss, target):
+    """'samples' or 'tokens'. 'auto' means tokens for cross-entropy over an integer target with
+    more than one dimension ([B,T] targets of [B,T,C] logits), samples otherwise."""
+    if name == "samples":
+        return "samples"
+    if name == "tokens":
+        if loss not in ("cross_entropy", None):
+            raise ValueError("normalization 'tokens' needs a per-token loss (cross_entropy); %r has no tokens" % loss)
+        return "tokens"
+    if name == "auto":
+        token_shaped = (target is not None and target.dim() > 1 and not target.is_floating_point())
+        return "tokens" if loss in ("cross_entropy", None) and token_shaped else "samples"
+    raise ValueError("normalization %r is unknown; use samples, tokens or auto" % (name,))
+
+
+def count_units(target, samples, normalization, ignore_index=-100):
+    """The units of a window or microbatch: its samples, or its valid tokens."""
+    if normalization == "samples":
+        return samples
+    if target is None:
+        raise ValueError("tokens normalization needs a target to count tokens in")
+    return int(target.ne(ignore_index).sum().item())
+
+
+def model_output(out):
+    """(tensor, is_loss) from what a forward returned: a tensor; a tuple/list whose first element
+    is the output; or a dict with "loss" (the microbatch's mean loss) or "logits"."""
+    if isinstance(out, dict):
+        if "loss" in out and out["loss"] is not None:
+            return out["loss"], True
+        if "logits" in out:
+            return out["logits"], False
+        raise ValueError("the model returned a dict without 'loss' or 'logits' (keys: %s)" % ", ".join(map(str, out)))
+    if isinstance(out, (tuple, list)):
+        if not out:
+            raise ValueError("the model returned an empty tuple")
+        return model_output(out[0])
+    if not isinstance(out, torch.Tensor):
+        raise ValueError("the model returned %s; return a tensor, a tuple (output first) or a dict with "
+                         "'loss' or 'logits'" % type(out).__name__)
+    return out, False
+
+
+def loss_sum(output, target, loss="cross_entropy", normalization="samples", ignore_index=-100, samples=None):
+    """The SUM over units of the per-unit loss of one microbatch (divide by the window's units).
+
+    cross_entropy: logits [B,C] with target [B], or [B,T,C] with [B,T]; in samples mode a sample's
+    loss is the mean over its valid positions. mse: a sample's loss is the mean over its elements.
+    model: ``output`` is the microbatch's mean loss; its sum is mean x samples (samples mode only).
+    """
+    if loss == "cross_entropy":
+        ok2 = output.dim() == 2 and target is not None and target.dim() == 1 and target.shape[0] == output.shape[0]
+        ok3 = (output.dim() == 3 and target is not None and target.dim() == 2 and
+               tuple(target.shape) == tuple(output.shape[:2]))
+        if not (ok2 or ok3):
+            raise ValueError("cross_entropy needs logits [B,C] with target [B], or [B,T,C] with [B,T]; got output %s "
+                             "and target %s" % (list(output.shape), None if target is None else list(target.shape)))
+        per = F.cross_entropy(output.reshape(-1, output.shape[-1]).float(), target.reshape(-1),
+                              reduction="none", ignore_index=ignore_index).reshape(target.shape)
+        if normalization == "tokens" or per.dim() == 1:
+            return per.sum()
+        valid = target.ne(ignore_index)
+        return (per.sum(1) / valid.sum(1).clamp_min(1).to(per.dtype)).sum()
+    if normalization == "tokens":
+        raise ValueError("tokens normalization applies to cross_entropy only, not %r" % (loss,))
+    if loss == "mse":
+        if target is None or output.shape != target.shape:
+            raise ValueError("mse needs output and target of the same shape; got %s and %s"
+                             % (list(output.shape), None if target is None else list(target.shape)))
+        return (output.float() - target.float()).pow(2).reshape(output.shape[0], -1).mean(1).sum()
+    if loss == "model":
+        if output.numel() != 1:
+            raise ValueError("loss 'model' expects the model to return a scalar mean loss; it returned %s"
+                             % list(output.shape))
+        return output.reshape(()).float() * float(samples)
+    raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss,))
+
+
+def _slice(inputs, target, start, n):
+    return tuple(t[start:start + n] for t in inputs), (None if target is None else target[start:start + n])
+
+
+def _all_reduce_ints(values, group, device):
+    t = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return [int(v) for v in t.tolist()]
+
+
+def _collective_device(group, params):
+    try:
+        backend = dist.get_backend(group)
+    except Exception:  # noqa: BLE001 - older releases raise different types here
+        backend = "gloo"
+    if backend == "nccl":
+        return params[0].device if params else torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _parameters(model):
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _zero_grads(params, optimizer=None):
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    for p in params:
+        p.grad = None
+
+
+def all_reduce_gradients(params, group=None, extra=None):
+    """ONE gradient exchange (flat buckets of at most 25 MiB, summed) over the process group.
+    Parameters without a gradient send zeros, so every rank sends the same list. ``extra`` (a
+    float) rides along in the last bucket; the summed value is returned."""
+    device = _collective_device(group, params)
+    grads = []
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grads.append(p.grad)
+    tail = torch.tensor([0.0 if extra is None else float(extra)], dtype=torch.float64)
+    by_dtype = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    buckets = []
+    for dtype, gs in by_dtype.items():
+        bucket, size = [], 0
+        for g in gs:
+            nbytes = g.numel() * g.element_size()
+            if bucket and size + nbytes > _BUCKET_BYTES:
+                buckets.append(bucket)
+                bucket, size = [], 0
+            bucket.append(g)
+            size += nbytes
+        if bucket:
+            buckets.append(bucket)
+    for i, bucket in enumerate(buckets):
+        flat = torch.cat([g.reshape(-1).to(device) for g in bucket])
+        last = i == len(buckets) - 1
+        if last:
+            flat = torch.cat([flat, tail.to(device=device, dtype=flat.dtype)])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        if last:
+            tail = flat[-1:].to(torch.float64).cpu()
+            flat = flat[:-1]
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+    if not buckets and extra is not None:
+        tail = tail.to(device)
+        dist.all_reduce(tail, op=dist.ReduceOp.SUM, group=group)
+    return float(tail.item())
+
+
+# --- the low-level way: your own loop ----------------------------------------------------------
+
+def split(plan, inputs, target=None, *, ignore_index=None, normalization=None, loss=None, model=None, group=None):
+    """Yields ``((inputs, target), scale)`` for each microbatch of one window.
+
+    ``scale`` is 1/N, N the window's units (samples, or valid tokens; summed over all ranks when
+    torch.distributed is initialised), so ``(scale * sum_of_per_unit_losses).backward()`` over the
+    microbatches accumulates the window's mean-loss gradient. Pass ``model=`` a DDP module to have
+    every microbatch but the last run under ``model.no_sync()`` (the scale then also undoes DDP's
+    division by the world size). Without DDP under torch.distributed, call
+    ``all_reduce_gradients(params)`` once after the loop. Yields nothing for a window without
+    valid tokens. No OOM recovery here: use ``train_window`` for that."""
+    inputs = _as_tuple(inputs)
+    n = _samples(inputs, target)
+    sizes = plan.window_sizes(n) if n > 0 else []
+    loss_kind = loss if loss is not None else plan.loss
+    norm = resolve_normalization(normalization or plan.normalization, loss_kind, target)
+    ii = plan.ignore_index if ignore_index is None else ignore_index
+    units = count_units(target, n, norm, ii) if n > 0 else 0
+    world = _world(group)
+    if world > 1:
+        units = _all_reduce_ints([units], group, _collective_device(group, _parameters(model) if model else []))[0]
+    if units == 0:
+        return
+    ddp = model is not None and _is_ddp(model)
+    if ddp and not sizes:
+        raise ValueError("this rank has no samples in the window, so it cannot join DDP's gradient all-reduce; "
+                         "use plan.train_window, which exchanges gradients itself")
+    scale = (world if ddp else 1) / units
+    start = 0
+    for i, m in enumerate(sizes):
+        ctx = model.no_sync() if ddp and i < len(sizes) - 1 else contextlib.nullcontext()
+        with ctx:
+            yield _slice(inputs, target, start, m), scale
+        start += m
+
+
+# --- the high-level way: one call per window ---------------------------------------------------
+
+class WindowStats:
+    """What one ``train_window`` call did."""
+
+    def __init__(self):
+        self.samples = 0            # of the whole window, all ranks
+        self.local_samples = 0      # of this rank
+        self.units = 0              # N: samples or valid tokens, all ranks
+        self.loss = float("nan")    # the window's mean loss (all ranks)
+        self.microbatch_sizes = []  # this rank's split, after any re-plan
+        self.stepped = False
+        self.skipped = False
+        self.skip_reason = ""
+        self.grad_norm = None
+        self.oom_recoveries = 0
+        self.seconds = 0.0
+
+    def __repr__(self):
+        return "WindowStats(%s)" % ", ".join("%s=%r" % kv for kv in vars(self).items())
+
+
+def _forward_sum(model, mb_inputs, mb_target, n, loss_kind, loss_fn, norm, ignore_index, autocast, device):
+    args = [t.to(device) if t.device != device else t for t in mb_inputs]
+    target = None if mb_target is None else (mb_target.to(device) if mb_target.device != device else mb_target)
+    if loss_kind == "model" and target is not None:
+        args.append(target)
+    ctx = torch.autocast(device_type=device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
+    with ctx:
+        out = model(*args)
+        if loss_fn is not None:
+            return loss_fn(out, target)
+        output, is_loss = model_output(out)
+        return loss_sum(output, target, "model" if is_loss else loss_kind, norm, ignore_index, n)
+
+
+def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss_fn=None, scaler=None,
+                 max_grad_norm=None, scheduler=None, autocast=None, normalization=None, ignore_index=None,
+                 oom_recovery=True, group=None, on_oom=None):
+    """Trains one window (the per-rank batch, or a shorter last one) and steps the optimizer once.
+
+    loss: "cross_entropy" | "mse" | "model" (default: the plan's setup.loss), or ``loss_fn(output,
+    target)`` returning the SUM over units of the microbatch (it receives what the model returned).
+    scaler: a GradScaler (fp16): scaled backward per microbatch, unscaled once, clipped, stepped,
+    updated. max_grad_norm clips the combined gradient. scheduler.step() runs only when the
+    optimizer really stepped. autocast: a dtype (torch.bfloat16, torch.float16) to run forwards under.
+    On out-of-memory (``is_oom``) the window's gradients are dropped, the plan re-planned below the
+    failing size (``plan.replans`` says how; ``on_oom(note)`` is called) and the window replayed.
+    Under torch.distributed (world size > 1) every rank must call it for every window; the units
+    are counted globally, failures are agreed on after every microbatch round, and the gradients
+    are exchanged once, after the last microbatch (a DDP module runs every microbatch under
+    ``no_sync()``: a DDP backward cannot be abandoned when a peer runs out of memory)."""
+    t0 = time.perf_counter()
+    inputs = _as_tuple(inputs)
+    n = _samples(inputs, target)
+    world = _world(group)
+    if world != plan.world_size and world > 1:
+        raise ValueError("the plan is for world size %d but the process group has %d ranks; re-plan with "
+                         "--world-size %d" % (plan.world_size, world, world))
+    if n > plan.per_rank_batch:
+        raise ValueError("a window holds at most the plan's per-rank batch of %d samples; got %d"
+                         % (plan.per_rank_batch, n))
+    loss_kind = loss if loss is not None else plan.loss
+    if loss_fn is None and loss_kind not in LOSSES:
+        raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss_kind,))
+    norm = resolve_normalization(normalization or plan.normalization, None if loss_fn else loss_kind, target)
+    ii = plan.ignore_index if ignore_index is None else ignore_index
+    inner = model.module if _is_ddp(model) else model
+    params = _parameters(inner)
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    device = params[0].device
+    distributed = world > 1
+    cdev = _collective_device(group, params) if distributed else None
+
+    st = WindowStats()
+    st.local_samples = n
+    units = count_units(target, n, norm, ii) if n > 0 else 0
+    rank_samples = [n]
+    if distributed:
+        rank = dist.get_rank(group)
+        counts = [0] * (2 + world)
+        counts[0], counts[1], counts[2 + rank] = units, n, n
+        counts = _all_reduce_ints(counts, group, cdev)
+        units, st.samples, rank_samples = counts[0], counts[1], counts[2:]
+    else:
+        st.samples = n
+    st.units = units
+    _zero_grads(params, optimizer)
+    if units == 0:
+        st.skipped, st.skip_reason = True, "the window has no valid tokens (every target is ignore_index)"
+        st.seconds = time.perf_counter() - t0
+        return st
+
+    ddp_ctx = model.no_sync if _is_ddp(model) else contextlib.nullcontext
+    while True:
+        _zero_grads(params, optimizer)
+        sizes = plan.window_sizes(n) if n > 0 else []
+        rounds = max(len(plan.window_sizes(m)) if m > 0 else 0 for m in rank_samples) if distributed else len(sizes)
+        total, failing, start = 0.0, 0, 0
+        for i in range(rounds):
+            status = 0
+            if i < len(sizes):
+                m = sizes[i]
+                try:
+                    mb_inputs, mb_target = _slice(inputs, target, start, m)
+                    with ddp_ctx():
+                        s = _forward_sum(model, mb_inputs, mb_target, m, loss_kind, loss_fn, norm, ii, autocast, device)
+                        total += float(s.detach())
+                        obj = s / units
+                        (scaler.scale(obj) if scaler is not None else obj).backward()
+                    del s, obj
+                except Exception as e:  # noqa: BLE001 - only out-of-memory is recovered
+                    if not (oom_recovery and is_oom(e)):
+                        if not distributed:
+                            raise
+                        status = -1
+                        error = e
+                    else:
+                        status = m
+                start += m
+            if distributed:
+                flags = [0] * world
+                flags[dist.get_rank(group)] = status
+                flags = _all_reduce_ints(flags, group, cdev)
+                if any(f < 0 for f in flags):
+                    if status < 0:
+                        raise error
+                    raise RuntimeError("rank %d failed in a microbatch (its own error says why); this rank stops with it"
+                                       % flags.index(min(flags)))
+                failed = [f for f in flags if f > 0]
+                failing = min(failed) if failed else 0
+            else:
+                failing = status
+            if failing:
+                break
+        if not failing:
+            break
+        # Out of the except block: the failed microbatch's tensors are released already.
+        _zero_grads(params, optimizer)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        note = plan.replan_below(failing)  # raises OutOfMemoryAtOne at size 1
+        st.oom_recoveries += 1
+        if on_oom is not None:
+            on_oom(note)
+
+    st.microbatch_sizes = sizes
+    if distributed:
+        total = all_reduce_gradients(params, group, extra=total)
+    st.loss = total / units
+
+    # The AMP order: unscale once, clip the combined gradient, step, update.
+    if scaler is not None and max_grad_norm is not None:
+        scaler.unscale_(optimizer)
+    if max_grad_norm is not None:
+        st.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    if scaler is not None:
+        before = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        st.stepped = not (scaler.get_scale() < before)
+        if not st.stepped:
+            st.skipped, st.skip_reason = True, "non-finite gradient at loss scale %g" % before
+    elif st.grad_norm is not None and not math.isfinite(st.grad_norm):
+        st.skipped, st.skip_reason = True, "non-finite gradient norm"
+    else:
+        optimizer.step()
+        st.stepped = True
+    if st.stepped and scheduler is not None:
+        scheduler.step()
+    _zero_grads(params, optimizer)
+    st.seconds = time.perf_counter() - t0
+    return st
+
+
+__all__ = ["is_oom", "resolve_normalization", "count_units", "model_output", "loss_sum", "split",
+           "train_window", "all_reduce_gradients", "WindowStats", "OutOfMemoryAtOne"]

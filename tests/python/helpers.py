@@ -1,0 +1,123 @@
+"""Shared fixtures of the Python tests: plan documents, tiny models, the full-batch reference."""
+import copy
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import torch  # noqa: E402
+
+import accumplan  # noqa: E402
+
+GOLDEN_PLAN = os.path.join(ROOT, "tests", "golden", "plan.json")
+
+
+def golden_doc():
+    with open(GOLDEN_PLAN) as f:
+        return json.load(f)
+
+
+def plan_doc(sizes, world_size=1, split="balanced", multiple_of=None, loss="cross_entropy",
+             normalization="auto", version="1.1", usable_bytes=None, intercept=None, slope=None):
+    """A plan.json document for one window of `sizes` per rank (the golden plan's other fields)."""
+    d = golden_doc()
+    T = sum(sizes)
+    d["schema_version"] = version
+    d["target_batch"] = T * world_size
+    d["world_size"] = world_size
+    d["per_rank_batch"] = T
+    d["microbatch_sizes"] = list(sizes)
+    d["weights"] = [n / T for n in sizes]
+    d["micro_batch"] = max(sizes)
+    d["accumulation_steps"] = len(sizes)
+    d["max_micro_batch"] = max(sizes)
+    d["split"] = split
+    d["multiple_of"] = multiple_of
+    d["setup"]["loss"] = loss
+    d["setup"]["normalization"] = normalization
+    if usable_bytes is not None:
+        d["memory"]["usable_bytes"] = usable_bytes
+    if intercept is not None:
+        d["fit"]["intercept_bytes"] = intercept
+    if slope is not None:
+        d["fit"]["slope_bytes_per_sample"] = slope
+    if version.startswith("1.1"):
+        profile = {k: copy.deepcopy(d[k]) for k in ("device", "model", "setup")}
+        profile["points"] = d.pop("profile_points")
+        profile["trials"] = d.pop("trials")
+        d["profile"] = profile
+    return d
+
+
+def make_plan(sizes, **kw):
+    return accumplan.load_plan(plan_doc(sizes, **kw))
+
+
+class Classifier(torch.nn.Module):
+    """float32[B,8] -> logits [B,4]."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.l1 = torch.nn.Linear(8, 16)
+        self.l2 = torch.nn.Linear(16, 4)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+    def forward(self, x):
+        return self.l2(torch.tanh(self.l1(x)))
+
+
+class TinyLM(torch.nn.Module):
+    """int64[B,T] tokens in [0,10) -> logits [B,T,5]; returns a dict, as Hugging Face models do."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.emb = torch.nn.Embedding(10, 6)
+        self.out = torch.nn.Linear(6, 5)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+    def forward(self, tokens):
+        return {"logits": self.out(torch.tanh(self.emb(tokens)))}
+
+
+def classifier_data(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def token_data(n, t=6, seed=2, ignore_index=-100):
+    """Tokens and targets with a different number of ignored positions per sample (some none)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 10, (n, t), generator=g)
+    y = torch.randint(0, 5, (n, t), generator=g)
+    for i in range(n):
+        y[i, t - (i % (t + 1)):] = ignore_index  # sample i ignores its last i % (t+1) positions
+    return x, y
+
+
+def full_batch_grads(model, x, y, tokens=False, ignore_index=-100):
+    """The gradient of the whole window's mean loss, computed in one batch: the reference."""
+    model.zero_grad(set_to_none=True)
+    out = model(x)
+    out = out["logits"] if isinstance(out, dict) else out
+    if tokens:
+        loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1),
+                                                 ignore_index=ignore_index)  # mean over valid tokens
+    else:
+        loss = torch.nn.functional.cross_entropy(out, y)
+    loss.backward()
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def params_of(model):
+    return [p.detach().clone() for p in model.parameters()]

@@ -1,0 +1,134 @@
+"""accumplan.load_plan: versions, validation, the split arithmetic and the re-plan rule."""
+import json
+import os
+import tempfile
+import unittest
+
+from helpers import GOLDEN_PLAN, golden_doc, make_plan, plan_doc
+
+import accumplan
+
+
+class LoadPlan(unittest.TestCase):
+    def test_reads_the_golden_1_0_plan(self):
+        plan = accumplan.load_plan(GOLDEN_PLAN)
+        self.assertEqual(plan.schema_version, "1.0")
+        self.assertEqual(plan.microbatch_sizes, [52, 51, 51, 51, 51])
+        self.assertEqual((plan.micro_batch, plan.accumulation_steps), (52, 5))
+        self.assertEqual(plan.weights, golden_doc()["weights"])
+        self.assertEqual(plan.split_kind, "balanced")
+        self.assertEqual(plan.normalization, "auto")
+        self.assertIsNone(plan.profile)
+
+    def test_reads_a_1_1_plan_with_a_nested_profile_and_no_top_level_points(self):
+        doc = plan_doc([52, 51, 51, 51, 51], version="1.1")
+        self.assertNotIn("profile_points", doc)
+        self.assertNotIn("trials", doc)
+        plan = accumplan.load_plan(doc)
+        self.assertEqual(plan.profile["points"][0]["micro_batch"], 1)
+        self.assertEqual(plan.largest_fitting(), 60)  # from fit + memory, not from the points
+
+    def test_refuses_another_major_version_and_another_schema(self):
+        doc = golden_doc()
+        doc["schema_version"] = "2.0"
+        with self.assertRaisesRegex(accumplan.PlanError, "2.0 is not supported.*1.x"):
+            accumplan.load_plan(doc)
+        doc = golden_doc()
+        doc["schema"] = "accumplan.profile"
+        with self.assertRaisesRegex(accumplan.PlanError, "this is a profile"):
+            accumplan.load_plan(doc)
+
+    def test_names_the_bad_field(self):
+        doc = golden_doc()
+        doc["microbatch_sizes"][2] = 0
+        with self.assertRaisesRegex(accumplan.PlanError, r"\$\.microbatch_sizes\[2\]"):
+            accumplan.load_plan(doc)
+        doc = golden_doc()
+        doc["microbatch_sizes"] = [52, 51]
+        with self.assertRaisesRegex(accumplan.PlanError, "sum to 103, not per_rank_batch 256"):
+            accumplan.load_plan(doc)
+        doc = golden_doc()
+        del doc["per_rank_batch"]
+        with self.assertRaisesRegex(accumplan.PlanError, r"\$\.per_rank_batch is missing"):
+            accumplan.load_plan(doc)
+        doc = golden_doc()
+        doc["world_size"] = 2
+        with self.assertRaisesRegex(accumplan.PlanError, "x world_size 2 is not target_batch 256"):
+            accumplan.load_plan(doc)
+
+    def test_file_errors_and_the_model_hash(self):
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaisesRegex(accumplan.PlanError, "cannot read plan"):
+                accumplan.load_plan(os.path.join(d, "missing.json"))
+            bad = os.path.join(d, "bad.json")
+            with open(bad, "w") as f:
+                f.write("{not json")
+            with self.assertRaisesRegex(accumplan.PlanError, "is not JSON"):
+                accumplan.load_plan(bad)
+            model = os.path.join(d, "m.pt")
+            with open(model, "wb") as f:
+                f.write(b"model bytes")
+            with self.assertRaisesRegex(accumplan.PlanError, "SHA-256"):
+                accumplan.load_plan(GOLDEN_PLAN, model=model)
+            accumplan.load_plan(GOLDEN_PLAN, model=model, force=True)
+            doc = golden_doc()
+            doc["model"]["sha256"] = accumplan.file_sha256(model)
+            accumplan.load_plan(doc, model=model)
+            # save() writes the current sizes and reads back
+            plan = accumplan.load_plan(doc)
+            plan.replan_below(52)
+            out = os.path.join(d, "new.json")
+            plan.save(out)
+            again = accumplan.load_plan(out)
+            self.assertEqual(again.microbatch_sizes, plan.microbatch_sizes)
+            with open(out) as f:
+                self.assertFalse(json.load(f)["confirmed"])
+
+
+class Arithmetic(unittest.TestCase):
+    def test_balanced_and_uniform_splits_as_the_cpp_solver(self):
+        self.assertEqual(accumplan.split_samples(256, 60), [52, 51, 51, 51, 51])
+        self.assertEqual(accumplan.split_samples(256, 60, "uniform"), [32] * 8)
+        self.assertEqual(accumplan.split_samples(26, 8), [7, 7, 6, 6])
+        self.assertEqual(accumplan.split_samples(256, 60, "balanced", 8), [56, 56, 48, 48, 48])
+        self.assertEqual(accumplan.balanced_split(256, 5, 8), [56, 56, 48, 48, 48])
+        self.assertEqual(accumplan.split_samples(7, 4, "balanced", 8), [4, 3])  # short window drops the unit
+
+    def test_short_windows_split_under_the_plans_largest_microbatch(self):
+        plan = accumplan.load_plan(GOLDEN_PLAN)  # 52,51,51,51,51; max_micro_batch 60
+        self.assertEqual(plan.window_sizes(256), [52, 51, 51, 51, 51])
+        self.assertEqual(plan.window_sizes(60), [30, 30])  # not one 60 nobody ran
+        self.assertEqual(plan.window_sizes(7), [7])
+        with self.assertRaises(ValueError):
+            plan.window_sizes(257)
+
+    def test_replan_below_uses_the_memory_model_and_the_bound(self):
+        # fit says 60 fit; an OOM at 52 bounds the microbatch by 51: 256 = 6 microbatches.
+        plan = accumplan.load_plan(GOLDEN_PLAN)
+        note = plan.replan_below(52)
+        self.assertEqual(plan.microbatch_sizes, [43, 43, 43, 43, 42, 42])
+        self.assertIn("out of memory at microbatch 52", note)
+        self.assertFalse(plan.confirmed)
+        # a memory model that allows only 20 wins over the bound 51
+        usable = 208004920.3478261 + 12582448.973913044 * 20.5
+        plan = make_plan([52, 51, 51, 51, 51], usable_bytes=int(usable))
+        plan.replan_below(52)
+        self.assertEqual(max(plan.microbatch_sizes), 20)
+        self.assertEqual(len(plan.microbatch_sizes), 13)
+        # uniform plans stay uniform; multiple_of is kept while it fits and dropped when not
+        plan = make_plan([32] * 8, split="uniform")
+        plan.replan_below(32)
+        self.assertEqual(plan.microbatch_sizes, [16] * 16)
+        plan = make_plan([56, 56, 48, 48, 48], multiple_of=8)
+        plan.replan_below(56)
+        self.assertEqual(plan.microbatch_sizes, [48, 48, 40, 40, 40, 40])
+        plan = make_plan([8, 8], multiple_of=8)
+        plan.replan_below(8)
+        self.assertIsNone(plan.multiple_of)
+        self.assertEqual(plan.microbatch_sizes, [6, 5, 5])
+        with self.assertRaises(accumplan.OutOfMemoryAtOne):
+            plan.replan_below(1)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,202 @@
+"""Accumulated gradients equal the whole window's gradient: equal, uneven, partial and
+token-weighted windows, through plan.split (your own loop) and plan.train_window."""
+import unittest
+
+import torch
+
+from helpers import (Classifier, TinyLM, classifier_data, full_batch_grads, make_plan, params_of,
+                     token_data)
+
+import accumplan
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+class Weighting(unittest.TestCase):
+    def assertAllClose(self, got, want):
+        self.assertEqual(len(got), len(want))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=RTOL, atol=ATOL)
+
+    def split_grads(self, plan, model, x, y, **kw):
+        model.zero_grad(set_to_none=True)
+        used = []
+        for (inputs, target), scale in plan.split((x,), y, **kw):
+            used.append(target.shape[0])
+            out, _ = accumplan.model_output(model(*inputs))
+            norm = accumplan.resolve_normalization(plan.normalization, plan.loss, target)
+            (scale * accumplan.loss_sum(out, target, plan.loss, norm)).backward()
+        grads = [p.grad.detach().clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        return grads, used
+
+    def check_classifier(self, sizes, window):
+        plan = make_plan(sizes)
+        model = Classifier()
+        x, y = classifier_data(window)
+        want = full_batch_grads(model, x, y)
+        got, used = self.split_grads(plan, model, x, y)
+        self.assertAllClose(got, want)
+        return plan, used
+
+    def test_equal_microbatches(self):
+        _, used = self.check_classifier([4, 4, 4, 4], 16)
+        self.assertEqual(used, [4, 4, 4, 4])
+
+    def test_uneven_microbatches(self):
+        _, used = self.check_classifier([7, 7, 6, 6], 26)
+        self.assertEqual(used, [7, 7, 6, 6])
+
+    def test_partial_last_window(self):
+        _, used = self.check_classifier([7, 7, 6, 6], 10)  # a short window of 10: 5,5 under 7
+        self.assertEqual(used, [5, 5])
+
+    def test_a_mean_of_microbatch_means_is_not_the_window_mean(self):
+        # The test above can fail: weighting 8,8,8,2 as 1/4 each gives another gradient.
+        model = Classifier()
+        x, y = classifier_data(26)
+        want = full_batch_grads(model, x, y)
+        model.zero_grad(set_to_none=True)
+        for s, n in ((0, 8), (8, 8), (16, 8), (24, 2)):
+            (torch.nn.functional.cross_entropy(model(x[s:s + n]), y[s:s + n]) / 4).backward()
+        naive = [p.grad for p in model.parameters()]
+        self.assertFalse(all(torch.allclose(g, w, rtol=RTOL, atol=ATOL) for g, w in zip(naive, want)))
+
+    def test_token_weighted_windows(self):
+        # Different numbers of valid tokens per microbatch: N is the window's valid tokens.
+        plan = make_plan([4, 3, 3], normalization="auto")
+        model = TinyLM()
+        for window in (10, 5):  # full, and a short last window
+            x, y = token_data(window)
+            want = full_batch_grads(model, x, y, tokens=True)
+            got, _ = self.split_grads(plan, model, x, y)
+            self.assertAllClose(got, want)
+        # the same window in samples mode is a different (per-sample mean) objective
+        x, y = token_data(10)
+        samples, _ = self.split_grads(plan, model, x, y, normalization="samples")
+        self.assertFalse(all(torch.allclose(g, w, rtol=RTOL, atol=ATOL) for g, w in
+                             zip(samples, full_batch_grads(model, x, y, tokens=True))))
+
+    def test_train_window_updates_like_one_big_batch(self):
+        # SGD(lr): the update is -lr x the full-batch gradient; TorchScript and dict outputs too.
+        cases = [([7, 7, 6, 6], 26, Classifier, classifier_data, False),
+                 ([7, 7, 6, 6], 11, Classifier, classifier_data, False),
+                 ([4, 3, 3], 10, TinyLM, token_data, True)]
+        for sizes, window, make_model, data, tokens in cases:
+            for scripted in (False, True):
+                plan = make_plan(sizes)
+                model = make_model()
+                x, y = data(window)
+                want = [p - 0.5 * g for p, g in zip(params_of(model), full_batch_grads(model, x, y, tokens=tokens))]
+                m = torch.jit.script(model) if scripted else model
+                opt = torch.optim.SGD(m.parameters(), lr=0.5)
+                stats = plan.train_window(m, opt, (x,), y, loss="cross_entropy")
+                self.assertTrue(stats.stepped)
+                self.assertEqual(stats.samples, window)
+                self.assertEqual(stats.units, int(y.ne(-100).sum()) if tokens else window)
+                self.assertEqual(sum(stats.microbatch_sizes), window)
+                self.assertAllClose(params_of(m), want)
+
+    def test_clipping_sees_the_combined_gradient(self):
+        plan = make_plan([7, 7, 6, 6])
+        model = Classifier()
+        x, y = classifier_data(26)
+        g = full_batch_grads(model, x, y)
+        norm = torch.stack([t.norm() for t in g]).norm()
+        coef = 0.01 / (norm + 1e-6)
+        want = [p - 1.0 * coef * t for p, t in zip(params_of(model), g)]
+        stats = plan.train_window(model, torch.optim.SGD(model.parameters(), lr=1.0), (x,), y, max_grad_norm=0.01)
+        self.assertAlmostEqual(stats.grad_norm, float(norm), places=5)
+        self.assertAllClose(params_of(model), want)
+
+    def test_mse_and_model_losses(self):
+        plan = make_plan([3, 3, 2], loss="mse")
+        lin = torch.nn.Linear(8, 4)
+        x, _ = classifier_data(8)
+        t = torch.randn(8, 4)
+        lin.zero_grad()
+        torch.nn.functional.mse_loss(lin(x), t).backward()
+        want = [p - 0.1 * p.grad for p in lin.parameters()]
+        plan.train_window(lin, torch.optim.SGD(lin.parameters(), lr=0.1), (x,), t)
+        self.assertAllClose(params_of(lin), [w.detach() for w in want])
+
+        class WithLoss(torch.nn.Module):  # forward(x, target) -> {"loss": mean}
+            def __init__(self):
+                super().__init__()
+                self.c = Classifier()
+
+            def forward(self, x, y):
+                return {"loss": torch.nn.functional.cross_entropy(self.c(x), y)}
+
+        plan = make_plan([3, 3, 2], loss="model")
+        m = WithLoss()
+        x, y = classifier_data(8)
+        want = [p - 0.1 * g for p, g in zip(params_of(m), full_batch_grads(m.c, x, y))]
+        plan.train_window(m, torch.optim.SGD(m.parameters(), lr=0.1), (x,), y)
+        self.assertAllClose(params_of(m), want)
+
+    def test_scaler_order_and_scheduler_only_on_real_steps(self):
+        calls = []
+
+        class FakeScaler:  # records the order; skips the step when told to
+            def __init__(self, skip):
+                self.skip, self.s = skip, 8.0
+
+            def scale(self, t):
+                calls.append("scale")
+                return t * self.s
+
+            def unscale_(self, opt):
+                calls.append("unscale")
+                for g in opt.param_groups:
+                    for p in g["params"]:
+                        p.grad.div_(self.s)
+
+            def get_scale(self):
+                return self.s
+
+            def step(self, opt):
+                calls.append("step")
+                if not self.skip:
+                    opt.step()
+
+            def update(self):
+                calls.append("update")
+                if self.skip:
+                    self.s /= 2
+
+        class Sched:
+            steps = 0
+
+            def step(self):
+                calls.append("scheduler")
+                Sched.steps += 1
+
+        plan = make_plan([3, 3, 2])
+        for skip in (False, True):
+            del calls[:]
+            model = Classifier()
+            x, y = classifier_data(8)
+            before = params_of(model)
+            stats = plan.train_window(model, torch.optim.SGD(model.parameters(), lr=0.1), (x,), y,
+                                      scaler=FakeScaler(skip), max_grad_norm=100.0, scheduler=Sched())
+            self.assertEqual(calls, ["scale"] * 3 + ["unscale", "step", "update"] + ([] if skip else ["scheduler"]))
+            self.assertEqual(stats.skipped, skip)
+            changed = any(not torch.equal(a, b) for a, b in zip(before, params_of(model)))
+            self.assertEqual(changed, not skip)
+        self.assertEqual(Sched.steps, 1)
+
+    def test_a_window_without_valid_tokens_is_skipped(self):
+        plan = make_plan([2, 2])
+        model = TinyLM()
+        x, y = token_data(4)
+        y[:] = -100
+        before = params_of(model)
+        stats = plan.train_window(model, torch.optim.SGD(model.parameters(), lr=0.1), (x,), y)
+        self.assertTrue(stats.skipped)
+        self.assertAllClose(params_of(model), before)
+        self.assertEqual(list(plan.split((x,), y)), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
