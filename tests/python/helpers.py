@@ -121,3 +121,29 @@ def full_batch_grads(model, x, y, tokens=False, ignore_index=-100):
 
 def params_of(model):
     return [p.detach().clone() for p in model.parameters()]
+
+
+def oom_error(kind):
+    if kind == "cuda" and hasattr(torch.cuda, "OutOfMemoryError"):
+        return torch.cuda.OutOfMemoryError("Tried to allocate 2.00 MiB (injected; recognised by its type)")
+    return RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB (injected, message only)")
+
+
+class FailingAt(torch.nn.Module):
+    """Wraps a model; the forward call number `position` (0-based) raises an out-of-memory error,
+    once. Optionally every call with more than `over` samples raises too (a real memory bound)."""
+
+    def __init__(self, inner, position=None, over=None, kind="cuda"):
+        super().__init__()
+        self.inner, self.position, self.over, self.kind = inner, position, over, kind
+        self.calls, self.sizes = 0, []
+
+    def forward(self, x):
+        i = self.calls
+        self.calls += 1
+        self.sizes.append(x.shape[0])
+        if i == self.position or (self.over is not None and x.shape[0] > self.over):
+            # allocate something first, as a real OOM happens mid-forward
+            _ = self.inner(x)
+            raise oom_error(self.kind)
+        return self.inner(x)

@@ -1,0 +1,87 @@
+"""OOM recovery in plan.train_window: an out-of-memory error injected at every microbatch position
+gives the same update as no error; the plan is re-split below the failing size."""
+import unittest
+
+import torch
+
+from helpers import Classifier, FailingAt, TinyLM, classifier_data, make_plan, params_of, token_data
+
+import accumplan
+
+
+class OomRecovery(unittest.TestCase):
+    def reference(self, sizes, make_model, data, window):
+        model = make_model()
+        x, y = data(window)
+        make_plan(sizes).train_window(model, torch.optim.SGD(model.parameters(), lr=0.5), (x,), y)
+        return params_of(model)
+
+    def test_an_oom_at_each_microbatch_position_gives_the_same_update(self):
+        for sizes, make_model, data in (([7, 7, 6, 6], Classifier, classifier_data),
+                                        ([4, 3, 3], TinyLM, token_data)):
+            window = sum(sizes)
+            want = self.reference(sizes, make_model, data, window)
+            for position in range(len(sizes)):
+                for kind in ("cuda", "message"):
+                    with self.subTest(sizes=sizes, position=position, kind=kind):
+                        plan = make_plan(sizes)
+                        model = FailingAt(make_model(), position=position, kind=kind)
+                        x, y = data(window)
+                        notes = []
+                        stats = plan.train_window(model, torch.optim.SGD(model.parameters(), lr=0.5), (x,), y,
+                                                  on_oom=notes.append)
+                        self.assertEqual(stats.oom_recoveries, 1)
+                        self.assertEqual(len(notes), 1)
+                        failing = sizes[position]
+                        self.assertLess(max(plan.microbatch_sizes), failing)
+                        self.assertEqual(sum(plan.microbatch_sizes), window)
+                        # replayed from the first sample: every sample of the window, once, after the failure
+                        self.assertEqual(sum(model.sizes[position + 1:]), window)
+                        for got, w in zip(params_of(model.inner), want):
+                            torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
+
+    def test_repeated_ooms_shrink_until_it_fits_then_later_windows_keep_the_new_plan(self):
+        plan = make_plan([7, 7, 6, 6])
+        model = FailingAt(Classifier(), over=3)
+        x, y = classifier_data(52)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        stats = plan.train_window(model, opt, (x[:26],), y[:26])
+        self.assertGreaterEqual(stats.oom_recoveries, 1)
+        self.assertLessEqual(max(plan.microbatch_sizes), 3)
+        stats = plan.train_window(model, opt, (x[26:],), y[26:])
+        self.assertEqual(stats.oom_recoveries, 0)
+        ref = Classifier()
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+        for s in (0, 26):
+            make_plan([26]).train_window(ref, ref_opt, (x[s:s + 26],), y[s:s + 26])
+        for got, w in zip(params_of(model.inner), params_of(ref)):
+            torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
+
+    def test_out_of_memory_with_one_sample_is_an_error_and_other_errors_pass_through(self):
+        plan = make_plan([2, 2])
+        model = FailingAt(Classifier(), over=0)
+        x, y = classifier_data(4)
+        with self.assertRaisesRegex(accumplan.OutOfMemoryAtOne, "microbatch size 1"):
+            plan.train_window(model, torch.optim.SGD(model.parameters(), lr=0.5), (x,), y)
+        self.assertTrue(all(p.grad is None for p in model.parameters()))
+
+        class Broken(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.l = torch.nn.Linear(8, 4)
+
+            def forward(self, x):
+                raise RuntimeError("shape mismatch, not a memory problem")
+
+        m = Broken()
+        with self.assertRaisesRegex(RuntimeError, "shape mismatch"):
+            make_plan([2, 2]).train_window(m, torch.optim.SGD(m.parameters(), lr=0.5), (x,), y)
+        # recovery off: the OOM propagates
+        model = FailingAt(Classifier(), position=0)
+        with self.assertRaises(RuntimeError):
+            make_plan([2, 2]).train_window(model, torch.optim.SGD(model.parameters(), lr=0.5), (x,), y,
+                                           oom_recovery=False)
+
+
+if __name__ == "__main__":
+    unittest.main()
