@@ -11,6 +11,7 @@ packages=(cmake ninja-build g++ ccache pkg-config
 for extra in "$@"; do
   case "$extra" in
     python-torch) packages+=(python3-torch python3-torchvision) ;;
+    python-test) packages+=(python3-torch) ;;  # the Python package's tests (scripts/test.sh)
     *) echo "install-deps: unknown extra '$extra'" >&2; exit 2 ;;
   esac
 done

@@ -1,0 +1,91 @@
+"""The Python loop and `accumplan run` train the same TorchScript model on the same data with the
+same plan (made by `accumplan` itself) and end with the same parameters.
+
+Uses the built executable: $ACCUMPLAN_BIN (scripts/test.sh sets it; then a missing binary is a
+failure), else build/accumplan (skipped when absent)."""
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+import torch
+
+from helpers import ROOT, Classifier, classifier_data, params_of, token_data
+
+import accumplan
+
+BIN = os.environ.get("ACCUMPLAN_BIN") or os.path.join(ROOT, "build", "accumplan")
+
+
+class TokenLM(torch.nn.Module):
+    """int64[B,6] -> logits [B,6,5] (a plain tensor, which every accumplan release accepts)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.emb = torch.nn.Embedding(10, 6)
+        self.out = torch.nn.Linear(6, 5)
+
+    def forward(self, tokens):
+        return self.out(torch.tanh(self.emb(tokens)))
+
+
+def run(args, **kw):
+    p = subprocess.run([BIN] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300, **kw)
+    if p.returncode != 0:
+        raise AssertionError("accumplan %s exited %d:\n%s" % (" ".join(args), p.returncode, p.stderr.decode()))
+    return p
+
+
+@unittest.skipUnless(os.access(BIN, os.X_OK) or "ACCUMPLAN_BIN" in os.environ,
+                     "no accumplan binary at %s (build it, or set ACCUMPLAN_BIN)" % BIN)
+class SameAsAccumplanRun(unittest.TestCase):
+    def compare(self, model, x, y, specs, steps):
+        with tempfile.TemporaryDirectory() as d:
+            m, data, plan_path, out = (os.path.join(d, n) for n in ("m.pt", "data.pt", "plan.json", "out.pt"))
+            torch.jit.save(torch.jit.script(model), m)
+            torch.save([x, y], data)
+            run(["--model", m, "--target-batch", "16", *specs, "--device", "cpu", "--memory-budget", "256MiB",
+                 "--optimizer", "sgd", "--lr", "0.5", "--max-micro-batch", "6", "--threads", "1", "--out", plan_path])
+            plan = accumplan.load_plan(plan_path, model=m)
+            self.assertEqual(plan.microbatch_sizes, [6, 5, 5])  # uneven, from the real planner
+            run(["run", "--plan", plan_path, "--model", m, "--data", data, "--steps", str(steps), "--save", out,
+                 "--threads", "1"] if self._threads_flag() else
+                ["run", "--plan", plan_path, "--model", m, "--data", data, "--steps", str(steps), "--save", out])
+
+            ours = torch.jit.load(m)
+            opt = torch.optim.SGD(ours.parameters(), lr=plan.setup["lr"])
+            n = x.shape[0]
+            windows = 0
+            for s in range(0, n, plan.per_rank_batch):
+                if windows == steps:
+                    break
+                plan.train_window(ours, opt, (x[s:s + plan.per_rank_batch],), y[s:s + plan.per_rank_batch])
+                windows += 1
+            theirs = torch.jit.load(out)
+            got, want = params_of(ours), params_of(theirs)
+            self.assertEqual(len(got), len(want))
+            moved = False
+            for g, w, w0 in zip(got, want, params_of(torch.jit.load(m))):
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+                moved = moved or not torch.allclose(w, w0)
+            self.assertTrue(moved, "accumplan run did not change the parameters")
+
+    def _threads_flag(self):
+        if not hasattr(SameAsAccumplanRun, "_has_threads"):
+            p = subprocess.run([BIN, "run", "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            SameAsAccumplanRun._has_threads = b"--threads" in p.stdout
+        return SameAsAccumplanRun._has_threads
+
+    def test_classifier_uneven_microbatches_and_a_short_last_window(self):
+        x, y = classifier_data(40)  # windows of 16, 16 and a short 8
+        self.compare(Classifier(), x, y, ["--input", "float32[B,8]", "--target", "int64[B]:4"], steps=3)
+
+    def test_token_model_weighted_by_valid_tokens(self):
+        x, y = token_data(40)  # ignored positions differ per microbatch
+        self.compare(TokenLM(), x, y, ["--input", "int64[B,6]:10", "--target", "int64[B,6]:5"], steps=3)
+
+
+if __name__ == "__main__":
+    unittest.main()
