@@ -35,6 +35,8 @@ struct ExportArgs {
   std::string plan;
   std::string to;
   std::string out;
+  std::string binary = "accumplan";
+  bool allow_slow = false;
 };
 
 }  // namespace
@@ -85,10 +87,18 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
   exp->add_option("--plan", eargs->plan, "plan.json")->required();
   exp->add_option("--to", eargs->to, "deepspeed | accelerate | lightning | hf | torchrun")->required();
   exp->add_option("--out", eargs->out, "write here (atomically); default stdout");
+  exp->add_flag("--allow-slow", eargs->allow_slow,
+                "export the trainer's equal-microbatch split even when it is predicted more than 25% slower "
+                "per window than the plan (otherwise exit 2 naming target batches that split evenly)");
+  exp->add_option("--binary", eargs->binary, "the accumplan the torchrun line launches")->capture_default_str();
   commands.push_back({exp, [eargs]() {
                         const Plan p = read_plan_file(eargs->plan, "--plan");
                         std::string note;
-                        const std::string text = export_plan(p, eargs->to, &note);
+                        ExportOptions options;
+                        options.plan_path = eargs->plan;
+                        options.binary = eargs->binary;
+                        options.allow_slow = eargs->allow_slow;
+                        const std::string text = export_plan(p, eargs->to, &note, options);
                         if (!note.empty()) std::cerr << "accumplan: note: " << note << "\n";
                         emit_output(eargs->out, text);
                         return 0;
