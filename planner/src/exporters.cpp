@@ -182,7 +182,10 @@ std::string export_plan(const Plan& plan, const std::string& target, std::string
       << plan.per_rank_batch << ", microbatches [" << join_sizes(plan.microbatch_sizes) << "] per rank\n"
       << "# add --data FILE and --steps N or --epochs E; on several nodes set --nnodes, --node_rank, "
          "--master_addr, --master_port\n"
-      << "torchrun --nnodes=1 --nproc_per_node=" << W << " --no_python " << shell_quote(options.binary)
+      << "# --redirects=1 --tee=1: torchrun 1.13 under Python 3.11 (Debian 12) fails on their default 0; "
+         "each rank's stdout stays on the console\n"
+      << "torchrun --nnodes=1 --nproc_per_node=" << W << " --redirects=1 --tee=1 --no_python "
+      << shell_quote(options.binary)
       << " run --plan " << shell_quote(options.plan_path) << " --model "
       << shell_quote(plan.model.path.empty() ? "MODEL.pt" : plan.model.path) << "\n";
     return s.str();

@@ -83,7 +83,8 @@ TEST_CASE("Exporters: torchrun is a full command line with spellings 1.13 and 2.
   const std::string text = export_plan(plan, "torchrun", &note, ExportOptions{"plan.json", "build/accumplan", false});
   CHECK(note.empty());  // accumplan runs the balanced plan itself
   CHECK(body_without_comments(text) ==
-        "torchrun --nnodes=1 --nproc_per_node=2 --no_python build/accumplan run --plan plan.json --model "
+        "torchrun --nnodes=1 --nproc_per_node=2 --redirects=1 --tee=1 --no_python build/accumplan run --plan "
+        "plan.json --model "
         "'models/my model.pt'\n");
   CHECK(text.find("--nproc-per-node") == std::string::npos);
 }

@@ -25,7 +25,6 @@ def plan_doc(sizes, world_size=1, split="balanced", multiple_of=None, loss="cros
     """A plan.json document for one window of `sizes` per rank (the golden plan's other fields)."""
     d = golden_doc()
     T = sum(sizes)
-    d["schema_version"] = version
     d["target_batch"] = T * world_size
     d["world_size"] = world_size
     d["per_rank_batch"] = T
@@ -44,11 +43,24 @@ def plan_doc(sizes, world_size=1, split="balanced", multiple_of=None, loss="cros
         d["fit"]["intercept_bytes"] = intercept
     if slope is not None:
         d["fit"]["slope_bytes_per_sample"] = slope
-    if version.startswith("1.1"):
-        profile = {k: copy.deepcopy(d[k]) for k in ("device", "model", "setup")}
+    return as_version(d, version)
+
+
+def as_version(d, version):
+    """The plan document in the 1.0 layout (profile_points, trials at the top) or the 1.1 layout
+    (the profile nested as "profile"), whichever layout the golden file has today."""
+    d = copy.deepcopy(d)
+    d["schema_version"] = version
+    if version.startswith("1.1") and "profile" not in d:
+        profile = {k: copy.deepcopy(d[k]) for k in ("device", "model", "setup", "libtorch_version")}
+        profile["persistent"] = {k: d["memory"][k] for k in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes")}
         profile["points"] = d.pop("profile_points")
-        profile["trials"] = d.pop("trials")
+        profile["trials"] = d.pop("trials", [])
         d["profile"] = profile
+    elif version.startswith("1.0") and "profile" in d:
+        profile = d.pop("profile")
+        d["profile_points"] = profile["points"]
+        d["trials"] = profile.get("trials", [])
     return d
 
 

@@ -3,15 +3,16 @@ same plan (made by `accumplan` itself) and end with the same parameters.
 
 Uses the built executable: $ACCUMPLAN_BIN (scripts/test.sh sets it; then a missing binary is a
 failure), else build/accumplan (skipped when absent)."""
-import json
 import os
+import shlex
+import socket
 import subprocess
 import tempfile
 import unittest
 
 import torch
 
-from helpers import ROOT, Classifier, classifier_data, params_of, token_data
+from helpers import ROOT, Classifier, classifier_data, make_plan, params_of, token_data
 
 import accumplan
 
@@ -81,6 +82,37 @@ class SameAsAccumplanRun(unittest.TestCase):
     def test_classifier_uneven_microbatches_and_a_short_last_window(self):
         x, y = classifier_data(40)  # windows of 16, 16 and a short 8
         self.compare(Classifier(), x, y, ["--input", "float32[B,8]", "--target", "int64[B]:4"], steps=3)
+
+    def test_the_exported_torchrun_line_trains_two_ranks_like_one_process(self):
+        # `accumplan export --to torchrun` as pasted (plus --data/--steps/--save and a free port),
+        # launched by Debian's torchrun: 2 gloo ranks of accumplan run.
+        with tempfile.TemporaryDirectory() as d:
+            m, data, plan_path, out = (os.path.join(d, n) for n in ("m.pt", "data.pt", "plan.json", "out.pt"))
+            torch.jit.save(torch.jit.script(Classifier()), m)
+            x, y = classifier_data(32)
+            torch.save([x, y], data)
+            run(["--model", m, "--target-batch", "16", "--world-size", "2", "--input", "float32[B,8]", "--target",
+                 "int64[B]:4", "--device", "cpu", "--memory-budget", "256MiB", "--optimizer", "sgd", "--lr", "0.5",
+                 "--max-micro-batch", "3", "--threads", "1", "--out", plan_path])
+            line = [l for l in run(["export", "--plan", plan_path, "--to", "torchrun", "--binary", BIN]).stdout.decode()
+                    .splitlines() if l and not l.startswith("#")]
+            self.assertEqual(len(line), 1)
+            argv = shlex.split(line[0])
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            argv = argv[:1] + ["--master_port=%d" % port] + argv[1:] + ["--data", data, "--steps", "2", "--save", out]
+            p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180,
+                               env=dict(os.environ, OMP_NUM_THREADS="1"))
+            self.assertEqual(p.returncode, 0, p.stdout.decode())
+
+            ref = torch.jit.load(m)
+            opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+            plan = make_plan([6, 5, 5])  # one process, the same global windows of 16
+            for s in (0, 16):
+                plan.train_window(ref, opt, (x[s:s + 16],), y[s:s + 16])
+            for g, w in zip(params_of(torch.jit.load(out)), params_of(ref)):
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
     def test_token_model_weighted_by_valid_tokens(self):
         x, y = token_data(40)  # ignored positions differ per microbatch

@@ -4,29 +4,37 @@ import os
 import tempfile
 import unittest
 
-from helpers import GOLDEN_PLAN, golden_doc, make_plan, plan_doc
+from helpers import GOLDEN_PLAN, as_version, golden_doc, make_plan
 
 import accumplan
 
 
 class LoadPlan(unittest.TestCase):
-    def test_reads_the_golden_1_0_plan(self):
-        plan = accumplan.load_plan(GOLDEN_PLAN)
-        self.assertEqual(plan.schema_version, "1.0")
-        self.assertEqual(plan.microbatch_sizes, [52, 51, 51, 51, 51])
-        self.assertEqual((plan.micro_batch, plan.accumulation_steps), (52, 5))
-        self.assertEqual(plan.weights, golden_doc()["weights"])
-        self.assertEqual(plan.split_kind, "balanced")
-        self.assertEqual(plan.normalization, "auto")
-        self.assertIsNone(plan.profile)
+    def test_reads_the_golden_plans(self):
+        paths = [GOLDEN_PLAN] + [p for p in (GOLDEN_PLAN.replace("plan.json", "plan-1.0.json"),) if os.path.exists(p)]
+        for path in paths:
+            plan = accumplan.load_plan(path)
+            self.assertIn(plan.schema_version, ("1.0", "1.1"))
+            self.assertEqual(plan.microbatch_sizes, [52, 51, 51, 51, 51])
+            self.assertEqual((plan.micro_batch, plan.accumulation_steps), (52, 5))
+            self.assertEqual(plan.weights, golden_doc()["weights"])
+            self.assertEqual(plan.split_kind, "balanced")
+            self.assertEqual(plan.normalization, "auto")
+            self.assertEqual(plan.largest_fitting(), 60)
 
-    def test_reads_a_1_1_plan_with_a_nested_profile_and_no_top_level_points(self):
-        doc = plan_doc([52, 51, 51, 51, 51], version="1.1")
+    def test_reads_1_0_and_1_1_layouts(self):
+        old = as_version(golden_doc(), "1.0")
+        self.assertIn("profile_points", old)
+        self.assertIsNone(accumplan.load_plan(old).profile)
+        doc = as_version(golden_doc(), "1.1")
         self.assertNotIn("profile_points", doc)
         self.assertNotIn("trials", doc)
         plan = accumplan.load_plan(doc)
         self.assertEqual(plan.profile["points"][0]["micro_batch"], 1)
         self.assertEqual(plan.largest_fitting(), 60)  # from fit + memory, not from the points
+        doc["schema_version"] = "1.7"  # a later minor version: unknown fields are ignored
+        doc["something_new"] = {"x": 1}
+        self.assertEqual(accumplan.load_plan(doc).microbatch_sizes, [52, 51, 51, 51, 51])
 
     def test_refuses_another_major_version_and_another_schema(self):
         doc = golden_doc()
