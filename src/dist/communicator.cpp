@@ -8,6 +8,7 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #if defined(USE_C10D_NCCL)
@@ -33,13 +34,25 @@ class LocalCommunicator final : public Communicator {
 
 // Joins the TCPStore rendezvous; rank 0 serves it. `timeout` bounds waiting for the other ranks
 // (the store is built with waitWorkers, so rank 0 returns only once all W have connected).
+// Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the launcher's agent already serves the store
+// on MASTER_PORT: every rank is a client, under the agent's "/worker/attempt_N" prefix, as
+// torch.distributed's env:// rendezvous does; serving it again fails with "Address already in use".
 c10::intrusive_ptr<c10d::Store> join_store(const DistEnv& env, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(env.master_port);
-  so.isServer = env.rank == 0;
   so.numWorkers = static_cast<std::size_t>(env.world_size);
-  so.waitWorkers = true;
   so.timeout = timeout;
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  if (agent && std::string(agent) == "True") {
+    so.isServer = false;
+    so.waitWorkers = false;
+    const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    return c10::make_intrusive<c10d::PrefixStore>(
+        "/worker/attempt_" + std::string(attempt && *attempt ? attempt : "0"),
+        c10::make_intrusive<c10d::TCPStore>(env.master_addr, so));
+  }
+  so.isServer = env.rank == 0;
+  so.waitWorkers = true;
   return c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
 }
 
