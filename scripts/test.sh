@@ -22,3 +22,24 @@ ctest --test-dir "$planner_dir" --output-on-failure -j "${JOBS:-2}"
 python="${PYTHON:-/usr/bin/python3}"
 ACCUMPLAN_BIN="$PWD/${BUILD_DIR:-build}/accumplan" OMP_NUM_THREADS=1 \
   "$python" -m unittest discover -s tests/python -t tests/python
+
+# The installed package: `cmake --install` into scratch prefixes, then the out-of-tree consumer
+# (examples/consumer) configured with find_package(accumplan) against each: the LibTorch build
+# (accumplan::planner and accumplan::runtime; the consumer's trainer is compiled, not run: ctest
+# ran it in-tree) and the planner-only build (accumplan::planner, and pkg-config).
+for dir in "${BUILD_DIR:-build}" "$planner_dir"; do
+  prefix="$PWD/$dir/install-test"
+  rm -rf "$prefix" "$dir/consumer"
+  cmake --install "$dir" --prefix "$prefix" >/dev/null
+  cmake -S examples/consumer -B "$dir/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build "$dir/consumer" -j "${JOBS:-2}"
+  "$dir/consumer/consumer_planner" examples/profiles/builtin-convnet-cpu.profile.json >/dev/null
+done
+cxx_flags=$(PKG_CONFIG_PATH="$PWD/$planner_dir/install-test/lib/pkgconfig" pkg-config --cflags --libs accumplan-planner)
+# shellcheck disable=SC2086
+"${CXX:-c++}" -x c++ - -o "$planner_dir/consumer/pkg-config-check" $cxx_flags <<'CPP'
+#include <accumplan/solver.h>
+int main() { return accumplan::balanced_split(256, 5, 1).front() == 52 ? 0 : 1; }
+CPP
+"$planner_dir/consumer/pkg-config-check"
+echo "test.sh: all tests passed (C++, planner-only, Python, installed package)"
