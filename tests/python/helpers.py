@@ -68,17 +68,23 @@ def make_plan(sizes, **kw):
     return accumplan.load_plan(plan_doc(sizes, **kw))
 
 
+def reseed(module, seed, scale):
+    """Deterministic parameters, whatever torch's global RNG did before."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return module
+
+
 class Classifier(torch.nn.Module):
     """float32[B,8] -> logits [B,4]."""
 
     def __init__(self, seed=0):
         super().__init__()
-        g = torch.Generator().manual_seed(seed)
         self.l1 = torch.nn.Linear(8, 16)
         self.l2 = torch.nn.Linear(16, 4)
-        with torch.no_grad():
-            for p in self.parameters():
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        reseed(self, seed, 0.3)
 
     def forward(self, x):
         return self.l2(torch.tanh(self.l1(x)))
@@ -89,12 +95,9 @@ class TinyLM(torch.nn.Module):
 
     def __init__(self, seed=0):
         super().__init__()
-        g = torch.Generator().manual_seed(seed)
         self.emb = torch.nn.Embedding(10, 6)
         self.out = torch.nn.Linear(6, 5)
-        with torch.no_grad():
-            for p in self.parameters():
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        reseed(self, seed, 0.5)
 
     def forward(self, tokens):
         return {"logits": self.out(torch.tanh(self.emb(tokens)))}
