@@ -420,6 +420,11 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
         scaler.unscale_(optimizer)
     if max_grad_norm is not None:
         st.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    elif scaler is None:
+        # As the C++ executor: the combined gradient's norm, and no step on inf/NaN (a scaler
+        # finds those itself, on the unscaled gradient).
+        norms = [p.grad.detach().norm(2) for p in params if p.grad is not None]
+        st.grad_norm = float(torch.stack(norms).norm(2)) if norms else 0.0
     if scaler is not None:
         before = scaler.get_scale()
         scaler.step(optimizer)

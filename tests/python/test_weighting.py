@@ -186,6 +186,34 @@ class Weighting(unittest.TestCase):
             self.assertEqual(changed, not skip)
         self.assertEqual(Sched.steps, 1)
 
+    def test_a_non_finite_gradient_skips_the_step_and_the_scheduler(self):
+        plan = make_plan([3, 3, 2])
+        model = Classifier()
+        x, y = classifier_data(8)
+        x[5, 0] = float("nan")  # one sample of the second microbatch
+        before = params_of(model)
+        steps = []
+        sched = type("Sched", (), {"step": lambda self: steps.append(1)})()
+        stats = plan.train_window(model, torch.optim.SGD(model.parameters(), lr=0.1), (x,), y, scheduler=sched)
+        self.assertTrue(stats.skipped)
+        self.assertFalse(stats.stepped)
+        self.assertIn("non-finite", stats.skip_reason)
+        self.assertEqual(steps, [])
+        self.assertAllClose(params_of(model), before)
+        self.assertTrue(all(p.grad is None for p in model.parameters()))
+
+    def test_bf16_autocast_runs_the_window_under_autocast(self):
+        plan = make_plan([3, 3, 2])
+        model = Classifier()
+        x, y = classifier_data(8)
+        want = [p - 0.5 * g for p, g in zip(params_of(model), full_batch_grads(model, x, y))]
+        stats = plan.train_window(model, torch.optim.SGD(model.parameters(), lr=0.5), (x,), y,
+                                  autocast=torch.bfloat16)
+        self.assertTrue(stats.stepped)
+        for got, w in zip(params_of(model), want):  # bf16 matmuls: close, not equal
+            torch.testing.assert_close(got, w, rtol=0, atol=2e-2)
+        self.assertFalse(all(torch.equal(g, w) for g, w in zip(params_of(model), want)))
+
     def test_a_window_without_valid_tokens_is_skipped(self):
         plan = make_plan([2, 2])
         model = TinyLM()
