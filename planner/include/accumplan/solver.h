@@ -1,6 +1,6 @@
 // accumplan/solver.h — from a profile and a target batch to a plan.
 //
-// What it is: the arithmetic of DESIGN.md "What the planner solves". T = B / W samples per rank
+// What it is: the arithmetic of docs/architecture.md "What the planner solves". T = B / W samples per rank
 // per update; m_max = the largest microbatch predicted to fit budget·(1 − headroom), bounded by T,
 // --max-micro-batch and --multiple-of; k = ceil(T / m_max); T split into k sizes that differ by at
 // most one unit (`balanced`, 256 with m_max 60 → 52,51,51,51,51) or into equal sizes that divide T
