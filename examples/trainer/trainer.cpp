@@ -33,7 +33,7 @@
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
 #include "executor/executor.h"
-#include "runner/probe_runner.h"
+#include "profiling/probe_runner.h"
 #include "runtime/batch.h"
 #include "runtime/loss.h"
 #include "runtime/model.h"
@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
         const WindowStats st = executor.step(data.slice(start, count));
         std::printf("epoch %lld window @%3lld: %2lld samples, %4lld tokens, %zu microbatches, loss %.4f, grad norm %.3f%s%s\n",
                     static_cast<long long>(epoch), static_cast<long long>(start), static_cast<long long>(st.samples),
-                    static_cast<long long>(st.units), st.microbatch_sizes.size(), st.loss, st.grad_norm,
+                    static_cast<long long>(st.units), st.microbatch_sizes.size(), st.loss, st.grad_norm.value_or(0.0),
                     st.oom_recoveries ? " (recovered from OOM)" : "", st.stepped ? "" : " (skipped)");
         loss_sum += st.loss * static_cast<double>(st.units);
         tokens += static_cast<double>(st.units);

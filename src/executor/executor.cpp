@@ -1,5 +1,5 @@
 // executor/executor.cpp — the accumulation window, its weighting, AMP, clipping, gating and OOM
-// recovery. See executor.h for the contract and DESIGN.md for why each rule exists.
+// recovery. See executor.h for the contract and docs/weighting.md, docs/oom-contract.md for why each rule exists.
 #include "executor/executor.h"
 
 #include <c10/util/Exception.h>
@@ -20,6 +20,7 @@
 #include "executor/replan.h"
 #include "runtime/model.h"
 #include "runtime/optim.h"
+#include "runtime/step.h"
 
 namespace accumplan {
 namespace {
@@ -158,36 +159,6 @@ void Executor::zero_grads() {
   }
 }
 
-bool Executor::is_oom(const std::exception* e) const {
-  if (dynamic_cast<const c10::OutOfMemoryError*>(e) != nullptr) return true;
-  return options_.probe != nullptr && options_.probe->oom_happened();
-}
-
-void Executor::run_microbatch(const Batch& mb, int64_t n, double units, double& loss_sum_total) {
-  std::vector<c10::IValue> args;
-  args.reserve(mb.inputs.size() + 1);
-  for (const auto& t : mb.inputs) args.emplace_back(t.device() == device_ ? t : t.to(device_));
-  const at::Tensor target =
-      mb.target.defined() ? (mb.target.device() == device_ ? mb.target : mb.target.to(device_)) : at::Tensor();
-  if (options_.loss.kind == "model" && target.defined()) args.emplace_back(target);
-
-  at::Tensor objective;
-  {
-    AutocastGuard autocast(options_.amp, device_);
-    const c10::IValue out = module_.forward(args);
-    // A model returning (logits, extras...) is trained on its first element.
-    const at::Tensor output = out.isTuple() ? out.toTupleRef().elements().at(0).toTensor() : out.toTensor();
-    const LossSum ls = loss_sum(output, target, n, options_.loss);
-    loss_sum_total += ls.sum.detach().to(at::kDouble).item<double>();
-    // Exact weighting: every microbatch contributes its SUM over units divided by the window's
-    // units N, so sum_i (sum_i / N) = (sum over the window) / N = the combined batch's mean loss.
-    // 8,8,8,2 samples: weights 8/26, 8/26, 8/26, 2/26 of each microbatch mean, not 1/4 each.
-    objective = ls.sum / units;
-  }
-  if (scaler_) objective = objective * scaler_->scale_tensor().reshape({});
-  objective.backward();
-}
-
 void Executor::fail_oom(const std::string& message) {
   // The window's gradients are partial (or half unscaled): drop them rather than step on them,
   // and leave the probe ready for whatever the caller does next.
@@ -227,98 +198,31 @@ void Executor::recover(int64_t failing_size, const MicrobatchEvent& where, const
   if (!options_.plan_out.empty() && writer) write_text_atomic(options_.plan_out, to_json(plan_).dump(2) + "\n");
 }
 
-WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>& sizes_in) {
+WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>& sizes_override) {
   const auto t0 = std::chrono::steady_clock::now();
+  Communicator* const comm = options_.communicator;
+  const int world = comm ? comm->world_size() : 1;
+  const int rank = comm ? comm->rank() : 0;
+  // One process is a group of one: every collective below is the identity for it, so it is
+  // skipped, and the algorithm is otherwise the same for 1 and W ranks.
+  auto sum_over_ranks = [&](const std::vector<int64_t>& values) {
+    return world > 1 ? comm->all_reduce_counters(values) : values;
+  };
+  const std::string on_any_rank = world > 1 ? " on any rank" : "";
   const int64_t n = batch_samples(window);
-  if (options_.communicator) {
-    if (!sizes_in.empty()) {
+  if (!sizes_override.empty()) {
+    if (world > 1) {
       throw InputError("microbatch sizes cannot be overridden in a data-parallel window: every rank must know every "
                        "rank's split to run the same number of rounds");
     }
-    WindowStats st;
-    st.local_samples = n;
-    return accumulate_distributed(window, std::move(st), t0);
-  }
-  std::vector<int64_t> sizes = sizes_in;
-  if (sizes.empty()) {
-    sizes = window_sizes(plan_, n);
-  } else {
-    const int64_t sum = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-    if (sum != n || *std::min_element(sizes.begin(), sizes.end()) < 1) {
-      throw InputError("microbatch sizes " + join(sizes) + " do not split a window of " + std::to_string(n) + " samples");
+    const int64_t sum = std::accumulate(sizes_override.begin(), sizes_override.end(), int64_t{0});
+    if (sum != n || *std::min_element(sizes_override.begin(), sizes_override.end()) < 1) {
+      throw InputError("microbatch sizes " + join(sizes_override) + " do not split a window of " + std::to_string(n) +
+                       " samples");
     }
   }
-
   WindowStats st;
-  st.samples = n;
   st.local_samples = n;
-  if (options_.probe) {
-    options_.probe->clear_oom();
-    options_.probe->reset_peak();
-  }
-
-  // N, counted before the first backward: the weights of all microbatches depend on it.
-  const WindowUnits counted = count_window_units(window, n, options_.loss);
-  st.units = counted.units;
-  st.valid_tokens = counted.valid_tokens;
-  if (scaler_) st.loss_scale = scaler_->scale();
-  zero_grads();
-  if (st.units == 0) {
-    st.skipped = true;
-    st.skip_reason = "the window has no valid tokens (every target is ignore_index)";
-    st.microbatch_sizes = sizes;
-    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return st;
-  }
-
-  double loss_total = 0;
-  for (int64_t attempt = 0;; ++attempt) {
-    zero_grads();
-    loss_total = 0;
-    bool failed = false;
-    MicrobatchEvent where;
-    std::string what;
-    try {
-      int64_t start = 0;
-      for (size_t i = 0; i < sizes.size(); ++i) {
-        where = MicrobatchEvent{window_index_, static_cast<int64_t>(i), sizes[i], static_cast<int64_t>(sizes.size()), attempt};
-        if (options_.before_microbatch) options_.before_microbatch(where);
-        run_microbatch(window.slice(start, sizes[i]), sizes[i], static_cast<double>(st.units), loss_total);
-        start += sizes[i];
-      }
-    } catch (const std::exception& e) {
-      if (!is_oom(&e)) throw;
-      failed = true;
-      what = e.what();
-    }
-    if (!failed) break;
-    // Out of the catch block, so the exception and every tensor of the failed microbatch (its
-    // inputs on the device, activations, autograd graph) are already released.
-    if (!options_.oom_recovery) {
-      fail_oom("out of memory in window " + std::to_string(where.window) + " at microbatch " +
-               std::to_string(where.index + 1) + " of " + std::to_string(where.count) + " (size " +
-               std::to_string(where.size) + ") and OOM recovery is off: " + first_line(what));
-    }
-    recover(where.size, where, what);
-    ++st.oom_recoveries;
-    sizes = window_sizes(plan_, n);
-  }
-
-  st.microbatch_sizes = sizes;
-  st.microbatch_rounds = static_cast<int64_t>(sizes.size());
-  st.loss = loss_total / static_cast<double>(st.units);
-  finish_gradient(st);
-  if (options_.probe) st.peak_bytes = options_.probe->peak_bytes();
-  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return st;
-}
-
-WindowStats Executor::accumulate_distributed(const Batch& window, WindowStats st,
-                                             std::chrono::steady_clock::time_point t0) {
-  Communicator& comm = *options_.communicator;
-  const int world = comm.world_size();
-  const int rank = comm.rank();
-  const int64_t n = st.local_samples;
   if (options_.probe) {
     options_.probe->clear_oom();
     options_.probe->reset_peak();
@@ -327,7 +231,8 @@ WindowStats Executor::accumulate_distributed(const Batch& window, WindowStats st
   // (a) Counts before the first backward, in ONE collective: [units, samples, valid tokens,
   // samples of rank 0 .. W-1]. The per-rank slots let every rank compute every rank's split
   // (hence the number of rounds) and check every rank's share identically; a slot of -1 says that
-  // rank could not count its share, and every rank stops.
+  // rank could not count its share, and every rank stops. Counting reads the window's target on
+  // the host (the data stays there; microbatches move to the device one at a time): no device sync.
   std::vector<int64_t> local(3 + static_cast<size_t>(world), 0);
   std::exception_ptr count_error;
   try {
@@ -339,16 +244,21 @@ WindowStats Executor::accumulate_distributed(const Batch& window, WindowStats st
     local[1] = n;
     local[3 + static_cast<size_t>(rank)] = n;
   } catch (const std::exception&) {
+    if (world == 1) throw;
     count_error = std::current_exception();
     local[3 + static_cast<size_t>(rank)] = -1;
   }
-  const std::vector<int64_t> global = comm.all_reduce_counters(local);
+  const std::vector<int64_t> global = sum_over_ranks(local);
   const std::vector<int64_t> rank_samples(global.begin() + 3, global.end());
   throw_if_a_rank_failed(rank_samples, count_error, "while counting the units of window " + std::to_string(window_index_));
   st.units = global[0];
   st.samples = global[1];
   st.valid_tokens = global[2];
   // Every rank sees the same numbers, so every rank throws the same error: nobody is left waiting.
+  if (world == 1 && (n < 1 || n > plan_.per_rank_batch)) {
+    throw InputError("a window holds 1.." + std::to_string(plan_.per_rank_batch) +
+                     " samples (the plan's per-rank batch); got " + std::to_string(n));
+  }
   if (st.samples < 1) throw InputError("window " + std::to_string(window_index_) + " holds no samples on any rank");
   for (int r = 0; r < world; ++r) {
     if (rank_samples[static_cast<size_t>(r)] > plan_.per_rank_batch) {
@@ -362,24 +272,28 @@ WindowStats Executor::accumulate_distributed(const Batch& window, WindowStats st
   zero_grads();
   if (st.units == 0) {
     st.skipped = true;
-    st.skip_reason = "the window has no valid tokens on any rank (every target is ignore_index)";
+    st.skip_reason = "the window has no valid tokens" + on_any_rank + " (every target is ignore_index)";
+    st.microbatch_sizes = sizes_override.empty() && n > 0 ? window_sizes(plan_, n) : sizes_override;
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return st;
   }
 
   auto split_of = [&](int64_t m) { return m == 0 ? std::vector<int64_t>{} : window_sizes(plan_, m); };
+  const StepConfig step{options_.loss, options_.amp, device_, options_.probe};
+  const at::Tensor no_scale;
   const double units = static_cast<double>(st.units);
-  double loss_total = 0;
+  // The window's loss sum stays on the device until the window ends: one host read per window.
+  at::Tensor loss_total;
   std::vector<int64_t> sizes;
   int64_t rounds = 0;
   for (int64_t attempt = 0;; ++attempt) {
     zero_grads();
-    loss_total = 0;
-    sizes = split_of(n);
+    loss_total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
+    sizes = attempt == 0 && !sizes_override.empty() ? sizes_override : split_of(n);
     // (b) Same number of rounds everywhere: the largest split of any rank (the plan is the same on
     // every rank, and so is every rank's count). 5 and 4 samples under sizes 2,2,1 give 3 and 2
     // microbatches: rank 1 runs one empty round.
-    rounds = 0;
+    rounds = static_cast<int64_t>(sizes.size());
     for (int64_t m : rank_samples) rounds = std::max(rounds, static_cast<int64_t>(split_of(m).size()));
     int64_t failing = 0;  // the agreed failing size; 0 = no OOM anywhere
     int64_t failed_round = 0;
@@ -393,22 +307,26 @@ WindowStats Executor::accumulate_distributed(const Batch& window, WindowStats st
         const MicrobatchEvent where{window_index_, i, sizes[static_cast<size_t>(i)], static_cast<int64_t>(sizes.size()), attempt};
         try {
           if (options_.before_microbatch) options_.before_microbatch(where);
-          run_microbatch(window.slice(start, where.size), where.size, units, loss_total);
+          loss_total += microbatch_step(module_, window.slice(start, where.size), step, units,
+                                        scaler_ ? scaler_->scale_tensor() : no_scale);
         } catch (const std::exception& e) {
-          if (is_oom(&e)) {
+          if (is_out_of_memory(e, options_.probe)) {
             status = where.size;
             what = first_line(e.what());
           } else {
+            if (world == 1) throw;
             status = -1;
             error = std::current_exception();
           }
         }
+        // Out of the catch block: the exception and every tensor of a failed microbatch (its
+        // inputs on the device, activations, autograd graph) are already released.
         start += where.size;
       }
       // (c) The agreement point of round i: one collective, on every rank, whatever happened.
       std::vector<int64_t> flags(static_cast<size_t>(world), 0);
       flags[static_cast<size_t>(rank)] = status;
-      const std::vector<int64_t> all = comm.all_reduce_counters(flags);
+      const std::vector<int64_t> all = sum_over_ranks(flags);
       throw_if_a_rank_failed(all, error,
                              "in window " + std::to_string(window_index_) + " at microbatch round " + std::to_string(i + 1));
       for (int r = 0; r < world; ++r) {
@@ -427,34 +345,38 @@ WindowStats Executor::accumulate_distributed(const Batch& window, WindowStats st
     }
     if (failing == 0) break;
     const MicrobatchEvent where{window_index_, failed_round, failing, rounds, attempt};
-    const std::string on = "on rank " + std::to_string(failing_rank) + (what.empty() ? std::string() : ": " + what);
+    const std::string on_rank = world > 1 ? " on rank " + std::to_string(failing_rank) : std::string();
     if (!options_.oom_recovery) {
-      fail_oom("out of memory in window " + std::to_string(where.window) + " at microbatch round " +
+      fail_oom("out of memory in window " + std::to_string(where.window) + " at microbatch " +
                std::to_string(where.index + 1) + " of " + std::to_string(where.count) + " (size " +
-               std::to_string(failing) + ") " + on + ", and OOM recovery is off");
+               std::to_string(failing) + ")" + on_rank + " and OOM recovery is off" +
+               (what.empty() ? std::string() : ": " + what));
     }
-    recover(failing, where, on);
+    recover(failing, where, what.empty() ? on_rank : (on_rank.empty() ? what : on_rank + ": " + what));
     ++st.oom_recoveries;
   }
   st.microbatch_sizes = sizes;
   st.microbatch_rounds = rounds;
 
-  // (d) ONE gradient exchange per window: every trainable parameter's gradient (zeros where this
-  // rank's microbatches produced none, e.g. a rank with no samples, so every rank sends the same
-  // list) plus this rank's loss sum, which rides in the last bucket instead of costing a
+  // (d) W > 1: ONE gradient exchange per window: every trainable parameter's gradient (zeros where
+  // this rank's microbatches produced none, e.g. a rank with no samples, so every rank sends the
+  // same list) plus this rank's loss sum, which rides in the last bucket instead of costing a
   // collective of its own. The gradient sums sum_r sum_i (loss_sum_ri / N) = the global mean.
-  std::vector<at::Tensor> exchange;
-  exchange.reserve(params_.size() + 1);
-  for (auto& p : params_) {
-    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p.detach());
-    exchange.push_back(p.grad());  // same TensorImpl: the exchange writes into .grad in place
+  if (world > 1) {
+    std::vector<at::Tensor> exchange;
+    exchange.reserve(params_.size() + 1);
+    for (auto& p : params_) {
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p.detach());
+      exchange.push_back(p.grad());  // same TensorImpl: the exchange writes into .grad in place
+    }
+    const auto grad_dtype = exchange.back().scalar_type();
+    const bool wide = grad_dtype == at::kFloat || grad_dtype == at::kDouble;
+    exchange.push_back(loss_total.reshape({1}).to(exchange.back().options().dtype(wide ? grad_dtype : at::kFloat)));
+    comm->all_reduce_gradients(exchange);
+    loss_total = exchange.back();
   }
-  const auto grad_dtype = exchange.back().scalar_type();
-  const bool wide = grad_dtype == at::kFloat || grad_dtype == at::kDouble;
-  exchange.push_back(at::full({1}, loss_total, exchange.back().options().dtype(wide ? grad_dtype : at::kFloat)));
-  comm.all_reduce_gradients(exchange);
-  loss_total = exchange.back().item<double>();
-  st.loss = loss_total / units;
+  // The one host sync of the window.
+  st.loss = loss_total.item<double>() / units;
   finish_gradient(st);  // on the global gradient: every rank decides skip/clip identically
   if (options_.probe) st.peak_bytes = options_.probe->peak_bytes();
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -462,17 +384,29 @@ WindowStats Executor::accumulate_distributed(const Batch& window, WindowStats st
 }
 
 void Executor::finish_gradient(WindowStats& st) {
-  bool non_finite = false;
+  // A non-finite loss means a non-finite gradient: skip without looking at the gradient at all.
+  bool non_finite = !std::isfinite(st.loss);
+  std::string why = "non-finite loss";
   try {
-    if (scaler_) non_finite = scaler_->unscale_and_check(params_);
-    // The combined gradient's 2-norm, as torch.nn.utils.clip_grad_norm_ computes it.
-    std::vector<at::Tensor> norms;
-    for (const auto& p : params_) {
-      if (p.grad().defined()) norms.push_back(p.grad().detach().norm(2).to(at::kDouble));
+    if (scaler_ && scaler_->unscale_and_check(params_)) {
+      non_finite = true;
+      why = "non-finite gradient at loss scale " + std::to_string(st.loss_scale);
     }
-    st.grad_norm = norms.empty() ? 0.0 : at::stack(norms).norm(2).item<double>();
+    // The combined gradient's 2-norm, as torch.nn.utils.clip_grad_norm_ computes it: a pass over
+    // every gradient and a host sync, so only when clipping needs it.
+    if (options_.max_grad_norm && !non_finite) {
+      std::vector<at::Tensor> norms;
+      for (const auto& p : params_) {
+        if (p.grad().defined()) norms.push_back(p.grad().detach().norm(2).to(at::kDouble));
+      }
+      st.grad_norm = norms.empty() ? 0.0 : at::stack(norms).norm(2).item<double>();
+      if (!std::isfinite(*st.grad_norm)) {
+        non_finite = true;
+        why = "non-finite gradient norm";
+      }
+    }
   } catch (const std::exception& e) {
-    if (!is_oom(&e)) throw;
+    if (!is_out_of_memory(e, options_.probe)) throw;
     // A few scalars per parameter: smaller microbatches would not help, so no re-plan.
     const std::string what = first_line(e.what());
     fail_oom("out of memory while combining the gradients of window " + std::to_string(window_index_) +
@@ -480,14 +414,12 @@ void Executor::finish_gradient(WindowStats& st) {
              ". The budget leaves no room beyond the microbatches' peak; raise it or lower --headroom's "
              "share used by the plan");
   }
-  if (!std::isfinite(st.grad_norm)) non_finite = true;
   if (non_finite) {
     st.skipped = true;
-    st.skip_reason = scaler_ ? "non-finite gradient at loss scale " + std::to_string(st.loss_scale)
-                             : "non-finite gradient norm";
+    st.skip_reason = why;
   } else if (options_.max_grad_norm) {
     // Clip once, the combined gradient; clipping per microbatch would change the update.
-    const double coef = *options_.max_grad_norm / (st.grad_norm + 1e-6);
+    const double coef = *options_.max_grad_norm / (*st.grad_norm + 1e-6);
     if (coef < 1.0) {
       for (auto& p : params_) {
         if (p.grad().defined()) p.mutable_grad().mul_(coef);
@@ -510,7 +442,7 @@ void Executor::apply(WindowStats& st) {
     try {
       optimizer_.step();
     } catch (const std::exception& e) {
-      if (!is_oom(&e)) throw;
+      if (!is_out_of_memory(e, options_.probe)) throw;
       const std::string what = first_line(e.what());
       fail_oom("out of memory during the optimizer step of window " + std::to_string(window_index_) +
                " (" + what +

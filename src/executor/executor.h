@@ -1,29 +1,37 @@
 // executor/executor.h — runs a plan: one accumulation window per call, exactly weighted, with
 // mixed precision, clipping of the combined gradient, scheduler gating and OOM recovery.
 //
-// What it is: the training loop's inner part, DESIGN.md "Correct weighting" and "OOM recovery".
-// `step(window)` takes the samples of one window (the plan's per-rank batch, or fewer for the last
-// window of an epoch), and:
+// What it is: the training loop's inner part (docs/weighting.md, docs/oom-contract.md), and the
+// only window algorithm in accumplan: the profiler measures memory by running it, so a plan's
+// peak is the peak this code reaches. `step(window)` takes the samples of one window (the plan's
+// per-rank batch, or fewer for the last window of an epoch), and:
 //   1. splits them into the plan's microbatch sizes (a short window: split_samples, own N);
 //   2. counts the window's units N before the first backward — samples, or valid tokens
-//      (target != ignore_index) in tokens mode;
-//   3. sets every gradient to none, then for each microbatch runs forward (under autocast for
-//      bf16) and backward of loss_sum / N (× the loss scale for fp16), so the accumulated
-//      gradient is the gradient of the combined window's mean loss;
-//   4. fp16: unscales once, and a non-finite gradient skips the step and backs the scale off;
-//      clips the combined (unscaled) gradient to max_grad_norm;
+//      (target != ignore_index) in tokens mode — on the host, where the window's data lives;
+//   3. sets every gradient to none, then for each microbatch runs the one microbatch step
+//      (runtime/step.h: forward under autocast, loss sum, backward of loss_sum / N, × the loss
+//      scale for fp16), so the accumulated gradient is the gradient of the window's mean loss;
+//      the loss sums stay on the device and are read once, after the last microbatch;
+//   4. fp16: unscales once, and a non-finite gradient (or loss) skips the step and backs the
+//      scale off; clips the combined (unscaled) gradient to max_grad_norm (the norm is computed
+//      only when clipping: it is a pass over every gradient and a host sync);
 //   5. steps the optimizer once, then advances the scheduler / calls on_step — only if it stepped.
+// Host syncs per window: one (the loss), plus one for the norm when clipping and the scaler's
+// check in fp16.
 // On an out-of-memory inside a microbatch (recognised by the memory probe's flag, because
 // TorchScript rewraps c10::OutOfMemoryError as std::runtime_error) it drops that microbatch's
 // tensors, sets the gradients to none, releases cached device memory, re-plans every microbatch
-// below the failing size (replan.h) and replays the window from its first sample: the update is
-// the one the original plan would have made, every sample counted once.
-// Data parallel (ExecutorOptions::communicator, DESIGN.md "Distributed"): each of W ranks calls
-// step() with ITS share of the global window. The sharding is the caller's, and accumplan's own
-// callers (`accumplan run`) use the strided rule: of every global window of B samples, rank r
+// below the failing size (replan.h: the solver again, on the profile the plan carries) and
+// replays the window from its first sample: the update is the one the original plan would have
+// made, every sample counted once.
+// One process is a group of one: the same algorithm runs for 1 and W ranks, the collectives below
+// being the identity (and skipped) when W = 1.
+// Data parallel (ExecutorOptions::communicator, docs/weighting.md "Several ranks"): each of W ranks
+// calls step() with ITS share of the global window. The sharding is the caller's, and accumplan's
+// own callers (`accumplan run`) use the strided rule: of every global window of B samples, rank r
 // takes samples r, r+W, r+2W, ... — so a short last window of 7 on 2 ranks gives 4 and 3, never
 // 5 and 2, and a window of 1 gives rank 1 no samples at all (it still joins every collective).
-// With a communicator, step()
+// Per window, step()
 //   a. sums [units, samples, valid tokens, every rank's sample count] across ranks in ONE
 //      collective before the first backward, so every microbatch on every rank is weighted by the
 //      GLOBAL N (per-rank N is the 2024 transformers loss bug);
@@ -37,7 +45,8 @@
 //      flat buckets) of every trainable parameter's gradient (zeros where this rank made none) and
 //      the loss sum; then unscale, non-finite check and clipping see the global gradient, so
 //      every rank takes the same decision. Gradients are never all-reduced per microbatch.
-//   Per window: 1 gradient exchange and 1 + (rounds run, over all attempts) counter reduces.
+//   Per window with W > 1: 1 gradient exchange and 1 + (rounds run, over all attempts) counter
+//   reduces.
 // What it is not: a data loader (callers hand it windows and shard them), or a checkpointer.
 #pragma once
 
@@ -55,7 +64,7 @@
 #include "accumplan/memory_probe.h"
 #include "accumplan/schema.h"
 #include "dist/communicator.h"
-#include "executor/amp.h"
+#include "runtime/amp.h"
 #include "runtime/batch.h"
 #include "runtime/loss.h"
 
@@ -112,7 +121,8 @@ struct WindowStats {
   std::vector<int64_t> microbatch_sizes; // sizes of the attempt that completed (this rank's)
   int64_t microbatch_rounds = 0;         // rounds of the completed attempt (k_max over ranks)
   double loss = 0;                       // the window's mean loss: sum of unit losses / N
-  double grad_norm = 0;                  // 2-norm of the combined, unscaled gradient before clipping
+  std::optional<double> grad_norm;       // 2-norm of the combined, unscaled gradient before clipping;
+                                         // computed only when clipping (a pass and a host sync)
   bool stepped = false;                  // the optimizer updated the parameters
   bool skipped = false;                  // non-finite gradient (or no units): no update
   std::string skip_reason;
@@ -164,10 +174,7 @@ class Executor {
   double loss_scale() const;
 
  private:
-  void run_microbatch(const Batch& mb, int64_t n, double units, double& loss_sum);
-  WindowStats accumulate_distributed(const Batch& window, WindowStats st, std::chrono::steady_clock::time_point t0);
   void finish_gradient(WindowStats& st);
-  bool is_oom(const std::exception* e) const;
   void recover(int64_t failing_size, const MicrobatchEvent& where, const std::string& what);
   // An OOM that is not recovered: drops the gradients, clears the probe's flag, throws.
   [[noreturn]] void fail_oom(const std::string& message);

@@ -14,6 +14,7 @@
 #include "accumplan/units.h"
 #include "executor/executor.h"
 #include "runtime/model.h"
+#include "runtime/step.h"
 
 namespace accumplan {
 namespace {
@@ -24,13 +25,12 @@ void clear_grads(const torch::jit::Module& module) {
   }
 }
 
-// One forward in float32 and the loss as (sum over units, units).
+// One forward in float32 (no autocast: verification compares at float32 precision) through the
+// runtime's one step (runtime/step.h), on the device the module's parameters live on.
 LossSum forward_loss(torch::jit::Module& module, const Batch& batch, const LossConfig& loss) {
-  std::vector<c10::IValue> args(batch.inputs.begin(), batch.inputs.end());
-  if (loss.kind == "model" && batch.target.defined()) args.emplace_back(batch.target);
-  const c10::IValue out = module.forward(args);
-  const at::Tensor output = out.isTuple() ? out.toTupleRef().elements().at(0).toTensor() : out.toTensor();
-  return loss_sum(output, batch.target, batch_samples(batch), loss);
+  const auto params = trainable_parameters(module);
+  const StepConfig config{loss, AmpMode::None, params.empty() ? at::Device(at::kCPU) : params.front().device(), nullptr};
+  return accumplan::forward_loss(module, batch, config);
 }
 
 std::vector<at::Tensor> snapshot(const std::vector<at::Tensor>& params) {

@@ -1,4 +1,4 @@
-// executor/amp.cpp — autocast guard and loss scaler. See amp.h for the contract.
+// runtime/amp.cpp — autocast guard and loss scaler. See amp.h for the contract.
 //
 // The two version/device differences are kept in the small shims at the top of this file:
 //   autocast_*     LibTorch 2.4 replaced at::autocast::{is,set}_{cpu_,}enabled and
@@ -6,7 +6,7 @@
 //                  are deprecated there); 1.13 has only the old ones.
 //   amp ops        ATen's `_amp_*` scaler ops have CUDA kernels only in 1.13; CPU uses the
 //                  arithmetic they implement, written with ordinary tensor ops.
-#include "executor/amp.h"
+#include "runtime/amp.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>

@@ -1,4 +1,4 @@
-// executor/amp.h — mixed precision for the executor: an autocast guard (bf16, and fp16 on CUDA)
+// runtime/amp.h — mixed precision for the executor: an autocast guard (bf16, and fp16 on CUDA)
 // and a dynamic loss scaler for fp16.
 //
 // What it is:

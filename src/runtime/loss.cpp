@@ -1,4 +1,4 @@
-// runtime/loss.cpp — losses as (sum, units). See loss.h for the contract and DESIGN.md for why.
+// runtime/loss.cpp — losses as (sum, units). See loss.h for the contract and docs/weighting.md for why.
 #include "runtime/loss.h"
 
 #include <ATen/ATen.h>
@@ -64,13 +64,14 @@ int64_t count_units(const at::Tensor& target, int64_t samples, const LossConfig&
 }
 
 LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, int64_t samples,
-                 const LossConfig& config) {
+                 const LossConfig& config, bool count_tokens) {
   LossSum out;
   if (config.kind == "cross_entropy") {
     auto [per, valid] = cross_entropy_positions(output, target, config.ignore_index);
     if (config.normalization == Normalization::Tokens) {
       out.sum = per.sum();
-      out.units = valid.sum().item<int64_t>();
+      // Reading the count is a host sync on a GPU; the executor counts its window once instead.
+      out.units = count_tokens ? valid.sum().item<int64_t>() : -1;
     } else if (per.dim() == 1) {
       out.sum = per.sum();  // one position per sample: its loss is the sample's loss
       out.units = per.size(0);

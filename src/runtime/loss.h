@@ -4,7 +4,7 @@
 // units, so that weighting is one division by the window's total: samples mode divides by the
 // samples N of the window (each microbatch mean therefore carries weight n_i/N), tokens mode by
 // the valid (target != ignore_index) tokens of the whole window, counted before the first
-// backward. DESIGN.md "Correct weighting".
+// backward. docs/weighting.md.
 //   cross_entropy  logits [B,C] with target [B], or [B,T,C] with target [B,T]; ignore_index skips
 //                  a position. Samples mode: a sample's loss is the mean over its valid positions.
 //   mse            output and target of equal shape; a sample's loss is the mean over its elements.
@@ -31,14 +31,16 @@ struct LossConfig {
 
 struct LossSum {
   at::Tensor sum;     // scalar, differentiable: sum over units of the per-unit loss
-  int64_t units = 0;  // samples, or valid tokens
+  int64_t units = 0;  // samples, or valid tokens (-1: tokens not counted, see count_tokens)
 };
 
 // Throws InputError for an unknown kind, mismatched shapes, or tokens mode with a loss that has
 // no tokens (mse, model, [B,C] cross-entropy without ignored targets is allowed and counts them).
 // `samples` is the microbatch's sample count (needed for "model", whose output is a mean).
+// `count_tokens` false leaves units at -1 in tokens mode: counting reads a device tensor (a host
+// sync per microbatch on a GPU), and the executor already counted the window's tokens on the host.
 LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, int64_t samples,
-                 const LossConfig& config);
+                 const LossConfig& config, bool count_tokens = true);
 
 // Units in a microbatch without running the model: samples, or target != ignore_index. This is
 // how the executor counts a window's denominator before the first backward.

@@ -2,7 +2,7 @@
 // gradient, scheduler gating and epoch step counts.
 //
 // What it is: the "Mixed precision", "clip the combined gradient", "a scheduler advances only
-// when the optimizer really stepped" and "last window with its own N" rules of DESIGN.md, each
+// when the optimizer really stepped" and "last window with its own N" rules of docs/weighting.md, each
 // against an independent reference (torch::nn::utils::clip_grad_norm_ on the full-batch gradient;
 // counts computed by hand) and each with a comparison that a wrong implementation fails.
 // What it is not: a CUDA test. On CPU the fp16 path keeps the forward in float32 (1.13 CPU
@@ -11,7 +11,7 @@
 
 #include <cmath>
 
-#include "executor/amp.h"
+#include "runtime/amp.h"
 #include "executor/executor.h"
 #include "executor/verify.h"
 #include "executor_fixtures.h"

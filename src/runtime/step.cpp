@@ -1,0 +1,106 @@
+// runtime/step.cpp — the one microbatch step. See step.h for the contract and the output rule.
+#include "runtime/step.h"
+
+#include <c10/util/Exception.h>
+#include <torch/script.h>
+
+#include <string>
+#include <vector>
+
+#include "accumplan/errors.h"
+#include "accumplan/memory_probe.h"
+
+namespace accumplan {
+namespace {
+
+std::string shapes_of(const Batch& b) {
+  std::string s;
+  for (const auto& t : b.inputs) {
+    s += s.empty() ? "[" : ", [";
+    for (int64_t i = 0; i < t.dim(); ++i) s += (i ? "," : "") + std::to_string(t.size(i));
+    s += "]";
+  }
+  return s;
+}
+
+// A TorchScript error carries the script traceback (useful) and sometimes a C++ backtrace after
+// "Exception raised from" (not useful to a user); keep the former.
+std::string model_error_text(const std::string& what) {
+  std::string text = what;
+  const auto cut = text.find("\nException raised from");
+  if (cut != std::string::npos) text = text.substr(0, cut);
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
+at::Tensor on(const at::Tensor& t, const at::Device& device) {
+  return !t.defined() || t.device() == device ? t : t.to(device);
+}
+
+// The output rule of step.h.
+at::Tensor output_of(const c10::IValue& out, const LossConfig& loss) {
+  if (out.isTensor()) return out.toTensor();
+  if (out.isTuple() || out.isList()) {
+    const c10::IValue first = out.isTuple() ? out.toTupleRef().elements().at(0) : out.toListRef().at(0);
+    if (first.isTensor()) return first.toTensor();
+    throw InputError(std::string("the model's forward returned a ") + out.tagKind() + " whose first element is a " +
+                     first.tagKind() + "; accumplan trains on the first element, which must be a tensor");
+  }
+  if (out.isGenericDict()) {
+    const std::string key = loss.kind == "model" ? "loss" : "logits";
+    for (const auto& entry : out.toGenericDict()) {
+      if (entry.key().isString() && entry.key().toStringRef() == key && entry.value().isTensor()) {
+        return entry.value().toTensor();
+      }
+    }
+    throw InputError("the model's forward returned a dict without a tensor entry \"" + key + "\"; accumplan takes " +
+                     "\"loss\" with --loss model and \"logits\" otherwise");
+  }
+  throw InputError(std::string("the model's forward returned a ") + out.tagKind() +
+                   "; accumplan needs a tensor (the logits or outputs, or the loss with --loss model), a tuple or "
+                   "list whose first element is one, or a dict with \"logits\" or \"loss\"");
+}
+
+}  // namespace
+
+bool is_out_of_memory(const std::exception& e, const MemoryProbe* probe) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
+  return probe != nullptr && probe->oom_happened();
+}
+
+LossSum forward_loss(torch::jit::Module& module, const Batch& batch, const StepConfig& config, bool count_tokens) {
+  std::vector<c10::IValue> args;
+  args.reserve(batch.inputs.size() + 1);
+  for (const auto& t : batch.inputs) args.emplace_back(on(t, config.device));
+  const at::Tensor target = on(batch.target, config.device);
+  if (config.loss.kind == "model" && target.defined()) args.emplace_back(target);
+
+  AutocastGuard autocast(config.amp, config.device);
+  c10::IValue out;
+  try {
+    out = module.forward(std::move(args));
+  } catch (const std::exception& e) {
+    if (is_out_of_memory(e, config.probe)) throw;
+    throw ModelRejectedInputError(shapes_of(batch), model_error_text(e.what()));
+  }
+  return loss_sum(output_of(out, config.loss), target, batch.size(), config.loss, count_tokens);
+}
+
+at::Tensor microbatch_step(torch::jit::Module& module, const Batch& microbatch, const StepConfig& config,
+                           double window_units, const at::Tensor& scale) {
+  at::Tensor objective;
+  at::Tensor loss_sum_value;
+  {
+    const LossSum ls = forward_loss(module, microbatch, config, /*count_tokens=*/false);
+    loss_sum_value = ls.sum.detach().to(at::kDouble);
+    // Exact weighting: every microbatch contributes its SUM over units divided by the window's
+    // units N, so sum_i (sum_i / N) = (sum over the window) / N = the combined batch's mean loss.
+    // 8,8,8,2 samples: weights 8/26, 8/26, 8/26, 2/26 of each microbatch mean, not 1/4 each.
+    objective = ls.sum / window_units;
+  }
+  if (scale.defined()) objective = objective * scale.reshape({});
+  objective.backward();
+  return loss_sum_value;
+}
+
+}  // namespace accumplan
