@@ -55,9 +55,16 @@ ModelInfo model_from(const JsonField& f) {
 ojson setup_json(const Setup& s) {
   ojson hp = ojson::object();
   for (const auto& [k, v] : s.hyperparameters) hp[k] = v;
-  return ojson{{"optimizer", s.optimizer}, {"lr", s.lr},         {"hyperparameters", hp},
-               {"amp", s.amp},             {"loss", s.loss},     {"normalization", s.normalization},
-               {"inputs", s.inputs},       {"target", s.target}, {"ignore_index", s.ignore_index}};
+  return ojson{{"optimizer", s.optimizer},
+               {"lr", s.lr},
+               {"hyperparameters", hp},
+               {"amp", s.amp},
+               {"max_grad_norm", opt(s.max_grad_norm)},
+               {"loss", s.loss},
+               {"normalization", s.normalization},
+               {"inputs", s.inputs},
+               {"target", s.target},
+               {"ignore_index", s.ignore_index}};
 }
 Setup setup_from(const JsonField& f) {
   Setup s;
@@ -72,6 +79,7 @@ Setup setup_from(const JsonField& f) {
   }
   if (auto n = f.opt_str("normalization")) s.normalization = *n;
   s.amp = f.str("amp");
+  s.max_grad_norm = f.opt_f64("max_grad_norm");  // 1.1; absent in 1.0 (no clipping measured)
   s.loss = f.str("loss");
   s.inputs = f.strings("inputs");
   s.target = f.str("target");
@@ -83,6 +91,7 @@ ojson point_json(const ProfilePoint& p) {
   ojson j{{"micro_batch", p.micro_batch}, {"peak_bytes", p.peak_bytes}};
   if (p.reserved_peak_bytes) j["reserved_peak_bytes"] = *p.reserved_peak_bytes;
   if (p.optimizer_step_peak_bytes) j["optimizer_step_peak_bytes"] = *p.optimizer_step_peak_bytes;
+  if (p.first_microbatch_peak_bytes) j["first_microbatch_peak_bytes"] = *p.first_microbatch_peak_bytes;
   j["step_seconds"] = opt(p.step_seconds);
   return j;
 }
@@ -92,6 +101,7 @@ ProfilePoint point_from(const JsonField& f) {
   p.peak_bytes = f.i64("peak_bytes");
   p.reserved_peak_bytes = f.opt_i64("reserved_peak_bytes");
   p.optimizer_step_peak_bytes = f.opt_i64("optimizer_step_peak_bytes");
+  p.first_microbatch_peak_bytes = f.opt_i64("first_microbatch_peak_bytes");
   p.step_seconds = f.opt_f64("step_seconds");
   return p;
 }
@@ -155,10 +165,12 @@ void check_header(const JsonField& root, const char* expected_schema) {
 
 }  // namespace
 
-ojson to_json(const Profile& p) {
+namespace {
+
+// The profile's fields, without the document header: the body of profile.json and the nested
+// "profile" of a 1.1 plan.
+ojson profile_body_json(const Profile& p) {
   ojson j;
-  j["schema"] = kProfileSchema;
-  j["schema_version"] = schema_version_string();
   j["device"] = device_json(p.device);
   j["model"] = model_json(p.model);
   j["setup"] = setup_json(p.setup);
@@ -173,9 +185,7 @@ ojson to_json(const Profile& p) {
   return j;
 }
 
-Profile profile_from_json(const json& doc) {
-  const JsonField root(doc, "$");
-  check_header(root, kProfileSchema);
+Profile profile_body_from(const JsonField& root) {
   Profile p;
   p.device = device_from(root.at("device"));
   p.model = model_from(root.at("model"));
@@ -190,6 +200,23 @@ Profile profile_from_json(const json& doc) {
   p.points = points_from(root.at("points"));
   if (root.has("trials")) p.trials = trials_from(root.at("trials"));
   return p;
+}
+
+}  // namespace
+
+ojson to_json(const Profile& p) {
+  ojson j;
+  j["schema"] = kProfileSchema;
+  j["schema_version"] = schema_version_string();
+  const ojson body = profile_body_json(p);  // named: items() of a temporary would dangle
+  for (const auto& item : body.items()) j[item.key()] = item.value();
+  return j;
+}
+
+Profile profile_from_json(const json& doc) {
+  const JsonField root(doc, "$");
+  check_header(root, kProfileSchema);
+  return profile_body_from(root);
 }
 
 ojson to_json(const Plan& p) {
@@ -237,8 +264,7 @@ ojson to_json(const Plan& p) {
   j["model"] = model_json(p.model);
   j["setup"] = setup_json(p.setup);
   j["libtorch_version"] = p.libtorch_version;
-  j["profile_points"] = points_json(p.profile_points);
-  j["trials"] = trials_json(p.trials);
+  j["profile"] = profile_body_json(p.profile);
   return j;
 }
 
@@ -292,8 +318,19 @@ Plan plan_from_json(const json& doc) {
   p.model = model_from(root.at("model"));
   p.setup = setup_from(root.at("setup"));
   p.libtorch_version = root.str("libtorch_version");
-  p.profile_points = points_from(root.at("profile_points"));
-  if (root.has("trials")) p.trials = trials_from(root.at("trials"));
+  if (root.has("profile")) {
+    p.profile = profile_body_from(root.at("profile"));
+  } else {
+    // A 1.0 plan flattened its profile: the points and trials beside the plan's own device,
+    // model and setup, the persistent bytes in the breakdown.
+    p.profile.device = p.device;
+    p.profile.model = p.model;
+    p.profile.setup = p.setup;
+    p.profile.libtorch_version = p.libtorch_version;
+    p.profile.persistent = {p.memory.weights_bytes, p.memory.gradients_bytes, p.memory.optimizer_state_bytes};
+    p.profile.points = points_from(root.at("profile_points"));
+    if (root.has("trials")) p.profile.trials = trials_from(root.at("trials"));
+  }
 
   // Cross-field invariants: a hand-edited plan that breaks them would silently mis-weight.
   int64_t sum = 0;

@@ -1,4 +1,4 @@
-// solver.cpp — the planner's arithmetic. See solver.h and DESIGN.md "What the planner solves".
+// solver.cpp — the planner's arithmetic. See solver.h and docs/architecture.md "What the planner solves".
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
 
@@ -172,6 +172,9 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
                      " is smaller than --multiple-of " + std::to_string(unit));
   }
   int64_t m_max = std::min(m_fit, T);
+  // The whole per-rank batch as one microbatch: no gradient is resident in a one-microbatch
+  // window, so it may fit where a steady-state microbatch of that size would not.
+  if (m_max < T && model.fits_in_one_microbatch(T, usable)) m_max = T;
   const bool user_bound = request.max_micro_batch && *request.max_micro_batch < m_max;
   if (user_bound) m_max = *request.max_micro_batch;
   m_max = (m_max / unit) * unit;
@@ -230,7 +233,7 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   mem.budget_bytes = budget;
   mem.headroom = request.headroom;
   mem.usable_bytes = usable;
-  mem.predicted_peak_bytes = std::max(model.predict_peak_bytes(plan.micro_batch), model.optimizer_step_peak_bytes());
+  mem.predicted_peak_bytes = model.predict_window_peak_bytes(sizes);
   mem.weights_bytes = profile.persistent.weights_bytes;
   mem.gradients_bytes = profile.persistent.gradients_bytes;
   mem.optimizer_state_bytes = profile.persistent.optimizer_state_bytes;
@@ -271,8 +274,7 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   plan.model = profile.model;
   plan.setup = profile.setup;
   plan.libtorch_version = profile.libtorch_version;
-  plan.profile_points = profile.points;
-  plan.trials = profile.trials;
+  plan.profile = profile;
   return plan;
 }
 

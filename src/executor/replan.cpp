@@ -14,22 +14,6 @@ namespace accumplan {
 namespace {
 
 
-// The profile a plan was solved from, as far as the plan records it (points, persistent bytes,
-// device, setup). Enough for MemoryModel::fit and make_plan.
-Profile profile_of(const Plan& plan) {
-  Profile p;
-  p.device = plan.device;
-  p.model = plan.model;
-  p.setup = plan.setup;
-  p.libtorch_version = plan.libtorch_version;
-  p.persistent.weights_bytes = plan.memory.weights_bytes;
-  p.persistent.gradients_bytes = plan.memory.gradients_bytes;
-  p.persistent.optimizer_state_bytes = plan.memory.optimizer_state_bytes;
-  p.points = plan.profile_points;
-  p.trials = plan.trials;
-  return p;
-}
-
 void set_sizes(Plan& plan, std::vector<int64_t> sizes, int64_t max_micro_batch, int64_t unit) {
   plan.microbatch_sizes = std::move(sizes);
   plan.micro_batch = *std::max_element(plan.microbatch_sizes.begin(), plan.microbatch_sizes.end());
@@ -97,7 +81,7 @@ Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* no
 
   Plan next = plan;
   bool solved = false;
-  if (plan.profile_points.size() >= 2 && plan.memory.budget_bytes > 0) {
+  if (plan.profile.points.size() >= 2 && plan.memory.budget_bytes > 0) {
     PlanRequest req;
     req.target_batch = plan.target_batch;
     req.world_size = plan.world_size;
@@ -112,7 +96,7 @@ Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* no
     // that only shrinks.
     req.use_timing = false;
     try {
-      Plan solved_plan = make_plan(profile_of(plan), req);
+      Plan solved_plan = make_plan(plan.profile, req);
       if (solved_plan.micro_batch <= bound && solved_plan.per_rank_batch == plan.per_rank_batch) {
         // Keep what the solver does not know about this run (the model file, its hash, device).
         solved_plan.model = plan.model;

@@ -63,7 +63,7 @@ TEST_CASE("Schema: plan round-trips and matches its golden file", "[schema][gold
   const Plan plan = golden_plan();
   const auto once = to_json(plan);
   CHECK(once["schema"] == "accumplan.plan");
-  CHECK(once["schema_version"] == "1.0");
+  CHECK(once["schema_version"] == "1.1");
   const auto twice = to_json(plan_from_json(json::parse(once.dump())));
   CHECK(once == twice);
   check_golden("tests/golden/plan.json", once.dump(2) + "\n");
@@ -92,8 +92,8 @@ TEST_CASE("Schema: a missing or ill-typed field is reported by its JSON path", "
   bad["memory"].erase("usable_bytes");
   CHECK(error_of(bad, true) == "$.memory.usable_bytes: missing required field");
   bad = doc;
-  bad["profile_points"][2]["peak_bytes"] = 1.5;
-  CHECK(error_of(bad, true) == "$.profile_points[2].peak_bytes: expected an integer, found number");
+  bad["profile"]["points"][2]["peak_bytes"] = 1.5;
+  CHECK(error_of(bad, true) == "$.profile.points[2].peak_bytes: expected an integer, found number");
 
   json prof = json::parse(to_json(read_profile_file(source_path("tests/golden/profile.json"))).dump());
   prof["points"][1].erase("micro_batch");
@@ -152,4 +152,30 @@ TEST_CASE("Schema: published JSON Schemas match what the writers emit", "[schema
   check("planner/schemas/plan.schema.json", json::parse(to_json(golden_plan()).dump()));
   check("planner/schemas/profile.schema.json",
         json::parse(to_json(read_profile_file(source_path("tests/golden/profile.json"))).dump()));
+}
+
+TEST_CASE("Schema: a 1.0 plan still reads, its flattened profile nested as 1.1 writes it", "[schema][compat]") {
+  // tests/golden/plan-1.0.json is the golden plan as accumplan wrote it before 1.1 (kept as is).
+  const json old_doc = read_json_file(source_path("tests/golden/plan-1.0.json"), "golden");
+  REQUIRE(old_doc["schema_version"] == "1.0");
+  const Plan old_plan = plan_from_json(old_doc);
+  const Plan plan = golden_plan();
+  CHECK(old_plan.microbatch_sizes == plan.microbatch_sizes);
+  REQUIRE(old_plan.profile.points.size() == old_doc["profile_points"].size());
+  for (size_t i = 0; i < old_plan.profile.points.size(); ++i) {
+    CHECK(old_plan.profile.points[i].peak_bytes == old_doc["profile_points"][i]["peak_bytes"].get<int64_t>());
+  }
+  CHECK(old_plan.profile.persistent.total() == plan.profile.persistent.total());
+  CHECK(old_plan.profile.setup.optimizer == plan.profile.setup.optimizer);
+  // Re-planning from the nested profile gives the plan the 1.0 file was solved to.
+  PlanRequest r;
+  r.target_batch = old_plan.target_batch;
+  r.budget.bytes = old_plan.memory.budget_bytes;
+  r.headroom = old_plan.memory.headroom;
+  CHECK(make_plan(old_plan.profile, r).microbatch_sizes == old_plan.microbatch_sizes);
+  // Written again, it is a 1.1 plan with the profile nested.
+  const json again = json::parse(to_json(old_plan).dump());
+  CHECK(again["schema_version"] == "1.1");
+  CHECK(again.contains("profile"));
+  CHECK_FALSE(again.contains("profile_points"));
 }

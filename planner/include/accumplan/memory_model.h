@@ -1,6 +1,7 @@
 // accumplan/memory_model.h — peak(b) = persistent + a0 + a1·b, fitted to measured points.
 //
-// What it is: an ordinary least-squares line through the profile's (micro_batch, peak) points,
+// What it is: a least-squares line through the profile's (micro_batch, peak) points, each weighted
+// by its microbatch (the plan lives at the large end),
 // with residuals kept so a plan can say how well the line explains what was measured. On caching
 // allocators the fit uses `reserved_peak_bytes` (a GPU runs out of memory on reserved bytes, not
 // allocated ones) when every point has it. Also a time model for microbatch seconds.
@@ -9,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "accumplan/schema.h"
@@ -33,10 +35,21 @@ class MemoryModel {
   // The largest optimizer-step transient peak measured, or 0 if none was recorded.
   int64_t optimizer_step_peak_bytes() const { return optimizer_step_peak_bytes_; }
 
+  // The first microbatch of a window runs with no gradient resident: its own line, fitted to the
+  // points' first_microbatch_peak_bytes (nullopt when a point lacks them, or on reserved bytes).
+  std::optional<int64_t> predict_first_microbatch_peak_bytes(int64_t micro_batch) const;
+  // The peak of a window of these microbatch sizes, in order, optimizer step included: the first
+  // follows the first-microbatch line when known, the others the steady line.
+  int64_t predict_window_peak_bytes(const std::vector<int64_t>& sizes) const;
+  bool fits_in_one_microbatch(int64_t micro_batch, int64_t usable_bytes) const;
+
  private:
   FitSummary fit_;
   Persistent persistent_;
   int64_t optimizer_step_peak_bytes_ = 0;
+  std::optional<double> first_intercept_bytes_;
+  double first_slope_bytes_per_sample_ = 0;
+  double first_margin_bytes_ = 0;
 };
 
 // Seconds per microbatch as a function of its size, from the profile's `step_seconds`:

@@ -22,8 +22,10 @@ namespace accumplan {
 inline constexpr const char* kProfileSchema = "accumplan.profile";
 inline constexpr const char* kPlanSchema = "accumplan.plan";
 inline constexpr int kSchemaMajor = 1;
-inline constexpr int kSchemaMinor = 0;
-const std::string& schema_version_string();  // "1.0"
+// 1.1: a plan nests its whole profile ("profile"); 1.0 plans flattened it (profile_points,
+// trials) and are still read. Setup gains max_grad_norm, points first_microbatch_peak_bytes.
+inline constexpr int kSchemaMinor = 1;
+const std::string& schema_version_string();  // "1.1"
 
 struct DeviceInfo {
   std::string type;          // "cpu" or "cuda"
@@ -45,7 +47,8 @@ struct Setup {
   // Optimizer hyperparameters beyond lr, by LibTorch's names: momentum, weight_decay, beta1,
   // beta2, eps, alpha (rmsprop), lr_decay (adagrad). Absent means LibTorch's default.
   std::map<std::string, double> hyperparameters;
-  std::string amp = "none";         // none bf16 fp16
+  std::string amp = "none";         // none bf16 fp16: the autocast mode the profile measured
+  std::optional<double> max_grad_norm;  // clipping of the combined gradient the profile measured
   std::string loss = "cross_entropy";  // cross_entropy mse model
   std::string normalization = "auto";  // samples | tokens | auto (tokens for [B,T,C] cross-entropy)
   std::vector<std::string> inputs;  // tensor specs, one per forward argument
@@ -60,11 +63,12 @@ struct Persistent {
   int64_t total() const { return weights_bytes + gradients_bytes + optimizer_state_bytes; }
 };
 
-// Peak of one steady-state microbatch (forward+backward with gradients and optimizer state
-// resident), all bytes on the device, persistent included.
+// Peaks of one executor window of two microbatches of micro_batch samples, all bytes on the
+// device, persistent included, the window's data excluded.
 struct ProfilePoint {
   int64_t micro_batch = 0;
-  int64_t peak_bytes = 0;
+  int64_t peak_bytes = 0;                            // the microbatches' peak (steady state)
+  std::optional<int64_t> first_microbatch_peak_bytes;  // the first one's: no gradient resident yet
   std::optional<int64_t> reserved_peak_bytes;        // caching allocators (CUDA) only
   std::optional<int64_t> optimizer_step_peak_bytes;  // peak during optimizer.step()
   std::optional<double> step_seconds;                // one microbatch forward+backward
@@ -144,8 +148,7 @@ struct Plan {
   ModelInfo model;
   Setup setup;
   std::string libtorch_version;
-  std::vector<ProfilePoint> profile_points;
-  std::vector<Trial> trials;
+  Profile profile;                          // what the plan was solved from, confirmations included
 };
 
 // JSON conversion. Readers take the document's root and report paths from `$`.
