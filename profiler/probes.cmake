@@ -32,7 +32,8 @@ endif()
 add_library(accumplan_probes STATIC
   ${_probe_src}/cpu_counting_probe.cpp
   ${_probe_src}/memory_probe_factory.cpp)
-target_include_directories(accumplan_probes PUBLIC ${_probe_src})
+# Private: nothing outside the probes sees vendor headers (tests name the folder themselves).
+target_include_directories(accumplan_probes PRIVATE ${_probe_src})
 target_link_libraries(accumplan_probes PUBLIC
   accumplan_probe_api accumplan_planner accumplan_memory_timeline ${TORCH_LIBRARIES})
 target_compile_options(accumplan_probes PRIVATE -Wall -Wextra)

@@ -27,34 +27,21 @@ namespace {
 const char* kKnownBackends = "auto, cpu-counting, cuda-caching-allocator, cupti";
 const char* kKnownDevices = "cpu, cuda, cuda:N (N = 0, 1, ...)";
 
-struct ParsedDevice {
-  bool is_cuda = false;
-  int index = 0;
-};
+}  // namespace
 
 ParsedDevice parse_device(const std::string& device) {
-  if (device == "cpu") {
-    return {false, 0};
-  }
-  if (device == "cuda") {
-    return {true, 0};
-  }
+  if (device == "cpu") return {"cpu", 0};
+  if (device == "cuda") return {"cuda", 0};
   const std::string prefix = "cuda:";
   if (device.rfind(prefix, 0) == 0) {
     const std::string digits = device.substr(prefix.size());
     // At most 4 digits: no machine has 10,000 GPUs, and it keeps stoi far from overflow.
     bool ok = !digits.empty() && digits.size() <= 4;
-    for (char c : digits) {
-      ok = ok && std::isdigit(static_cast<unsigned char>(c)) != 0;
-    }
-    if (ok) {
-      return {true, std::stoi(digits)};
-    }
+    for (char c : digits) ok = ok && std::isdigit(static_cast<unsigned char>(c)) != 0;
+    if (ok) return {"cuda", std::stoi(digits)};
   }
-  throw InputError("unknown device '" + device + "'; known devices: " + kKnownDevices);
+  throw InputError("--device '" + device + "' is not a device; known devices: " + kKnownDevices);
 }
-
-}  // namespace
 
 std::unique_ptr<MemoryProbe> make_memory_probe(const ProbeRequest& request) {
   const std::string& backend = request.backend;
@@ -69,7 +56,7 @@ std::unique_ptr<MemoryProbe> make_memory_probe(const ProbeRequest& request) {
                      std::to_string(*request.budget_bytes) + " bytes");
   }
 
-  if (!device.is_cuda) {
+  if (!device.is_cuda()) {
     if (backend != "auto" && backend != "cpu-counting") {
       throw InputError("the " + backend + " backend measures CUDA memory; with --device cpu use "
                        "the cpu-counting backend (or auto)");

@@ -24,7 +24,8 @@
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
 #include "cli/commands.h"
-#include "runner/probe_runner.h"
+#include "profiling/probe_runner.h"
+#include "runtime/amp.h"
 #include "runtime/model.h"
 
 namespace accumplan::cli {
@@ -44,6 +45,9 @@ struct DeviceArgs {
   std::map<std::string, double> hyper;  // filled from the options below when given
   double momentum = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0, alpha = 0;
   std::vector<CLI::Option*> hyper_options;
+  std::string amp = "none";
+  double max_grad_norm = 0;
+  CLI::Option* max_grad_norm_option = nullptr;
   std::string device;
   std::string probe = "auto";
   std::string budget;
@@ -103,6 +107,18 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
       app->add_option("--alpha", a.alpha, "rmsprop smoothing constant (0.99)")->group(opt_group),
   };
 
+  const std::string train_group = "Training (measured as `accumplan run` will train)";
+  app->add_option("--amp", a.amp,
+                  "none | bf16 | fp16: the autocast mode to measure and record in the plan; `accumplan run` "
+                  "trains with it (bf16 activations take about half of float32's)")
+      ->capture_default_str()
+      ->group(train_group);
+  a.max_grad_norm_option =
+      app->add_option("--max-grad-norm", a.max_grad_norm,
+                      "clip the combined gradient of each window to this 2-norm; measured, recorded in the plan, "
+                      "and `accumplan run`'s default --clip-grad-norm")
+          ->group(train_group);
+
   const std::string dev_group = "Device";
   app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: cuda when available, else cpu)")->group(dev_group);
   app->add_option("--memory-budget", a.budget,
@@ -156,6 +172,8 @@ RunnerOptions runner_options(const DeviceArgs& a) {
   }
   s.normalization = a.normalization;
   s.ignore_index = a.ignore_index;
+  s.amp = to_string(parse_amp_mode(a.amp, "--amp"));
+  if (a.max_grad_norm_option->count() > 0) s.max_grad_norm = a.max_grad_norm;
   if (!a.batch_file.empty()) {
     if (!a.inputs.empty() || !a.target.empty()) {
       throw InputError("give either --batch-file or --input/--target specs, not both");
@@ -172,7 +190,7 @@ RunnerOptions runner_options(const DeviceArgs& a) {
     }
   }
   o.device = !a.device.empty() ? a.device : (torch::cuda::is_available() ? "cuda" : "cpu");
-  parse_device(o.device);
+  parse_device(o.device);  // InputError for a bad --device before anything is loaded
   if (!a.budget.empty()) o.budget = parse_budget(a.budget, "--memory-budget");
   o.probe_sizes = parse_sizes(a.probe_sizes);
   o.seed = a.seed;
@@ -283,7 +301,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
             Profile profile = runner.profile();
             if (runner.budget_bytes()) req.budget.bytes = runner.budget_bytes();
             const Plan plan = runner.plan_and_confirm(profile, req);
-            std::cerr << describe_plan(plan) << steps_summary(plan.trials);
+            std::cerr << describe_plan(plan) << steps_summary(plan.profile.trials);
             emit_output(args->out, to_json(plan).dump(2) + "\n");
             return 0;
           }};

@@ -6,7 +6,7 @@
 // against the plan's input specs), the data (a torch.save file or synthetic samples from the
 // plan's specs), the Executor (src/executor/), and the outputs: a human summary on stderr,
 // `--stats` JSON, `--plan-out` (the plan after any re-plan), `--save` (the trained TorchScript).
-// Data parallel: when WORLD_SIZE > 1 (torchrun --no-python sets RANK, WORLD_SIZE, LOCAL_RANK,
+// Data parallel: when WORLD_SIZE > 1 (torchrun --no_python sets RANK, WORLD_SIZE, LOCAL_RANK,
 // MASTER_ADDR, MASTER_PORT), `run` joins a c10d group (Gloo on cpu, NCCL on cuda when built),
 // iterates global windows of B = W x per_rank_batch samples in order and gives rank r the strided
 // share r, r+W, ... of each (shard_window). Outputs: rank 0 writes --stats/--save/--plan-out; a
@@ -60,6 +60,7 @@ struct RunArgs {
   double lr = 0;
   CLI::Option* lr_option = nullptr;
   double clip = 0;
+  CLI::Option* clip_option = nullptr;
   std::string amp;
   std::string budget;
   std::string device;
@@ -118,8 +119,8 @@ Prepared prepare(const RunArgs& a, const std::string& command, const std::option
     if (command == "run") {
       throw InputError("--plan is for world size " + std::to_string(p.plan.world_size) + " but this run has " +
                        (dist ? "WORLD_SIZE " + std::to_string(world) : std::string("one process (WORLD_SIZE unset)")) +
-                       ". Launch " + std::to_string(p.plan.world_size) + " processes (torchrun --no-python "
-                       "--nproc-per-node " + std::to_string(p.plan.world_size) + " accumplan run ...), or re-plan with "
+                       ". Launch " + std::to_string(p.plan.world_size) + " processes (torchrun --no_python "
+                       "--nproc_per_node " + std::to_string(p.plan.world_size) + " accumplan run ...), or re-plan with "
                        "--world-size " + std::to_string(world));
     }
     throw InputError("--plan is for world size " + std::to_string(p.plan.world_size) + "; `accumplan " + command +
@@ -216,7 +217,7 @@ int run_command(const RunArgs& a) {
     throw InputError("give --steps or --epochs, not both");
   }
   if (a.synthetic_samples < 0) throw InputError("--synthetic-samples must be positive");
-  if (a.clip < 0) throw InputError("--clip-grad-norm must be positive, got " + std::to_string(a.clip));
+  if (a.clip < 0) throw InputError("--clip-grad-norm must be positive (0: no clipping), got " + std::to_string(a.clip));
 
   if (a.dist_timeout_s < 1) throw InputError("--dist-timeout must be at least 1 second");
   const std::optional<DistEnv> dist = dist_env_from_environment();
@@ -233,8 +234,18 @@ int run_command(const RunArgs& a) {
   const bool lead = rank == 0;  // writes the human progress lines
   Setup setup = p.plan.setup;
   if (a.lr_option->count() > 0) setup.lr = a.lr;
-  if (!a.amp.empty()) setup.amp = a.amp;
-  const AmpMode amp = parse_amp_mode(setup.amp, a.amp.empty() ? "plan setup.amp" : "--amp");
+  const AmpMode planned_amp = parse_amp_mode(setup.amp, "plan setup.amp");
+  const AmpMode amp = a.amp.empty() ? planned_amp : parse_amp_mode(a.amp, "--amp");
+  if (amp != planned_amp) {
+    // Activations in bf16 take about half of float32's bytes: the plan's memory is not this run's.
+    const std::string msg = "--amp " + to_string(amp) + " but the plan was measured with amp " + to_string(planned_amp);
+    if (!a.force) {
+      throw InputError(msg + "; its microbatch sizes and predicted peak are for that mode. Re-profile with --amp " +
+                       to_string(amp) + " (accumplan --model ... --amp " + to_string(amp) + "), or pass --force");
+    }
+    std::cerr << "accumplan: warning: " << msg << "; running anyway (--force)\n";
+  }
+  setup.amp = to_string(amp);
   const int64_t T = p.plan.per_rank_batch;
   const int64_t B = T * world;  // a global window
 
@@ -260,7 +271,12 @@ int run_command(const RunArgs& a) {
   ExecutorOptions eo;
   eo.loss = p.loss;
   eo.amp = amp;
-  if (a.clip > 0) eo.max_grad_norm = a.clip;
+  // The plan's clipping (measured with it) unless --clip-grad-norm says otherwise.
+  if (a.clip > 0) {
+    eo.max_grad_norm = a.clip;
+  } else if (a.clip_option->count() == 0) {
+    eo.max_grad_norm = setup.max_grad_norm;
+  }
   eo.oom_recovery = !a.no_recovery;
   eo.probe = p.probe.get();
   eo.plan_out = rank_path(a.plan_out, rank);
@@ -422,7 +438,7 @@ void add_common(CLI::App* app, RunArgs& a) {
                   "samples: Python's torch.save([inputs..., target], f), dim 0 = samples, in order; default: "
                   "synthetic samples from the plan's input specs");
   app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: the plan's device)");
-  app->add_flag("--force", a.force, "run even if --model's SHA-256 differs from the plan's");
+  app->add_flag("--force", a.force, "run even if --model's SHA-256 (or --amp) differs from the plan's");
   app->add_option("--seed", a.seed, "seed of the synthetic samples")->capture_default_str();
   app->add_option("--threads", a.threads, "CPU threads for LibTorch (at::set_num_threads)");
 }
@@ -441,8 +457,12 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
   args->epochs_option = run->add_option("--epochs", args->epochs, "passes over the data (default 1); the last window of "
                                                                   "each pass may be short and has its own N");
   args->lr_option = run->add_option("--lr", args->lr, "learning rate (default: the plan's setup)");
-  run->add_option("--clip-grad-norm", args->clip, "clip the combined gradient of each window to this 2-norm");
-  run->add_option("--amp", args->amp, "none | bf16 | fp16 (default: the plan's setup); fp16 uses a dynamic loss scale");
+  args->clip_option = run->add_option("--clip-grad-norm", args->clip,
+                                      "clip the combined gradient of each window to this 2-norm (default: the plan's "
+                                      "setup.max_grad_norm; 0 turns clipping off)");
+  run->add_option("--amp", args->amp,
+                  "none | bf16 | fp16 (default: the plan's setup.amp; another mode than the plan was measured with "
+                  "needs --force); fp16 uses a dynamic loss scale");
   run->add_option("--memory-budget", args->budget,
                   "enforce this device memory (512MiB, 12GiB, 90%); on cpu the counting allocator makes the CPU a "
                   "simulated device of that size, as when planning");
@@ -458,7 +478,7 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
                   "seconds a rank waits for its peers (rendezvous and every collective) before failing")
       ->capture_default_str();
   run->footer(
-      "Data parallel: launch with torchrun --no-python --nproc-per-node W accumplan run --plan plan.json ... "
+      "Data parallel: launch with torchrun --no_python --nproc_per_node W accumplan run --plan plan.json ... "
       "(a plan made with --world-size W). Each global window of B samples is sharded strided: rank r takes "
       "samples r, r+W, r+2W, .... Rank 0 writes --stats/--save/--plan-out; put {rank} in a path to have every rank "
       "write its own.");

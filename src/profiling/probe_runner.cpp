@@ -1,5 +1,5 @@
 // runner/probe_runner.cpp — measuring real training steps. See probe_runner.h for the contract.
-#include "runner/probe_runner.h"
+#include "profiling/probe_runner.h"
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -12,13 +12,17 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <numeric>
 #include <set>
+#include <sstream>
 
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
 #include "accumplan/tensor_spec.h"
+#include "executor/executor.h"
 #include "runtime/loss.h"
 #include "runtime/optim.h"
+#include "runtime/step.h"
 
 namespace accumplan {
 namespace {
@@ -29,42 +33,12 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::string shapes_of(const Batch& b) {
-  std::string s;
-  for (const auto& t : b.inputs) {
-    s += s.empty() ? "[" : ", [";
-    for (int64_t i = 0; i < t.dim(); ++i) s += (i ? "," : "") + std::to_string(t.size(i));
-    s += "]";
-  }
-  return s;
-}
-
-// A TorchScript error carries the script traceback (useful) and sometimes a C++ backtrace after
-// "Exception raised from" (not useful to a user); keep the former.
-std::string model_error_text(const std::string& what) {
-  std::string text = what;
-  const auto cut = text.find("\nException raised from");
-  if (cut != std::string::npos) text = text.substr(0, cut);
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  return text;
-}
-
 }  // namespace
-
-std::pair<std::string, int> parse_device(const std::string& text) {
-  if (text == "cpu") return {"cpu", 0};
-  if (text == "cuda") return {"cuda", 0};
-  if (text.rfind("cuda:", 0) == 0 && text.size() > 5 &&
-      text.find_first_not_of("0123456789", 5) == std::string::npos && text.size() < 9) {
-    return {"cuda", std::stoi(text.substr(5))};
-  }
-  throw InputError("--device '" + text + "' is not a device; use cpu, cuda or cuda:N");
-}
 
 ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
     : probe_(probe), options_(std::move(options)), device_(torch::kCPU) {
-  const auto [type, index] = parse_device(options_.device);
-  device_ = type == "cpu" ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  const ParsedDevice parsed = parse_device(options_.device);
+  device_ = parsed.is_cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(parsed.index)) : torch::Device(torch::kCPU);
   next_seed_ = options_.seed;
   Setup& setup = options_.setup;
 
@@ -94,7 +68,16 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
                      "or --target float32[B,10]");
   }
   // Resolving now refuses e.g. --normalization tokens with mse before any step runs.
-  resolve_normalization(setup.normalization, setup.loss, target_spec_ ? static_cast<int64_t>(target_spec_->dims.size()) : 0);
+  loss_.kind = setup.loss;
+  loss_.ignore_index = setup.ignore_index;
+  loss_.normalization =
+      resolve_normalization(setup.normalization, setup.loss, target_spec_ ? static_cast<int64_t>(target_spec_->dims.size()) : 0);
+  amp_ = parse_amp_mode(setup.amp, "--amp");
+  if (setup.max_grad_norm && !(*setup.max_grad_norm > 0)) {
+    std::ostringstream got;
+    got << *setup.max_grad_norm;
+    throw InputError("--max-grad-norm must be positive, got " + got.str());
+  }
   make_optimizer(setup, {});  // validates hyperparameters and lr with no parameters to allocate for
 
   if (options_.budget.is_set()) {
@@ -115,43 +98,124 @@ void ProbeRunner::say(const std::string& line) const {
   if (options_.progress) options_.progress(line);
 }
 
-void ProbeRunner::zero_gradients() {
-  // Zero in place rather than set to None: in steady state the gradients stay resident, and that
-  // is the memory the plan must account for. (LibTorch 2.x's zero_grad() defaults to set_to_none.)
-  at::NoGradGuard no_grad;
-  for (auto& p : params_) {
-    if (p.grad().defined()) p.mutable_grad().zero_();
-  }
+void ProbeRunner::name_the_inputs(const ModelRejectedInputError& e) const {
+  const std::string source = file_batch_ ? "--batch-file " + *options_.batch_file
+                                         : "--input " + options_.setup.inputs.front() +
+                                               (options_.setup.inputs.size() > 1 ? " ..." : "");
+  throw InputError("the model rejected inputs of shape " + e.shapes() + " (from " + source +
+                   "); its forward failed with:\n" + e.model_error());
 }
 
-void ProbeRunner::microbatch(int64_t micro_batch, int64_t microbatches_in_window) {
-  Batch mb = file_batch_ ? tile_batch(*file_batch_, micro_batch).to(device_)
-                         : synthetic_batch(input_specs_, target_spec_, micro_batch, next_seed_++, device_);
-  std::vector<c10::IValue> args(mb.inputs.begin(), mb.inputs.end());
-  if (options_.setup.loss == "model" && mb.target.defined()) args.emplace_back(mb.target);
-  c10::IValue out;
+bool ProbeRunner::is_oom(const std::exception& e) const {
+  // The executor reports an unrecovered OOM as ExecutorOomError (and has cleared the flag by then).
+  return dynamic_cast<const ExecutorOomError*>(&e) != nullptr || is_out_of_memory(e, &probe_);
+}
+
+Batch ProbeRunner::window_data(int64_t samples) {
+  // On the host, as `accumplan run` keeps its data: the executor moves each microbatch to the
+  // device. (On the CPU device the host IS the device; window() subtracts these bytes.)
+  return file_batch_ ? tile_batch(*file_batch_, samples)
+                     : synthetic_batch(input_specs_, target_spec_, samples, next_seed_++, at::kCPU);
+}
+
+Plan ProbeRunner::window_plan(const std::vector<int64_t>& sizes) const {
+  Plan plan;
+  plan.target_batch = plan.per_rank_batch = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  plan.microbatch_sizes = sizes;
+  plan.micro_batch = *std::max_element(sizes.begin(), sizes.end());
+  plan.accumulation_steps = static_cast<int64_t>(sizes.size());
+  plan.max_micro_batch = plan.micro_batch;
+  return plan;
+}
+
+WindowMeasurement ProbeRunner::window(const Plan& plan, const std::vector<int64_t>& sizes) {
+  WindowMeasurement m;
+  const auto t0 = Clock::now();
+  auto sync = [&] {
+    // CUDA kernels run asynchronously: without a synchronize the clock would time the launches.
+    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+  };
+  const int64_t samples = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  // The window's samples are the data set's, not the training step's: `accumplan run` holds its
+  // data outside the budget (on the CPU device it raises the enforced budget by their bytes and
+  // reports peaks without them), and so does this. They are made with the budget lifted.
+  const std::optional<int64_t> budget = probe_.budget_bytes();
+  int64_t data_bytes = 0;
+
+  ExecutorOptions eo;
+  eo.loss = loss_;
+  eo.amp = amp_;
+  eo.max_grad_norm = options_.setup.max_grad_norm;
+  eo.oom_recovery = false;  // an OOM is a measurement here, reported, not recovered from
+  eo.probe = &probe_;
+  eo.log = [](const std::string&) {};
+  std::vector<int64_t> peaks;               // per microbatch, allocated (persistent included)
+  int64_t reserved = 0;
+  std::vector<Clock::time_point> starts;
+  auto read_peak = [&] {
+    peaks.push_back(probe_.peak_bytes());
+    reserved = std::max(reserved, probe_.reserved_peak_bytes().value_or(0));
+  };
+  eo.before_microbatch = [&](const MicrobatchEvent& e) {
+    sync();
+    if (e.index > 0) {
+      read_peak();
+      probe_.reset_peak();
+    }
+    starts.push_back(Clock::now());
+  };
   try {
-    out = model_.module.forward(std::move(args));
+    probe_.set_budget_bytes(std::nullopt);
+    const int64_t before_data = probe_.current_bytes();
+    const Batch data = window_data(samples);
+    data_bytes = std::max<int64_t>(0, probe_.current_bytes() - before_data);
+    if (budget) probe_.set_budget_bytes(*budget + data_bytes);
+    Executor executor(model_.module, *optimizer_, plan, eo);
+    WindowStats st = sizes == plan.microbatch_sizes ? executor.accumulate(data) : executor.accumulate(data, sizes);
+    sync();
+    const auto end = Clock::now();
+    read_peak();
+    for (size_t i = 0; i < starts.size(); ++i) {
+      const double s = std::chrono::duration<double>((i + 1 < starts.size() ? starts[i + 1] : end) - starts[i]).count();
+      m.step_seconds = i == 0 ? s : std::min(m.step_seconds, s);
+    }
+    probe_.reset_peak();
+    executor.apply(st);
+    m.optimizer_step_peak_bytes = probe_.peak_bytes() - data_bytes;
+    reserved = std::max(reserved, probe_.reserved_peak_bytes().value_or(0));
+    m.peak_bytes = *std::max_element(peaks.begin(), peaks.end()) - data_bytes;
+    m.first_microbatch_peak_bytes = peaks.front() - data_bytes;
+    m.steady_peak_bytes = peaks.size() > 1 ? *std::max_element(peaks.begin() + 1, peaks.end()) - data_bytes : 0;
+    m.max_peak_bytes = std::max(m.peak_bytes, m.optimizer_step_peak_bytes);
+    if (probe_.reserved_peak_bytes()) {
+      m.reserved_peak_bytes = reserved;
+      m.max_peak_bytes = std::max(m.max_peak_bytes, reserved);
+    }
+  } catch (const ModelRejectedInputError& e) {
+    probe_.set_budget_bytes(budget);
+    name_the_inputs(e);
   } catch (const std::exception& e) {
-    if (probe_.oom_happened()) throw;
-    const std::string source = file_batch_ ? "--batch-file " + *options_.batch_file
-                                           : "--input " + options_.setup.inputs.front() +
-                                                 (options_.setup.inputs.size() > 1 ? " ..." : "");
-    throw InputError("the model rejected inputs of shape " + shapes_of(mb) + " (from " + source +
-                     "); its forward failed with:\n" + model_error_text(e.what()));
+    if (!is_oom(e)) {
+      probe_.set_budget_bytes(budget);
+      throw;
+    }
+    m.oom = true;
   }
-  if (!out.isTensor()) {
-    throw InputError(std::string("the model's forward returned a ") + out.tagKind() +
-                     "; accumplan needs one tensor (the logits or outputs, or the loss with --loss model)");
+  if (m.oom) {
+    // Everything the failed window held was a local of the frames the exception unwound, and the
+    // executor dropped its gradients; what remains is cached memory.
+    for (auto& p : params_) {
+      if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+    }
+    probe_.clear_oom();
+    probe_.release_cached();
+    m.peak_bytes = m.max_peak_bytes = 0;
   }
-  LossConfig config;
-  config.kind = options_.setup.loss;
-  config.ignore_index = options_.setup.ignore_index;
-  config.normalization = resolve_normalization(options_.setup.normalization, config.kind,
-                                               mb.target.defined() ? mb.target.dim() : 0);
-  const LossSum ls = loss_sum(out.toTensor(), mb.target, micro_batch, config);
-  const double divisor = static_cast<double>(std::max<int64_t>(1, ls.units) * microbatches_in_window);
-  (ls.sum / divisor).backward();
+  probe_.set_budget_bytes(budget);
+  m.seconds = seconds_since(t0);
+  const std::optional<int64_t> limit = budget ? budget : budget_bytes_;
+  m.fit = !m.oom && (!limit || m.max_peak_bytes <= *limit);
+  return m;
 }
 
 void ProbeRunner::load_and_measure_persistent() {
@@ -169,16 +233,25 @@ void ProbeRunner::load_and_measure_persistent() {
       if (params_.empty()) throw InputError("the model has no trainable parameters; there is nothing to plan for");
 
       // Adagrad allocates its state when constructed, Adam and momentum on the first step: the
-      // state is the delta across both, less the gradients allocated in between.
+      // state is the delta across both, less the gradients allocated in between. The step is
+      // the executor's own window of one sample (window(): its data bytes are not counted).
       const int64_t before_optimizer = probe_.current_bytes();
       optimizer_ = make_optimizer(options_.setup, params_);
       const int64_t after_construct = probe_.current_bytes();
       probe_.reset_peak();
-      microbatch(1, 1);
-      const int64_t after_backward = probe_.current_bytes();
-      persistent_.gradients_bytes = after_backward - after_construct;
-      optimizer_->step();
-      persistent_.optimizer_state_bytes = (after_construct - before_optimizer) + (probe_.current_bytes() - after_backward);
+      const Batch data = window_data(1);
+      const int64_t with_data = probe_.current_bytes();
+      ExecutorOptions eo;
+      eo.loss = loss_;
+      eo.amp = amp_;
+      eo.oom_recovery = false;
+      eo.probe = &probe_;
+      eo.log = [](const std::string&) {};
+      Executor executor(model_.module, *optimizer_, window_plan({1}), eo);
+      WindowStats st = executor.accumulate(data);
+      persistent_.gradients_bytes = probe_.current_bytes() - with_data;
+      executor.apply(st);  // steps the optimizer, then sets the gradients to none
+      persistent_.optimizer_state_bytes = (after_construct - before_optimizer) + (probe_.current_bytes() - with_data);
       trials_.push_back({"probe", 1, !budget_bytes_ || probe_peak() <= *budget_bytes_, probe_peak(), seconds_since(t0)});
       say("measured persistent memory: weights " + format_bytes(persistent_.weights_bytes) + ", gradients " +
           format_bytes(persistent_.gradients_bytes) + ", optimizer state " +
@@ -191,8 +264,10 @@ void ProbeRunner::load_and_measure_persistent() {
             " bytes; the measured figure is used");
       }
       return;
-    } catch (const std::exception&) {
-      if (!probe_.oom_happened()) throw;
+    } catch (const ModelRejectedInputError& e) {
+      name_the_inputs(e);
+    } catch (const std::exception& e) {
+      if (!is_oom(e)) throw;
       optimizer_.reset();
       params_.clear();
       model_ = LoadedModel{};
@@ -216,68 +291,21 @@ int64_t ProbeRunner::probe_peak() const {
   return std::max(probe_.peak_bytes(), probe_.reserved_peak_bytes().value_or(0));
 }
 
-StepMeasurement ProbeRunner::measure(int64_t micro_batch) {
-  StepMeasurement m;
+WindowMeasurement ProbeRunner::measure(int64_t micro_batch) {
+  // Two microbatches: the first runs with no gradient resident (the executor sets them to none
+  // at the start of every window), the second with the first's gradients resident, as every
+  // later microbatch of a longer window does; then the optimizer step.
+  const std::vector<int64_t> sizes{micro_batch, micro_batch};
+  WindowMeasurement m = window(window_plan(sizes), sizes);
   m.micro_batch = micro_batch;
-  probe_.clear_oom();
-  const auto t0 = Clock::now();
-  auto track = [&] { m.max_peak_bytes = std::max(m.max_peak_bytes, probe_peak()); };
-  try {
-    zero_gradients();
-    probe_.reset_peak();
-    microbatch(micro_batch, 2);
-    // Steady-state microbatches (gradients already there) are timed twice and the faster kept:
-    // one timed step of 1 ms varied by tens of percent with another process on the other core,
-    // enough to sway the solver's timing choice.
-    // CUDA kernels run asynchronously: without a synchronize on both sides the clock would time
-    // the launches, not the work (no-op on the CPU).
-    auto sync = [&] {
-      if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
-    };
-    sync();
-    const auto t_first = Clock::now();
-    microbatch(micro_batch, 2);
-    sync();
-    const double first_step_seconds = seconds_since(t_first);
-    track();
-    probe_.reset_peak();
-    optimizer_->step();
-    m.optimizer_step_peak_bytes = probe_.peak_bytes();
-    track();
-    zero_gradients();
-    probe_.reset_peak();
-    sync();
-    const auto t1 = Clock::now();
-    microbatch(micro_batch, 1);
-    sync();
-    m.step_seconds = std::min(first_step_seconds, seconds_since(t1));
-    m.peak_bytes = probe_.peak_bytes();
-    m.reserved_peak_bytes = probe_.reserved_peak_bytes();
-    track();
-  } catch (const std::exception&) {
-    if (!probe_.oom_happened()) throw;
-    m.oom = true;
-  }
-  if (m.oom) {
-    // Everything the failed step held (batch, outputs, loss, autograd graph) was a local of the
-    // frames the exception unwound; what remains are the gradients it half-accumulated.
-    zero_gradients();
-    probe_.clear_oom();
-    probe_.release_cached();
-    m.peak_bytes = 0;
-    m.max_peak_bytes = 0;
-  }
-  m.seconds = seconds_since(t0);
-  const std::optional<int64_t> budget = probe_.budget_bytes() ? probe_.budget_bytes() : budget_bytes_;
-  m.fit = !m.oom && (!budget || m.max_peak_bytes <= *budget);
   return m;
 }
 
 Profile ProbeRunner::profile() {
   Profile p;
-  const auto [type, index] = parse_device(options_.device);
-  p.device.type = type;
-  p.device.index = index;
+  const ParsedDevice parsed = parse_device(options_.device);
+  p.device.type = parsed.type;
+  p.device.index = parsed.index;
   p.device.name = probe_.device_name();
   p.model = model_.info;
   p.setup = options_.setup;
@@ -298,7 +326,7 @@ Profile ProbeRunner::profile() {
   }
 
   bool lifted = persistent_over_budget_;  // the budget is not in force
-  auto record = [&](const StepMeasurement& s) {
+  auto record = [&](const WindowMeasurement& s) {
     trials_.push_back({"probe", s.micro_batch, s.fit, s.max_peak_bytes, s.seconds});
     if (s.oom) {
       say("probe b=" + std::to_string(s.micro_batch) + ": out of memory under the budget of " +
@@ -310,6 +338,7 @@ Profile ProbeRunner::profile() {
     pt.peak_bytes = s.peak_bytes;
     pt.reserved_peak_bytes = s.reserved_peak_bytes;
     pt.optimizer_step_peak_bytes = s.optimizer_step_peak_bytes;
+    pt.first_microbatch_peak_bytes = s.first_microbatch_peak_bytes;
     pt.step_seconds = s.step_seconds;
     p.points.push_back(pt);
     say("probe b=" + std::to_string(s.micro_batch) + ": peak " + format_bytes(s.peak_bytes) + ", " +
@@ -317,7 +346,7 @@ Profile ProbeRunner::profile() {
   };
   for (int64_t b : sizes) {
     if (lifted && p.points.size() >= 2) break;
-    StepMeasurement s = measure(b);
+    WindowMeasurement s = measure(b);
     record(s);
     if (s.oom) {
       if (p.points.size() >= 2) break;  // larger sizes would fail too; the fit has enough points
@@ -350,7 +379,7 @@ double slope(const ProfilePoint& a, const ProfilePoint& b) {
 }  // namespace
 
 void ProbeRunner::extend_linear_tail(Profile& p, int64_t largest_scheduled,
-                                     const std::function<void(const StepMeasurement&)>& record) {
+                                     const std::function<void(const WindowMeasurement&)>& record) {
   // Two ways small probes mislead a straight line, both measured on the CPU probe:
   //  1. At the smallest sizes a microbatch's peak can be set by a phase that hardly grows with b
   //     (a convolution's workspace, another kernel for tiny batches). The test convnet peaks at
@@ -398,11 +427,24 @@ void ProbeRunner::extend_linear_tail(Profile& p, int64_t largest_scheduled,
     if (next <= largest) break;
     say("the fit predicts up to " + std::to_string(predicted_max) + " samples, far beyond b=" + std::to_string(largest) +
         "; probing b=" + std::to_string(next) + " to check the line there");
-    const StepMeasurement s = measure(next);
+    const WindowMeasurement s = measure(next);
     record(s);
     if (!s.fit) break;
     drop_flat_head();
   }
+}
+
+WindowMeasurement ProbeRunner::confirm(const Plan& plan) {
+  // The planned window's beginning: its first microbatch (no gradient resident) and its second
+  // (the first's gradients resident, as every later microbatch of the window), then the
+  // optimizer step. Later microbatches repeat the second's memory with sizes no larger (the split
+  // puts the larger sizes first), so running all k would cost k steps and show no higher peak: a
+  // plan of 93 microbatches is confirmed by 2.
+  const std::vector<int64_t> sizes(plan.microbatch_sizes.begin(),
+                                   plan.microbatch_sizes.begin() + (plan.microbatch_sizes.size() == 1 ? 1 : 2));
+  WindowMeasurement m = window(window_plan(sizes), sizes);
+  m.micro_batch = plan.micro_batch;
+  return m;
 }
 
 Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request) {
@@ -418,7 +460,7 @@ Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request) {
   for (;;) {
     Plan plan = make_plan(profile, request);
     const int64_t m = plan.micro_batch;
-    const StepMeasurement s = measure(m);
+    const WindowMeasurement s = confirm(plan);
     const bool ok = s.fit && s.max_peak_bytes <= plan.memory.budget_bytes;
     const Trial trial{"confirm", m, ok, s.max_peak_bytes, s.seconds};
     trials_.push_back(trial);
@@ -427,9 +469,31 @@ Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request) {
       say("confirm b=" + std::to_string(m) + ": peak " + format_bytes(s.max_peak_bytes) + " of " +
           format_bytes(plan.memory.budget_bytes) + " budget (predicted " + format_bytes(plan.memory.predicted_peak_bytes) +
           "), fits");
+      if (plan.accumulation_steps > 1) {
+        // The second microbatch is a steady-state point like any probe's: the fit folds it in,
+        // and the plan's prediction comes from the refit, solved again no larger than m. (The
+        // first ran at another size when the sizes differ, so it is not part of the point.)
+        ProfilePoint pt;
+        pt.micro_batch = plan.microbatch_sizes[1];
+        pt.peak_bytes = s.steady_peak_bytes;
+        if (plan.microbatch_sizes[0] == plan.microbatch_sizes[1]) pt.first_microbatch_peak_bytes = s.first_microbatch_peak_bytes;
+        pt.optimizer_step_peak_bytes = s.optimizer_step_peak_bytes;
+        pt.reserved_peak_bytes = s.reserved_peak_bytes;
+        pt.step_seconds = s.step_seconds;
+        profile.points.push_back(pt);
+        PlanRequest at_most = request;
+        at_most.max_micro_batch = m;
+        try {
+          Plan refit = make_plan(profile, at_most);
+          if (refit.microbatch_sizes == plan.microbatch_sizes) plan = std::move(refit);
+        } catch (const InputError&) {
+          // The point made the profile unfit for a line (it says why in `accumplan plan`); the
+          // plan solved before it was confirmed all the same.
+        }
+      }
       plan.confirmed = true;
       plan.confirmed_peak_bytes = s.max_peak_bytes;
-      plan.trials = profile.trials;
+      plan.profile = profile;
       return plan;
     }
     say("confirm b=" + std::to_string(m) + ": " +

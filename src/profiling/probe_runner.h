@@ -1,25 +1,29 @@
-// runner/probe_runner.h — real training steps on the device, measured by a MemoryProbe.
+// profiling/probe_runner.h — real training windows on the device, measured by a MemoryProbe.
 //
-// What it is: the profiler's engine (DESIGN.md "What the profiler measures"). Constructed with an
-// installed probe, it enforces the budget, loads the model (so weights are counted), and measures
-// persistent memory: weights (probe delta across the load), gradients (delta across the first
-// backward), optimizer state (delta across optimizer construction plus its first real step —
-// Adagrad allocates its state in the constructor, Adam on the first step). Then
-//   measure(b)          a window of two accumulated microbatches of b samples and an optimizer
-//                       step, then reset_peak and one further steady-state microbatch (gradients
-//                       and optimizer state resident) → its peak, the optimizer-step peak, seconds
+// What it is: the profiler's engine (docs/architecture.md "What the profiler measures").
+// It measures by running the executor (executor/executor.h) — the same step, gradient lifetime,
+// AMP mode, clipping and optimizer step that `accumplan run` uses — so a plan's peak is the peak
+// training reaches. Constructed with an installed probe, it enforces the budget, loads the model
+// (so weights are counted), and measures persistent memory: weights (probe delta across the
+// load), gradients (delta across the first window's backward), optimizer state (delta across
+// optimizer construction plus its first real step — Adagrad allocates its state in the
+// constructor, Adam on the first step). Then
+//   measure(b)          a window of two microbatches of b (the first with no gradient resident,
+//                       the second with the first's) and the optimizer step → the microbatches'
+//                       peak, the first one's, the optimizer step's, and the faster step's seconds
 //   profile()           measure(b) for b = 1, 2, 4, 8 bounded by the per-rank target → Profile
-//   plan_and_confirm()  make_plan, then a real step at plan.micro_batch with the budget enforced;
-//                       on OOM or over budget, bisect between the largest size that fit and the
-//                       smallest that failed, re-planning with max_micro_batch, until confirmed.
-// Every real step is recorded as a Trial. After an OOM every reference of the failed step is
-// dropped and gradients are zeroed, so memory returns to its steady-state baseline.
-// What it is not: a trainer. Loss weighting here is only as exact as memory measurement needs
-// (each microbatch's mean loss divided by the microbatches in the window); src/executor/ owns
-// exact weighting.
+//   plan_and_confirm()  make_plan, then the planned window itself (its first microbatches and the
+//                       optimizer step) with the budget enforced; on OOM or over budget, bisect
+//                       between the largest size that fit and the smallest that failed,
+//                       re-planning with max_micro_batch, until confirmed.
+// Every window is recorded as a Trial. The window's samples live on the host, as `accumplan run`
+// keeps its data, and their bytes are not part of any peak (on the CPU device, where host memory
+// is the device, they are subtracted).
+// What it is not: a trainer. Weighting and the window algorithm are the executor's.
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -30,8 +34,11 @@
 #include "accumplan/schema.h"
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
+#include "runtime/amp.h"
 #include "runtime/batch.h"
+#include "runtime/loss.h"
 #include "runtime/model.h"
+#include "runtime/step.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -54,17 +61,20 @@ struct RunnerOptions {
   std::function<void(const std::string&)> progress;  // one line per real step, no trailing newline
 };
 
-// One measure(b): a real window plus one steady-state microbatch.
-struct StepMeasurement {
+// One real window: the peaks of its microbatches and of its optimizer step, persistent memory
+// included, the window's data excluded.
+struct WindowMeasurement {
   int64_t micro_batch = 0;
-  bool oom = false;                      // an allocation failed (the step did not finish)
+  bool oom = false;                      // an allocation failed (the window did not finish)
   bool fit = false;                      // finished, and every peak within the budget
-  int64_t peak_bytes = 0;                // steady-state microbatch peak (0 after an OOM)
+  int64_t peak_bytes = 0;                // the microbatches' peak (0 after an OOM)
+  int64_t first_microbatch_peak_bytes = 0; // the first microbatch's, no gradient resident yet
+  int64_t steady_peak_bytes = 0;         // the later microbatches', gradients resident (0: k = 1)
   int64_t optimizer_step_peak_bytes = 0; // peak during optimizer.step()
-  int64_t max_peak_bytes = 0;            // highest peak over the whole sequence
+  int64_t max_peak_bytes = 0;            // highest peak over the whole window
   std::optional<int64_t> reserved_peak_bytes;  // caching allocators only
-  double step_seconds = 0;               // the steady-state microbatch, forward + backward
-  double seconds = 0;                    // the whole sequence (its cost as a Trial)
+  double step_seconds = 0;               // the faster microbatch, forward + backward
+  double seconds = 0;                    // the whole window (its cost as a Trial)
 };
 
 class ProbeRunner {
@@ -89,8 +99,10 @@ class ProbeRunner {
   // True when persistent memory alone did not fit the budget (it was measured without it).
   bool persistent_over_budget() const { return persistent_over_budget_; }
 
-  // One real window + steady-state microbatch at b. An OOM is reported, not thrown.
-  StepMeasurement measure(int64_t micro_batch);
+  // One real window of two microbatches of b. An OOM is reported, not thrown.
+  WindowMeasurement measure(int64_t micro_batch);
+  // The plan's own window (its first microbatches, see the .cpp) and optimizer step.
+  WindowMeasurement confirm(const Plan& plan);
 
   // The probe schedule → a Profile holding every point and trial.
   Profile profile();
@@ -103,13 +115,18 @@ class ProbeRunner {
 
  private:
   void load_and_measure_persistent();
-  void microbatch(int64_t micro_batch, int64_t microbatches_in_window);
-  void zero_gradients();
+  // Runs `sizes` as one executor window of `plan` with the budget enforced.
+  WindowMeasurement window(const Plan& plan, const std::vector<int64_t>& sizes);
+  Plan window_plan(const std::vector<int64_t>& sizes) const;
+  Batch window_data(int64_t samples);
+  bool is_oom(const std::exception& e) const;
+  // Rethrows the model's rejection naming where the inputs came from (--batch-file or --input).
+  [[noreturn]] void name_the_inputs(const ModelRejectedInputError& e) const;
   void say(const std::string& line) const;
   // Leaves out small sizes whose peak does not follow the line of the larger ones, and probes
   // closer to the budget's predicted maximum when it is far beyond the probes (numbers in the .cpp).
   void extend_linear_tail(Profile& p, int64_t largest_scheduled,
-                          const std::function<void(const StepMeasurement&)>& record);
+                          const std::function<void(const WindowMeasurement&)>& record);
   int64_t probe_peak() const;
 
   MemoryProbe& probe_;
@@ -118,6 +135,8 @@ class ProbeRunner {
   LoadedModel model_;
   std::vector<at::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  LossConfig loss_;
+  AmpMode amp_ = AmpMode::None;
   std::vector<TensorSpec> input_specs_;
   std::optional<TensorSpec> target_spec_;
   std::optional<Batch> file_batch_;
@@ -129,8 +148,5 @@ class ProbeRunner {
   uint64_t next_seed_ = 0;
   std::vector<Trial> trials_;
 };
-
-// "cuda:1" → {"cuda", 1}; InputError for anything but cpu, cuda, cuda:N.
-std::pair<std::string, int> parse_device(const std::string& text);
 
 }  // namespace accumplan

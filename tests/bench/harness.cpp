@@ -37,7 +37,7 @@
 #include "accumplan/units.h"
 #include "bench_overhead.h"
 #include "peer_strategies.h"
-#include "runner/probe_runner.h"
+#include "profiling/probe_runner.h"
 
 using nlohmann::ordered_json;
 namespace ap = accumplan;
@@ -158,13 +158,13 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
 
   // Oracle shared by the truth search and the peers: one real steady-state trial.
   ap::bench::Oracle oracle = [&](int64_t b, int) {
-    const ap::StepMeasurement s = runner.measure(b);
+    const ap::WindowMeasurement s = runner.measure(b);
     return ap::bench::StepOutcome{s.fit, s.peak_bytes};
   };
 
   // Prediction error at the chosen microbatch: the plan's peak against a fresh measurement of
   // the same steady-state work (the optimizer-step transient counts, as in the prediction).
-  const ap::StepMeasurement at_plan = runner.measure(plan.micro_batch);
+  const ap::WindowMeasurement at_plan = runner.measure(plan.micro_batch);
   const int64_t measured = std::max(at_plan.peak_bytes, at_plan.optimizer_step_peak_bytes);
   const double error = at_plan.fit ? 100.0 * static_cast<double>(plan.memory.predicted_peak_bytes - measured) /
                                          static_cast<double>(measured)

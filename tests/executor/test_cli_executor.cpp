@@ -28,10 +28,13 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kBudget = "1200KiB";  // builtin:mlp: ~1 MiB persistent + 3.3 KiB/sample
+// 256, not 64: a window of ONE microbatch holds no resident gradient, and builtin:mlp's 64 fit
+// whole under kBudget that way (956,584 bytes); 256 needs accumulation.
+constexpr int64_t kTarget = 256;
 
 struct Fixture {
   std::string dir;
-  std::string plan;  // plan.json for builtin:mlp, target 64, under kBudget
+  std::string plan;  // plan.json for builtin:mlp, target kTarget, under kBudget
   json plan_json;
 };
 
@@ -46,7 +49,7 @@ const Fixture& mlp_plan() {
     // name let one case empty the directory while another read its plan.json.
     x.dir = scratch_dir("executor-cli-" + std::to_string(::getpid()));
     x.plan = x.dir + "/plan.json";
-    const CliResult r = run_cli({"--model", "builtin:mlp", "--target-batch", "64", "--device", "cpu", "--memory-budget",
+    const CliResult r = run_cli({"--model", "builtin:mlp", "--target-batch", std::to_string(kTarget), "--device", "cpu", "--memory-budget",
                                  kBudget, "--threads", "2", "--out", x.plan});
     if (r.exit_code != 0) throw std::runtime_error("accumplan --model builtin:mlp failed: " + r.err);
     x.plan_json = json::parse(slurp(x.plan));
@@ -77,14 +80,14 @@ TEST_CASE("run executes a plan from `accumplan --model` under the same CPU budge
   CHECK(s["windows"] == 3);
   CHECK(s["optimizer_steps"] == 3);
   CHECK(s["skipped_steps"] == 0);
-  CHECK(s["samples_seen"] == 3 * 64);
+  CHECK(s["samples_seen"] == 3 * kTarget);
   CHECK(s["microbatch_sizes"].get<std::vector<int64_t>>() == planned);
   CHECK(s["normalization"] == "samples");
   const int64_t measured = s["measured_peak_bytes"], predicted = s["predicted_peak_bytes"], budget = s["budget_bytes"];
   CHECK(predicted == f.plan_json["memory"]["predicted_peak_bytes"].get<int64_t>());
   CHECK(measured > 0);
   CHECK(measured <= budget);
-  report("run builtin:mlp 64 = " + f.plan_json["microbatch_sizes"].dump() + ": measured/predicted peak",
+  report("run builtin:mlp " + std::to_string(kTarget) + " = " + f.plan_json["microbatch_sizes"].dump() + ": measured/predicted peak",
          static_cast<double>(measured) / static_cast<double>(predicted));
   CHECK(std::abs(static_cast<double>(measured) / static_cast<double>(predicted) - 1.0) < 0.10);
   CHECK(s["mean_window_seconds"].get<double>() > 0);
@@ -98,7 +101,7 @@ TEST_CASE("run under a tighter budget recovers from OOM by re-planning and write
   const Fixture& f = mlp_plan();
   const int64_t m = f.plan_json["micro_batch"];
   const int64_t m_max = f.plan_json["max_micro_batch"];
-  REQUIRE(f.plan_json["accumulation_steps"].get<int64_t>() == (64 + m_max - 1) / m_max);  // the fewest
+  REQUIRE(f.plan_json["accumulation_steps"].get<int64_t>() == (kTarget + m_max - 1) / m_max);  // the fewest
   REQUIRE(m > 6);
   const double intercept = f.plan_json["fit"]["intercept_bytes"], slope = f.plan_json["fit"]["slope_bytes_per_sample"];
   // Six samples' worth below the planned microbatch's prediction: the planned size cannot fit,
@@ -111,7 +114,7 @@ TEST_CASE("run under a tighter budget recovers from OOM by re-planning and write
   REQUIRE(r.exit_code == 0);
   const json s = json::parse(slurp(stats));
   CHECK(s["oom_recoveries"].get<int64_t>() >= 1);
-  CHECK(s["samples_seen"] == 2 * 64);
+  CHECK(s["samples_seen"] == 2 * kTarget);
   CHECK(s["optimizer_steps"] == 2);
   const auto sizes = s["microbatch_sizes"].get<std::vector<int64_t>>();
   CHECK(*std::max_element(sizes.begin(), sizes.end()) < m);
@@ -119,22 +122,23 @@ TEST_CASE("run under a tighter budget recovers from OOM by re-planning and write
   const json p = json::parse(slurp(plan_out));
   CHECK(p["microbatch_sizes"].get<std::vector<int64_t>>() == sizes);
   CHECK(p["confirmed"] == true);
-  CHECK(p["per_rank_batch"] == 64);
+  CHECK(p["per_rank_batch"] == kTarget);
 }
 
 TEST_CASE("run over a data file: epochs of ceil(N/B) windows, the last one short", "[cli][run][epoch]") {
   const Fixture& f = mlp_plan();
   torch::manual_seed(3);
-  const std::string data = write_torch_save(f.dir + "/data.pt", {torch::randn({150, 64}), torch::randint(0, 10, {150}, torch::kLong)});
+  const int64_t n = 2 * kTarget + 88;
+  const std::string data = write_torch_save(f.dir + "/data.pt", {torch::randn({n, 64}), torch::randint(0, 10, {n}, torch::kLong)});
   const std::string stats = f.dir + "/stats-epochs.json";
   const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--data", data, "--epochs", "2", "--threads",
                                "2", "--stats", stats});
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   const json s = json::parse(slurp(stats));
-  CHECK(s["windows"] == 6);          // 64, 64, 22 per epoch
-  CHECK(s["optimizer_steps"] == 6);  // 2 * ceil(150 / 64)
-  CHECK(s["samples_seen"] == 300);
+  CHECK(s["windows"] == 6);          // kTarget, kTarget, 88 per epoch
+  CHECK(s["optimizer_steps"] == 6);  // 2 * ceil(n / kTarget)
+  CHECK(s["samples_seen"] == 2 * n);
 }
 
 TEST_CASE("run refuses bad input with exit code 2 and a clear message", "[cli][run][errors]") {

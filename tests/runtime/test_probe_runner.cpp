@@ -11,7 +11,7 @@
 #include "accumplan/memory_model.h"
 #include "accumplan/solver.h"
 #include "fixtures.h"
-#include "runner/probe_runner.h"
+#include "profiling/probe_runner.h"
 
 #include "catch_after_torch.h"  // last: after glog's CHECK from LibTorch
 
@@ -104,7 +104,7 @@ TEST_CASE("activations grow with the microbatch and the fit predicts an unprobed
             profile.points[i - 1].peak_bytes - profile.persistent.total());
     }
     const MemoryModel model = MemoryModel::fit(profile);
-    const StepMeasurement real = runner.measure(c.unprobed);
+    const WindowMeasurement real = runner.measure(c.unprobed);
     REQUIRE_FALSE(real.oom);
     const int64_t predicted = model.predict_peak_bytes(c.unprobed);
     const int64_t persistent = profile.persistent.total();
@@ -141,8 +141,8 @@ TEST_CASE("the planned microbatch is confirmed and at least 90% of the brute-for
   REQUIRE(plan.confirmed_peak_bytes);
   CHECK(*plan.confirmed_peak_bytes <= budget);
   CHECK(plan.accumulation_steps > 1);
-  CHECK(plan.trials.back().kind == "confirm");
-  CHECK(plan.trials.back().fit);
+  CHECK(plan.profile.trials.back().kind == "confirm");
+  CHECK(plan.profile.trials.back().fit);
 
   // Brute force with real steps: gallop up from the plan until a step no longer fits, then
   // bisect. Each `measure` is a full window plus a steady-state microbatch under the budget.
@@ -162,7 +162,7 @@ TEST_CASE("the planned microbatch is confirmed and at least 90% of the brute-for
   }
   const int64_t m_true = fits;
   int64_t confirms = 0;
-  for (const auto& t : plan.trials) confirms += t.kind == "confirm";
+  for (const auto& t : plan.profile.trials) confirms += t.kind == "confirm";
   std::cerr << "[confirm] mlp 256-512-512-10 sgd, budget 16 MiB, headroom 3%: probes fitted on";
   for (const auto& p : profile.points) std::cerr << " " << p.micro_batch;
   std::cerr << "; plan micro_batch " << plan.micro_batch << " (max " << plan.max_micro_batch << "), predicted peak "
@@ -187,10 +187,11 @@ TEST_CASE("a confirm step that runs out of memory lowers the bound and confirms 
   CHECK(plan.micro_batch < first.micro_batch);
   CHECK(plan.micro_batch > 8);  // bisected between the probes that fit (8) and the failed size
   int64_t failed_confirms = 0;
-  for (const auto& t : plan.trials) failed_confirms += t.kind == "confirm" && !t.fit;
+  for (const auto& t : plan.profile.trials) failed_confirms += t.kind == "confirm" && !t.fit;
   CHECK(failed_confirms == 1);
-  // After the OOM memory went back to the steady-state baseline: weights + gradients.
-  CHECK(probe->current_bytes() == profile.persistent.weights_bytes + profile.persistent.gradients_bytes);
+  // After the OOM memory went back to the baseline between windows: weights and optimizer state
+  // (none for sgd); the executor sets the gradients to none after every window, as in training.
+  CHECK(probe->current_bytes() == profile.persistent.weights_bytes + profile.persistent.optimizer_state_bytes);
 }
 
 TEST_CASE("a budget below persistent memory is reported with its breakdown", "[runner][errors]") {

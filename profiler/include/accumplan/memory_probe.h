@@ -52,6 +52,15 @@ class MemoryProbe {
   virtual void fail_allocation_after(int64_t n) = 0;
 };
 
+// A --device value: "cpu", "cuda" (index 0) or "cuda:N". The one parser of device names in
+// accumplan; InputError naming the value otherwise.
+struct ParsedDevice {
+  std::string type;  // "cpu" | "cuda"
+  int index = 0;
+  bool is_cuda() const { return type == "cuda"; }
+};
+ParsedDevice parse_device(const std::string& device);
+
 struct ProbeRequest {
   std::string device = "cpu";              // "cpu", "cuda", "cuda:1"
   std::string backend = "auto";            // auto | cpu-counting | cuda-caching-allocator | cupti
