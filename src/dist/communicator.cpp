@@ -142,7 +142,7 @@ int env_int(const char* name, bool required, int fallback) {
   if (!v || !*v) {
     if (required) {
       throw InputError(std::string("WORLD_SIZE is set but ") + name +
-                       " is not; launch with torchrun --no-python, or set RANK, WORLD_SIZE, MASTER_ADDR "
+                       " is not; launch with torchrun --no_python, or set RANK, WORLD_SIZE, MASTER_ADDR "
                        "and MASTER_PORT yourself");
     }
     return fallback;

@@ -6,7 +6,7 @@
 // (2) sum the gradients across ranks once per window, flattened into a few buckets rather than
 // one collective per parameter. Implementations: `local` (W = 1, no communication) and `gloo`
 // (PyTorch's c10d ProcessGroupGloo over a TCPStore rendezvous, configured by the variables
-// `torchrun --no-python` sets: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
+// `torchrun --no_python` sets: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
 // Every collective is counted so tests can assert one gradient exchange per window.
 // What it is not: a data loader or DDP. Sharding is the caller's (`accumplan run`): rank r takes
 // samples r, r+W, r+2W, ... of every global window (strided, so a short last window stays
@@ -49,7 +49,7 @@ class Communicator {
   CollectiveCounts counts_;
 };
 
-// The standard variables of `torchrun --no-python`. nullopt when WORLD_SIZE is unset; InputError
+// The standard variables of `torchrun --no_python`. nullopt when WORLD_SIZE is unset; InputError
 // naming the variable when one is set but another is missing or malformed.
 struct DistEnv {
   int rank = 0;

@@ -1,7 +1,7 @@
 // executor/replan.h — the plan after an out-of-memory during training: same target batch, every
 // microbatch strictly below the size that failed.
 //
-// What it is: DESIGN.md "OOM recovery", the re-planning step. The failing size becomes an upper
+// What it is: docs/oom-contract.md, the re-planning step. The failing size becomes an upper
 // bound (max_micro_batch = failing − 1). When the plan carries its profile points and budget, the
 // planner's own make_plan solves again under that bound (so the split, weights, predicted peak
 // and reason are the planner's); otherwise, or if the solver refuses, the same per-rank batch is

@@ -3,7 +3,7 @@
 //
 // What it is: `free_port()` (bind port 0, read the port the kernel picked), `launch_ranks()` (fork
 // + exec of a program once per rank with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT set,
-// as `torchrun --no-python` sets them; stdout and stderr to a log file per rank; the parent waits
+// as `torchrun --no_python` sets them; stdout and stderr to a log file per rank; the parent waits
 // at most a deadline, then SIGKILLs every rank still running and reports `timed_out`, so a hang
 // FAILS a test instead of blocking CI), and `make_scenario()` (model, data, global windows, plan):
 // built deterministically from seeds, so the worker processes and the parent's reference see the

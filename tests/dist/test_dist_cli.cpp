@@ -1,4 +1,4 @@
-// test_dist_cli.cpp — `accumplan run` as 2 processes, launched the way torchrun --no-python
+// test_dist_cli.cpp — `accumplan run` as 2 processes, launched the way torchrun --no_python
 // launches them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), on 127.0.0.1 with Gloo.
 //
 // What it is: a plan made by `accumplan --model builtin:mlp --world-size 2` (per-rank batch 8,
@@ -95,7 +95,7 @@ TEST_CASE("accumplan run refuses a 2-rank plan in one process, and a missing pee
     const CliResult r = run_cli({"run", "--plan", plan, "--model", "builtin:mlp", "--steps", "1"}, 120);
     CHECK(r.exit_code == 2);
     CHECK(r.err.find("world size 2") != std::string::npos);
-    CHECK(r.err.find("torchrun --no-python") != std::string::npos);
+    CHECK(r.err.find("torchrun --no_python") != std::string::npos);
   }
   SECTION("rank 1 never starts: rank 0 fails after 3 s instead of waiting forever") {
     const LaunchResult res = launch_ranks({ACCUMPLAN_BIN, "run", "--plan", plan, "--model", "builtin:mlp", "--steps", "1",

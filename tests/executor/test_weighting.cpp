@@ -1,5 +1,5 @@
-// test_weighting.cpp — accumulated gradients equal full-batch gradients (DESIGN.md "Correct
-// weighting"), and the same comparison rejects the weightings public trainers got wrong.
+// test_weighting.cpp — accumulated gradients equal full-batch gradients (docs/weighting.md "The
+// rule"), and the same comparison rejects the weightings public trainers got wrong.
 //
 // What it is: for equal, unequal, partial-last-window and per-token windows, the executor's
 // accumulated gradient against ATen's mean-reduced loss over the whole window (relative
