@@ -5,14 +5,16 @@
 //   accumplan   profile (probes at 1,2,4,8) + plan + confirm, as `accumplan --model` does: real
 //               trials, wall seconds, chosen microbatch, predicted peak;
 //   truth       the largest microbatch that really fits (real trials: doubling, then bisection),
-//               and the measured peak at accumplan's choice → prediction error and utilisation;
+//               → utilisation;
 //   peers       Lightning power/binsearch, Accelerate (x0.9 and legacy x0.5), Composer halving,
 //               DeepSpeed autotuning (peer_strategies.h) over the same oracle;
 //   overhead    executor vs a hand-written LibTorch accumulation loop (interleaved A/B windows).
-// Every trial of every strategy is the same unit of real work: ProbeRunner::measure(b), a window
-// of two accumulated microbatches of b samples plus an optimizer step, then one steady-state
-// microbatch with gradients and optimizer state resident — so trial counts compare search
-// strategies, not loop details. Budgets are placed per model from an unbudgeted pre-profile so
+//   run         the plan trained by the real binary, `accumplan run --steps 1` under the same
+//               budget: the peak training reaches is the truth the prediction is judged by.
+// Every trial of every strategy is the same unit of real work: ProbeRunner::measure(b), an
+// executor window of two accumulated microbatches of b samples and its optimizer step (the
+// training window `accumplan run` executes) — so trial counts compare search strategies, not
+// loop details, and "fits" means "a training window fits". Budgets are placed per model from an unbudgeted pre-profile so
 // the true maximum lands near `--small` and `--large` samples; that pre-profile is setup and is
 // not charged to anyone.
 // What it is not: a unit test. Figures are measurements of one run on one machine; compare the
@@ -21,6 +23,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -37,6 +41,7 @@
 #include "accumplan/units.h"
 #include "bench_overhead.h"
 #include "peer_strategies.h"
+#include "accumplan/schema.h"
 #include "profiling/probe_runner.h"
 
 using nlohmann::ordered_json;
@@ -95,7 +100,25 @@ ordered_json search_json(const ap::bench::SearchResult& r) {
                       {"tried", r.tried}};
 }
 
-ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t T, double headroom) {
+// The plan trained by the real binary for one window under the budget; the run's stats JSON.
+// One window reaches the peak (its second microbatch and its optimizer step); more would repeat it.
+nlohmann::json run_plan(const std::string& accumplan, const ap::Plan& plan, const std::string& model,
+                        int64_t budget_bytes, const std::string& scratch) {
+  const std::string plan_path = scratch + "/plan.json", stats_path = scratch + "/stats.json";
+  ap::write_text_atomic(plan_path, ap::to_json(plan).dump(2) + "\n");
+  std::remove(stats_path.c_str());
+  const std::string cmd = "'" + accumplan + "' run --plan '" + plan_path + "' --model '" + model +
+                          "' --memory-budget " + std::to_string(budget_bytes) + " --steps 1 --stats '" + stats_path +
+                          "' 2>'" + scratch + "/run.log'";
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    throw ap::Error("accumplan run of the plan failed (" + std::to_string(rc) + "): see " + scratch + "/run.log");
+  }
+  return ap::read_json_file(stats_path, "run stats");
+}
+
+ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t T, double headroom,
+                      const std::string& accumplan, const std::string& scratch) {
   auto probe = ap::make_memory_probe(ap::ProbeRequest{"cpu", "auto", budget.budget_bytes});
   ap::RunnerOptions opts = runner_options(m, T);
   opts.budget.bytes = budget.budget_bytes;
@@ -162,13 +185,14 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
     return ap::bench::StepOutcome{s.fit, s.peak_bytes};
   };
 
-  // Prediction error at the chosen microbatch: the plan's peak against a fresh measurement of
-  // the same steady-state work (the optimizer-step transient counts, as in the prediction).
-  const ap::WindowMeasurement at_plan = runner.measure(plan.micro_batch);
-  const int64_t measured = std::max(at_plan.peak_bytes, at_plan.optimizer_step_peak_bytes);
-  const double error = at_plan.fit ? 100.0 * static_cast<double>(plan.memory.predicted_peak_bytes - measured) /
-                                         static_cast<double>(measured)
-                                   : NAN;
+  // Prediction error at the chosen plan: the plan's predicted peak against the peak that
+  // `accumplan run` of that plan reaches under the same budget (a separate process: nothing of
+  // this harness's measuring is shared with it but the executor that training is).
+  const nlohmann::json run = run_plan(accumplan, plan, m["model"].get<std::string>(), budget.budget_bytes, scratch);
+  const int64_t run_peak = run["measured_peak_bytes"].is_number() ? run["measured_peak_bytes"].get<int64_t>() : 0;
+  const double error = run_peak > 0 ? 100.0 * static_cast<double>(plan.memory.predicted_peak_bytes - run_peak) /
+                                          static_cast<double>(run_peak)
+                                    : NAN;
   // Ground truth: the largest b <= T whose trial fits (fit is monotone in b). Starting from the
   // plan's bound only saves time; the bisection below is exact either way.
   int64_t lo = 0, hi = T + 1;
@@ -185,9 +209,13 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
     const int64_t mid = (lo + hi) / 2;
     if (oracle(mid, 1).fit) lo = mid; else hi = mid;
   }
+  row["run"] = ordered_json{{"windows", run["windows"]},
+                            {"measured_peak_bytes", run_peak},
+                            {"oom_recoveries", run["oom_recoveries"]},
+                            {"microbatch_sizes", run["microbatch_sizes"]},
+                            {"mean_window_seconds", run["mean_window_seconds"]}};
   row["truth"] = ordered_json{{"max_micro_batch", lo},
-                              {"measured_peak_bytes_at_plan", measured},
-                              {"plan_micro_batch_fits", at_plan.fit},
+                              {"run_peak_bytes", run_peak},
                               {"prediction_error_percent", error},
                               // What training will use (the largest planned microbatch) over what fits.
                               {"utilisation", lo > 0 ? static_cast<double>(plan.micro_batch) / static_cast<double>(lo) : 0.0},
@@ -221,6 +249,7 @@ int main(int argc, char** argv) {
   double headroom = 0.10;
   int overhead_models = 3, overhead_rounds = 6;
   bool quick = false;
+  std::string accumplan = ACCUMPLAN_BIN, scratch = "build/bench-scratch";
   app.add_option("--manifest", manifest_path, "models to run (examples/export_models.py writes it)")->capture_default_str();
   app.add_option("--out", out_path, "results JSON (written atomically)")->capture_default_str();
   app.add_option("--models", only, "only these model names");
@@ -231,6 +260,8 @@ int main(int argc, char** argv) {
   app.add_option("--overhead-models", overhead_models, "models for the executor-overhead A/B")->capture_default_str();
   app.add_option("--overhead-rounds", overhead_rounds, "interleaved A/B rounds per model")->capture_default_str();
   app.add_flag("--quick", quick, "smoke mode: first model, one budget, 2 overhead rounds");
+  app.add_option("--accumplan", accumplan, "the accumplan binary whose `run` is the prediction's truth")->capture_default_str();
+  app.add_option("--scratch", scratch, "folder for the plans and stats of those runs")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -261,7 +292,8 @@ int main(int argc, char** argv) {
       for (const auto& b : budgets) {
         std::cerr << "[" << static_cast<int>(seconds_since(t_all)) << " s] " << name << " @ " << b.label << "\n";
         try {
-          results["rows"].push_back(run_case(m, b, T, headroom));
+          std::filesystem::create_directories(scratch);
+          results["rows"].push_back(run_case(m, b, T, headroom, accumplan, scratch));
         } catch (const std::exception& e) {
           // One model's failure is a finding to report, not a reason to lose the other rows.
           std::cerr << "  failed: " << e.what() << "\n";

@@ -50,11 +50,12 @@ def main(src, dst):
     out.append(f"- per-rank target batch (caps every search) {r['target_batch']}{caps}; accumplan headroom {r['headroom']}; wall {r['wall_seconds']:.0f} s")
     out.append("- reproduce: `bash scripts/bench.sh` (exports the models with Debian's PyTorch, builds, runs, renders this file)\n")
     out.append("Every trial of every strategy is the same real work on the CPU device with the budget enforced by the")
-    out.append("counting allocator: a window of two accumulated microbatches plus an optimizer step, then one")
-    out.append("steady-state microbatch. *Trials* count those; *steps* count each peer's own steps (Lightning runs")
-    out.append("3 per trial, the others 1). Prediction error is (predicted − measured) / measured peak at the")
-    out.append("planned microbatch (positive = conservative); utilisation is the largest planned microbatch")
-    out.append("(what training will use) over the true largest that fits.\n")
+    out.append("counting allocator: an executor window of two accumulated microbatches and its optimizer step, the")
+    out.append("window `accumplan run` trains with. *Trials* count those; *steps* count each peer's own steps (Lightning")
+    out.append("runs 3 per trial, the others 1). Prediction error is (predicted − run peak) / run peak, where the run")
+    out.append("peak is what `accumplan run` of the plan reached under the same budget, in its own process (positive =")
+    out.append("conservative); utilisation is the largest planned microbatch (what training will use) over the true")
+    out.append("largest that fits.\n")
 
     errors = [x["truth"]["prediction_error_percent"] for x in rows if x["truth"]["prediction_error_percent"] is not None]
     utils = [x["truth"]["utilisation"] for x in rows]
@@ -82,14 +83,14 @@ def main(src, dst):
                    f"{a_secs / max(1e-9, sum(p['seconds'] for p in ps)):.2f} | {sum(p['ooms'] for p in ps)} | {larger} |")
     out.append("")
     out.append("## Prediction and utilisation\n")
-    out.append("| model | budget MiB | persistent MiB | probes | planned (max) | true max | predicted MiB | measured MiB | error % | utilisation | headroom 0: planned / utilisation / extra trials | trials | seconds |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    out.append("| model | budget MiB | persistent MiB | probes | planned (max) | true max | predicted MiB | run peak MiB | error % | run OOMs | utilisation | headroom 0: planned / utilisation / extra trials | trials | seconds |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for x in rows:
         a, t = x["accumplan"], x["truth"]
         err = t["prediction_error_percent"]
         out.append(f"| {x['model']} | {mib(x['budget_bytes'])} | {mib(x['persistent_bytes'])} | {','.join(map(str, a['probe_sizes']))} | "
                    f"{a['micro_batch']} ({a['max_micro_batch']}) | {t['max_micro_batch']} | {mib(a['predicted_peak_bytes'])} | "
-                   f"{mib(t['measured_peak_bytes_at_plan'])} | {'n/a' if err is None else f'{err:+.2f}'} | {t['utilisation']:.2f} | "
+                   f"{mib(t['run_peak_bytes'])} | {'n/a' if err is None else f'{err:+.2f}'} | {x['run']['oom_recoveries']} | {t['utilisation']:.2f} | "
                    f"{h0(x)} | {a['trials']} | {a['seconds']:.1f} |")
     out.append("")
     out.append("## Search cost against the peers\n")
