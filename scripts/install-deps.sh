@@ -6,7 +6,8 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ ccache pkg-config
-          libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev catch2)
+          libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev catch2
+          libxml2-dev)  # libxml2: the report tests parse the HTML/SVG with a real XML parser
 # Extra groups, asked for by the scripts that need them.
 for extra in "$@"; do
   case "$extra" in

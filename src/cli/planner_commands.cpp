@@ -1,5 +1,6 @@
-// cli/planner_commands.cpp — `accumplan plan` and `accumplan export`: torch-free commands that
-// turn a profile into a plan and a plan into trainer settings, without touching a device.
+// cli/planner_commands.cpp — `accumplan plan`, `accumplan export` and `accumplan report`:
+// torch-free commands that turn a profile into a plan, a plan into trainer settings, and either
+// (with a run's stats) into a picture, without touching a device.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -9,6 +10,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/exporters.h"
+#include "accumplan/report.h"
 #include "accumplan/schema.h"
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
@@ -37,6 +39,13 @@ struct ExportArgs {
   std::string out;
   std::string binary = "accumplan";
   bool allow_slow = false;
+};
+
+struct ReportArgs {
+  std::string input;
+  std::string stats;
+  std::string out;
+  std::string format = "html";
 };
 
 }  // namespace
@@ -101,6 +110,22 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
                         const std::string text = export_plan(p, eargs->to, &note, options);
                         if (!note.empty()) std::cerr << "accumplan: note: " << note << "\n";
                         emit_output(eargs->out, text);
+                        return 0;
+                      }});
+
+  auto rargs = std::make_shared<ReportArgs>();
+  CLI::App* rep = root.add_subcommand(
+      "report", "Draw a plan or profile (and a run's stats) as one self-contained HTML or SVG file: memory against "
+                "microbatch size, the fitted line, budget, planned size, and the breakdown at the planned size.");
+  rep->add_option("input", rargs->input, "plan.json or profile.json")->required();
+  rep->add_option("--stats", rargs->stats, "run statistics from `accumplan run --stats`: the run's peak and OOM recoveries");
+  rep->add_option("--out", rargs->out, "write the report here (atomically); - for stdout")->required();
+  rep->add_option("--format", rargs->format, "html | svg")->capture_default_str();
+  commands.push_back({rep, [rargs]() {
+                        const std::string format = check_report_format(rargs->format);
+                        ReportInput in = read_report_input(rargs->input, "report input");
+                        if (!rargs->stats.empty()) in.stats = read_run_stats_file(rargs->stats, "--stats");
+                        emit_output(rargs->out, render_report(in, format));
                         return 0;
                       }});
 }

@@ -1,0 +1,64 @@
+// accumplan/report.h — `accumplan report`: a picture of a plan (or a profile) and of a run.
+//
+// What it is: one self-contained SVG (or an HTML page wrapping it) that shows memory against
+// microbatch size — every measured point, confirmation and failed step, the fitted line the
+// planner uses (MemoryModel) with its residual band, the budget, the usable budget, the margin,
+// the planned size and, given a run's stats, the peak training reached — and a stacked bar of the
+// memory at the planned size (weights, gradients, optimizer state, activations, margin, headroom).
+// The file loads nothing: no network, no other files, no JavaScript; tooltips are SVG <title>s.
+// The HTML is also well-formed XML, so any XML parser can read it.
+// What it is not: a timeline. `accumplan run --stats` records no per-window series yet, so a
+// run is shown by its peak against the prediction, its OOM recoveries and its final sizes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "accumplan/schema.h"
+
+namespace accumplan {
+
+// What `accumplan run --stats` writes ("schema": "accumplan.run_stats"), the fields a report shows.
+struct RunStats {
+  int64_t windows = 0;
+  int64_t oom_recoveries = 0;
+  std::vector<int64_t> microbatch_sizes;   // after any re-plan
+  int64_t micro_batch = 0;                 // the largest of them
+  std::optional<int64_t> measured_peak_bytes;
+  int64_t predicted_peak_bytes = 0;        // the plan's prediction the run started from
+  std::optional<int64_t> budget_bytes;     // enforced during the run, if any
+  std::optional<double> final_loss;
+  double mean_window_seconds = 0;
+};
+
+RunStats run_stats_from_json(const nlohmann::json& j);
+// InputError if missing or not JSON, SchemaError naming the field if it is not run stats.
+RunStats read_run_stats_file(const std::string& path, const std::string& what = "--stats");
+
+// What a report draws: a plan (its profile inside), or only a profile (no budget line unless the
+// profile was measured under one, no planned size, no breakdown bar).
+struct ReportInput {
+  std::optional<Plan> plan;
+  Profile profile;                   // plan->profile when a plan is given
+  std::optional<RunStats> stats;
+  std::string title;                 // e.g. the model path
+};
+
+ReportInput report_input_from_plan(const Plan& plan);
+// Reads plan.json (1.0 or 1.1) or profile.json, told apart by their "schema" field.
+ReportInput read_report_input(const std::string& path, const std::string& what = "report input");
+
+// "html" or "svg"; InputError naming the value otherwise.
+std::string check_report_format(const std::string& format, const std::string& what = "--format");
+// "svg" for a path ending in .svg, else "html".
+std::string report_format_for_path(const std::string& path);
+
+std::string render_report_svg(const ReportInput& input);
+std::string render_report_html(const ReportInput& input);
+std::string render_report(const ReportInput& input, const std::string& format);
+
+}  // namespace accumplan

@@ -1,0 +1,629 @@
+// report.cpp — SVG and HTML pictures of a plan, a profile and a run. See report.h.
+//
+// Geometry is absolute (no transforms): a reader — or a test — maps a marker back to bytes from
+// the tick lines and their labels alone. Every coordinate is printed with two decimals.
+#include "accumplan/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "accumplan/errors.h"
+#include "accumplan/json_io.h"
+#include "accumplan/memory_model.h"
+#include "accumplan/units.h"
+
+namespace accumplan {
+namespace {
+
+// --- layout (pixels) ---------------------------------------------------------------------------
+constexpr double kWidth = 1000;
+constexpr double kPlotLeft = 100;
+constexpr double kPlotWidth = 640;
+constexpr double kPlotTop = 92;
+constexpr double kPlotHeight = 360;
+constexpr double kLegendLeft = kPlotLeft + kPlotWidth + 30;
+constexpr double kBarLeft = kPlotLeft;
+constexpr double kBarWidth = 860;
+constexpr double kBarTop = 560;
+constexpr double kBarHeight = 36;
+
+// Colors of the breakdown's parts, shared by the bar and its legend.
+struct Part {
+  const char* name;   // class and legend label
+  const char* label;
+  const char* color;
+  int64_t bytes;
+};
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", v);
+  return buf;
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+double percent(int64_t part, int64_t whole) {
+  return whole > 0 ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+}
+
+std::string percent_text(int64_t part, int64_t whole) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", percent(part, whole));
+  return buf;
+}
+
+// 1, 2 or 5 times a power of ten, so that `range` holds about `ticks` steps.
+double nice_step(double range, double ticks) {
+  if (!(range > 0)) return 1;
+  const double raw = range / ticks;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double norm = raw / mag;
+  const double f = norm <= 1 ? 1 : norm <= 2 ? 2 : norm <= 5 ? 5 : 10;
+  return f * mag;
+}
+
+// A linear axis from 0 to max in one unit, with its tick values.
+struct Axis {
+  double unit_value = 1;       // bytes per unit (1 for microbatch sizes)
+  std::string unit_name;       // "MiB", or "" for sizes
+  double step = 1;             // in units
+  double max = 1;              // in units, a multiple of step
+};
+
+Axis bytes_axis(double max_bytes) {
+  Axis a;
+  if (max_bytes < 1024.0 * 1024) {
+    a.unit_value = 1024, a.unit_name = "KiB";
+  } else if (max_bytes < 4.0 * 1024 * 1024 * 1024) {
+    a.unit_value = 1024.0 * 1024, a.unit_name = "MiB";
+  } else {
+    a.unit_value = 1024.0 * 1024 * 1024, a.unit_name = "GiB";
+  }
+  const double range = std::max(max_bytes / a.unit_value, 1e-9);
+  a.step = nice_step(range, 7);
+  a.max = std::ceil(range / a.step - 1e-9) * a.step;
+  return a;
+}
+
+Axis size_axis(double max_size) {
+  Axis a;
+  const double range = std::max(max_size, 2.0);
+  a.step = std::max(1.0, nice_step(range, 8));
+  a.max = std::ceil(range / a.step - 1e-9) * a.step;
+  return a;
+}
+
+std::string tick_label(double value_units, const std::string& unit) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.6g", value_units);
+  return unit.empty() ? std::string(buf) : std::string(buf) + " " + unit;
+}
+
+// Everything the memory chart draws, gathered from the input once.
+struct ChartData {
+  std::optional<MemoryModel> model;
+  std::string model_error;            // why there is no line
+  bool reserved = false;              // the fit (and the points drawn) use reserved bytes
+  std::optional<int64_t> budget_bytes;
+  std::optional<int64_t> usable_bytes;
+  double headroom = 0;
+};
+
+ChartData chart_data(const ReportInput& in) {
+  ChartData d;
+  try {
+    d.model = MemoryModel::fit(in.profile);
+    d.reserved = d.model->summary().target == "reserved_peak_bytes";
+  } catch (const InputError& e) {
+    d.model_error = e.what();
+  }
+  if (in.plan) {
+    d.budget_bytes = in.plan->memory.budget_bytes;
+    d.usable_bytes = in.plan->memory.usable_bytes;
+    d.headroom = in.plan->memory.headroom;
+  } else if (in.profile.budget_bytes) {
+    d.budget_bytes = in.profile.budget_bytes;
+  }
+  return d;
+}
+
+int64_t point_bytes(const ProfilePoint& p, bool reserved) {
+  return reserved && p.reserved_peak_bytes ? *p.reserved_peak_bytes : p.peak_bytes;
+}
+
+class SvgWriter {
+ public:
+  std::ostringstream s;
+  void text(double x, double y, const std::string& body, const std::string& attrs = "") {
+    s << "<text x=\"" << num(x) << "\" y=\"" << num(y) << "\"" << (attrs.empty() ? "" : " " + attrs) << ">"
+      << xml_escape(body) << "</text>\n";
+  }
+  void line(const std::string& cls, double x1, double y1, double x2, double y2, const std::string& title = "") {
+    s << "<line class=\"" << cls << "\" x1=\"" << num(x1) << "\" y1=\"" << num(y1) << "\" x2=\"" << num(x2)
+      << "\" y2=\"" << num(y2) << "\"";
+    if (title.empty()) {
+      s << "/>\n";
+    } else {
+      s << "><title>" << xml_escape(title) << "</title></line>\n";
+    }
+  }
+  void circle(const std::string& cls, double cx, double cy, double r, const std::string& title) {
+    s << "<circle class=\"" << cls << "\" cx=\"" << num(cx) << "\" cy=\"" << num(cy) << "\" r=\"" << num(r)
+      << "\"><title>" << xml_escape(title) << "</title></circle>\n";
+  }
+};
+
+const char* kStyle =
+    "text{fill:#222}\n"
+    ".title{font-size:16px;font-weight:bold}\n"
+    ".subtitle{font-size:13px;fill:#555}\n"
+    ".axis{stroke:#333;stroke-width:1}\n"
+    ".tick line{stroke:#ddd;stroke-width:1}\n"
+    ".tick text{font-size:12px;fill:#444}\n"
+    ".axis-title{font-size:13px;fill:#333}\n"
+    ".budget{stroke:#d62728;stroke-width:2}\n"
+    ".usable{stroke:#ff7f0e;stroke-width:2;stroke-dasharray:7 4}\n"
+    ".fit{stroke:#444;stroke-width:1.5}\n"
+    ".residual-band{fill:#999;fill-opacity:0.35;stroke:none}\n"
+    ".planned{stroke:#2ca02c;stroke-width:1.5;stroke-dasharray:4 3}\n"
+    ".fit-limit{stroke:#888;stroke-width:1;stroke-dasharray:2 3}\n"
+    ".predicted{stroke:#2ca02c;stroke-width:3}\n"
+    ".margin{stroke:#2ca02c;stroke-width:6;stroke-opacity:0.45}\n"
+    ".point{fill:#1f77b4;stroke:#fff;stroke-width:1}\n"
+    ".confirm{fill:none;stroke:#2ca02c;stroke-width:2.5}\n"
+    ".failed path{stroke:#d62728;stroke-width:3}\n"
+    ".run-peak{fill:none;stroke:#9467bd;stroke-width:2;stroke-dasharray:3 2}\n"
+    ".label{font-size:12px}\n"
+    ".note{font-size:12px;fill:#555}\n"
+    ".bar-frame{fill:none;stroke:#333;stroke-width:1}\n"
+    ".section{font-size:14px;font-weight:bold}\n";
+
+std::string describe_sizes(const Plan& p) {
+  return std::to_string(p.target_batch) + " = " + std::to_string(p.world_size) + " rank(s) x " +
+         std::to_string(p.accumulation_steps) + " microbatch(es) [" + join_sizes(p.microbatch_sizes, 12) + "]";
+}
+
+// The memory chart: returns the y just below it.
+double draw_memory_chart(SvgWriter& w, const ReportInput& in, const ChartData& d) {
+  const Plan* plan = in.plan ? &*in.plan : nullptr;
+  // Ranges: every size and every byte count drawn.
+  double max_size = 1, max_bytes = 1;
+  for (const auto& p : in.profile.points) {
+    max_size = std::max(max_size, static_cast<double>(p.micro_batch));
+    max_bytes = std::max(max_bytes, static_cast<double>(point_bytes(p, d.reserved)));
+  }
+  for (const auto& t : in.profile.trials) {
+    max_size = std::max(max_size, static_cast<double>(t.micro_batch));
+    max_bytes = std::max(max_bytes, static_cast<double>(t.peak_bytes));
+  }
+  int64_t fit_limit = 0;
+  if (plan) {
+    max_size = std::max({max_size, static_cast<double>(plan->micro_batch), static_cast<double>(plan->max_micro_batch)});
+    max_bytes = std::max(max_bytes, static_cast<double>(plan->memory.predicted_peak_bytes));
+    if (d.model && d.usable_bytes) fit_limit = d.model->largest_fitting(*d.usable_bytes);
+    if (fit_limit > 0 && fit_limit <= 4 * max_size) max_size = std::max(max_size, static_cast<double>(fit_limit));
+  }
+  if (in.stats) {
+    max_size = std::max(max_size, static_cast<double>(in.stats->micro_batch));
+    if (in.stats->measured_peak_bytes) max_bytes = std::max(max_bytes, static_cast<double>(*in.stats->measured_peak_bytes));
+  }
+  if (d.budget_bytes) max_bytes = std::max(max_bytes, static_cast<double>(*d.budget_bytes));
+  const Axis xa = size_axis(max_size * 1.12);
+  const Axis ya = bytes_axis(max_bytes * 1.06);
+  auto X = [&](double size) { return kPlotLeft + size / xa.max * kPlotWidth; };
+  auto Y = [&](double bytes) { return kPlotTop + kPlotHeight - bytes / (ya.max * ya.unit_value) * kPlotHeight; };
+  const double bottom = kPlotTop + kPlotHeight, right = kPlotLeft + kPlotWidth;
+
+  w.s << "<clipPath id=\"plot-area\"><rect x=\"" << num(kPlotLeft) << "\" y=\"" << num(kPlotTop) << "\" width=\""
+      << num(kPlotWidth) << "\" height=\"" << num(kPlotHeight) << "\"/></clipPath>\n";
+  w.text(kPlotLeft, kPlotTop - 12, "Peak memory against microbatch size" +
+                                       std::string(d.reserved ? " (reserved bytes, what a GPU runs out on)" : ""),
+         "class=\"section\"");
+  // Grid and ticks.
+  w.s << "<g class=\"ticks\">\n";
+  for (int k = 0; k * ya.step <= ya.max + 1e-9; ++k) {
+    const double v = k * ya.step;
+    const double y = Y(v * ya.unit_value);
+    w.s << "<g class=\"tick y\">";
+    w.line("grid", kPlotLeft, y, right, y);
+    w.text(kPlotLeft - 8, y + 4, tick_label(v, ya.unit_name), "text-anchor=\"end\"");
+    w.s << "</g>\n";
+  }
+  for (int k = 0; k * xa.step <= xa.max + 1e-9; ++k) {
+    const double v = k * xa.step;
+    const double x = X(v);
+    w.s << "<g class=\"tick x\">";
+    w.line("grid", x, kPlotTop, x, bottom);
+    w.text(x, bottom + 18, tick_label(v, ""), "text-anchor=\"middle\"");
+    w.s << "</g>\n";
+  }
+  w.s << "</g>\n";
+  w.line("axis", kPlotLeft, bottom, right, bottom);
+  w.line("axis", kPlotLeft, kPlotTop, kPlotLeft, bottom);
+  w.text(kPlotLeft + kPlotWidth / 2, bottom + 40, "microbatch size b (samples)",
+         "class=\"axis-title\" text-anchor=\"middle\"");
+  w.text(28, kPlotTop + kPlotHeight / 2, "peak memory (" + ya.unit_name + ")",
+         "class=\"axis-title\" text-anchor=\"middle\" transform=\"rotate(-90 28 " + num(kPlotTop + kPlotHeight / 2) + ")\"");
+
+  // Budget and usable budget.
+  if (d.budget_bytes) {
+    const double y = Y(static_cast<double>(*d.budget_bytes));
+    w.line("budget", kPlotLeft, y, right, y, "budget " + format_bytes(*d.budget_bytes));
+    w.text(right + 6, y + 4, "budget " + format_bytes(*d.budget_bytes), "class=\"label\"");
+  }
+  if (d.usable_bytes) {
+    const double y = Y(static_cast<double>(*d.usable_bytes));
+    char head[32];
+    std::snprintf(head, sizeof head, "%g%%", d.headroom * 100);
+    w.line("usable", kPlotLeft, y, right, y, "usable " + format_bytes(*d.usable_bytes));
+    w.text(right + 6, y + 16, "usable " + format_bytes(*d.usable_bytes) + " (" + head + " headroom)",
+           "class=\"label\"");
+  }
+
+  // The fitted line with its residual band, clipped to the plot.
+  if (d.model) {
+    const double r = d.model->summary().max_abs_residual_bytes;
+    const double b0 = 1, b1 = xa.max;
+    const double y0 = d.model->predict_bytes(1), y1 = d.model->predict_bytes(static_cast<int64_t>(b1));
+    w.s << "<g clip-path=\"url(#plot-area)\">\n";
+    w.s << "<polygon class=\"residual-band\" points=\"" << num(X(b0)) << "," << num(Y(y0 + r)) << " " << num(X(b1))
+        << "," << num(Y(y1 + r)) << " " << num(X(b1)) << "," << num(Y(y1 - r)) << " " << num(X(b0)) << ","
+        << num(Y(y0 - r)) << "\"><title>largest residual of the fit: " << xml_escape(format_bytes(static_cast<int64_t>(std::ceil(r))))
+        << "</title></polygon>\n";
+    w.line("fit", X(b0), Y(y0), X(b1), Y(y1),
+           "fitted line: " + format_bytes(static_cast<int64_t>(d.model->summary().intercept_bytes)) + " + " +
+               format_bytes(static_cast<int64_t>(d.model->summary().slope_bytes_per_sample)) + " per sample");
+    w.s << "</g>\n";
+  }
+
+  // Planned size, the margin to the usable budget, where the line meets the usable budget.
+  if (plan) {
+    const double x = X(static_cast<double>(plan->micro_batch));
+    w.line("planned", x, kPlotTop, x, bottom, "planned microbatch " + std::to_string(plan->micro_batch));
+    w.text(x, kPlotTop + 14, "planned b=" + std::to_string(plan->micro_batch), "class=\"label\" text-anchor=\"end\" dx=\"-4\"");
+    const double yp = Y(static_cast<double>(plan->memory.predicted_peak_bytes));
+    w.line("predicted", x - 10, yp, x + 10, yp, "predicted peak " + format_bytes(plan->memory.predicted_peak_bytes));
+    const int64_t margin = plan->memory.usable_bytes - plan->memory.predicted_peak_bytes;
+    if (margin > 0) {
+      const double yu = Y(static_cast<double>(plan->memory.usable_bytes));
+      w.line("margin", x, yu, x, yp, "margin " + format_bytes(margin));
+      w.text(x - 14, (yu + yp) / 2 + 4, "margin " + format_bytes(margin), "class=\"label\" text-anchor=\"end\"");
+    }
+    w.text(x - 14, yp + 18, "predicted " + format_bytes(plan->memory.predicted_peak_bytes),
+           "class=\"label\" text-anchor=\"end\"");
+    if (fit_limit > 0 && fit_limit != plan->micro_batch && X(static_cast<double>(fit_limit)) <= right) {
+      const double xf = X(static_cast<double>(fit_limit));
+      w.line("fit-limit", xf, kPlotTop, xf, bottom, "the fitted line reaches the usable budget at " + std::to_string(fit_limit));
+      w.text(xf + 4, bottom - 8, "line meets usable: b=" + std::to_string(fit_limit), "class=\"note\"");
+    }
+  }
+
+  // Measured points, confirmations, failed steps, the run's peak.
+  for (const auto& p : in.profile.points) {
+    const int64_t bytes = point_bytes(p, d.reserved);
+    w.circle("point", X(static_cast<double>(p.micro_batch)), Y(static_cast<double>(bytes)), 4.5,
+             "b=" + std::to_string(p.micro_batch) + ": peak " + format_bytes(bytes));
+  }
+  for (const auto& t : in.profile.trials) {
+    if (t.kind == "confirm" && t.fit) {
+      w.circle("confirm", X(static_cast<double>(t.micro_batch)), Y(static_cast<double>(t.peak_bytes)), 9,
+               "confirmed b=" + std::to_string(t.micro_batch) + ": a real window peaked at " + format_bytes(t.peak_bytes));
+    } else if (!t.fit) {
+      const double x = X(static_cast<double>(t.micro_batch)), y = kPlotTop + 8;
+      w.s << "<g class=\"failed\" data-micro-batch=\"" << t.micro_batch << "\"><title>" << xml_escape(t.kind)
+          << " b=" << t.micro_batch << " ran out of memory</title><path d=\"M" << num(x - 5) << " " << num(y - 5) << " L"
+          << num(x + 5) << " " << num(y + 5) << " M" << num(x - 5) << " " << num(y + 5) << " L" << num(x + 5) << " "
+          << num(y - 5) << "\"/></g>\n";
+    }
+  }
+  if (in.stats && in.stats->measured_peak_bytes) {
+    w.circle("run-peak", X(static_cast<double>(in.stats->micro_batch)),
+             Y(static_cast<double>(*in.stats->measured_peak_bytes)), 14,
+             "accumplan run: peak " + format_bytes(*in.stats->measured_peak_bytes) + " over " +
+                 std::to_string(in.stats->windows) + " window(s)");
+  }
+
+  // Legend, right of the plot.
+  double ly = kPlotTop + 120;
+  auto legend = [&](const std::string& swatch, const std::string& label) {
+    w.s << swatch;
+    w.text(kLegendLeft + 22, ly + 4, label, "class=\"label\"");
+    ly += 20;
+  };
+  const double lx = kLegendLeft + 8;
+  legend("<circle class=\"point\" cx=\"" + num(lx) + "\" cy=\"" + num(ly) + "\" r=\"4.5\"/>\n", "measured window peak");
+  legend("<circle class=\"confirm\" cx=\"" + num(lx) + "\" cy=\"" + num(ly) + "\" r=\"7\"/>\n", "confirmation step");
+  legend("<g class=\"failed\"><path d=\"M" + num(lx - 5) + " " + num(ly - 5) + " L" + num(lx + 5) + " " + num(ly + 5) + " M" +
+             num(lx - 5) + " " + num(ly + 5) + " L" + num(lx + 5) + " " + num(ly - 5) + "\"/></g>\n",
+         "ran out of memory");
+  if (d.model) {
+    legend("<line class=\"fit\" x1=\"" + num(lx - 9) + "\" y1=\"" + num(ly) + "\" x2=\"" + num(lx + 9) + "\" y2=\"" + num(ly) +
+               "\"/>\n",
+           "fitted line (planner)");
+    legend("<rect class=\"residual-band\" x=\"" + num(lx - 9) + "\" y=\"" + num(ly - 5) + "\" width=\"18\" height=\"10\"/>\n",
+           "\u00b1 largest residual " + format_bytes(static_cast<int64_t>(std::ceil(d.model->summary().max_abs_residual_bytes))));
+  }
+  if (d.budget_bytes) {
+    legend("<line class=\"budget\" x1=\"" + num(lx - 9) + "\" y1=\"" + num(ly) + "\" x2=\"" + num(lx + 9) + "\" y2=\"" +
+               num(ly) + "\"/>\n",
+           "budget");
+  }
+  if (d.usable_bytes) {
+    legend("<line class=\"usable\" x1=\"" + num(lx - 9) + "\" y1=\"" + num(ly) + "\" x2=\"" + num(lx + 9) + "\" y2=\"" +
+               num(ly) + "\"/>\n",
+           "usable = budget \u2212 headroom");
+  }
+  if (plan) {
+    legend("<line class=\"planned\" x1=\"" + num(lx) + "\" y1=\"" + num(ly - 7) + "\" x2=\"" + num(lx) + "\" y2=\"" +
+               num(ly + 7) + "\"/>\n",
+           "planned microbatch");
+    legend("<line class=\"margin\" x1=\"" + num(lx) + "\" y1=\"" + num(ly - 7) + "\" x2=\"" + num(lx) + "\" y2=\"" +
+               num(ly + 7) + "\"/>\n",
+           "margin: predicted to usable");
+  }
+  if (in.stats && in.stats->measured_peak_bytes) {
+    legend("<circle class=\"run-peak\" cx=\"" + num(lx) + "\" cy=\"" + num(ly) + "\" r=\"7\"/>\n", "peak of accumplan run");
+  }
+  double y = bottom + 62;
+  if (!d.model_error.empty()) {
+    w.text(kPlotLeft, y, "No fitted line: " + d.model_error, "class=\"note\"");
+    y += 18;
+  }
+  return y;
+}
+
+// The breakdown at the planned size: returns the y just below it.
+double draw_breakdown(SvgWriter& w, const Plan& plan, double top) {
+  const MemoryBreakdown& m = plan.memory;
+  const int64_t persistent = m.weights_bytes + m.gradients_bytes + m.optimizer_state_bytes;
+  const int64_t activations = std::max<int64_t>(0, m.predicted_peak_bytes - persistent);
+  const int64_t peak = persistent + activations;
+  const int64_t margin = std::max<int64_t>(0, m.usable_bytes - peak);
+  const int64_t headroom = std::max<int64_t>(0, m.budget_bytes - std::max(m.usable_bytes, peak));
+  const int64_t total = std::max(m.budget_bytes, peak);
+  const std::vector<Part> parts = {
+      {"weights", "weights", "#4e79a7", m.weights_bytes},
+      {"gradients", "gradients", "#59a14f", m.gradients_bytes},
+      {"optimizer-state", "optimizer state", "#edc948", m.optimizer_state_bytes},
+      {"activations", "activations and transients", "#e15759", activations},
+      {"margin", "margin to usable", "#b6e3b0", margin},
+      {"headroom", "headroom (kept free)", "#eeeeee", headroom},
+  };
+  const double bar_top = std::max(top + 30, kBarTop);
+  w.text(kBarLeft, bar_top - 12,
+         "Memory at the planned microbatch b=" + std::to_string(plan.micro_batch) + " (predicted peak " +
+             format_bytes(m.predicted_peak_bytes) + " of " + format_bytes(m.budget_bytes) + " budget)",
+         "class=\"section\"");
+  double x = kBarLeft;
+  for (const Part& p : parts) {
+    const double width = total > 0 ? static_cast<double>(p.bytes) / static_cast<double>(total) * kBarWidth : 0;
+    w.s << "<rect class=\"segment part-" << p.name << "\" x=\"" << num(x) << "\" y=\"" << num(bar_top) << "\" width=\""
+        << num(width) << "\" height=\"" << num(kBarHeight) << "\" fill=\"" << p.color << "\"><title>"
+        << xml_escape(std::string(p.label) + " " + format_bytes(p.bytes) + " (" + percent_text(p.bytes, total) + ")")
+        << "</title></rect>\n";
+    x += width;
+  }
+  w.s << "<rect class=\"bar-frame\" x=\"" << num(kBarLeft) << "\" y=\"" << num(bar_top) << "\" width=\"" << num(kBarWidth)
+      << "\" height=\"" << num(kBarHeight) << "\"><title>" << xml_escape(format_bytes(total))
+      << "</title></rect>\n";
+  // Legend: three columns, the exact sizes and shares.
+  double y = bar_top + kBarHeight + 24;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const double cx = kBarLeft + static_cast<double>(i % 3) * 290;
+    const double cy = y + static_cast<double>(i / 3) * 22;
+    w.s << "<rect x=\"" << num(cx) << "\" y=\"" << num(cy - 11) << "\" width=\"14\" height=\"14\" fill=\""
+        << parts[i].color << "\" stroke=\"#666\" stroke-width=\"0.5\"/>\n";
+    w.text(cx + 20, cy, std::string(parts[i].label) + " " + format_bytes(parts[i].bytes) + " (" +
+                            percent_text(parts[i].bytes, total) + ")",
+           "class=\"label\"");
+  }
+  return y + 44;
+}
+
+std::vector<std::string> stats_lines(const RunStats& s) {
+  std::vector<std::string> out;
+  std::string peak = s.measured_peak_bytes ? format_bytes(*s.measured_peak_bytes) : std::string("not measured");
+  std::string line = "accumplan run: " + std::to_string(s.windows) + " window(s), peak " + peak + " against " +
+                     format_bytes(s.predicted_peak_bytes) + " predicted";
+  if (s.measured_peak_bytes) {
+    const int64_t diff = *s.measured_peak_bytes - s.predicted_peak_bytes;
+    line += " (" + std::string(diff >= 0 ? "+" : "") + format_bytes(diff) + ")";
+  }
+  if (s.budget_bytes) line += ", budget " + format_bytes(*s.budget_bytes);
+  out.push_back(line);
+  std::string second = std::to_string(s.oom_recoveries) + " OOM recover" + (s.oom_recoveries == 1 ? "y" : "ies") +
+                       "; final microbatches [" + join_sizes(s.microbatch_sizes, 12) + "]; mean window " +
+                       format_seconds(s.mean_window_seconds);
+  if (s.final_loss) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "; final loss %.5g", *s.final_loss);
+    second += buf;
+  }
+  out.push_back(second);
+  out.push_back("Per-window peaks, losses and re-plans are not recorded by accumplan run yet; "
+                "this shows the run's totals.");
+  return out;
+}
+
+std::string header_line(const ReportInput& in) {
+  if (in.plan) {
+    const Plan& p = *in.plan;
+    return "target batch " + describe_sizes(p) + ", " + p.setup.optimizer + ", " + p.device.name +
+           (p.confirmed ? ", confirmed by a real step" : ", not confirmed");
+  }
+  return "profile: " + std::to_string(in.profile.points.size()) + " microbatch sizes measured on " +
+         in.profile.device.name + ", " + in.profile.setup.optimizer + " (no plan: run `accumplan plan --profile ...`)";
+}
+
+std::string svg_document(const ReportInput& in, bool with_namespace) {
+  const ChartData d = chart_data(in);
+  SvgWriter w;
+  w.text(kPlotLeft - 80, 24, "accumplan report: " + in.title, "class=\"title\"");
+  w.text(kPlotLeft - 80, 44, header_line(in), "class=\"subtitle\"");
+  double y = draw_memory_chart(w, in, d);
+  if (in.plan) {
+    y = draw_breakdown(w, *in.plan, y);
+  } else {
+    w.text(kPlotLeft, y + 10, "A profile has no planned size: plan it (accumplan plan --profile ...) for the breakdown.",
+           "class=\"note\"");
+    y += 30;
+  }
+  if (in.stats) {
+    w.text(kBarLeft, y + 10, "The run", "class=\"section\"");
+    y += 32;
+    for (const std::string& l : stats_lines(*in.stats)) {
+      w.text(kBarLeft, y, l, "class=\"label\"");
+      y += 18;
+    }
+  }
+  const double height = std::ceil(y + 10);
+  std::ostringstream out;
+  out << "<svg" << (with_namespace ? " xmlns=\"http://www.w3.org/2000/svg\"" : "") << " width=\"" << num(kWidth)
+      << "\" height=\"" << num(height) << "\" viewBox=\"0 0 " << num(kWidth) << " " << num(height)
+      << "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" font-size=\"13\">\n"
+      << "<style>\n" << kStyle << "</style>\n"
+      << "<rect x=\"0\" y=\"0\" width=\"" << num(kWidth) << "\" height=\"" << num(height) << "\" fill=\"#ffffff\"/>\n"
+      << w.s.str() << "</svg>\n";
+  return out.str();
+}
+
+std::string table_row(const std::vector<std::string>& cells, const char* tag = "td") {
+  std::string r = "<tr>";
+  for (const auto& c : cells) r += std::string("<") + tag + ">" + xml_escape(c) + "</" + tag + ">";
+  return r + "</tr>\n";
+}
+
+}  // namespace
+
+RunStats run_stats_from_json(const nlohmann::json& j) {
+  const JsonField root(j, "$");
+  const std::string schema = root.str("schema");
+  if (schema != "accumplan.run_stats") {
+    throw SchemaError("$.schema: expected \"accumplan.run_stats\" (what `accumplan run --stats` writes), found \"" +
+                      schema + "\"");
+  }
+  RunStats s;
+  s.windows = root.i64("windows");
+  s.oom_recoveries = root.i64("oom_recoveries");
+  for (const JsonField& f : root.at("microbatch_sizes").items()) s.microbatch_sizes.push_back(f.as_int());
+  s.micro_batch = root.has("micro_batch") ? root.i64("micro_batch")
+                  : s.microbatch_sizes.empty()
+                      ? 0
+                      : *std::max_element(s.microbatch_sizes.begin(), s.microbatch_sizes.end());
+  s.measured_peak_bytes = root.opt_i64("measured_peak_bytes");
+  s.predicted_peak_bytes = root.i64("predicted_peak_bytes");
+  s.budget_bytes = root.opt_i64("budget_bytes");
+  s.final_loss = root.opt_f64("final_loss");
+  s.mean_window_seconds = root.opt_f64("mean_window_seconds").value_or(0.0);
+  return s;
+}
+
+RunStats read_run_stats_file(const std::string& path, const std::string& what) {
+  return run_stats_from_json(read_json_file(path, what));
+}
+
+ReportInput report_input_from_plan(const Plan& plan) {
+  ReportInput in;
+  in.plan = plan;
+  in.profile = plan.profile;
+  in.title = plan.model.path;
+  return in;
+}
+
+ReportInput read_report_input(const std::string& path, const std::string& what) {
+  const nlohmann::json j = read_json_file(path, what);
+  const std::string schema = JsonField(j, "$").str("schema");
+  if (schema == kPlanSchema) return report_input_from_plan(plan_from_json(j));
+  if (schema == kProfileSchema) {
+    ReportInput in;
+    in.profile = profile_from_json(j);
+    in.title = in.profile.model.path;
+    return in;
+  }
+  throw SchemaError(what + " '" + path + "': $.schema is \"" + schema + "\"; a report reads \"" + kPlanSchema +
+                    "\" (plan.json) or \"" + kProfileSchema + "\" (profile.json)");
+}
+
+std::string check_report_format(const std::string& format, const std::string& what) {
+  if (format == "html" || format == "svg") return format;
+  throw InputError(what + " must be html or svg, got '" + format + "'");
+}
+
+std::string report_format_for_path(const std::string& path) {
+  const std::string ext = ".svg";
+  const bool svg = path.size() >= ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+  return svg ? "svg" : "html";
+}
+
+std::string render_report_svg(const ReportInput& input) {
+  return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" + svg_document(input, true);
+}
+
+std::string render_report_html(const ReportInput& in) {
+  std::ostringstream h;
+  h << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<title>accumplan report: "
+    << xml_escape(in.title) << "</title>\n<style>\n"
+    << "body{font-family:'DejaVu Sans',Helvetica,Arial,sans-serif;margin:16px 24px;color:#222}\n"
+    << "table{border-collapse:collapse;margin:8px 0 16px}\n"
+    << "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;font-size:13px}\n"
+    << "th{background:#f4f4f4}\nh2{font-size:16px;margin-top:18px}\n.reason{max-width:980px;font-size:13px}\n"
+    << "</style>\n</head>\n<body>\n";
+  h << svg_document(in, false);
+  if (in.plan) h << "<p class=\"reason\">" << xml_escape(in.plan->reason) << "</p>\n";
+  const ChartData d = chart_data(in);
+  h << "<h2>Measured windows</h2>\n<table>\n"
+    << table_row({"microbatch", d.reserved ? "reserved peak" : "peak", "fitted", "residual", "first microbatch peak",
+                  "optimizer step peak", "step seconds"},
+                 "th");
+  for (const auto& p : in.profile.points) {
+    const int64_t bytes = point_bytes(p, d.reserved);
+    std::string fitted = "-", residual = "-";
+    if (d.model) {
+      const double f = d.model->predict_bytes(p.micro_batch);
+      fitted = format_bytes(static_cast<int64_t>(std::llround(f)));
+      residual = format_bytes(static_cast<int64_t>(std::llround(static_cast<double>(bytes) - f)));
+    }
+    h << table_row({std::to_string(p.micro_batch), format_bytes(bytes), fitted, residual,
+                    p.first_microbatch_peak_bytes ? format_bytes(*p.first_microbatch_peak_bytes) : "-",
+                    p.optimizer_step_peak_bytes ? format_bytes(*p.optimizer_step_peak_bytes) : "-",
+                    p.step_seconds ? format_seconds(*p.step_seconds) : "-"});
+  }
+  h << "</table>\n<h2>Every real step taken</h2>\n<table>\n"
+    << table_row({"kind", "microbatch", "fit", "peak", "seconds"}, "th");
+  for (const auto& t : in.profile.trials) {
+    h << table_row({t.kind, std::to_string(t.micro_batch), t.fit ? "yes" : "out of memory",
+                    t.fit ? format_bytes(t.peak_bytes) : "-", format_seconds(t.seconds)});
+  }
+  h << "</table>\n";
+  if (in.stats) {
+    h << "<h2>The run</h2>\n";
+    for (const std::string& l : stats_lines(*in.stats)) h << "<p>" << xml_escape(l) << "</p>\n";
+  }
+  h << "</body>\n</html>\n";
+  return h.str();
+}
+
+std::string render_report(const ReportInput& input, const std::string& format) {
+  return check_report_format(format) == "svg" ? render_report_svg(input) : render_report_html(input);
+}
+
+}  // namespace accumplan
