@@ -20,6 +20,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/memory_probe.h"
+#include "accumplan/report.h"
 #include "accumplan/schema.h"
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
@@ -63,6 +64,7 @@ struct DeviceArgs {
   int64_t max_micro_batch = 0;
   bool use_timing = false;
   std::string out;
+  std::string report;  // --report: the plan's picture (accumplan/report.h)
 };
 
 void add_setup_options(CLI::App* app, DeviceArgs& a) {
@@ -243,6 +245,10 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
                 "split is predicted at least 10% faster per window")
       ->group(plan_group);
   root.add_option("--out", args->out, "write plan.json here (atomically); default stdout")->group(plan_group);
+  root.add_option("--report", args->report,
+                  "also write the plan's picture here (atomically): self-contained HTML, or SVG for a .svg path "
+                  "(as `accumplan report`)")
+      ->group(plan_group);
 
   // --- profile: measure only --------------------------------------------------------------------
   auto pargs = std::make_shared<DeviceArgs>();
@@ -303,6 +309,9 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
             const Plan plan = runner.plan_and_confirm(profile, req);
             std::cerr << describe_plan(plan) << steps_summary(plan.profile.trials);
             emit_output(args->out, to_json(plan).dump(2) + "\n");
+            if (!args->report.empty()) {
+              emit_output(args->report, render_report(report_input_from_plan(plan), report_format_for_path(args->report)));
+            }
             return 0;
           }};
 }
