@@ -351,10 +351,16 @@ double draw_memory_chart(SvgWriter& w, const ReportInput& in, const ChartData& d
   };
   const double lx = kLegendLeft + 8;
   legend("<circle class=\"point\" cx=\"" + num(lx) + "\" cy=\"" + num(ly) + "\" r=\"4.5\"/>\n", "measured window peak");
-  legend("<circle class=\"confirm\" cx=\"" + num(lx) + "\" cy=\"" + num(ly) + "\" r=\"7\"/>\n", "confirmation step");
-  legend("<g class=\"failed\"><path d=\"M" + num(lx - 5) + " " + num(ly - 5) + " L" + num(lx + 5) + " " + num(ly + 5) + " M" +
-             num(lx - 5) + " " + num(ly + 5) + " L" + num(lx + 5) + " " + num(ly - 5) + "\"/></g>\n",
-         "ran out of memory");
+  const auto& trials = in.profile.trials;
+  if (std::any_of(trials.begin(), trials.end(), [](const Trial& t) { return t.kind == "confirm" && t.fit; })) {
+    legend("<circle class=\"confirm\" cx=\"" + num(lx) + "\" cy=\"" + num(ly) + "\" r=\"7\"/>\n", "confirmation step");
+  }
+  if (std::any_of(trials.begin(), trials.end(), [](const Trial& t) { return !t.fit; })) {
+    legend("<g class=\"failed\"><path d=\"M" + num(lx - 5) + " " + num(ly - 5) + " L" + num(lx + 5) + " " +
+               num(ly + 5) + " M" + num(lx - 5) + " " + num(ly + 5) + " L" + num(lx + 5) + " " + num(ly - 5) +
+               "\"/></g>\n",
+           "ran out of memory");
+  }
   if (d.model) {
     legend("<line class=\"fit\" x1=\"" + num(lx - 9) + "\" y1=\"" + num(ly) + "\" x2=\"" + num(lx + 9) + "\" y2=\"" + num(ly) +
                "\"/>\n",
