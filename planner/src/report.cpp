@@ -112,6 +112,12 @@ Axis size_axis(double max_size) {
   return a;
 }
 
+// An x of 10 by 10 pixels centred on (x, y): a step that ran out of memory.
+std::string cross_path(double x, double y) {
+  return "<path d=\"M" + num(x - 5) + " " + num(y - 5) + " L" + num(x + 5) + " " + num(y + 5) + " M" + num(x - 5) + " " +
+         num(y + 5) + " L" + num(x + 5) + " " + num(y - 5) + "\"/>";
+}
+
 std::string tick_label(double value_units, const std::string& unit) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "%.6g", value_units);
@@ -330,9 +336,7 @@ double draw_memory_chart(SvgWriter& w, const ReportInput& in, const ChartData& d
     } else if (!t.fit) {
       const double x = X(static_cast<double>(t.micro_batch)), y = kPlotTop + 8;
       w.s << "<g class=\"failed\" data-micro-batch=\"" << t.micro_batch << "\"><title>" << xml_escape(t.kind)
-          << " b=" << t.micro_batch << " ran out of memory</title><path d=\"M" << num(x - 5) << " " << num(y - 5) << " L"
-          << num(x + 5) << " " << num(y + 5) << " M" << num(x - 5) << " " << num(y + 5) << " L" << num(x + 5) << " "
-          << num(y - 5) << "\"/></g>\n";
+          << " b=" << t.micro_batch << " ran out of memory</title>" << cross_path(x, y) << "</g>\n";
     }
   }
   if (in.stats && in.stats->measured_peak_bytes) {
@@ -342,52 +346,43 @@ double draw_memory_chart(SvgWriter& w, const ReportInput& in, const ChartData& d
                  std::to_string(in.stats->windows) + " window(s)");
   }
 
-  // Legend, right of the plot.
+  // Legend, right of the plot: swatches without <title>, so they are never taken for markers.
   double ly = kPlotTop + 120;
+  const double lx = kLegendLeft + 8;
   auto legend = [&](const std::string& swatch, const std::string& label) {
     w.s << swatch;
     w.text(kLegendLeft + 22, ly + 4, label, "class=\"label\"");
     ly += 20;
   };
-  const double lx = kLegendLeft + 8;
-  legend("<circle class=\"point\" cx=\"" + num(lx) + "\" cy=\"" + num(ly) + "\" r=\"4.5\"/>\n", "measured window peak");
+  auto circle_swatch = [&](const std::string& cls, double r) {
+    return "<circle class=\"" + cls + "\" cx=\"" + num(lx) + "\" cy=\"" + num(ly) + "\" r=\"" + num(r) + "\"/>\n";
+  };
+  auto line_swatch = [&](const std::string& cls, bool vertical) {
+    const double dx = vertical ? 0 : 9, dy = vertical ? 7 : 0;
+    return "<line class=\"" + cls + "\" x1=\"" + num(lx - dx) + "\" y1=\"" + num(ly - dy) + "\" x2=\"" + num(lx + dx) +
+           "\" y2=\"" + num(ly + dy) + "\"/>\n";
+  };
+  legend(circle_swatch("point", 4.5), "measured window peak");
   const auto& trials = in.profile.trials;
   if (std::any_of(trials.begin(), trials.end(), [](const Trial& t) { return t.kind == "confirm" && t.fit; })) {
-    legend("<circle class=\"confirm\" cx=\"" + num(lx) + "\" cy=\"" + num(ly) + "\" r=\"7\"/>\n", "confirmation step");
+    legend(circle_swatch("confirm", 7), "confirmation step");
   }
   if (std::any_of(trials.begin(), trials.end(), [](const Trial& t) { return !t.fit; })) {
-    legend("<g class=\"failed\"><path d=\"M" + num(lx - 5) + " " + num(ly - 5) + " L" + num(lx + 5) + " " +
-               num(ly + 5) + " M" + num(lx - 5) + " " + num(ly + 5) + " L" + num(lx + 5) + " " + num(ly - 5) +
-               "\"/></g>\n",
-           "ran out of memory");
+    legend("<g class=\"failed\">" + cross_path(lx, ly) + "</g>\n", "ran out of memory");
   }
   if (d.model) {
-    legend("<line class=\"fit\" x1=\"" + num(lx - 9) + "\" y1=\"" + num(ly) + "\" x2=\"" + num(lx + 9) + "\" y2=\"" + num(ly) +
-               "\"/>\n",
-           "fitted line (planner)");
+    legend(line_swatch("fit", false), "fitted line (planner)");
     legend("<rect class=\"residual-band\" x=\"" + num(lx - 9) + "\" y=\"" + num(ly - 5) + "\" width=\"18\" height=\"10\"/>\n",
            "\u00b1 largest residual " + format_bytes(static_cast<int64_t>(std::ceil(d.model->summary().max_abs_residual_bytes))));
   }
-  if (d.budget_bytes) {
-    legend("<line class=\"budget\" x1=\"" + num(lx - 9) + "\" y1=\"" + num(ly) + "\" x2=\"" + num(lx + 9) + "\" y2=\"" +
-               num(ly) + "\"/>\n",
-           "budget");
-  }
-  if (d.usable_bytes) {
-    legend("<line class=\"usable\" x1=\"" + num(lx - 9) + "\" y1=\"" + num(ly) + "\" x2=\"" + num(lx + 9) + "\" y2=\"" +
-               num(ly) + "\"/>\n",
-           "usable = budget \u2212 headroom");
-  }
+  if (d.budget_bytes) legend(line_swatch("budget", false), "budget");
+  if (d.usable_bytes) legend(line_swatch("usable", false), "usable = budget \u2212 headroom");
   if (plan) {
-    legend("<line class=\"planned\" x1=\"" + num(lx) + "\" y1=\"" + num(ly - 7) + "\" x2=\"" + num(lx) + "\" y2=\"" +
-               num(ly + 7) + "\"/>\n",
-           "planned microbatch");
-    legend("<line class=\"margin\" x1=\"" + num(lx) + "\" y1=\"" + num(ly - 7) + "\" x2=\"" + num(lx) + "\" y2=\"" +
-               num(ly + 7) + "\"/>\n",
-           "margin: predicted to usable");
+    legend(line_swatch("planned", true), "planned microbatch");
+    legend(line_swatch("margin", true), "margin: predicted to usable");
   }
   if (in.stats && in.stats->measured_peak_bytes) {
-    legend("<circle class=\"run-peak\" cx=\"" + num(lx) + "\" cy=\"" + num(ly) + "\" r=\"7\"/>\n", "peak of accumplan run");
+    legend(circle_swatch("run-peak", 7), "peak of accumplan run");
   }
   double y = bottom + 62;
   if (!d.model_error.empty()) {
