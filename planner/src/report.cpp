@@ -589,7 +589,7 @@ std::string render_report_html(const ReportInput& in) {
     << "th{background:#f4f4f4}\nh2{font-size:16px;margin-top:18px}\n.reason{max-width:980px;font-size:13px}\n"
     << "</style>\n</head>\n<body>\n";
   h << svg_document(in, false);
-  if (in.plan) h << "<p class=\"reason\">" << xml_escape(in.plan->reason) << "</p>\n";
+  if (in.plan) h << "<h2>Why this plan</h2>\n<p class=\"reason\">" << xml_escape(in.plan->reason) << "</p>\n";
   const ChartData d = chart_data(in);
   h << "<h2>Measured windows</h2>\n<table>\n"
     << table_row({"microbatch", d.reserved ? "reserved peak" : "peak", "fitted", "residual", "first microbatch peak",
@@ -615,10 +615,6 @@ std::string render_report_html(const ReportInput& in) {
                     t.fit ? format_bytes(t.peak_bytes) : "-", format_seconds(t.seconds)});
   }
   h << "</table>\n";
-  if (in.stats) {
-    h << "<h2>The run</h2>\n";
-    for (const std::string& l : stats_lines(*in.stats)) h << "<p>" << xml_escape(l) << "</p>\n";
-  }
   h << "</body>\n</html>\n";
   return h.str();
 }
