@@ -14,10 +14,8 @@ std::string shape_of(const at::Tensor& t) {
   return s + "]";
 }
 
-// Cross-entropy per position: logits [B,C] & target [B], or [B,T,C] & [B,T]. Returns the per-
-// position losses with ignored positions zeroed, and the valid mask, both shaped like target.
-std::pair<at::Tensor, at::Tensor> cross_entropy_positions(const at::Tensor& logits, const at::Tensor& target,
-                                                          int64_t ignore_index) {
+// Logits [B,C] with target [B], or [B,T,C] with [B,T], class indices: InputError otherwise.
+void check_cross_entropy_shapes(const at::Tensor& logits, const at::Tensor& target) {
   const bool ok2 = logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0);
   const bool ok3 = logits.dim() == 3 && target.dim() == 2 && target.size(0) == logits.size(0) &&
                    target.size(1) == logits.size(1);
@@ -29,6 +27,13 @@ std::pair<at::Tensor, at::Tensor> cross_entropy_positions(const at::Tensor& logi
     throw InputError("cross_entropy needs an int64 target of class indices; got " +
                      std::string(c10::toString(target.scalar_type())));
   }
+}
+
+// Cross-entropy per position. Returns the per-position losses with ignored positions zeroed, and
+// the valid mask, both shaped like target.
+std::pair<at::Tensor, at::Tensor> cross_entropy_positions(const at::Tensor& logits, const at::Tensor& target,
+                                                          int64_t ignore_index) {
+  check_cross_entropy_shapes(logits, target);
   const int64_t C = logits.size(-1);
   const at::Tensor flat_logits = logits.reshape({-1, C}).to(at::kFloat);
   const at::Tensor flat_target = target.reshape({-1});
@@ -67,20 +72,27 @@ LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, int64_t sam
                  const LossConfig& config, bool count_tokens) {
   LossSum out;
   if (config.kind == "cross_entropy") {
-    auto [per, valid] = cross_entropy_positions(output, target, config.ignore_index);
-    if (config.normalization == Normalization::Tokens) {
-      out.sum = per.sum();
-      // Reading the count is a host sync on a GPU; the executor counts its window once instead.
-      out.units = count_tokens ? valid.sum().item<int64_t>() : -1;
-    } else if (per.dim() == 1) {
-      out.sum = per.sum();  // one position per sample: its loss is the sample's loss
-      out.units = per.size(0);
-    } else {
-      // A sample's loss is the mean over its valid positions; a sample with none contributes 0.
-      const at::Tensor counts = valid.sum(1).clamp_min(1).to(per.scalar_type());
-      out.sum = (per.sum(1) / counts).sum();
-      out.units = per.size(0);
+    const bool per_sample_mean = config.normalization == Normalization::Samples && target.dim() > 1;
+    if (!per_sample_mean) {
+      // One position per sample, or tokens mode: the sum over positions is the loss sum (ignored
+      // positions add 0), one fused op whose backward is cheaper than per-position losses + sum.
+      check_cross_entropy_shapes(output, target);
+      const int64_t C = output.size(-1);
+      out.sum = at::cross_entropy_loss(output.reshape({-1, C}).to(at::kFloat), target.reshape({-1}), {}, at::Reduction::Sum,
+                                       config.ignore_index);
+      if (config.normalization == Normalization::Samples) {
+        out.units = target.size(0);
+      } else {
+        // Reading the count is a host sync on a GPU; the executor counts its window once instead.
+        out.units = count_tokens ? target.ne(config.ignore_index).sum().item<int64_t>() : -1;
+      }
+      return out;
     }
+    // A sample's loss is the mean over its valid positions; a sample with none contributes 0.
+    auto [per, valid] = cross_entropy_positions(output, target, config.ignore_index);
+    const at::Tensor counts = valid.sum(1).clamp_min(1).to(per.scalar_type());
+    out.sum = (per.sum(1) / counts).sum();
+    out.units = per.size(0);
     return out;
   }
   if (config.normalization == Normalization::Tokens) {
