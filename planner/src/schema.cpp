@@ -250,7 +250,8 @@ ojson to_json(const Plan& p) {
                    {"slope_bytes_per_sample", p.fit.slope_bytes_per_sample},
                    {"max_abs_residual_bytes", p.fit.max_abs_residual_bytes},
                    {"rms_residual_bytes", p.fit.rms_residual_bytes},
-                   {"residuals_bytes", p.fit.residuals_bytes}};
+                   {"residuals_bytes", p.fit.residuals_bytes},
+                   {"fitted_from_micro_batch", p.fit.fitted_from_micro_batch}};
   if (p.timing) {
     j["timing"] = ojson{{"window_seconds", p.timing->window_seconds},
                         {"microbatch_seconds_at_plan", p.timing->microbatch_seconds_at_plan}};
@@ -303,6 +304,7 @@ Plan plan_from_json(const json& doc) {
     p.fit.max_abs_residual_bytes = f.f64("max_abs_residual_bytes");
     p.fit.rms_residual_bytes = f.f64("rms_residual_bytes");
     for (const auto& r : f.at("residuals_bytes").items()) p.fit.residuals_bytes.push_back(r.as_double());
+    p.fit.fitted_from_micro_batch = f.opt_i64("fitted_from_micro_batch").value_or(0);  // 1.1
   }
   const JsonField t = root.at("timing");
   if (!t.raw().is_null()) {

@@ -118,6 +118,17 @@ Batch ProbeRunner::window_data(int64_t samples) {
                      : synthetic_batch(input_specs_, target_spec_, samples, next_seed_++, at::kCPU);
 }
 
+ExecutorOptions ProbeRunner::executor_options() {
+  ExecutorOptions eo;
+  eo.loss = loss_;
+  eo.amp = amp_;
+  eo.max_grad_norm = options_.setup.max_grad_norm;
+  eo.oom_recovery = false;  // an OOM is a measurement here, reported, not recovered from
+  eo.probe = &probe_;
+  eo.log = [](const std::string&) {};
+  return eo;
+}
+
 Plan ProbeRunner::window_plan(const std::vector<int64_t>& sizes) const {
   Plan plan;
   plan.target_batch = plan.per_rank_batch = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
@@ -128,7 +139,7 @@ Plan ProbeRunner::window_plan(const std::vector<int64_t>& sizes) const {
   return plan;
 }
 
-WindowMeasurement ProbeRunner::window(const Plan& plan, const std::vector<int64_t>& sizes) {
+WindowMeasurement ProbeRunner::window(const std::vector<int64_t>& sizes) {
   WindowMeasurement m;
   const auto t0 = Clock::now();
   auto sync = [&] {
@@ -142,13 +153,7 @@ WindowMeasurement ProbeRunner::window(const Plan& plan, const std::vector<int64_
   const std::optional<int64_t> budget = probe_.budget_bytes();
   int64_t data_bytes = 0;
 
-  ExecutorOptions eo;
-  eo.loss = loss_;
-  eo.amp = amp_;
-  eo.max_grad_norm = options_.setup.max_grad_norm;
-  eo.oom_recovery = false;  // an OOM is a measurement here, reported, not recovered from
-  eo.probe = &probe_;
-  eo.log = [](const std::string&) {};
+  ExecutorOptions eo = executor_options();
   std::vector<int64_t> peaks;               // per microbatch, allocated (persistent included)
   int64_t reserved = 0;
   std::vector<Clock::time_point> starts;
@@ -170,8 +175,8 @@ WindowMeasurement ProbeRunner::window(const Plan& plan, const std::vector<int64_
     const Batch data = window_data(samples);
     data_bytes = std::max<int64_t>(0, probe_.current_bytes() - before_data);
     if (budget) probe_.set_budget_bytes(*budget + data_bytes);
-    Executor executor(model_.module, *optimizer_, plan, eo);
-    WindowStats st = sizes == plan.microbatch_sizes ? executor.accumulate(data) : executor.accumulate(data, sizes);
+    Executor executor(model_.module, *optimizer_, window_plan(sizes), eo);
+    WindowStats st = executor.accumulate(data);
     sync();
     const auto end = Clock::now();
     read_peak();
@@ -234,25 +239,20 @@ void ProbeRunner::load_and_measure_persistent() {
 
       // Adagrad allocates its state when constructed, Adam and momentum on the first step: the
       // state is the delta across both, less the gradients allocated in between. The step is
-      // the executor's own window of one sample (window(): its data bytes are not counted).
+      // the executor's own window of one sample; its data's bytes are not counted (as in window()).
       const int64_t before_optimizer = probe_.current_bytes();
       optimizer_ = make_optimizer(options_.setup, params_);
       const int64_t after_construct = probe_.current_bytes();
       probe_.reset_peak();
       const Batch data = window_data(1);
       const int64_t with_data = probe_.current_bytes();
-      ExecutorOptions eo;
-      eo.loss = loss_;
-      eo.amp = amp_;
-      eo.oom_recovery = false;
-      eo.probe = &probe_;
-      eo.log = [](const std::string&) {};
-      Executor executor(model_.module, *optimizer_, window_plan({1}), eo);
+      Executor executor(model_.module, *optimizer_, window_plan({1}), executor_options());
       WindowStats st = executor.accumulate(data);
       persistent_.gradients_bytes = probe_.current_bytes() - with_data;
       executor.apply(st);  // steps the optimizer, then sets the gradients to none
       persistent_.optimizer_state_bytes = (after_construct - before_optimizer) + (probe_.current_bytes() - with_data);
-      trials_.push_back({"probe", 1, !budget_bytes_ || probe_peak() <= *budget_bytes_, probe_peak(), seconds_since(t0)});
+      const int64_t peak = probe_peak() - (with_data - after_construct);
+      trials_.push_back({"probe", 1, !budget_bytes_ || peak <= *budget_bytes_, peak, seconds_since(t0)});
       say("measured persistent memory: weights " + format_bytes(persistent_.weights_bytes) + ", gradients " +
           format_bytes(persistent_.gradients_bytes) + ", optimizer state " +
           format_bytes(persistent_.optimizer_state_bytes) + " (" + options_.setup.optimizer + ")");
@@ -296,7 +296,7 @@ WindowMeasurement ProbeRunner::measure(int64_t micro_batch) {
   // at the start of every window), the second with the first's gradients resident, as every
   // later microbatch of a longer window does; then the optimizer step.
   const std::vector<int64_t> sizes{micro_batch, micro_batch};
-  WindowMeasurement m = window(window_plan(sizes), sizes);
+  WindowMeasurement m = window(sizes);
   m.micro_batch = micro_batch;
   return m;
 }
@@ -371,48 +371,23 @@ Profile ProbeRunner::profile() {
   return p;
 }
 
-namespace {
-// Slope of peak bytes per sample between two profile points.
-double slope(const ProfilePoint& a, const ProfilePoint& b) {
-  return static_cast<double>(b.peak_bytes - a.peak_bytes) / static_cast<double>(b.micro_batch - a.micro_batch);
-}
-}  // namespace
 
 void ProbeRunner::extend_linear_tail(Profile& p, int64_t largest_scheduled,
                                      const std::function<void(const WindowMeasurement&)>& record) {
-  // Two ways small probes mislead a straight line, both measured on the CPU probe:
-  //  1. At the smallest sizes a microbatch's peak can be set by a phase that hardly grows with b
-  //     (a convolution's workspace, another kernel for tiny batches). The test convnet peaks at
-  //     232,524 bytes at b=1 and 232,828 at b=2, then grows by exactly 85,040 bytes per sample up
-  //     to b=48; with b=1 in the fit the prediction at 48 was 8% low. Points whose slope to the
-  //     next is under half the slope of the last segment are left out of the fit (they stay in
-  //     `trials`).
-  //  2. The phase that sets the peak can change far beyond the probes. A 256-512-512-10 MLP with
-  //     SGD grows 7,256 bytes/sample up to b=128 (a b-independent backward transient on top of the
-  //     activations sets the peak) but 11,352 bytes/sample from b=256 on; from b <= 8 its largest
-  //     microbatch under 16 MiB was predicted at ~1,650 while 1,102 is the truth. So while the
-  //     budget's predicted largest microbatch is more than 4x the largest probe, one more probe
-  //     is taken at half that prediction (at most two, within the per-rank target), which bounds
-  //     the extrapolation to about 2x. Probes at a new size are real steps that fit: the
-  //     prediction they come from is for the whole budget.
-  constexpr double kFlatFraction = 0.5;
+  // The phase that sets the peak can change far beyond the probes. (That small probes may sit off
+  // the line is the fit's business: it starts at a quarter of the largest size, memory_model.cpp.)
+  // A 256-512-512-10 MLP with SGD grows 7,256 bytes/sample up to b=128 (a b-independent backward
+  // transient on top of the activations sets the peak) but 11,352 bytes/sample from b=256 on;
+  // from b <= 8 its largest microbatch under 16 MiB was predicted at ~1,650 while 1,102 is the
+  // truth. So while the budget's predicted largest microbatch is more than 4x the largest probe,
+  // one more probe is taken at half that prediction (at most two, within the per-rank target),
+  // which bounds the extrapolation to about 2x. Probes at a new size are real windows that fit:
+  // the prediction they come from is for the whole budget.
   constexpr int kMaxExtraProbes = 2;
   constexpr int64_t kMaxExtrapolation = 4;
-  auto drop_flat_head = [&] {
-    while (p.points.size() > 2) {
-      const size_t n = p.points.size();
-      const double last = slope(p.points[n - 2], p.points[n - 1]);
-      if (!(last > 0) || slope(p.points[0], p.points[1]) >= kFlatFraction * last) break;
-      say("probe b=" + std::to_string(p.points[0].micro_batch) + " left out of the fit: its peak is set by a phase that " +
-          "hardly grows with the microbatch (" + format_bytes(static_cast<int64_t>(slope(p.points[0], p.points[1]))) +
-          "/sample to the next size against " + format_bytes(static_cast<int64_t>(last)) + "/sample at the largest)");
-      p.points.erase(p.points.begin());
-    }
-  };
   // Without a per-rank target the budget bounds the probes; without either, 4x the schedule.
   int64_t bound = options_.max_probe_micro_batch;
   if (bound <= 0) bound = budget_bytes_ ? std::numeric_limits<int64_t>::max() : kMaxExtrapolation * largest_scheduled;
-  drop_flat_head();
   for (int extra = 0; extra < kMaxExtraProbes && p.points.size() >= 2; ++extra) {
     if (!trials_.empty() && !trials_.back().fit) break;  // the last probe already failed the budget
     int64_t predicted_max = 0;
@@ -430,7 +405,6 @@ void ProbeRunner::extend_linear_tail(Profile& p, int64_t largest_scheduled,
     const WindowMeasurement s = measure(next);
     record(s);
     if (!s.fit) break;
-    drop_flat_head();
   }
 }
 
@@ -442,7 +416,7 @@ WindowMeasurement ProbeRunner::confirm(const Plan& plan) {
   // plan of 93 microbatches is confirmed by 2.
   const std::vector<int64_t> sizes(plan.microbatch_sizes.begin(),
                                    plan.microbatch_sizes.begin() + (plan.microbatch_sizes.size() == 1 ? 1 : 2));
-  WindowMeasurement m = window(window_plan(sizes), sizes);
+  WindowMeasurement m = window(sizes);
   m.micro_batch = plan.micro_batch;
   return m;
 }
@@ -471,7 +445,7 @@ Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request) {
           "), fits");
       if (plan.accumulation_steps > 1) {
         // The second microbatch is a steady-state point like any probe's: the fit folds it in,
-        // and the plan's prediction comes from the refit, solved again no larger than m. (The
+        // and the plan's prediction comes from the refit. (The
         // first ran at another size when the sizes differ, so it is not part of the point.)
         ProfilePoint pt;
         pt.micro_batch = plan.microbatch_sizes[1];
@@ -481,10 +455,10 @@ Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request) {
         pt.reserved_peak_bytes = s.reserved_peak_bytes;
         pt.step_seconds = s.step_seconds;
         profile.points.push_back(pt);
-        PlanRequest at_most = request;
-        at_most.max_micro_batch = m;
         try {
-          Plan refit = make_plan(profile, at_most);
+          // The same request: a refit that moved the sizes would be a plan nobody confirmed, so
+          // then the plan stays as confirmed, with the prediction made before the point.
+          Plan refit = make_plan(profile, request);
           if (refit.microbatch_sizes == plan.microbatch_sizes) plan = std::move(refit);
         } catch (const InputError&) {
           // The point made the profile unfit for a line (it says why in `accumplan plan`); the

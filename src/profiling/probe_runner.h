@@ -34,6 +34,7 @@
 #include "accumplan/schema.h"
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
+#include "executor/executor.h"
 #include "runtime/amp.h"
 #include "runtime/batch.h"
 #include "runtime/loss.h"
@@ -115,16 +116,18 @@ class ProbeRunner {
 
  private:
   void load_and_measure_persistent();
-  // Runs `sizes` as one executor window of `plan` with the budget enforced.
-  WindowMeasurement window(const Plan& plan, const std::vector<int64_t>& sizes);
+  // Runs one executor window of these microbatch sizes and its optimizer step, budget enforced.
+  WindowMeasurement window(const std::vector<int64_t>& sizes);
   Plan window_plan(const std::vector<int64_t>& sizes) const;
+  // How `accumplan run` trains (loss, AMP, clipping), with OOM reported rather than recovered.
+  ExecutorOptions executor_options();
   Batch window_data(int64_t samples);
   bool is_oom(const std::exception& e) const;
   // Rethrows the model's rejection naming where the inputs came from (--batch-file or --input).
   [[noreturn]] void name_the_inputs(const ModelRejectedInputError& e) const;
   void say(const std::string& line) const;
-  // Leaves out small sizes whose peak does not follow the line of the larger ones, and probes
-  // closer to the budget's predicted maximum when it is far beyond the probes (numbers in the .cpp).
+  // Probes closer to the budget's predicted maximum when it is far beyond the probes (numbers in
+  // the .cpp).
   void extend_linear_tail(Profile& p, int64_t largest_scheduled,
                           const std::function<void(const WindowMeasurement&)>& record);
   int64_t probe_peak() const;

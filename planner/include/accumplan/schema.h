@@ -114,6 +114,7 @@ struct FitSummary {
   double max_abs_residual_bytes = 0;
   double rms_residual_bytes = 0;
   std::vector<double> residuals_bytes;      // measured - fitted, one per profile point
+  int64_t fitted_from_micro_batch = 0;      // points below this size are shown, not fitted (1.1)
 };
 
 struct Timing {
