@@ -1,7 +1,7 @@
 // cpu_counting_probe.cpp — the counting CPU allocator and the probe that installs it.
 // See cpu_counting_probe.h for what it is and is not.
 //
-// The allocator follows LIBTORCH-NOTES.md ("Counting CPU memory") to the letter:
+// The allocator follows docs/libtorch-notes.md ("Counting CPU memory") to the letter:
 //  - allocate with base->raw_allocate(n) and return DataPtr{p, p, &deleter, kCPU}: data must equal
 //    context, because ATen/ideep code that uses raw_allocate asserts
 //    dptr.get() == dptr.get_context() (a wrapper with its own context broke scripted conv);
@@ -66,7 +66,7 @@ class CountingCpuAllocator final : public c10::Allocator {
       installed_ = true;
     }
     previous_ = c10::GetCPUAllocator();
-    // Priority 0 is enough in 1.13 (LIBTORCH-NOTES.md); a higher-priority allocator set by
+    // Priority 0 is enough in 1.13 (docs/libtorch-notes.md); a higher-priority allocator set by
     // someone else would silently keep its place, so check rather than assume.
     c10::SetCPUAllocator(this, /*priority=*/0);
     if (c10::GetCPUAllocator() != this) {

@@ -7,7 +7,7 @@
 // puts the previous CPU allocator back.
 // What it is not: a measure of the process's RSS. It counts what LibTorch asks its CPU allocator
 // for (tensor storage), not malloc calls made elsewhere (oneDNN scratch, if it bypasses the
-// allocator — not checked, see LIBTORCH-NOTES.md), nor allocator overhead. Only one can be
+// allocator — not checked, see docs/libtorch-notes.md), nor allocator overhead. Only one can be
 // installed at a time (c10 has one CPU allocator slot); a second is an InternalError.
 #pragma once
 

@@ -2,7 +2,7 @@
 // LibTorch 1.13 and 2.x.
 //
 // What it is: plain functions over c10::cuda::CUDACachingAllocator that return torch-free
-// numbers, so cuda_caching_probe.cpp has no version #if. The differences (LIBTORCH-NOTES.md,
+// numbers, so cuda_caching_probe.cpp has no version #if. The differences (docs/libtorch-notes.md,
 // "CUDA caching allocator API"):
 //   1.13: free functions taking `int device`; DeviceStats in c10::cuda::CUDACachingAllocator.
 //   2.x:  inline wrappers taking c10::DeviceIndex; DeviceStats is

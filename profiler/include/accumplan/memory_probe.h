@@ -40,7 +40,7 @@ class MemoryProbe {
 
   // True when an allocation failed for lack of memory since the last clear_oom(). TorchScript
   // rewraps OutOfMemoryError as std::runtime_error, so callers identify OOM by this flag, not by
-  // the exception's type (LIBTORCH-NOTES.md).
+  // the exception's type (docs/libtorch-notes.md).
   virtual bool oom_happened() const = 0;
   virtual void clear_oom() = 0;
 
