@@ -456,10 +456,20 @@ Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request) {
         pt.step_seconds = s.step_seconds;
         profile.points.push_back(pt);
         try {
-          // The same request: a refit that moved the sizes would be a plan nobody confirmed, so
-          // then the plan stays as confirmed, with the prediction made before the point.
+          // The same request. A refit that moved the sizes would be a plan nobody confirmed (the
+          // window fit the budget but the refit puts it above budget less headroom): then the
+          // confirmed sizes stay, and only the fit and the prediction for them are the refit's,
+          // so the plan never predicts less than its own window was measured at.
           Plan refit = make_plan(profile, request);
-          if (refit.microbatch_sizes == plan.microbatch_sizes) plan = std::move(refit);
+          if (refit.microbatch_sizes == plan.microbatch_sizes) {
+            plan = std::move(refit);
+          } else {
+            const MemoryModel model = MemoryModel::fit(profile);
+            plan.fit = model.summary();
+            plan.memory.predicted_peak_bytes = model.predict_window_peak_bytes(plan.microbatch_sizes);
+            plan.memory.activation_fixed_bytes = model.activation_fixed_bytes();
+            plan.memory.activation_bytes_per_sample = model.summary().slope_bytes_per_sample;
+          }
         } catch (const InputError&) {
           // The point made the profile unfit for a line (it says why in `accumplan plan`); the
           // plan solved before it was confirmed all the same.
