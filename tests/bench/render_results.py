@@ -48,7 +48,10 @@ def main(src, dst):
     capped = sorted({(x["model"], x["target_batch"]) for x in rows if x.get("target_batch", r["target_batch"]) != r["target_batch"]})
     caps = "".join(f"; {m} capped at {t}" for m, t in capped)
     out.append(f"- per-rank target batch (caps every search) {r['target_batch']}{caps}; accumplan headroom {r['headroom']}; wall {r['wall_seconds']:.0f} s")
-    out.append("- reproduce: `bash scripts/bench.sh` (exports the models with Debian's PyTorch, builds, runs, renders this file)\n")
+    out.append("- reproduce: `bash scripts/bench.sh` (exports the models with Debian's PyTorch, builds, runs, renders this file)")
+    for note in r.get("notes", []):  # set by hand when rows of one file come from more than one run
+        out.append(f"- note: {note}")
+    out.append("")
     out.append("Every trial of every strategy is the same real work on the CPU device with the budget enforced by the")
     out.append("counting allocator: an executor window of two accumulated microbatches and its optimizer step, the")
     out.append("window `accumplan run` trains with. *Trials* count those; *steps* count each peer's own steps (Lightning")
