@@ -1,12 +1,14 @@
 // exporters.cpp — trainer settings from a plan. See exporters.h and docs/exports.md.
 #include "accumplan/exporters.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
 #include "accumplan/solver.h"
@@ -41,11 +43,28 @@ Profile profile_points_of(const Plan& plan) {
   return p;
 }
 
-std::vector<int64_t> uniform_sizes(const Plan& plan) {
-  return std::vector<int64_t>(static_cast<size_t>(plan.uniform.accumulation_steps), plan.uniform.micro_batch);
+// The uniform split differs from the plan's sizes: another count, or another size somewhere.
+// Compared without building the uniform list (k may be up to 2^40 in a hostile plan).
+bool departs(const Plan& plan) {
+  if (static_cast<int64_t>(plan.microbatch_sizes.size()) != plan.uniform.accumulation_steps) return true;
+  for (int64_t n : plan.microbatch_sizes) {
+    if (n != plan.uniform.micro_batch) return true;
+  }
+  return false;
 }
 
-bool departs(const Plan& plan) { return uniform_sizes(plan) != plan.microbatch_sizes; }
+// When T splits into as few equal microbatches as a balanced split of sizes <= cap needs (k_min =
+// ceil(T / cap)), each a multiple of `unit`: that size, T / k_min; else 0. O(1): a divisor d <=
+// cap with T / d == k_min exists exactly when k_min divides T (and then d = T / k_min is the
+// largest such divisor), so no search over divisors is needed.
+int64_t even_split_size(int64_t T, int64_t cap, int64_t unit) {
+  if (T < 1 || cap < 1 || unit < 1 || T % unit != 0) return 0;
+  const int64_t cap_u = std::max(unit, (cap / unit) * unit);
+  const int64_t k_min = checked_ceil_div(T, cap_u, "per-rank batch / max_micro_batch");
+  if (T % k_min != 0) return 0;
+  const int64_t d = T / k_min;
+  return d % unit == 0 ? d : 0;
+}
 
 std::string pct(double f) {
   char buf[32];
@@ -80,7 +99,7 @@ std::string departure(const Plan& plan, const std::string& target, double slowdo
   const int64_t k = plan.uniform.accumulation_steps;
   std::string s = target + " needs equal microbatches: exporting the uniform split " +
                   split_text(k, plan.uniform.micro_batch) + " per rank instead of the plan's [" +
-                  join_sizes(plan.microbatch_sizes) + "] (" + std::to_string(k) + " steps instead of " +
+                  join_sizes(plan.microbatch_sizes, 16) + "] (" + std::to_string(k) + " steps instead of " +
                   std::to_string(plan.accumulation_steps) + ")";
   if (slowdown > 1.0) {
     s += by_time ? ", predicted " + slower(slowdown) + " per window by the profile's step times"
@@ -125,9 +144,11 @@ double uniform_slowdown(const Plan& plan, bool* by_time) {
   if (TimeModel::available(points)) {
     const TimeModel t = TimeModel::fit(points);
     const double planned = t.window_seconds(plan.microbatch_sizes);
-    if (planned > 0) {
+    // The uniform window is k equal microbatches: k times one, never a list of k entries.
+    const double uniform = static_cast<double>(plan.uniform.accumulation_steps) * t.predict_seconds(plan.uniform.micro_batch);
+    if (planned > 0 && std::isfinite(planned) && std::isfinite(uniform)) {
       if (by_time) *by_time = true;
-      return t.window_seconds(uniform_sizes(plan)) / planned;
+      return uniform / planned;
     }
   }
   return static_cast<double>(plan.uniform.accumulation_steps) / static_cast<double>(plan.accumulation_steps);
@@ -135,24 +156,27 @@ double uniform_slowdown(const Plan& plan, bool* by_time) {
 
 std::pair<int64_t, int64_t> nearest_even_targets(const Plan& plan) {
   const int64_t W = std::max<int64_t>(1, plan.world_size);
-  const int64_t unit = plan.multiple_of.value_or(1);
-  const int64_t cap = std::max<int64_t>(plan.max_micro_batch, plan.micro_batch);
-  const auto even = [&](int64_t B) {
-    if (B < 1 || B % W != 0) return false;
-    const int64_t T = B / W;
-    if (T % unit != 0) return false;
-    const int64_t cap_u = std::max(unit, (cap / unit) * unit);
-    const int64_t k_min = (T + cap_u - 1) / cap_u;
-    const int64_t d = largest_divisor_at_most(T, cap_u, unit);
-    return d > 0 && T / d == k_min;
-  };
-  std::pair<int64_t, int64_t> out{0, 0};
+  const int64_t unit = std::max<int64_t>(1, plan.multiple_of.value_or(1));
+  const int64_t cap = std::max<int64_t>({plan.max_micro_batch, plan.micro_batch, int64_t{1}});
+  const auto even = [&](int64_t B) { return B >= 1 && B % W == 0 && even_split_size(B / W, cap, unit) > 0; };
+  // Every multiple of W * cap_u splits evenly (T = m * cap_u), so one lies within that step of
+  // B; the search tries at most kTries candidates each way, then falls back to those multiples,
+  // so a plan with a target of 2^40 samples answers at once.
+  constexpr int64_t kTries = 1 << 20;
+  const int64_t cap_u = std::max(unit, (cap / unit) * unit);
+  const int64_t step = checked_mul(W, cap_u, "world_size * max_micro_batch");
   const int64_t B = plan.target_batch;
-  for (int64_t b = B - 1; b >= 1 && out.first == 0; --b) {
+  std::pair<int64_t, int64_t> out{0, 0};
+  for (int64_t b = B - 1, n = 0; b >= 1 && n < kTries && out.first == 0; --b, ++n) {
     if (even(b)) out.first = b;
   }
-  for (int64_t b = B + 1; b <= 2 * B + W * unit * cap && out.second == 0; ++b) {
+  if (out.first == 0 && B - 1 >= step) out.first = ((B - 1) / step) * step;
+  for (int64_t b = B + 1, n = 0; n < kTries && out.second == 0 && b <= kMaxSamples; ++b, ++n) {
     if (even(b)) out.second = b;
+  }
+  if (out.second == 0) {
+    const int64_t above = checked_mul(B / step + 1, step, "the next target batch that splits evenly");
+    if (above <= kMaxSamples) out.second = above;
   }
   return out;
 }
@@ -168,7 +192,9 @@ std::string export_plan(const Plan& plan, const std::string& target, std::string
   const int64_t u = plan.uniform.micro_batch;
   const int64_t k = plan.uniform.accumulation_steps;
   const int64_t W = plan.world_size;
-  if (u < 1 || k < 1 || u * k * W != plan.target_batch) {
+  if (u < 1 || k < 1 || W < 1 ||
+      checked_mul(checked_mul(u, k, "the plan's uniform split"), W, "the plan's uniform split x world_size") !=
+          plan.target_batch) {
     throw InputError("the plan's uniform split (" + split_text(k, u) + " on " + std::to_string(W) +
                      " rank(s)) does not make target_batch " + std::to_string(plan.target_batch) +
                      "; re-plan it with `accumplan plan`");
@@ -200,7 +226,9 @@ std::string export_plan(const Plan& plan, const std::string& target, std::string
     for (int64_t b : {above, below}) {
       if (b < 1) continue;
       const int64_t T = b / std::max<int64_t>(1, W);
-      const int64_t d = largest_divisor_at_most(T, std::max(plan.max_micro_batch, plan.micro_batch), plan.multiple_of.value_or(1));
+      const int64_t d = even_split_size(T, std::max({plan.max_micro_batch, plan.micro_batch, int64_t{1}}),
+                                        std::max<int64_t>(1, plan.multiple_of.value_or(1)));
+      if (d < 1) continue;
       nearest += (nearest.empty() ? "" : " or ") + std::to_string(b) + " (" + split_text(T / d, d) +
                  (W > 1 ? " per rank" : "") + ")";
     }

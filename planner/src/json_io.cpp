@@ -1,33 +1,210 @@
 // json_io.cpp — file I/O and path-aware JSON reading. See json_io.h.
+//
+// What it is: the readers' refusals of special files, a SAX front end to nlohmann's parser that
+// knows the JSON path of the value it is on (so `1e400` is named by its field), the atomic
+// writer with its signal-safe registry of live temp names, and JsonField's typed, ranged reads.
+// What it is not: the documents' schema (schema.cpp).
 #include "accumplan/json_io.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <iostream>
+#include <limits>
+#include <mutex>
 
 #include "accumplan/errors.h"
 
 namespace accumplan {
+namespace {
 
-std::string read_text_file(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw InputError(what + ": cannot open '" + path + "': " + std::strerror(errno));
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+std::string quoted(const std::string& path) { return "'" + cut_for_message(path) + "'"; }
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+bool is_dev_null(const struct stat& st) {
+  struct stat null_st {};
+  return S_ISCHR(st.st_mode) && ::stat("/dev/null", &null_st) == 0 && null_st.st_rdev == st.st_rdev;
 }
 
-nlohmann::json read_json_file(const std::string& path, const std::string& what) {
-  const std::string text = read_text_file(path, what);
+// Closes a file descriptor on every exit path.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+std::string read_text_file(const std::string& path, const std::string& what) {
+  const std::string where = what + " " + quoted(path);
+  // O_NONBLOCK: a FIFO without a writer opens at once (and is refused below) instead of waiting.
+  const Fd f(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (f.fd < 0) {
+    const int err = errno;
+    throw InputError(what + ": cannot open " + quoted(path) + ": " + errno_text(err));
+  }
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw InputError(where + ": cannot stat: " + errno_text(errno));
+  if (S_ISDIR(st.st_mode)) throw InputError(where + " is a directory; give the path of a JSON file in it");
+  if (is_dev_null(st)) throw InputError(where + " is empty (/dev/null); give a JSON file written by accumplan");
+  if (S_ISFIFO(st.st_mode)) {
+    throw InputError(where + " is a FIFO (named pipe), not a file; save the JSON to a regular file first");
+  }
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) {
+    throw InputError(where + " is a device, not a file; give a JSON file written by accumplan");
+  }
+  if (S_ISSOCK(st.st_mode)) throw InputError(where + " is a socket, not a file; give a JSON file");
+  if (!S_ISREG(st.st_mode)) throw InputError(where + " is not a regular file; give a JSON file");
+  if (st.st_size > kMaxInputFileBytes) {
+    throw InputError(where + " is " + std::to_string(static_cast<long long>(st.st_size)) +
+                     " bytes, more than any accumplan document (at most " +
+                     std::to_string(kMaxInputFileBytes) + "); is it the right file?");
+  }
+  // A regular file: O_NONBLOCK has no effect on it. /proc files report size 0 and are read to
+  // their end all the same, up to the limit.
+  std::string text;
+  char buf[65536];
+  while (true) {
+    const ssize_t n = ::read(f.fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw InputError(where + ": cannot read: " + errno_text(errno));
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (static_cast<int64_t>(text.size()) > kMaxInputFileBytes) {
+      throw InputError(where + " is larger than any accumplan document (more than " +
+                       std::to_string(kMaxInputFileBytes) + " bytes); is it the right file?");
+    }
+  }
+  return text;
+}
+
+namespace {
+
+using nlohmann::json;
+
+// nlohmann's DOM builder behind a SAX interface that also tracks the JSON path of the value being
+// parsed, so an error can say which field held `1e400`, and that bounds the nesting depth.
+class PathTrackingSax {
+ public:
+  explicit PathTrackingSax(json& result) : dom_(result, true) {}
+
+  bool null() { return scalar() && dom_.null(); }
+  bool boolean(bool v) { return scalar() && dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return scalar() && dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return scalar() && dom_.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const json::string_t& s) {
+    if (!std::isfinite(v)) overflow(s);
+    return scalar() && dom_.number_float(v, s);
+  }
+  bool string(json::string_t& v) { return scalar() && dom_.string(v); }
+  bool binary(json::binary_t& v) { return scalar() && dom_.binary(v); }
+  bool start_object(std::size_t n) {
+    open(false);
+    return dom_.start_object(n);
+  }
+  bool key(json::string_t& k) {
+    frames_.back().key = k;
+    return dom_.key(k);
+  }
+  bool end_object() {
+    close();
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) {
+    open(true);
+    return dom_.start_array(n);
+  }
+  bool end_array() {
+    close();
+    return dom_.end_array();
+  }
+  bool parse_error(std::size_t position, const std::string& last_token, const nlohmann::detail::exception& e) {
+    if (e.id == 406) overflow(last_token);  // "number overflow": a float beyond a double
+    throw SyntaxError{position};  // the DOM parser would rethrow a sliced copy of `e`
+  }
+
+  // "$.points[2].peak_bytes": where the value being parsed sits.
+  std::string path() const {
+    std::string p = "$";
+    for (const auto& f : frames_) {
+      p += f.array ? "[" + std::to_string(f.index) + "]" : "." + cut_for_message(f.key, 40);
+    }
+    return cut_for_message(p, 160);
+  }
+
+  struct NumberOverflow {
+    std::string path;
+    std::string token;
+  };
+  struct SyntaxError {
+    size_t byte;  // 1-based offset of the failure, as nlohmann counts
+  };
+
+ private:
+  struct Frame {
+    bool array = false;
+    size_t index = 0;
+    std::string key;
+  };
+
+  bool scalar() {
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+    return true;
+  }
+  void open(bool array) {
+    if (static_cast<int>(frames_.size()) >= kMaxJsonDepth) {
+      throw InputError(path() + ": nested deeper than " + std::to_string(kMaxJsonDepth) +
+                       " levels; accumplan's documents nest 4");
+    }
+    frames_.push_back(Frame{array, 0, {}});
+  }
+  void close() {
+    frames_.pop_back();
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+  }
+  [[noreturn]] void overflow(const std::string& token) const { throw NumberOverflow{path(), token}; }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  std::vector<Frame> frames_;
+};
+
+bool all_whitespace(const std::string& text) {
+  return text.find_first_not_of(" \t\r\n") == std::string::npos;
+}
+
+}  // namespace
+
+json parse_json_text(const std::string& text, const std::string& where) {
+  if (all_whitespace(text)) throw InputError(where + " is empty; give a JSON file written by accumplan");
+  json result;
+  PathTrackingSax sax(result);
   try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+    json::sax_parse(text, &sax);
+  } catch (const PathTrackingSax::NumberOverflow& e) {
+    throw InputError(where + ": " + e.path + ": the number " + cut_for_message(e.token) +
+                     " is beyond the range of a double (about 1.8e308); the field's range is in "
+                     "docs/plan-format.md");
+  } catch (const PathTrackingSax::SyntaxError& e) {
     // e.byte is the 1-based offset of the failure; turn it into line:column for editors.
     size_t line = 1, col = 1;
     for (size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
@@ -38,32 +215,274 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
         ++col;
       }
     }
-    throw InputError(what + ": '" + path + "' is not valid JSON (line " + std::to_string(line) +
-                     ", column " + std::to_string(col) + ")");
+    throw InputError(where + " is not valid JSON (line " + std::to_string(line) + ", column " +
+                     std::to_string(col) + ")");
+  } catch (const json::exception& e) {
+    // Any other refusal of the parser (none known): still the file's fault, not ours.
+    throw InputError(where + " is not valid JSON (" + cut_for_message(e.what()) + ")");
+  }
+  return result;
+}
+
+json read_json_file(const std::string& path, const std::string& what) {
+  return parse_json_text(read_text_file(path, what), what + " " + quoted(path));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+namespace {
+
+// Temp names that exist on disk right now, for the signal handlers. Fixed slots, no allocation:
+// a handler may only read them and call unlink(2), which is async-signal-safe.
+constexpr int kTempSlots = 16;
+struct TempSlot {
+  std::atomic<int> state{0};  // 0 free, 1 claimed (being filled), 2 live (name on disk)
+  char path[PATH_MAX + 1] = {};
+};
+TempSlot g_temp_slots[kTempSlots];
+
+extern "C" void unlink_temps_and_reraise(int sig) {
+  const int saved = errno;
+  for (auto& slot : g_temp_slots) {
+    if (slot.state.load(std::memory_order_acquire) == 2) ::unlink(slot.path);
+  }
+  errno = saved;
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+// Installs the handlers once, only over the default action (a program that ignores or handles
+// SIGINT itself keeps its choice).
+void install_temp_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+      struct sigaction old {};
+      if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL || (old.sa_flags & SA_SIGINFO)) continue;
+      struct sigaction sa {};
+      sa.sa_handler = unlink_temps_and_reraise;
+      sigemptyset(&sa.sa_mask);
+      sa.sa_flags = 0;
+      ::sigaction(sig, &sa, nullptr);
+    }
+  });
+}
+
+// One live temp name: registered for the signal handlers while it exists, unlinked by the
+// destructor unless released (after the rename moved it).
+class TempName {
+ public:
+  TempName() = default;
+  TempName(const TempName&) = delete;
+  TempName& operator=(const TempName&) = delete;
+  ~TempName() {
+    if (!path_.empty()) ::unlink(path_.c_str());
+    release();
+  }
+  // Claims a slot for `path` before it is created; false if every slot is busy (the write then
+  // goes on without signal cleanup, which only the 17th concurrent writer would see).
+  void hold(const std::string& path) {
+    path_ = path;
+    if (path.size() > PATH_MAX) return;
+    for (int i = 0; i < kTempSlots; ++i) {
+      int expected = 0;
+      if (g_temp_slots[i].state.compare_exchange_strong(expected, 1)) {
+        std::memcpy(g_temp_slots[i].path, path.c_str(), path.size() + 1);
+        g_temp_slots[i].state.store(2, std::memory_order_release);
+        slot_ = i;
+        return;
+      }
+    }
+  }
+  // The name no longer exists (renamed): forget it.
+  void release() {
+    path_.clear();
+    if (slot_ >= 0) g_temp_slots[slot_].state.store(0, std::memory_order_release);
+    slot_ = -1;
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int slot_ = -1;
+};
+
+std::string dir_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+bool under_proc(const std::string& path) {
+  return path.rfind("/proc/", 0) == 0 || path.rfind("/dev/fd/", 0) == 0 || path == "/dev/stdout" ||
+         path == "/dev/stderr";
+}
+
+// Follows a chain of symlinks to the name that will be replaced; a dangling link's target is
+// created. Relative link targets are relative to the link's directory. `*via_proc` is set when a
+// name on the way is a /proc (or /dev/fd) file-descriptor link: those are written in place.
+std::string follow_links(const std::string& path, bool* via_proc) {
+  std::string p = path;
+  *via_proc = under_proc(p);
+  for (int hops = 0; hops < 40; ++hops) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
+    std::string target(PATH_MAX + 1, '\0');
+    const ssize_t n = ::readlink(p.c_str(), &target[0], target.size());
+    if (n < 0 || static_cast<size_t>(n) >= target.size()) return p;
+    target.resize(static_cast<size_t>(n));
+    p = (!target.empty() && target[0] == '/') ? target : dir_of(p) + "/" + target;
+    *via_proc = *via_proc || under_proc(p);
+  }
+  throw InputError("cannot write " + quoted(path) + ": too many levels of symbolic links");
+}
+
+void write_all(int fd, const std::string& text, const std::string& path) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      if (err == ENOSPC || err == EDQUOT) {
+        throw InputError("cannot write " + quoted(path) + ": " + errno_text(err) + " (disk full?)");
+      }
+      if (err == EFBIG) throw InputError("cannot write " + quoted(path) + ": " + errno_text(err) + " (file size limit)");
+      throw InputError("cannot write " + quoted(path) + ": " + errno_text(err));
+    }
+    done += static_cast<size_t>(n);
   }
 }
 
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      throw InputError("cannot write '" + path + "': " + std::strerror(errno) +
-                       " (is the directory there and writable?)");
+// Devices, FIFOs, /proc/self/fd/N: opened and written in place. A FIFO without a reader fails at
+// once with ENXIO (O_NONBLOCK) instead of blocking.
+void write_in_place(const std::string& path, const std::string& text) {
+  const Fd f(::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (f.fd < 0) {
+    const int err = errno;
+    if (err == ENXIO) {
+      throw InputError("cannot write " + quoted(path) + ": it is a FIFO (named pipe) with no reader; start the "
+                       "reader first, or give a file name");
     }
-    out << text;
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw InputError("cannot write '" + path + "': write failed (disk full?)");
-    }
+    throw InputError("cannot write " + quoted(path) + ": " + errno_text(err));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = std::strerror(errno);
-    std::remove(tmp.c_str());
-    throw InputError("cannot write '" + path + "': " + err);
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw InputError("cannot write " + quoted(path) + ": " + errno_text(errno));
+  if (S_ISDIR(st.st_mode)) throw InputError("cannot write " + quoted(path) + ": it is a directory; give a file name");
+  // Blocking writes from here on: a pipe with a reader takes the text at the reader's pace.
+  const int flags = ::fcntl(f.fd, F_GETFL);
+  if (flags >= 0) ::fcntl(f.fd, F_SETFL, flags & ~O_NONBLOCK);
+  if (S_ISREG(st.st_mode) && ::ftruncate(f.fd, 0) != 0 && errno != EINVAL) {
+    throw InputError("cannot write " + quoted(path) + ": " + errno_text(errno));
+  }
+  write_all(f.fd, text, path);
+}
+
+// `.` + 8 hex digits + `.tmp`: 13 characters, so a 255-character final name still works.
+std::string temp_name_in(const std::string& dir, unsigned attempt) {
+  static std::atomic<unsigned> counter{0};
+  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  unsigned x = static_cast<unsigned>(::getpid()) * 2654435761u ^ static_cast<unsigned>(now) ^
+               (counter.fetch_add(1) * 40503u) ^ (attempt * 97u);
+  char buf[16];
+  std::snprintf(buf, sizeof buf, ".%08x.tmp", x);
+  return dir + "/" + buf;
+}
+
+void fsync_dir(const std::string& dir, const std::string& path) {
+  const Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (d.fd < 0) return;  // the rename happened; a directory we cannot open we cannot sync either
+  if (::fsync(d.fd) != 0 && errno != EINVAL && errno != ENOTSUP && errno != EROFS) {
+    throw InputError("wrote " + quoted(path) + " but could not sync its directory: " + errno_text(errno));
   }
 }
+
+}  // namespace
+
+void write_text_atomic(const std::string& path, const std::string& text) {
+  if (path.empty()) throw InputError("cannot write '': empty file name");
+  if (path == "-") {
+    std::cout << text << std::flush;
+    if (!std::cout) throw InputError("cannot write to standard output");
+    return;
+  }
+  install_temp_handlers();
+
+  struct stat st {};
+  const bool exists = ::stat(path.c_str(), &st) == 0;  // follows links, /proc magic links too
+  if (exists && S_ISDIR(st.st_mode)) {
+    throw InputError("cannot write " + quoted(path) + ": it is a directory; give a file name, e.g. " +
+                     cut_for_message(path) + "/plan.json");
+  }
+  if (exists && S_ISSOCK(st.st_mode)) throw InputError("cannot write " + quoted(path) + ": it is a socket");
+  bool via_proc = false;
+  const std::string target = follow_links(path, &via_proc);
+  if (via_proc || (exists && !S_ISREG(st.st_mode))) {
+    write_in_place(path, text);
+    return;
+  }
+  const std::string dir = dir_of(target);
+  const mode_t mode = exists ? (st.st_mode & 07777) : 0666;
+  TempName temp;
+  int fd = -1;
+#ifdef O_TMPFILE
+  // An unnamed file: a crash or SIGKILL before the link leaves nothing behind.
+  fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, mode);
+#endif
+  const bool unnamed = fd >= 0;
+  if (!unnamed) {
+    for (unsigned attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+      const std::string name = temp_name_in(dir, attempt);
+      temp.hold(name);
+      fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+      if (fd < 0) {
+        const int err = errno;
+        temp.release();  // not created: nothing to unlink
+        if (err != EEXIST) {
+          throw InputError("cannot write " + quoted(path) + ": " + errno_text(err) +
+                           " (is the directory there and writable?)");
+        }
+      }
+    }
+    if (fd < 0) throw InputError("cannot write " + quoted(path) + ": no free temporary name in " + quoted(dir));
+  }
+  const Fd file(fd);
+  if (exists) (void)::fchmod(file.fd, mode);  // umask applied to a new file, not to a replaced one
+  write_all(file.fd, text, path);
+  if (::fsync(file.fd) != 0) throw InputError("cannot write " + quoted(path) + ": fsync: " + errno_text(errno));
+
+  if (unnamed) {
+    // Give the unnamed file a temp name, then rename it over the target (linkat cannot replace).
+    const std::string proc = "/proc/self/fd/" + std::to_string(file.fd);
+    bool linked = false;
+    for (unsigned attempt = 0; attempt < 100 && !linked; ++attempt) {
+      const std::string name = temp_name_in(dir, attempt);
+      temp.hold(name);
+      if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, name.c_str(), AT_SYMLINK_FOLLOW) == 0) {
+        linked = true;
+      } else {
+        const int err = errno;
+        temp.release();
+        if (err != EEXIST) {
+          throw InputError("cannot write " + quoted(path) + ": " + errno_text(err) +
+                           " (is the directory there and writable?)");
+        }
+      }
+    }
+    if (!linked) throw InputError("cannot write " + quoted(path) + ": no free temporary name in " + quoted(dir));
+  }
+  if (::rename(temp.path().c_str(), target.c_str()) != 0) {
+    const int err = errno;
+    throw InputError("cannot write " + quoted(path) + ": " + errno_text(err));  // ~TempName unlinks
+  }
+  temp.release();
+  fsync_dir(dir, path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// JsonField
 
 namespace {
 const char* type_name(const nlohmann::json& v) {
@@ -75,10 +494,24 @@ const char* type_name(const nlohmann::json& v) {
   if (v.is_array()) return "array";
   return "object";
 }
+
+std::string real_text(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
 }  // namespace
 
 void JsonField::fail(const std::string& expected) const {
   throw SchemaError(path_ + ": expected " + expected + ", found " + type_name(*value_));
+}
+
+std::string JsonField::value_text() const {
+  if (value_->is_string()) {
+    return "\"" + cut_for_message(value_->get_ref<const std::string&>()) + "\"";
+  }
+  if (value_->is_array() || value_->is_object()) return type_name(*value_);
+  return cut_for_message(value_->dump());
 }
 
 bool JsonField::has(const char* key) const {
@@ -107,13 +540,48 @@ std::string JsonField::as_string() const {
 }
 
 int64_t JsonField::as_int() const {
-  if (!value_->is_number_integer() && !value_->is_number_unsigned()) fail("an integer");
+  if (value_->is_number_unsigned()) {
+    // 2^63 and above arrive as unsigned: refused, never wrapped to a negative number.
+    if (value_->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      throw SchemaError(path_ + ": " + value_text() + " is out of range; expected an integer below 2^63");
+    }
+    return static_cast<int64_t>(value_->get<uint64_t>());
+  }
+  if (!value_->is_number_integer()) fail("an integer");
   return value_->get<int64_t>();
+}
+
+int64_t JsonField::as_int(IntRange range) const {
+  auto out_of_range = [&]() {
+    return SchemaError(path_ + ": " + value_text() + " is out of range; expected an integer in [" +
+                       std::to_string(range.lo) + ", " + std::to_string(range.hi) + "]");
+  };
+  if (value_->is_number_unsigned() &&
+      value_->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    throw out_of_range();
+  }
+  const int64_t v = as_int();
+  if (v < range.lo || v > range.hi) throw out_of_range();
+  return v;
 }
 
 double JsonField::as_double() const {
   if (!value_->is_number()) fail("a number");
-  return value_->get<double>();
+  const double v = value_->get<double>();
+  if (!std::isfinite(v)) throw SchemaError(path_ + ": " + value_text() + " is not a finite number");
+  return v;
+}
+
+double JsonField::as_double(RealRange range) const {
+  const double v = as_double();
+  const bool below = range.lo_open ? !(v > range.lo) : !(v >= range.lo);
+  const bool above = range.hi_open ? !(v < range.hi) : !(v <= range.hi);
+  if (below || above) {
+    throw SchemaError(path_ + ": " + value_text() + " is out of range; expected a number in " +
+                      (range.lo_open ? "(" : "[") + real_text(range.lo) + ", " + real_text(range.hi) +
+                      (range.hi_open ? ")" : "]"));
+  }
+  return v;
 }
 
 bool JsonField::as_bool() const {
@@ -129,6 +597,16 @@ std::optional<int64_t> JsonField::opt_i64(const char* key) const {
 std::optional<double> JsonField::opt_f64(const char* key) const {
   if (!has(key) || (*value_)[key].is_null()) return std::nullopt;
   return at(key).as_double();
+}
+
+std::optional<int64_t> JsonField::opt_i64(const char* key, IntRange range) const {
+  if (!has(key) || (*value_)[key].is_null()) return std::nullopt;
+  return at(key).as_int(range);
+}
+
+std::optional<double> JsonField::opt_f64(const char* key, RealRange range) const {
+  if (!has(key) || (*value_)[key].is_null()) return std::nullopt;
+  return at(key).as_double(range);
 }
 
 std::optional<std::string> JsonField::opt_str(const char* key) const {

@@ -2,8 +2,13 @@
 // the writers is the order users read, so golden files stay stable and diffs stay small.
 #include "accumplan/schema.h"
 
+#include <cctype>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
+#include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
 
@@ -69,12 +74,18 @@ ojson setup_json(const Setup& s) {
 Setup setup_from(const JsonField& f) {
   Setup s;
   s.optimizer = f.str("optimizer");
-  s.lr = f.f64("lr");
+  // The learning rate is not a memory fact: a profile written by another tool may leave it out,
+  // and then the optimizer's conventional default applies (as on the command line).
+  if (auto lr = f.opt_f64("lr")) {
+    s.lr = *lr;
+  } else {
+    s.lr = (s.optimizer == "adam" || s.optimizer == "adamw" || s.optimizer == "rmsprop") ? 1e-3 : 1e-2;
+  }
   if (f.has("hyperparameters")) {
     const JsonField hp = f.at("hyperparameters");
     if (!hp.raw().is_object()) hp.fail("an object of numbers");
     for (auto it = hp.raw().begin(); it != hp.raw().end(); ++it) {
-      s.hyperparameters[it.key()] = JsonField(it.value(), hp.path() + "." + it.key()).as_double();
+      s.hyperparameters[it.key()] = JsonField(it.value(), hp.path() + "." + cut_for_message(it.key(), 40)).as_double();
     }
   }
   if (auto n = f.opt_str("normalization")) s.normalization = *n;
@@ -141,26 +152,159 @@ std::vector<Trial> trials_from(const JsonField& f) {
   return out;
 }
 
-// Checks `schema` and `schema_version`: another major is refused, a newer minor accepted.
+// The documented range of every number in a profile or plan (docs/plan-format.md), by the key
+// that holds it, wherever it sits (a plan's nested profile included); an array (microbatch_sizes,
+// residuals_bytes, weights) holds numbers of its key's range. Keys not listed are not numbers the
+// readers use. Integer-ness is the readers' check; this one bounds the value, so that no sum or
+// product a reader or the planner forms can overflow and no double cast to an integer is
+// undefined.
+struct NumberRange {
+  double lo;
+  double hi;
+  bool lo_open;
+  bool hi_open;
+};
+
+constexpr double kBytesMax = static_cast<double>(kMaxBytes);
+constexpr double kSamplesMax = static_cast<double>(kMaxSamples);
+constexpr NumberRange kBytesRange{0, kBytesMax, false, false};
+constexpr NumberRange kSignedBytesRange{-kBytesMax, kBytesMax, false, false};
+constexpr NumberRange kSamplesRange{1, kSamplesMax, false, false};
+constexpr NumberRange kSecondsRange{0, 1e9, false, false};
+constexpr NumberRange kHyperparameterRange{-1e6, 1e6, false, false};
+
+const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
+  static const std::map<std::string, NumberRange> exact = {
+      // Fit quantities and a0 may be negative: a line fitted to measured peaks.
+      {"intercept_bytes", kSignedBytesRange},
+      {"residuals_bytes", kSignedBytesRange},
+      {"slope_bytes_per_sample", kSignedBytesRange},
+      {"activation_fixed_bytes", kSignedBytesRange},
+      {"activation_bytes_per_sample", kSignedBytesRange},
+      {"micro_batch", kSamplesRange},
+      {"target_batch", kSamplesRange},
+      {"per_rank_batch", kSamplesRange},
+      {"max_micro_batch", kSamplesRange},
+      {"multiple_of", kSamplesRange},
+      {"microbatch_sizes", kSamplesRange},
+      {"window", kSamplesRange},
+      {"accumulation_steps", kSamplesRange},
+      {"fitted_from_micro_batch", {0, kSamplesMax, false, false}},
+      {"world_size", {1, static_cast<double>(kMaxWorldSize), false, false}},
+      {"index", {0, 65535, false, false}},
+      {"parameter_count", {0, kBytesMax, false, false}},
+      {"weights", {0, 1, true, false}},
+      {"headroom", {0, 1, false, true}},
+      {"lr", {0, 1e6, true, false}},
+      {"max_grad_norm", {0, 1e12, true, false}},
+      {"ignore_index", {-2147483648.0, 2147483647.0, false, false}},
+      {"seconds", kSecondsRange},
+  };
+  if (in_hyperparameters) return &kHyperparameterRange;
+  const auto it = exact.find(key);
+  if (it != exact.end()) return &it->second;
+  auto ends_with = [&](const char* suffix) {
+    const size_t n = std::strlen(suffix);
+    return key.size() >= n && key.compare(key.size() - n, n, suffix) == 0;
+  };
+  if (ends_with("_bytes")) return &kBytesRange;
+  if (ends_with("_seconds")) return &kSecondsRange;
+  if (ends_with("_fraction")) {
+    static const NumberRange fraction{0, 1, false, false};
+    return &fraction;
+  }
+  return nullptr;
+}
+
+std::string range_text(const NumberRange& r) {
+  auto num = [](double v) {
+    char buf[40];
+    // Integral bounds print as integers (1125899906842624, not 1.1258999068426e+15).
+    if (std::fabs(v) < 9.007199254740992e15 && v == std::floor(v)) {
+      std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
+    } else {
+      std::snprintf(buf, sizeof buf, "%g", v);
+    }
+    return std::string(buf);
+  };
+  return std::string(r.lo_open ? "(" : "[") + num(r.lo) + ", " + num(r.hi) + (r.hi_open ? ")" : "]");
+}
+
+void check_number(const json& v, const std::string& path, const NumberRange& r) {
+  bool ok = false;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    ok = u <= static_cast<uint64_t>(r.hi) && (r.hi_open ? static_cast<double>(u) < r.hi : true) &&
+         (r.lo_open ? static_cast<double>(u) > r.lo : static_cast<double>(u) >= r.lo);
+  } else if (v.is_number_integer()) {
+    const double d = static_cast<double>(v.get<int64_t>());
+    ok = (r.lo_open ? d > r.lo : d >= r.lo) && (r.hi_open ? d < r.hi : d <= r.hi);
+  } else if (v.is_number_float()) {
+    const double d = v.get<double>();
+    ok = std::isfinite(d) && (r.lo_open ? d > r.lo : d >= r.lo) && (r.hi_open ? d < r.hi : d <= r.hi);
+  } else {
+    return;  // not a number: the reader reports the type
+  }
+  if (!ok) {
+    throw SchemaError(path + ": " + cut_for_message(v.dump()) + " is out of range; expected a number in " +
+                      range_text(r));
+  }
+}
+
+void check_ranges(const json& v, const std::string& path, const std::string& key, bool in_hyperparameters,
+                  int depth) {
+  if (depth > kMaxJsonDepth) return;  // the parser bounds depth already
+  if (v.is_object()) {
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      check_ranges(it.value(), path + "." + cut_for_message(it.key(), 40), it.key(),
+                   key == "hyperparameters", depth + 1);
+    }
+  } else if (v.is_array()) {
+    const NumberRange* r = range_of(key, in_hyperparameters);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::string p = path + "[" + std::to_string(i) + "]";
+      if (r != nullptr && v[i].is_number()) {
+        check_number(v[i], p, *r);
+      } else {
+        check_ranges(v[i], p, "", false, depth + 1);
+      }
+    }
+  } else if (v.is_number()) {
+    if (const NumberRange* r = range_of(key, in_hyperparameters)) check_number(v, path, *r);
+  }
+}
+
+// "1.2": one or more digits, a dot, one or more digits; nothing else (no sign, no third part).
+bool is_major_minor(const std::string& version) {
+  const size_t dot = version.find('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == version.size() || version.size() > 19) return false;
+  for (size_t i = 0; i < version.size(); ++i) {
+    if (i != dot && !std::isdigit(static_cast<unsigned char>(version[i]))) return false;
+  }
+  return true;
+}
+
+// Checks `schema` and `schema_version` (another major is refused, a newer minor accepted), then
+// every number's documented range.
 void check_header(const JsonField& root, const char* expected_schema) {
   const std::string schema = root.str("schema");
   if (schema != expected_schema) {
-    throw SchemaError("$.schema: this is a '" + schema + "' document, expected '" +
+    throw SchemaError("$.schema: this is a '" + cut_for_message(schema) + "' document, expected '" +
                       expected_schema + "'");
   }
   const std::string version = root.str("schema_version");
-  const size_t dot = version.find('.');
-  char* end = nullptr;
-  const long major = std::strtol(version.c_str(), &end, 10);
-  if (dot == std::string::npos || end != version.c_str() + dot || dot == 0) {
-    throw SchemaError("$.schema_version: '" + version + "' is not MAJOR.MINOR");
+  if (!is_major_minor(version)) {
+    throw SchemaError("$.schema_version: '" + cut_for_message(version) +
+                      "' is not MAJOR.MINOR (digits, a dot, digits, e.g. \"" + schema_version_string() + "\")");
   }
+  const long major = std::strtol(version.c_str(), nullptr, 10);
   if (major != kSchemaMajor) {
     throw SchemaError("$.schema_version: " + std::string(expected_schema) + " version " + version +
                       " is not readable by this accumplan, which reads " +
                       std::to_string(kSchemaMajor) + ".x; use an accumplan that writes " +
-                      std::to_string(major) + ".x, or regenerate the file with this one");
+                      version.substr(0, version.find('.')) + ".x, or regenerate the file with this one");
   }
+  check_ranges(root.raw(), "$", "", false, 0);
 }
 
 }  // namespace
@@ -334,12 +478,12 @@ Plan plan_from_json(const json& doc) {
     if (root.has("trials")) p.profile.trials = trials_from(root.at("trials"));
   }
 
-  // Cross-field invariants: a hand-edited plan that breaks them would silently mis-weight.
-  int64_t sum = 0;
+  // Cross-field invariants: a hand-edited plan that breaks them would silently mis-weight. The
+  // numbers are bounded above (check_header), the arithmetic is checked all the same.
   for (auto n : p.microbatch_sizes) {
     if (n < 1) throw SchemaError("$.microbatch_sizes: every size must be >= 1");
-    sum += n;
   }
+  const int64_t sum = checked_sum(p.microbatch_sizes, "$.microbatch_sizes: the sum");
   if (sum != p.per_rank_batch) {
     throw SchemaError("$.microbatch_sizes: sizes sum to " + std::to_string(sum) +
                       ", but per_rank_batch is " + std::to_string(p.per_rank_batch));
@@ -353,8 +497,24 @@ Plan plan_from_json(const json& doc) {
                       " does not match the " + std::to_string(p.microbatch_sizes.size()) +
                       " entries of microbatch_sizes");
   }
-  if (p.world_size < 1 || p.per_rank_batch * p.world_size != p.target_batch) {
+  if (p.world_size < 1 ||
+      checked_mul(p.per_rank_batch, p.world_size, "$.per_rank_batch * $.world_size") != p.target_batch) {
     throw SchemaError("$.per_rank_batch: per_rank_batch * world_size != target_batch");
+  }
+  for (size_t i = 0; i < p.weights.size(); ++i) {
+    // n_i / T, as the writers compute it; a hand-edited weight would silently mis-weight.
+    const double expected = static_cast<double>(p.microbatch_sizes[i]) / static_cast<double>(p.per_rank_batch);
+    if (std::fabs(p.weights[i] - expected) > 1e-9) {
+      throw SchemaError("$.weights[" + std::to_string(i) + "]: " + cut_for_message(nlohmann::json(p.weights[i]).dump()) +
+                        " is not microbatch_sizes[" + std::to_string(i) + "] / per_rank_batch = " +
+                        nlohmann::json(expected).dump() + "; re-plan with `accumplan plan`");
+    }
+  }
+  if (p.uniform.micro_batch < 1 || p.uniform.accumulation_steps < 1 ||
+      checked_mul(p.uniform.micro_batch, p.uniform.accumulation_steps, "$.uniform") != p.per_rank_batch) {
+    throw SchemaError("$.uniform: " + std::to_string(p.uniform.accumulation_steps) + " x " +
+                      std::to_string(p.uniform.micro_batch) + " does not make per_rank_batch " +
+                      std::to_string(p.per_rank_batch) + "; re-plan with `accumplan plan`");
   }
   return p;
 }
@@ -364,7 +524,7 @@ Profile read_profile_file(const std::string& path, const std::string& what) {
   try {
     return profile_from_json(doc);
   } catch (const SchemaError& e) {
-    throw SchemaError(what + " '" + path + "': " + e.what());
+    throw SchemaError(what + " '" + cut_for_message(path) + "': " + e.what());
   }
 }
 
@@ -373,7 +533,7 @@ Plan read_plan_file(const std::string& path, const std::string& what) {
   try {
     return plan_from_json(doc);
   } catch (const SchemaError& e) {
-    throw SchemaError(what + " '" + path + "': " + e.what());
+    throw SchemaError(what + " '" + cut_for_message(path) + "': " + e.what());
   }
 }
 

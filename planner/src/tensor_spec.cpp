@@ -1,9 +1,13 @@
-// tensor_spec.cpp — parsing of `dtype[dims]:high` specs. See tensor_spec.h.
+// tensor_spec.cpp — parsing of `dtype[dims]:high` specs. See tensor_spec.h. Every dimension is in
+// [1, 2^31 - 1], a sample has at most 2^36 elements and 16 dimensions, and `:N` fits the dtype, so
+// the counts formed from a spec cannot overflow.
 #include "accumplan/tensor_spec.h"
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 
+#include "accumplan/checked.h"
 #include "accumplan/errors.h"
 
 namespace accumplan {
@@ -19,6 +23,21 @@ bool is_one_of(const std::string& s, const char* const* list, size_t n) {
 bool all_digits(const std::string& s) {
   return !s.empty() &&
          std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
+// Bounds of a spec: a dimension, the elements of one sample, the number of dimensions.
+constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
+constexpr int64_t kMaxElementsPerSample = int64_t{1} << 36;
+constexpr size_t kMaxRank = 16;
+
+// How many non-negative values an integer dtype holds: the largest `:N` it can take.
+int64_t values_of(const std::string& dtype) {
+  if (dtype == "bool") return 2;
+  if (dtype == "int8") return 128;
+  if (dtype == "uint8") return 256;
+  if (dtype == "int16") return 32768;
+  if (dtype == "int32") return int64_t{1} << 31;
+  return std::numeric_limits<int64_t>::max();  // int64
 }
 
 std::string trim(const std::string& s) {
@@ -46,7 +65,7 @@ std::vector<int64_t> TensorSpec::shape(int64_t micro_batch) const {
 int64_t TensorSpec::elements_per_sample() const {
   int64_t n = 1;
   for (auto d : dims) {
-    if (d != kBatchDim) n *= d;
+    if (d != kBatchDim) n = checked_mul(n, d, "elements per sample of " + text);
   }
   return n;
 }
@@ -64,7 +83,7 @@ std::string TensorSpec::to_string() const {
 
 TensorSpec parse_tensor_spec(const std::string& text, const std::string& what) {
   auto fail = [&](const std::string& why) -> TensorSpec {
-    throw InputError(what + " '" + text + "': " + why +
+    throw InputError(what + " '" + cut_for_message(text) + "': " + why +
                      "; expected e.g. float32[B,3,224,224], int64[B,128]:50257 or float32[B,10]");
   };
   const size_t open = text.find('[');
@@ -88,25 +107,45 @@ TensorSpec parse_tensor_spec(const std::string& text, const std::string& what) {
     if (tok == "B") {
       spec.dims.push_back(TensorSpec::kBatchDim);
       ++batch_dims;
-    } else if (all_digits(tok) && tok.size() < 12 && std::stoll(tok) > 0) {
-      spec.dims.push_back(std::stoll(tok));
+    } else if (all_digits(tok) && tok.find_first_not_of('0') != std::string::npos) {
+      const std::string digits = tok.substr(tok.find_first_not_of('0'));
+      if (digits.size() > 10 || std::stoll(digits) > kMaxDim) {
+        return fail("dimension " + cut_for_message(tok) + " is out of range [1, " + std::to_string(kMaxDim) + "]");
+      }
+      spec.dims.push_back(std::stoll(digits));
     } else {
-      return fail("dimension '" + tok + "' is neither B nor a positive integer");
+      return fail("dimension '" + cut_for_message(tok) + "' is neither B nor a positive integer");
     }
+    if (spec.dims.size() > kMaxRank) return fail("more than " + std::to_string(kMaxRank) + " dimensions");
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
   if (batch_dims != 1) return fail("the microbatch dimension B must appear exactly once");
+  // The product of the other dimensions: bounded, so shape(b) times any microbatch in range stays
+  // far from overflow.
+  int64_t per_sample = 1;
+  for (auto d : spec.dims) {
+    if (d == TensorSpec::kBatchDim) continue;
+    if (__builtin_mul_overflow(per_sample, d, &per_sample) || per_sample > kMaxElementsPerSample) {
+      return fail("one sample has more than " + std::to_string(kMaxElementsPerSample) +
+                  " elements (2^36); the dimensions multiply past it");
+    }
+  }
 
   const std::string rest = text.substr(close + 1);
   if (!rest.empty()) {
     if (rest[0] != ':') return fail("unexpected '" + rest + "' after ']'");
     const std::string high = rest.substr(1);
     if (!all_digits(high) || high.size() > 18 || std::stoll(high) < 1) {
-      return fail("the integer range ':" + high + "' must be a positive count of values");
+      return fail("the integer range ':" + cut_for_message(high) + "' must be a positive count of values");
     }
     if (!spec.is_integer()) return fail("':N' ranges apply to integer dtypes only");
     spec.high = std::stoll(high);
+    const int64_t most = values_of(spec.dtype);
+    if (*spec.high > most) {
+      return fail("':" + high + "' is out of range for " + spec.dtype + ", which holds " + std::to_string(most) +
+                  " values [0, " + std::to_string(most) + ")");
+    }
   } else if (spec.is_integer()) {
     if (spec.dtype == "bool") {
       spec.high = 2;

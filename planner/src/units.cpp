@@ -1,4 +1,5 @@
-// units.cpp — size/budget parsing and formatting. See units.h.
+// units.cpp — size/budget parsing and formatting. See units.h. Sizes are bounded to 1 PiB
+// (kMaxBytes, checked.h), so no parsed size can overflow a sum or a double-to-integer cast.
 #include "accumplan/units.h"
 
 #include <cctype>
@@ -7,6 +8,7 @@
 #include <cstdlib>
 #include <algorithm>
 
+#include "accumplan/checked.h"
 #include "accumplan/errors.h"
 
 namespace accumplan {
@@ -68,7 +70,7 @@ bool split_number(const std::string& text, double* number, std::string* suffix) 
 
 int64_t parse_size_bytes(const std::string& text, const std::string& what) {
   auto fail = [&](const std::string& why) -> int64_t {
-    throw InputError(what + ": '" + text + "' is not a size (" + why + "); " + kAcceptedForms);
+    throw InputError(what + ": '" + cut_for_message(text) + "' is not a size (" + why + "); " + kAcceptedForms);
   };
   if (text.empty()) return fail("empty");
   if (text[0] == '-') return fail("it is negative");
@@ -83,8 +85,10 @@ int64_t parse_size_bytes(const std::string& text, const std::string& what) {
     if (unit == u.name) {
       const double bytes = std::floor(number * u.factor);
       if (bytes < 1) return fail("it must be at least 1 byte");
-      if (bytes > 9.0e18) return fail("it is too large");
-      return static_cast<int64_t>(bytes);
+      if (!(bytes <= static_cast<double>(kMaxBytes))) {
+        return fail("it is more than 1 PiB (" + std::to_string(kMaxBytes) + " bytes), more than any device has");
+      }
+      return checked_to_int64(bytes, what, 1, kMaxBytes);
     }
   }
   return fail("unknown unit '" + suffix + "'");
@@ -97,10 +101,10 @@ BudgetSpec parse_budget(const std::string& text, const std::string& what) {
     double number = 0;
     std::string suffix;
     if (!split_number(body, &number, &suffix) || !suffix.empty()) {
-      throw InputError(what + ": '" + text + "' is not a percentage; write e.g. 90%");
+      throw InputError(what + ": '" + cut_for_message(text) + "' is not a percentage; write e.g. 90%");
     }
     if (number <= 0 || number > 100) {
-      throw InputError(what + ": '" + text + "' must be a percentage in (0%, 100%]");
+      throw InputError(what + ": '" + cut_for_message(text) + "' must be a percentage in (0%, 100%]");
     }
     spec.fraction = number / 100.0;
     return spec;
@@ -117,7 +121,7 @@ int64_t BudgetSpec::resolve_bytes(int64_t device_total_bytes) const {
                        " is a percentage, but the device's total memory is unknown; give an "
                        "absolute size such as 12GiB");
     }
-    return static_cast<int64_t>(std::floor(*fraction * static_cast<double>(device_total_bytes)));
+    return checked_to_int64(std::floor(*fraction * static_cast<double>(device_total_bytes)), "memory budget " + to_string());
   }
   throw InternalError("BudgetSpec::resolve_bytes called on an unset budget");
 }

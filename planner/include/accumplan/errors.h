@@ -3,7 +3,7 @@
 // What it is: every error a user can cause (bad flag, bad file, infeasible plan) derives from
 // `InputError` and maps to exit code 2; anything else that escapes is an internal error (exit 1).
 // What it is not: a logging facility. Messages are complete sentences that name the bad value
-// and, where there is one, the fix.
+// (user text cut to 80 characters by `cut_for_message`) and, where there is one, the fix.
 #pragma once
 
 #include <stdexcept>
@@ -48,6 +48,23 @@ class BackendNotBuiltError : public InputError {
  public:
   using InputError::InputError;
 };
+
+// User text for an error message: at most 80 characters (longer text is cut and ends with
+// "... (N characters)"), control characters shown as '?', so a message stays one short line
+// whatever the input held (a 50 MB string, a newline in a file name).
+inline std::string cut_for_message(const std::string& text, size_t max_chars = 80) {
+  std::string out;
+  size_t n = text.size() <= max_chars ? text.size() : max_chars;
+  // Never cut inside a UTF-8 sequence: back off to the start of the character.
+  while (n > 0 && n < text.size() && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;
+  out.reserve(n + 32);
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+  }
+  if (n < text.size()) out += "... (" + std::to_string(text.size()) + " characters)";
+  return out;
+}
 
 // An invariant broke: always a bug in accumplan. Exit code 1.
 class InternalError : public Error {

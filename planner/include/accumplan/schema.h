@@ -17,6 +17,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "accumplan/checked.h"
+
 namespace accumplan {
 
 inline constexpr const char* kProfileSchema = "accumplan.profile";
@@ -60,7 +62,11 @@ struct Persistent {
   int64_t weights_bytes = 0;
   int64_t gradients_bytes = 0;
   int64_t optimizer_state_bytes = 0;
-  int64_t total() const { return weights_bytes + gradients_bytes + optimizer_state_bytes; }
+  // Checked: InputError instead of a wrapped sum (each part is at most 1 PiB when read).
+  int64_t total() const {
+    return checked_add(checked_add(weights_bytes, gradients_bytes, "persistent bytes"), optimizer_state_bytes,
+                       "persistent bytes");
+  }
 };
 
 // Peaks of one executor window of two microbatches of micro_batch samples, all bytes on the

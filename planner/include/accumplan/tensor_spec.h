@@ -26,12 +26,15 @@ struct TensorSpec {
   size_t batch_axis() const;       // index of B in dims
   // Shape with B replaced by `micro_batch`.
   std::vector<int64_t> shape(int64_t micro_batch) const;
-  // Elements per sample (product of the non-B dims).
+  // Elements per sample (product of the non-B dims); checked (InputError on overflow).
   int64_t elements_per_sample() const;
   std::string to_string() const;   // canonical text, e.g. "int64[B,128]:50257"
 };
 
-// Throws InputError naming `what` (e.g. "--input") and the bad part of `text`.
+// Throws InputError naming `what` (e.g. "--input") and the bad part of `text` (cut to 80
+// characters). Bounds: every dimension in [1, 2^31 - 1], at most 2^36 elements per sample and 16
+// dimensions, `:N` at most the values the dtype holds (int8 128, uint8 256, int16 32768, int32
+// 2^31, bool 2).
 TensorSpec parse_tensor_spec(const std::string& text, const std::string& what);
 
 }  // namespace accumplan

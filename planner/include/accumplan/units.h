@@ -26,8 +26,9 @@ struct BudgetSpec {
   std::string to_string() const;
 };
 
-// Parses `512MiB`, `1.5GB`, `2048`. Throws InputError naming `what` (e.g. "--memory-budget") and
-// listing the accepted forms on anything else: negative, zero, empty, spaces, unknown units.
+// Parses `512MiB`, `1.5GB`, `2048` into [1, 1 PiB] bytes. Throws InputError naming `what` (e.g.
+// "--memory-budget"), the text (cut to 80 characters) and listing the accepted forms on anything
+// else: negative, zero, more than 1 PiB, empty, spaces, unknown units.
 int64_t parse_size_bytes(const std::string& text, const std::string& what);
 
 // Parses a size or a percentage `1%`..`100%`.
