@@ -67,4 +67,13 @@ CuptiProbe::CrossCheck CuptiProbe::cross_check() const {
   return check;
 }
 
+std::vector<MemoryTimelinePoint> CuptiProbe::memory_timeline() const {
+  timeline_->update();  // takes the records CUPTI delivered so far (take_records flushes first)
+  std::vector<MemoryTimelinePoint> out;
+  for (const CuptiTimelinePoint& p : timeline_->timeline(static_cast<uint32_t>(cuda_.device()))) {
+    out.push_back(MemoryTimelinePoint{p.timestamp_ns, p.current_bytes});
+  }
+  return out;
+}
+
 }  // namespace accumplan

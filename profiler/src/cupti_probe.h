@@ -54,6 +54,10 @@ class CuptiProbe final : public MemoryProbe {
   };
   CrossCheck cross_check() const;
 
+  // The traced device timeline (CuptiMemoryTimeline::timeline) and CUPTI's clock.
+  std::vector<MemoryTimelinePoint> memory_timeline() const override;
+  std::optional<uint64_t> memory_clock_ns() const override { return api_.timestamp_ns(); }
+
  private:
   // Declared first so it is claimed before cuda_ applies a budget: only one cupti probe may be
   // alive (a second is an InternalError), see cupti_probe.cpp.

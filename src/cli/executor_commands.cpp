@@ -11,6 +11,10 @@
 // iterates global windows of B = W x per_rank_batch samples in order and gives rank r the strided
 // share r, r+W, ... of each (shard_window). Outputs: rank 0 writes --stats/--save/--plan-out; a
 // path containing "{rank}" is written by every rank with its rank substituted.
+// `run` also shows progress (observe/progress.h: one updating line on a terminal, plain lines in
+// a log, --progress), writes a per-window series into --stats, and with --trace a Chrome trace
+// of its windows, microbatches, optimizer steps, OOM recoveries and memory (observe/trace.h),
+// fed by the executor's instrumentation hooks.
 // What it is not: the executor's logic (executor.h), or profiling/planning (device_commands.cpp).
 #include <CLI/CLI.hpp>
 
@@ -26,6 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "accumplan/build_config.h"
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
 #include "accumplan/memory_probe.h"
@@ -37,6 +42,8 @@
 #include "executor/executor.h"
 #include "executor/replan.h"
 #include "executor/verify.h"
+#include "observe/progress.h"
+#include "observe/trace.h"
 #include "runtime/batch.h"
 #include "runtime/loss.h"
 #include "runtime/model.h"
@@ -67,6 +74,8 @@ struct RunArgs {
   std::string save;
   std::string stats;
   std::string plan_out;
+  std::string trace;
+  std::string progress = "auto";
   bool force = false;
   bool no_recovery = false;
   int64_t synthetic_samples = 0;
@@ -130,7 +139,17 @@ Prepared prepare(const RunArgs& a, const std::string& command, const std::option
   const std::string device = device_of(a, p.plan, dist);
   ProbeRequest req;
   req.device = device;
-  p.probe = make_memory_probe(req);  // installed before the model loads, so weights are counted
+  // A trace on a GPU carries CUPTI's device memory timeline where this build has CUPTI.
+  const bool cupti_for_trace = !a.trace.empty() && is_cupti_supported() && parse_device(device).is_cuda();
+  if (cupti_for_trace) req.backend = "cupti";
+  try {
+    p.probe = make_memory_probe(req);  // installed before the model loads, so weights are counted
+  } catch (const InputError& e) {
+    if (!cupti_for_trace) throw;
+    std::cerr << "accumplan: note: --trace without CUPTI's memory timeline (" << e.what() << ")\n";
+    req.backend = "auto";
+    p.probe = make_memory_probe(req);
+  }
   p.model = load_model(a.model, torch::Device(device));
   p.device = torch::Device(device);
   if (!p.plan.model.sha256.empty() && p.model.info.sha256 != p.plan.model.sha256) {
@@ -218,6 +237,7 @@ int run_command(const RunArgs& a) {
   }
   if (a.synthetic_samples < 0) throw InputError("--synthetic-samples must be positive");
   if (a.clip < 0) throw InputError("--clip-grad-norm must be positive (0: no clipping), got " + std::to_string(a.clip));
+  parse_progress_mode(a.progress);  // a bad --progress stops the run before anything loads
 
   if (a.dist_timeout_s < 1) throw InputError("--dist-timeout must be at least 1 second");
   const std::optional<DistEnv> dist = dist_env_from_environment();
@@ -281,11 +301,39 @@ int run_command(const RunArgs& a) {
   eo.probe = p.probe.get();
   eo.plan_out = rank_path(a.plan_out, rank);
   eo.communicator = comm.get();
-  Executor ex(p.model.module, *optimizer, p.plan, eo);
 
   const auto windows = epoch_windows(samples, B);
   const int64_t total = a.steps_option->count() > 0 ? a.steps
                         : static_cast<int64_t>(windows.size()) * (a.epochs_option->count() > 0 ? a.epochs : 1);
+  // Rank 0 shows progress; every rank's executor log lines go through it (above the bar).
+  const std::shared_ptr<Progress> progress = make_stderr_progress(lead ? a.progress : "none", "window", total);
+  if (lead) eo.log = [progress](const std::string& line) { progress->message(line); };
+  // The trace and the per-window series are fed by the executor's hooks; the window algorithm
+  // itself knows nothing of them.
+  const std::string trace_path = rank_path(a.trace, rank);
+  std::optional<RunTrace> trace;
+  if (!trace_path.empty()) trace.emplace(rank);
+  const MemoryProbe* probe = p.probe.get();
+  auto device_bytes = [probe, host_data_bytes]() { return probe->current_bytes() - host_data_bytes; };
+  int64_t window_replans = 0;
+  eo.on_replan = [&](const ReplanEvent& e) {
+    ++window_replans;
+    if (trace) trace->replanned(e.failing_size, e.microbatch_sizes, e.note, trace->now_us());
+  };
+  if (trace) {
+    eo.before_microbatch = [&](const MicrobatchEvent& e) {
+      const double now = trace->now_us();
+      trace->microbatch_begin(e.index, e.count, e.size, e.attempt, now);
+      trace->memory(device_bytes(), now);
+    };
+    eo.after_microbatch = [&](const MicrobatchEvent&, bool out_of_memory) {
+      const double now = trace->now_us();
+      trace->microbatch_end(out_of_memory, now);
+      trace->memory(device_bytes(), now);
+    };
+    eo.before_optimizer_step = [&](int64_t) { trace->optimizer_begin(trace->now_us()); };
+  }
+  Executor ex(p.model.module, *optimizer, p.plan, eo);
   if (lead) {
     std::cerr << "accumplan: run: " << total << " windows of up to " << B << " samples (" << samples << " samples in "
               << windows.size() << " windows per epoch, " << (a.data.empty() ? "synthetic" : a.data) << ")";
@@ -302,20 +350,35 @@ int run_command(const RunArgs& a) {
     std::cerr << "\n";
   }
 
-  const int64_t progress_every = std::max<int64_t>(1, total / 10);
   double last_loss = 0;
+  int64_t samples_done = 0;
+  nlohmann::ordered_json series = nlohmann::ordered_json::array();  // --stats "window_series"
   for (int64_t w = 0; w < total; ++w) {
     const auto& [start, count] = windows[static_cast<size_t>(w) % windows.size()];
     const Batch window = data.slice(start, count);
+    window_replans = 0;
+    if (trace) trace->window_begin(w, trace->now_us());
     const WindowStats st = ex.step(comm ? shard_window(window, rank, world) : window);
+    const std::optional<int64_t> peak =
+        st.peak_bytes ? std::optional<int64_t>(*st.peak_bytes - host_data_bytes) : std::nullopt;
+    if (trace) trace->window_end(st.samples, st.loss, st.stepped, peak, trace->now_us());
     last_loss = st.loss;
-    if (lead && ((w + 1) % progress_every == 0 || w + 1 == total)) {
-      std::cerr << "accumplan: window " << (w + 1) << "/" << total << ": loss " << st.loss << ", " << st.samples
-                << " samples in " << st.microbatch_sizes.size() << " microbatches"
-                << (st.stepped ? "" : ", step skipped")
-                << (st.peak_bytes ? ", peak " + format_bytes(*st.peak_bytes - host_data_bytes) : std::string()) << "\n";
-    }
+    samples_done += st.samples;
+    series.push_back({{"window", w},
+                      {"samples", st.samples},
+                      {"loss", st.loss},
+                      {"peak_bytes", peak ? nlohmann::ordered_json(*peak) : nlohmann::ordered_json(nullptr)},
+                      {"oom_recoveries", st.oom_recoveries},
+                      {"replans", window_replans},
+                      {"microbatch_sizes", st.microbatch_sizes},
+                      {"stepped", st.stepped},
+                      {"seconds", st.seconds}});
+    std::ostringstream detail;
+    detail << "loss " << st.loss << ", " << st.samples << " samples in " << st.microbatch_sizes.size() << " microbatches"
+           << (st.stepped ? "" : ", step skipped") << (peak ? ", peak " + format_bytes(*peak) : std::string());
+    progress->update(w + 1, samples_done, detail.str());
   }
+  progress->finish();
 
   Plan final_plan = ex.plan();
   const ExecutorTotals& t = ex.totals();
@@ -341,6 +404,18 @@ int run_command(const RunArgs& a) {
                     stats = rank_path(a.stats, rank);
   if (!plan_out.empty()) write_text_atomic(plan_out, to_json(final_plan).dump(2) + "\n");
   if (!save.empty()) save_module_atomic(p.model.module, save);
+  if (trace) {
+    // CUPTI's device timeline (empty for probes that record none), placed on the trace's clock.
+    const std::vector<MemoryTimelinePoint> timeline = p.probe->memory_timeline();
+    const std::optional<uint64_t> clock_ns = p.probe->memory_clock_ns();
+    if (!timeline.empty() && clock_ns) {
+      std::vector<TraceMemoryPoint> points;
+      points.reserve(timeline.size());
+      for (const auto& pt : timeline) points.push_back({pt.timestamp_ns, pt.current_bytes});
+      trace->device_timeline("device memory (CUPTI)", points, *clock_ns, trace->now_us());
+    }
+    emit_output(trace_path, trace->dump());
+  }
 
   const int64_t measured = t.peak_bytes.value_or(0) - (t.peak_bytes ? host_data_bytes : 0);
   nlohmann::ordered_json j;
@@ -377,6 +452,9 @@ int run_command(const RunArgs& a) {
   j["loss_scale"] = ex.loss_scale();
   j["model_sha256"] = p.model.info.sha256;
   j["model_hash_matches_plan"] = p.hash_matched;
+  // One record per window, in order: peak_bytes excludes host data as measured_peak_bytes does
+  // (null without a probe peak); replans counts the executor's re-plans in that window.
+  j["window_series"] = std::move(series);
   if (!stats.empty()) emit_output(stats, j.dump(2) + "\n");
   if (!lead) return 0;
 
@@ -468,9 +546,15 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
                   "simulated device of that size, as when planning");
   run->add_option("--save", args->save, "write the trained TorchScript module here (atomically)");
   run->add_option("--stats", args->stats,
-                  "write run statistics JSON here (atomically; - for stdout). On cpu, measured_peak_bytes excludes "
+                  "write run statistics JSON here (atomically; - for stdout): totals and window_series, one record "
+                  "per window (samples, loss, peak_bytes, oom_recoveries, replans, seconds). On cpu, peaks exclude "
                   "the data set held in memory (host_data_bytes), as a device would");
   run->add_option("--plan-out", args->plan_out, "write the plan (re-planned after any OOM) here, atomically");
+  run->add_option("--trace", args->trace,
+                  "write a Chrome trace (open in ui.perfetto.dev or chrome://tracing) here, atomically: windows, "
+                  "microbatches, optimizer steps, OOM recoveries and re-plans, memory counters (and CUPTI's device "
+                  "memory timeline on a CUDA build with CUPTI)");
+  add_progress_option(run, args->progress);
   run->add_flag("--no-oom-recovery", args->no_recovery, "fail on the first out-of-memory instead of re-planning");
   run->add_option("--synthetic-samples", args->synthetic_samples,
                   "samples in the synthetic data set when --data is absent (default 4 global windows)");
@@ -480,7 +564,7 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
   run->footer(
       "Data parallel: launch with torchrun --no_python --nproc_per_node W accumplan run --plan plan.json ... "
       "(a plan made with --world-size W). Each global window of B samples is sharded strided: rank r takes "
-      "samples r, r+W, r+2W, .... Rank 0 writes --stats/--save/--plan-out; put {rank} in a path to have every rank "
+      "samples r, r+W, r+2W, .... Rank 0 writes --stats/--save/--plan-out/--trace; put {rank} in a path to have every rank "
       "write its own.");
   commands.push_back({run, [args]() { return run_command(*args); }});
 

@@ -196,6 +196,7 @@ void Executor::recover(int64_t failing_size, const MicrobatchEvent& where, const
   // Every rank re-plans identically; one writer is enough and avoids W renames onto one path.
   const bool writer = !options_.communicator || options_.communicator->rank() == 0;
   if (!options_.plan_out.empty() && writer) write_text_atomic(options_.plan_out, to_json(plan_).dump(2) + "\n");
+  if (options_.on_replan) options_.on_replan(ReplanEvent{where.window, failing_size, plan_.microbatch_sizes, note});
 }
 
 WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>& sizes_override) {
@@ -322,6 +323,7 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
         // Out of the catch block: the exception and every tensor of a failed microbatch (its
         // inputs on the device, activations, autograd graph) are already released.
         start += where.size;
+        if (options_.after_microbatch) options_.after_microbatch(where, status > 0);
       }
       // (c) The agreement point of round i: one collective, on every rank, whatever happened.
       std::vector<int64_t> flags(static_cast<size_t>(world), 0);
@@ -439,6 +441,7 @@ void Executor::apply(WindowStats& st) {
         "; the scheduler does not advance");
   } else {
     if (options_.lr_schedule) set_learning_rate(optimizer_, options_.lr_schedule(totals_.optimizer_steps));
+    if (options_.before_optimizer_step) options_.before_optimizer_step(window_index_);
     try {
       optimizer_.step();
     } catch (const std::exception& e) {

@@ -79,6 +79,14 @@ struct MicrobatchEvent {
   int64_t attempt = 0;   // 0 first try; n after n OOM recoveries in this window
 };
 
+// A re-plan after an out-of-memory; passed to ExecutorOptions::on_replan.
+struct ReplanEvent {
+  int64_t window = 0;
+  int64_t failing_size = 0;                // the microbatch size that ran out of memory
+  std::vector<int64_t> microbatch_sizes;   // the new split of a full window
+  std::string note;                        // the re-planner's reason
+};
+
 // Information handed to the scheduler after a real optimizer step.
 struct StepEvent {
   int64_t optimizer_steps = 0;  // including this one
@@ -105,6 +113,12 @@ struct ExecutorOptions {
   // Testing and instrumentation hook, called before each microbatch's forward (not for the
   // empty rounds of a data-parallel rank that has fewer microbatches).
   std::function<void(const MicrobatchEvent&)> before_microbatch;
+  // Instrumentation (a trace, a progress line; never changes what the executor does): after each
+  // microbatch's step returned or failed (`out_of_memory`: it failed for memory), after each
+  // re-plan, and before each optimizer step that is not skipped.
+  std::function<void(const MicrobatchEvent&, bool out_of_memory)> after_microbatch;
+  std::function<void(const ReplanEvent&)> on_replan;
+  std::function<void(int64_t window)> before_optimizer_step;
   // Data parallel: not owned; null = one process, no collectives. Must outlive the executor; the
   // plan's world_size must equal communicator->world_size() (InputError otherwise). With one,
   // only rank 0 writes plan_out.

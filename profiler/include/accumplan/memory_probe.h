@@ -17,8 +17,15 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace accumplan {
+
+// One point of a device memory timeline: what the device held for us after one operation.
+struct MemoryTimelinePoint {
+  uint64_t timestamp_ns = 0;  // on the probe's own clock (MemoryProbe::memory_clock_ns)
+  int64_t current_bytes = 0;
+};
 
 class MemoryProbe {
  public:
@@ -46,6 +53,13 @@ class MemoryProbe {
 
   // Return cached blocks to the device (CUDA: emptyCache). No-op where nothing is cached.
   virtual void release_cached() {}
+
+  // The device memory timeline this probe records, where it records one (cupti: every device
+  // cudaMalloc/cudaFree traced since the probe was made, one point each); empty otherwise.
+  // memory_clock_ns() reads the clock those timestamps use, so a caller can place them on its
+  // own clock; nullopt where there is no timeline.
+  virtual std::vector<MemoryTimelinePoint> memory_timeline() const { return {}; }
+  virtual std::optional<uint64_t> memory_clock_ns() const { return std::nullopt; }
 
   // Testing hook: make the n-th allocation from now (1 = the next one) fail as an OOM, once.
   // Lets tests inject an OOM at an exact point without tuning a budget.
