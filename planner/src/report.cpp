@@ -131,7 +131,6 @@ struct ChartData {
   bool reserved = false;              // the fit (and the points drawn) use reserved bytes
   std::optional<int64_t> budget_bytes;
   std::optional<int64_t> usable_bytes;
-  double headroom = 0;
 };
 
 ChartData chart_data(const ReportInput& in) {
@@ -145,7 +144,6 @@ ChartData chart_data(const ReportInput& in) {
   if (in.plan) {
     d.budget_bytes = in.plan->memory.budget_bytes;
     d.usable_bytes = in.plan->memory.usable_bytes;
-    d.headroom = in.plan->memory.headroom;
   } else if (in.profile.budget_bytes) {
     d.budget_bytes = in.profile.budget_bytes;
   }
@@ -201,7 +199,14 @@ const char* kStyle =
     ".label{font-size:12px}\n"
     ".note{font-size:12px;fill:#555}\n"
     ".bar-frame{fill:none;stroke:#333;stroke-width:1}\n"
-    ".section{font-size:14px;font-weight:bold}\n";
+    ".section{font-size:14px;font-weight:bold}\n"
+    ".window-peak{fill:#9467bd;stroke:#fff;stroke-width:0.5}\n"
+    ".window-peak-line{fill:none;stroke:#9467bd;stroke-width:1.2}\n"
+    ".window-loss{fill:#1f77b4;stroke:#fff;stroke-width:0.5}\n"
+    ".window-loss-line{fill:none;stroke:#1f77b4;stroke-width:1.2}\n"
+    ".window-predicted{stroke:#2ca02c;stroke-width:1.5;stroke-dasharray:6 3}\n"
+    ".window-budget{stroke:#d62728;stroke-width:1.5}\n"
+    ".window-oom path{stroke:#d62728;stroke-width:2.5}\n";
 
 std::string describe_sizes(const Plan& p) {
   return std::to_string(p.target_batch) + " = " + std::to_string(p.world_size) + " rank(s) x " +
@@ -278,10 +283,11 @@ double draw_memory_chart(SvgWriter& w, const ReportInput& in, const ChartData& d
   }
   if (d.usable_bytes) {
     const double y = Y(static_cast<double>(*d.usable_bytes));
-    char head[32];
-    std::snprintf(head, sizeof head, "%g%%", d.headroom * 100);
+    // What is kept free, in bytes: the plan states it so (a fraction of the budget in 1.0/1.1
+    // plans, measured parts since), and budget - usable is that number in either.
+    const int64_t kept_free = d.budget_bytes ? *d.budget_bytes - *d.usable_bytes : 0;
     w.line("usable", kPlotLeft, y, right, y, "usable " + format_bytes(*d.usable_bytes));
-    w.text(right + 6, y + 16, "usable " + format_bytes(*d.usable_bytes) + " (" + head + " headroom)",
+    w.text(right + 6, y + 16, "usable " + format_bytes(*d.usable_bytes) + " (" + format_bytes(kept_free) + " kept free)",
            "class=\"label\"");
   }
 
@@ -460,9 +466,152 @@ std::vector<std::string> stats_lines(const RunStats& s) {
     second += buf;
   }
   out.push_back(second);
-  out.push_back("Per-window peaks, losses and re-plans are not recorded by accumplan run yet; "
-                "this shows the run's totals.");
+  if (s.series.empty()) {
+    out.push_back("These stats carry no per-window series (written by an accumplan run from before it); "
+                  "this shows the run's totals.");
+  }
   return out;
+}
+
+// An axis over [lo, hi] (not from 0: a loss axis), in one unit, with its tick values.
+struct RangeAxis {
+  double lo = 0, hi = 1, step = 1;
+};
+
+RangeAxis range_axis(double lo, double hi, double ticks) {
+  if (!(hi > lo)) {
+    const double pad = std::max(std::fabs(lo) * 0.05, 1e-3);
+    lo -= pad, hi += pad;
+  }
+  RangeAxis a;
+  a.step = nice_step(hi - lo, ticks);
+  a.lo = std::floor(lo / a.step + 1e-9) * a.step;
+  a.hi = std::ceil(hi / a.step - 1e-9) * a.step;
+  return a;
+}
+
+// The run window by window (stats with a series): peaks against the prediction and the budget,
+// with each window's OOM recoveries and re-plans as a cross over it; then the loss. Ticks carry
+// their own classes ("wx", "wpeak", "wloss") so each axis is read back on its own. Returns the y
+// just below it.
+double draw_window_series(SvgWriter& w, const RunStats& s, double top) {
+  constexpr double kPanelHeight = 150, kGap = 66;
+  constexpr size_t kMostMarkers = 400;  // beyond this, lines only: the file stays small
+  const auto& series = s.series;
+  const double right = kPlotLeft + kPlotWidth;
+  const double n = static_cast<double>(series.size());
+  // x: window index; a lone window sits in the middle of [-0.5, 0.5].
+  const RangeAxis xa = range_axis(0, std::max(1.0, n - 1), 10);
+  auto X = [&](double window) { return kPlotLeft + (window - xa.lo) / (xa.hi - xa.lo) * kPlotWidth; };
+  auto x_ticks = [&](double bottom) {
+    for (int k = 0; xa.lo + k * xa.step <= xa.hi + 1e-9; ++k) {
+      const double v = xa.lo + k * xa.step;
+      w.s << "<g class=\"tick wx\">";
+      w.line("grid", X(v), bottom - kPanelHeight, X(v), bottom);
+      w.text(X(v), bottom + 16, tick_label(v, ""), "text-anchor=\"middle\"");
+      w.s << "</g>\n";
+    }
+    w.line("axis", kPlotLeft, bottom, right, bottom);
+    w.line("axis", kPlotLeft, bottom - kPanelHeight, kPlotLeft, bottom);
+  };
+  auto polyline = [&](const std::string& cls, const std::vector<std::pair<double, double>>& pts) {
+    if (pts.size() < 2) return;
+    w.s << "<polyline class=\"" << cls << "\" points=\"";
+    for (size_t i = 0; i < pts.size(); ++i) w.s << (i ? " " : "") << num(pts[i].first) << "," << num(pts[i].second);
+    w.s << "\"/>\n";
+  };
+
+  double y = top + 30;
+  w.text(kPlotLeft, y - 12, "The run, window by window", "class=\"section\"");
+
+  // Peaks.
+  double max_bytes = static_cast<double>(s.predicted_peak_bytes);
+  bool any_peak = false;
+  for (const auto& r : series) {
+    if (r.peak_bytes) max_bytes = std::max(max_bytes, static_cast<double>(*r.peak_bytes)), any_peak = true;
+  }
+  if (s.budget_bytes) max_bytes = std::max(max_bytes, static_cast<double>(*s.budget_bytes));
+  const Axis pa = bytes_axis(std::max(max_bytes, 1.0) * 1.06);
+  const double peak_bottom = y + kPanelHeight;
+  auto YP = [&](double bytes) { return peak_bottom - bytes / (pa.max * pa.unit_value) * kPanelHeight; };
+  for (int k = 0; k * pa.step <= pa.max + 1e-9; ++k) {
+    const double v = k * pa.step;
+    w.s << "<g class=\"tick wpeak\">";
+    w.line("grid", kPlotLeft, YP(v * pa.unit_value), right, YP(v * pa.unit_value));
+    w.text(kPlotLeft - 8, YP(v * pa.unit_value) + 4, tick_label(v, pa.unit_name), "text-anchor=\"end\"");
+    w.s << "</g>\n";
+  }
+  x_ticks(peak_bottom);
+  w.text(28, y + kPanelHeight / 2, "window peak (" + pa.unit_name + ")",
+         "class=\"axis-title\" text-anchor=\"middle\" transform=\"rotate(-90 28 " + num(y + kPanelHeight / 2) + ")\"");
+  if (s.budget_bytes) {
+    w.line("window-budget", kPlotLeft, YP(static_cast<double>(*s.budget_bytes)), right,
+           YP(static_cast<double>(*s.budget_bytes)), "budget " + format_bytes(*s.budget_bytes));
+    w.text(right + 6, YP(static_cast<double>(*s.budget_bytes)) + 4, "budget", "class=\"label\"");
+  }
+  w.line("window-predicted", kPlotLeft, YP(static_cast<double>(s.predicted_peak_bytes)), right,
+         YP(static_cast<double>(s.predicted_peak_bytes)), "predicted peak " + format_bytes(s.predicted_peak_bytes));
+  w.text(right + 6, YP(static_cast<double>(s.predicted_peak_bytes)) + 16, "predicted", "class=\"label\"");
+  std::vector<std::pair<double, double>> pts;
+  for (const auto& r : series) {
+    if (r.peak_bytes) pts.push_back({X(static_cast<double>(r.window)), YP(static_cast<double>(*r.peak_bytes))});
+  }
+  polyline("window-peak-line", pts);
+  if (series.size() <= kMostMarkers) {
+    for (const auto& r : series) {
+      if (!r.peak_bytes) continue;
+      w.circle("window-peak", X(static_cast<double>(r.window)), YP(static_cast<double>(*r.peak_bytes)), 3,
+               "window " + std::to_string(r.window) + ": peak " + format_bytes(*r.peak_bytes) + ", " +
+                   std::to_string(r.samples) + " samples, " + format_seconds(r.seconds));
+    }
+  }
+  // OOM recoveries and re-plans: a cross at the top of the peak plot, over the window.
+  for (const auto& r : series) {
+    if (r.oom_recoveries == 0 && r.replans == 0) continue;
+    w.s << "<g class=\"window-oom\" data-window=\"" << r.window << "\" data-oom-recoveries=\"" << r.oom_recoveries
+        << "\" data-replans=\"" << r.replans << "\"><title>window " << r.window << ": " << r.oom_recoveries
+        << " OOM recover" << (r.oom_recoveries == 1 ? "y" : "ies") << ", " << r.replans << " re-plan"
+        << (r.replans == 1 ? "" : "s") << "</title>" << cross_path(X(static_cast<double>(r.window)), y + 8) << "</g>\n";
+  }
+  if (!any_peak) w.text(kPlotLeft + 12, y + 20, "no peaks: the run had no memory probe", "class=\"note\"");
+
+  // Losses.
+  y = peak_bottom + kGap;
+  std::optional<double> lo, hi;
+  for (const auto& r : series) {
+    if (!r.loss) continue;
+    lo = lo ? std::min(*lo, *r.loss) : *r.loss;
+    hi = hi ? std::max(*hi, *r.loss) : *r.loss;
+  }
+  const RangeAxis la = range_axis(lo.value_or(0), hi.value_or(1), 5);
+  const double loss_bottom = y + kPanelHeight;
+  auto YL = [&](double loss) { return loss_bottom - (loss - la.lo) / (la.hi - la.lo) * kPanelHeight; };
+  for (int k = 0; la.lo + k * la.step <= la.hi + 1e-9 * la.step; ++k) {
+    const double v = la.lo + k * la.step;
+    w.s << "<g class=\"tick wloss\">";
+    w.line("grid", kPlotLeft, YL(v), right, YL(v));
+    w.text(kPlotLeft - 8, YL(v) + 4, tick_label(v, ""), "text-anchor=\"end\"");
+    w.s << "</g>\n";
+  }
+  x_ticks(loss_bottom);
+  w.text(28, y + kPanelHeight / 2, "loss", "class=\"axis-title\" text-anchor=\"middle\" transform=\"rotate(-90 28 " +
+                                             num(y + kPanelHeight / 2) + ")\"");
+  w.text(kPlotLeft + kPlotWidth / 2, loss_bottom + 36, "window", "class=\"axis-title\" text-anchor=\"middle\"");
+  pts.clear();
+  for (const auto& r : series) {
+    if (r.loss) pts.push_back({X(static_cast<double>(r.window)), YL(*r.loss)});
+  }
+  polyline("window-loss-line", pts);
+  if (series.size() <= kMostMarkers) {
+    for (const auto& r : series) {
+      if (!r.loss) continue;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.6g", *r.loss);
+      w.circle("window-loss", X(static_cast<double>(r.window)), YL(*r.loss), 3,
+               "window " + std::to_string(r.window) + ": loss " + buf);
+    }
+  }
+  return loss_bottom + 56;
 }
 
 std::string header_line(const ReportInput& in) {
@@ -488,6 +637,7 @@ std::string svg_document(const ReportInput& in, bool with_namespace) {
            "class=\"note\"");
     y += 30;
   }
+  if (in.stats && !in.stats->series.empty()) y = draw_window_series(w, *in.stats, y);
   if (in.stats) {
     w.text(kBarLeft, y + 10, "The run", "class=\"section\"");
     y += 32;
@@ -535,6 +685,19 @@ RunStats run_stats_from_json(const nlohmann::json& j) {
   s.budget_bytes = root.opt_i64("budget_bytes");
   s.final_loss = root.opt_f64("final_loss");
   s.mean_window_seconds = root.opt_f64("mean_window_seconds").value_or(0.0);
+  if (root.has("window_series")) {
+    for (const JsonField& f : root.at("window_series").items()) {
+      RunWindow r;
+      r.window = f.i64("window");
+      r.samples = f.i64("samples");
+      r.loss = f.opt_f64("loss");
+      r.peak_bytes = f.opt_i64("peak_bytes");
+      r.oom_recoveries = f.i64("oom_recoveries");
+      r.replans = f.has("replans") ? f.i64("replans") : r.oom_recoveries;
+      r.seconds = f.opt_f64("seconds").value_or(0.0);
+      s.series.push_back(r);
+    }
+  }
   return s;
 }
 
@@ -615,6 +778,18 @@ std::string render_report_html(const ReportInput& in) {
                     t.fit ? format_bytes(t.peak_bytes) : "-", format_seconds(t.seconds)});
   }
   h << "</table>\n";
+  if (in.stats && !in.stats->series.empty() && in.stats->series.size() <= 400) {
+    h << "<h2>The run, window by window</h2>\n<table>\n"
+      << table_row({"window", "samples", "loss", "peak", "OOM recoveries", "re-plans", "seconds"}, "th");
+    for (const RunWindow& r : in.stats->series) {
+      char loss[48] = "-";
+      if (r.loss) std::snprintf(loss, sizeof loss, "%.6g", *r.loss);
+      h << table_row({std::to_string(r.window), std::to_string(r.samples), loss,
+                      r.peak_bytes ? format_bytes(*r.peak_bytes) : "-", std::to_string(r.oom_recoveries),
+                      std::to_string(r.replans), format_seconds(r.seconds)});
+    }
+    h << "</table>\n";
+  }
   h << "</body>\n</html>\n";
   return h.str();
 }

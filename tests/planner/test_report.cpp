@@ -3,8 +3,9 @@
 // What it is: every report is parsed by libxml2 (a real XML parser: the SVG and the HTML must both
 // be well-formed), each marker's position is mapped back to bytes through the axis ticks drawn in
 // the file (their lines and labels only, not the renderer's own scale), and compared with the plan
-// read independently; the breakdown bar's segments are measured against its frame; and no element,
-// attribute or style may reach outside the file.
+// read independently; the breakdown bar's segments are measured against its frame; a run's
+// per-window peaks, losses and recoveries are read back through their own axes and compared with
+// the stats; and no element, attribute or style may reach outside the file.
 // What it is not: a look at the pixels. The README's screenshot is that (docs/report-convnet.png).
 #include <catch2/catch.hpp>
 
@@ -137,7 +138,9 @@ AxisMap read_axis(xmlNode* root, const std::string& which) {
     xmlNode* text = child(g, "text");
     REQUIRE(line);
     REQUIRE(text);
-    const double pixel = which == "y" ? num_attr(line, "y1") : num_attr(line, "x1");
+    // A vertical grid line marks a tick of a horizontal axis, a horizontal one of a vertical axis.
+    const bool vertical = num_attr(line, "x1") == num_attr(line, "x2");
+    const double pixel = vertical ? num_attr(line, "x1") : num_attr(line, "y1");
     pv.push_back({pixel, label_value(content(text))});
   }
   REQUIRE(pv.size() >= 3);
@@ -400,7 +403,8 @@ TEST_CASE("report: a confirmation, a failed step and a run's peak are drawn wher
   check_both_formats(in);
   const std::string html = render_report_html(in);
   CHECK(html.find("1 OOM recovery") != std::string::npos);
-  CHECK(html.find("not recorded by accumplan run yet") != std::string::npos);
+  CHECK(html.find("carry no per-window series") != std::string::npos);
+  CHECK(elements(parse_xml(html).root(), "circle", "window-peak").empty());
 }
 
 TEST_CASE("report: a 1.0 plan is drawn from the profile its reader rebuilt", "[report]") {
@@ -459,4 +463,111 @@ TEST_CASE("report: bad formats and documents are refused by name", "[report][err
           "measured_peak_bytes":null,"predicted_peak_bytes":100,"budget_bytes":null})"));
   CHECK(s.micro_batch == 5);
   CHECK_FALSE(s.measured_peak_bytes);
+}
+
+namespace {
+
+// A run of 12 windows: peaks around the prediction, the loss falling, an OOM recovery (and its
+// re-plan) in window 3, whose peak is the budget's edge.
+RunStats stats_with_series(const Plan& plan) {
+  RunStats s = sample_stats(plan, plan.memory.predicted_peak_bytes + 2048);
+  s.windows = 12;
+  for (int64_t w = 0; w < s.windows; ++w) {
+    RunWindow r;
+    r.window = w;
+    r.samples = plan.per_rank_batch;
+    r.loss = 2.3 - 0.1 * static_cast<double>(w);
+    r.peak_bytes = plan.memory.predicted_peak_bytes - 40000 * (w % 4) + (w == 3 ? 30000000 : 0);
+    r.oom_recoveries = r.replans = w == 3 ? 1 : 0;
+    r.seconds = 0.5;
+    s.series.push_back(r);
+  }
+  return s;
+}
+
+struct SeriesPoint {
+  double window, value;
+};
+
+std::vector<SeriesPoint> series_circles(xmlNode* root, const AxisMap& x, const AxisMap& y, const std::string& cls) {
+  std::vector<SeriesPoint> out;
+  for (xmlNode* n : elements(root, "circle", cls)) {
+    if (!child(n, "title")) continue;
+    out.push_back({x.value(num_attr(n, "cx")), y.value(num_attr(n, "cy"))});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("report: a run's windows: each peak and loss and recovery sits where its numbers put it", "[report]") {
+  const Plan plan = read_plan_file(source_path("tests/golden/plan.json"));
+  ReportInput in = report_input_from_plan(plan);
+  in.stats = stats_with_series(plan);
+  const RunStats& s = *in.stats;
+  check_both_formats(in);  // the memory chart and the bar are unchanged by the series
+  for (const std::string format : {"svg", "html"}) {
+    INFO("format " << format);
+    const std::string text = render_report(in, format);
+    const XmlDoc d = parse_xml(text);
+    REQUIRE(d.doc);
+    REQUIRE(d.errors.empty());
+    const AxisMap wx = read_axis(d.root(), "wx"), wpeak = read_axis(d.root(), "wpeak"), wloss = read_axis(d.root(), "wloss");
+    const double window_tol = wx.bytes_per_pixel() * 0.011, bytes_tol = wpeak.bytes_per_pixel() * 0.011 + 1,
+                 loss_tol = wloss.bytes_per_pixel() * 0.011;
+    const auto peaks = series_circles(d.root(), wx, wpeak, "window-peak");
+    const auto losses = series_circles(d.root(), wx, wloss, "window-loss");
+    REQUIRE(peaks.size() == s.series.size());
+    REQUIRE(losses.size() == s.series.size());
+    for (size_t i = 0; i < s.series.size(); ++i) {
+      const RunWindow& r = s.series[i];
+      INFO("window " << r.window);
+      CHECK(peaks[i].window == Approx(static_cast<double>(r.window)).margin(window_tol));
+      CHECK(peaks[i].value == Approx(static_cast<double>(*r.peak_bytes)).margin(bytes_tol));
+      CHECK(losses[i].window == Approx(static_cast<double>(r.window)).margin(window_tol));
+      CHECK(losses[i].value == Approx(*r.loss).margin(loss_tol));
+    }
+    // The window with the recovery is higher than the prediction, by what it measured.
+    CHECK(peaks[3].value - static_cast<double>(s.predicted_peak_bytes) == Approx(30000000 - 120000).margin(2 * bytes_tol));
+    // Lines: the prediction and the budget on the peak axis.
+    const Chart peak_chart{wx, wpeak};
+    CHECK(horizontal_line_bytes(d.root(), peak_chart, "window-predicted") ==
+          Approx(static_cast<double>(s.predicted_peak_bytes)).margin(bytes_tol));
+    CHECK(horizontal_line_bytes(d.root(), peak_chart, "window-budget") ==
+          Approx(static_cast<double>(*s.budget_bytes)).margin(bytes_tol));
+    // One cross per window with a recovery or a re-plan, over that window, its counts attached.
+    std::vector<xmlNode*> crosses;
+    for (xmlNode* g : elements(d.root(), "g", "window-oom")) {
+      if (child(g, "title")) crosses.push_back(g);
+    }
+    REQUIRE(crosses.size() == 1);
+    double x0 = 0, y0 = 0;
+    REQUIRE(std::sscanf(attr(child(crosses[0], "path"), "d").c_str(), "M%lf %lf", &x0, &y0) == 2);
+    CHECK(wx.value(x0 + 5) == Approx(3.0).margin(window_tol));
+    CHECK(attr(crosses[0], "data-oom-recoveries") == "1");
+    CHECK(attr(crosses[0], "data-replans") == "1");
+    CHECK(content(child(crosses[0], "title")) == "window 3: 1 OOM recovery, 1 re-plan");
+    if (format == "html") CHECK(text.find("<h2>The run, window by window</h2>") != std::string::npos);
+  }
+}
+
+TEST_CASE("report: the per-window series is read from run stats and older stats have none", "[report]") {
+  const RunStats s = run_stats_from_json(nlohmann::json::parse(
+      R"({"schema":"accumplan.run_stats","windows":2,"oom_recoveries":1,"microbatch_sizes":[5,4],
+          "measured_peak_bytes":900,"predicted_peak_bytes":1000,"budget_bytes":2000,
+          "window_series":[{"window":0,"samples":9,"loss":2.5,"peak_bytes":900,"oom_recoveries":1,"replans":1,
+                            "seconds":0.25},
+                           {"window":1,"samples":9,"loss":null,"peak_bytes":null,"oom_recoveries":0,"replans":0,
+                            "seconds":0.125}]})"));
+  REQUIRE(s.series.size() == 2);
+  CHECK(*s.series[0].loss == 2.5);
+  CHECK(*s.series[0].peak_bytes == 900);
+  CHECK(s.series[0].replans == 1);
+  CHECK_FALSE(s.series[1].loss);
+  CHECK_FALSE(s.series[1].peak_bytes);
+  CHECK(s.series[1].seconds == 0.125);
+  CHECK(run_stats_from_json(nlohmann::json::parse(
+                                R"({"schema":"accumplan.run_stats","windows":2,"oom_recoveries":0,
+                                    "microbatch_sizes":[4],"predicted_peak_bytes":100})"))
+            .series.empty());
 }

@@ -4,11 +4,13 @@
 // microbatch size — every measured point, confirmation and failed step, the fitted line the
 // planner uses (MemoryModel) with its residual band, the budget, the usable budget, the margin,
 // the planned size and, given a run's stats, the peak training reached — and a stacked bar of the
-// memory at the planned size (weights, gradients, optimizer state, activations, margin, headroom).
+// memory at the planned size (weights, gradients, optimizer state, activations, margin, headroom),
+// and, given a run's stats with their per-window series, the run window by window: each window's
+// peak against the prediction and the budget, its loss, and its OOM recoveries and re-plans.
 // The file loads nothing: no network, no other files, no JavaScript; tooltips are SVG <title>s.
 // The HTML is also well-formed XML, so any XML parser can read it.
-// What it is not: a timeline. `accumplan run --stats` records no per-window series yet, so a
-// run is shown by its peak against the prediction, its OOM recoveries and its final sizes.
+// What it is not: a timeline within a window (`accumplan run --trace` writes that, for a trace
+// viewer). Stats from before the per-window series show the run by its totals only.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +24,17 @@
 
 namespace accumplan {
 
+// One window of a run, as `accumplan run --stats` records it in "window_series".
+struct RunWindow {
+  int64_t window = 0;                      // 0-based
+  int64_t samples = 0;
+  std::optional<double> loss;              // null when it was not finite
+  std::optional<int64_t> peak_bytes;       // null without a probe peak
+  int64_t oom_recoveries = 0;
+  int64_t replans = 0;
+  double seconds = 0;
+};
+
 // What `accumplan run --stats` writes ("schema": "accumplan.run_stats"), the fields a report shows.
 struct RunStats {
   int64_t windows = 0;
@@ -33,6 +46,7 @@ struct RunStats {
   std::optional<int64_t> budget_bytes;     // enforced during the run, if any
   std::optional<double> final_loss;
   double mean_window_seconds = 0;
+  std::vector<RunWindow> series;           // empty in stats written before the series existed
 };
 
 RunStats run_stats_from_json(const nlohmann::json& j);
