@@ -25,7 +25,7 @@ double steady_now_s() {
 // The bar is redrawn at most this often (and always for the last step): a window of a small
 // model takes milliseconds, and a terminal need not be rewritten a thousand times a second.
 constexpr double kRedrawEvery_s = 0.1;
-constexpr int kBarCells = 20;
+constexpr int kBarCells = 10;
 
 // At most `columns` - 1 bytes, never cutting a UTF-8 sequence, so the line never wraps.
 std::string fit_width(const std::string& text, int columns) {
@@ -140,27 +140,24 @@ Progress::~Progress() { finish(); }
 double Progress::elapsed_s() const { return steady_now_s() - start_s_; }
 
 std::string Progress::figures(double elapsed_s, int64_t done, int64_t samples) const {
+  // Most important first, so a narrow terminal cuts the least: where, how long, how long still.
   std::string s = unit_ + " " + std::to_string(done);
   if (total_ > 0) {
-    s += "/" + std::to_string(total_) + " " +
-         std::to_string(static_cast<int>(100.0 * static_cast<double>(std::min(done, total_)) / static_cast<double>(total_))) +
-         "%";
+    const int64_t shown = std::min(done, total_);
+    const int filled = static_cast<int>(kBarCells * shown / total_);
+    s += "/" + std::to_string(total_) + " [" + std::string(static_cast<size_t>(filled), '#') +
+         std::string(static_cast<size_t>(kBarCells - filled), '.') + "]";
   }
-  s += ", " + format_clock(elapsed_s) + " elapsed";
-  if (samples > 0 && elapsed_s > 0) s += ", " + format_rate(static_cast<double>(samples) / elapsed_s);
+  s += " " + format_clock(elapsed_s) + " elapsed";
   if (const auto eta = eta_seconds(done, total_, elapsed_s)) {
     s += done >= total_ ? std::string(", done") : ", ETA " + format_clock(*eta);
   }
+  if (samples > 0 && elapsed_s > 0) s += ", " + format_rate(static_cast<double>(samples) / elapsed_s);
   return s;
 }
 
 std::string Progress::bar_text(double elapsed_s, int64_t done, int64_t samples, const std::string& detail) const {
-  std::string bar;
-  if (total_ > 0) {
-    const int filled = static_cast<int>(kBarCells * std::min(done, total_) / total_);
-    bar = "[" + std::string(static_cast<size_t>(filled), '#') + std::string(static_cast<size_t>(kBarCells - filled), '.') + "] ";
-  }
-  return fit_width(prefix_ + bar + figures(elapsed_s, done, samples) + (detail.empty() ? "" : ", " + detail), columns_);
+  return fit_width(prefix_ + figures(elapsed_s, done, samples) + (detail.empty() ? "" : ", " + detail), columns_);
 }
 
 std::string Progress::plain_text(double elapsed_s, int64_t done, int64_t samples, const std::string& detail) const {

@@ -17,6 +17,8 @@
 // loop details, and "fits" means "a training window fits". Budgets are placed per model from an unbudgeted pre-profile so
 // the true maximum lands near `--small` and `--large` samples; that pre-profile is setup and is
 // not charged to anyone.
+// Progress: one updating line on a terminal (the probe in progress, then the cases done with
+// elapsed time and ETA), plain lines in a log (`--progress`, observe/progress.h).
 // What it is not: a unit test. Figures are measurements of one run on one machine; compare the
 // ratios, not the absolute seconds.
 #include <algorithm>
@@ -40,6 +42,7 @@
 #include "accumplan/memory_probe.h"
 #include "accumplan/units.h"
 #include "bench_overhead.h"
+#include "observe/progress.h"
 #include "peer_strategies.h"
 #include "accumplan/schema.h"
 #include "profiling/probe_runner.h"
@@ -48,6 +51,10 @@ using nlohmann::ordered_json;
 namespace ap = accumplan;
 
 namespace {
+
+// The harness's one progress display (made in main): phases as messages, probes as steps,
+// finished cases as the bar's updates.
+std::shared_ptr<ap::Progress> g_progress;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -124,7 +131,7 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
   auto probe = ap::make_memory_probe(ap::ProbeRequest{"cpu", "auto", budget.budget_bytes});
   ap::RunnerOptions opts = runner_options(m, T);
   opts.budget.bytes = budget.budget_bytes;
-  opts.progress = [](const std::string& line) { std::cerr << "    " << line << "\n"; };
+  opts.progress = [](const std::string& line) { g_progress->step("    " + line); };
   ap::ProbeRunner runner(*probe, opts);
   ordered_json row;
   row["model"] = m["name"];
@@ -251,7 +258,7 @@ int main(int argc, char** argv) {
   double headroom = 0.10;
   int overhead_models = 3, overhead_rounds = 6;
   bool quick = false;
-  std::string accumplan = ACCUMPLAN_BIN, scratch = "build/bench-scratch";
+  std::string accumplan = ACCUMPLAN_BIN, scratch = "build/bench-scratch", progress_mode = "auto";
   app.add_option("--manifest", manifest_path, "models to run (examples/export_models.py writes it)")->capture_default_str();
   app.add_option("--out", out_path, "results JSON (written atomically)")->capture_default_str();
   app.add_option("--models", only, "only these model names");
@@ -264,6 +271,7 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", quick, "smoke mode: first model, one budget, 2 overhead rounds");
   app.add_option("--accumplan", accumplan, "the accumplan binary whose `run` is the prediction's truth")->capture_default_str();
   app.add_option("--scratch", scratch, "folder for the plans and stats of those runs")->capture_default_str();
+  ap::add_progress_option(&app, progress_mode);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -279,6 +287,15 @@ int main(int argc, char** argv) {
     results["overhead"] = ordered_json::array();
     results["failures"] = ordered_json::array();
     const auto t_all = std::chrono::steady_clock::now();
+    // Cases to run: two budgets per model (one with --quick, which runs the first model only).
+    int64_t cases = 0;
+    for (const auto& m : manifest["models"]) {
+      if (!only.empty() && std::find(only.begin(), only.end(), m["name"].get<std::string>()) == only.end()) continue;
+      cases += quick ? 1 : 2;
+      if (quick) break;
+    }
+    g_progress = ap::make_stderr_progress(progress_mode, "case", cases, "");
+    int64_t cases_done = 0;
     int done = 0;
     for (const auto& m : manifest["models"]) {
       const std::string name = m["name"];
@@ -288,22 +305,23 @@ int main(int argc, char** argv) {
       // so searching it up to 512 samples would take most of the half hour the run is allowed.
       const int64_t T = m.value("bench_target_batch", target);
       const int64_t m_small = m.value("bench_small", small), m_large = m.value("bench_large", large);
-      std::cerr << "[" << static_cast<int>(seconds_since(t_all)) << " s] " << name << ": placing budgets\n";
+      g_progress->message("[" + std::to_string(static_cast<int>(seconds_since(t_all))) + " s] " + name + ": placing budgets");
       auto budgets = place_budgets(m, m_small, m_large, T, headroom);
       if (quick) budgets.resize(1);
       for (const auto& b : budgets) {
-        std::cerr << "[" << static_cast<int>(seconds_since(t_all)) << " s] " << name << " @ " << b.label << "\n";
+        g_progress->message("[" + std::to_string(static_cast<int>(seconds_since(t_all))) + " s] " + name + " @ " + b.label);
         try {
           std::filesystem::create_directories(scratch);
           results["rows"].push_back(run_case(m, b, T, headroom, accumplan, scratch));
         } catch (const std::exception& e) {
           // One model's failure is a finding to report, not a reason to lose the other rows.
-          std::cerr << "  failed: " << e.what() << "\n";
+          g_progress->message(std::string("  failed: ") + e.what());
           results["failures"].push_back(ordered_json{{"model", name}, {"budget", b.label}, {"error", e.what()}});
         }
+        g_progress->update(++cases_done, 0, name + " @ " + b.label);
       }
       if (done < overhead_models) {
-        std::cerr << "[" << static_cast<int>(seconds_since(t_all)) << " s] " << name << ": executor overhead\n";
+        g_progress->message("[" + std::to_string(static_cast<int>(seconds_since(t_all))) + " s] " + name + ": executor overhead");
         results["overhead"].push_back(accumplan::bench::executor_overhead(m, quick ? 2 : overhead_rounds));
       }
       ++done;
@@ -313,12 +331,15 @@ int main(int argc, char** argv) {
     }
     results["wall_seconds"] = seconds_since(t_all);
     ap::write_text_atomic(out_path, results.dump(2) + "\n");
+    g_progress->finish();
     std::cerr << "wrote " << out_path << " (" << static_cast<int>(seconds_since(t_all)) << " s)\n";
     return 0;
   } catch (const ap::Error& e) {
+    if (g_progress) g_progress->finish();
     std::cerr << "accumplan_bench: error: " << e.what() << "\n";
     return e.exit_code();
   } catch (const std::exception& e) {
+    if (g_progress) g_progress->finish();
     std::cerr << "accumplan_bench: error: " << e.what() << "\n";
     return 1;
   }

@@ -96,11 +96,11 @@ TEST_CASE("progress: the bar rewrites one line in place and ends it once", "[pro
   const std::string text = out.str();
   CHECK(count_of(text, "\r\033[K") == 4);  // 3 updates and the message's clear
   CHECK(count_of(text, "\n") == 2);        // the message and the final newline
-  CHECK(text.find("\r\033[Kaccumplan: [#####...............] window 1/4 25%, 0:01 elapsed, 100 samples/s, ETA 0:03, "
+  CHECK(text.find("\r\033[Kaccumplan: window 1/4 [##........] 0:01 elapsed, ETA 0:03, 100 samples/s, "
                   "loss 2.5") != std::string::npos);
   // The message sits on its own line, and the bar is drawn again under it.
-  CHECK(text.find("\r\033[Kaccumplan: a warning\naccumplan: [##########..........] window 2/4") != std::string::npos);
-  CHECK(text.find("window 4/4 100%, 0:04 elapsed, 100 samples/s, done, loss 2.2\n") != std::string::npos);
+  CHECK(text.find("\r\033[Kaccumplan: a warning\naccumplan: window 2/4 [#####.....] 0:02 elapsed") != std::string::npos);
+  CHECK(text.find("window 4/4 [##########] 0:04 elapsed, done, 100 samples/s, loss 2.2\n") != std::string::npos);
 }
 
 TEST_CASE("progress: the bar is redrawn at most ten times a second, the last step always", "[progress]") {
@@ -110,11 +110,18 @@ TEST_CASE("progress: the bar is redrawn at most ten times a second, the last ste
   CHECK(count_of(out.str(), "\r\033[K") == 2);  // the first, and the last (0.1 s in)
 }
 
-TEST_CASE("progress: the bar never wraps: it is cut to the terminal's width", "[progress]") {
-  Progress p(std::cout, ProgressMode::Bar, "window", 10, "accumplan: ", 40);
-  const std::string line = p.bar_text(3.0, 5, 500, "loss 2.30000, peak 54.1 MiB, and a long tail of detail");
+TEST_CASE("progress: the bar never wraps: it is cut to the terminal's width, the ETA kept on 80 columns", "[progress]") {
+  Progress narrow(std::cout, ProgressMode::Bar, "window", 10, "accumplan: ", 40);
+  const std::string detail = "loss 2.30000, peak 54.1 MiB, and a long tail of detail";
+  const std::string line = narrow.bar_text(3.0, 5, 500, detail);
   CHECK(line.size() == 39);
-  CHECK(line.rfind("accumplan: [##########..........] wind", 0) == 0);
+  CHECK(line == "accumplan: window 5/10 [#####.....] 0:0");
+  // 80 columns (what `script` gives, and the usual default): position, elapsed, ETA and rate fit.
+  Progress p(std::cout, ProgressMode::Bar, "window", 120, "accumplan: ", 80);
+  const std::string usual = p.bar_text(754, 117, 29952, detail);
+  INFO(usual);
+  CHECK(usual.size() == 79);
+  CHECK(usual.rfind("accumplan: window 117/120 [#########.] 12:34 elapsed, ETA 0:19, 39.7 samples/s", 0) == 0);
 }
 
 TEST_CASE("progress: steps of unknown count replace each other on a terminal, stay lines in a log", "[progress]") {
