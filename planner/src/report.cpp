@@ -544,14 +544,34 @@ double draw_window_series(SvgWriter& w, const RunStats& s, double top) {
   x_ticks(peak_bottom);
   w.text(28, y + kPanelHeight / 2, "window peak (" + pa.unit_name + ")",
          "class=\"axis-title\" text-anchor=\"middle\" transform=\"rotate(-90 28 " + num(y + kPanelHeight / 2) + ")\"");
+  // Labels right of the plot, at least a line apart when the two lines nearly meet.
+  const double y_predicted = YP(static_cast<double>(s.predicted_peak_bytes));
+  double predicted_label_y = y_predicted + 4;
   if (s.budget_bytes) {
-    w.line("window-budget", kPlotLeft, YP(static_cast<double>(*s.budget_bytes)), right,
-           YP(static_cast<double>(*s.budget_bytes)), "budget " + format_bytes(*s.budget_bytes));
-    w.text(right + 6, YP(static_cast<double>(*s.budget_bytes)) + 4, "budget", "class=\"label\"");
+    const double y_budget = YP(static_cast<double>(*s.budget_bytes));
+    w.line("window-budget", kPlotLeft, y_budget, right, y_budget, "budget " + format_bytes(*s.budget_bytes));
+    w.text(right + 6, y_budget + 4, "budget " + format_bytes(*s.budget_bytes), "class=\"label\"");
+    if (std::fabs(predicted_label_y - (y_budget + 4)) < 14) {
+      predicted_label_y = y_predicted >= y_budget ? y_budget + 18 : y_budget - 10;
+    }
   }
-  w.line("window-predicted", kPlotLeft, YP(static_cast<double>(s.predicted_peak_bytes)), right,
-         YP(static_cast<double>(s.predicted_peak_bytes)), "predicted peak " + format_bytes(s.predicted_peak_bytes));
-  w.text(right + 6, YP(static_cast<double>(s.predicted_peak_bytes)) + 16, "predicted", "class=\"label\"");
+  w.line("window-predicted", kPlotLeft, y_predicted, right, y_predicted,
+         "predicted peak " + format_bytes(s.predicted_peak_bytes));
+  w.text(right + 6, predicted_label_y, "predicted " + format_bytes(s.predicted_peak_bytes), "class=\"label\"");
+  // Legend, under the labels: swatches carry no <title>, so they are never taken for markers.
+  {
+    double ly = y + 70;
+    const double lx = kLegendLeft + 8;
+    auto entry = [&](const std::string& swatch, const std::string& label) {
+      w.s << swatch;
+      w.text(kLegendLeft + 22, ly + 4, label, "class=\"label\"");
+      ly += 20;
+    };
+    entry("<line class=\"window-peak-line\" x1=\"" + num(lx - 9) + "\" y1=\"" + num(ly) + "\" x2=\"" + num(lx + 9) +
+              "\" y2=\"" + num(ly) + "\"/>\n",
+          "peak of each window");
+    entry("<g class=\"window-oom\">" + cross_path(lx, ly) + "</g>\n", "OOM recovery and re-plan");
+  }
   std::vector<std::pair<double, double>> pts;
   for (const auto& r : series) {
     if (r.peak_bytes) pts.push_back({X(static_cast<double>(r.window)), YP(static_cast<double>(*r.peak_bytes))});
