@@ -13,6 +13,7 @@ for extra in "$@"; do
   case "$extra" in
     python-torch) packages+=(python3-torch python3-torchvision) ;;
     python-test) packages+=(python3-torch) ;;  # the Python package's tests (scripts/test.sh)
+    sanitize) packages+=(clang libclang-rt-14-dev) ;;  # ASan/UBSan build and libFuzzer (scripts/test.sh)
     *) echo "install-deps: unknown extra '$extra'" >&2; exit 2 ;;
   esac
 done

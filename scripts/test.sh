@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # scripts/test.sh — the README's test command: installs dependencies, builds, runs every test.
 # Also builds and tests the planner-only configuration (no LibTorch) in build-planner-only/, so
-# the promise that the planner needs nothing but nlohmann/json stays checked, and runs the Python
-# package's tests (python/accumplan, tests/python) with Debian's python3-torch, against the
-# accumplan just built.
+# the promise that the planner needs nothing but nlohmann/json stays checked, the same under
+# ASan + UBSan with clang in build-san/ plus a bounded fuzz run of the readers and parsers, and
+# runs the Python package's tests (python/accumplan, tests/python) with Debian's python3-torch,
+# against the accumplan just built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh python-test
@@ -17,6 +18,43 @@ if [ ! -f "$planner_dir/CMakeCache.txt" ]; then
 fi
 cmake --build "$planner_dir" -j "${JOBS:-2}"
 ctest --test-dir "$planner_dir" --output-on-failure -j "${JOBS:-2}"
+
+# Sanitizers and fuzzing (issue 14): a planner-only build with clang in build-san/, ASan + UBSan
+# (float-cast-overflow included; -fno-sanitize-recover, so any report aborts and fails), runs the
+# planner, CLI and corpus-replay tests, then fuzzes each reader and parser for FUZZ_SECONDS
+# (default 30: four targets, two minutes) from the committed corpus (tests/fuzz/corpus/). A
+# finding fails the script; its input is kept in build-san/fuzz-artifacts/. FUZZ_SECONDS=0 skips
+# the fuzzing, not the sanitizer tests.
+bash scripts/install-deps.sh sanitize
+san_dir="${SAN_BUILD_DIR:-build-san}"
+if [ ! -f "$san_dir/CMakeCache.txt" ]; then
+  CC=clang CXX=clang++ cmake -S . -B "$san_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DACCUMPLAN_WITH_TORCH=OFF -DACCUMPLAN_WITH_CUPTI=OFF -DACCUMPLAN_SANITIZE=ON >/dev/null
+fi
+cmake --build "$san_dir" -j "${JOBS:-2}"
+export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+ctest --test-dir "$san_dir" --output-on-failure -j "${JOBS:-2}"
+fuzz_seconds="${FUZZ_SECONDS:-30}"
+if [ "$fuzz_seconds" -gt 0 ]; then
+  work="$san_dir/fuzz-work"
+  rm -rf "$work" && mkdir -p "$work" "$san_dir/fuzz-artifacts"
+  for target in profile_reader plan_reader tensor_spec units; do
+    dict=()
+    case "$target" in *_reader) dict=(-dict=tests/fuzz/json.dict) ;; esac
+    mkdir -p "$work/$target"
+    # New inputs go to the scratch folder (first); the committed corpus is only read.
+    if ! "$san_dir/tests/fuzz/fuzz_$target" -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 \
+         -max_len=65536 "${dict[@]}" -artifact_prefix="$san_dir/fuzz-artifacts/$target-" \
+         "$work/$target" "tests/fuzz/corpus/$target" >"$work/$target.log" 2>&1; then
+      tail -n 40 "$work/$target.log" >&2
+      echo "test.sh: fuzz_$target found a crash, hang or sanitizer report; input in $san_dir/fuzz-artifacts/" >&2
+      exit 1
+    fi
+    runs=$(grep -o 'Done [0-9]* runs' "$work/$target.log" | tail -n 1 | cut -d' ' -f2)
+    echo "fuzz: $target: ${runs:-?} inputs in ${fuzz_seconds} s, no finding"
+  done
+fi
 
 # Python: Debian's interpreter (/usr/bin/python3 has python3-torch; a pyenv python3 on PATH may not).
 python="${PYTHON:-/usr/bin/python3}"
@@ -42,4 +80,4 @@ cxx_flags=$(PKG_CONFIG_PATH="$PWD/$planner_dir/install-test/lib/pkgconfig" pkg-c
 int main() { return accumplan::balanced_split(256, 5, 1).front() == 52 ? 0 : 1; }
 CPP
 "$planner_dir/consumer/pkg-config-check"
-echo "test.sh: all tests passed (C++, planner-only, Python, installed package)"
+echo "test.sh: all tests passed (C++, planner-only, sanitizers and fuzzing, Python, installed package)"

@@ -94,7 +94,7 @@ TensorSpec parse_tensor_spec(const std::string& text, const std::string& what) {
   TensorSpec spec;
   spec.dtype = trim(text.substr(0, open));
   if (!is_one_of(spec.dtype, kFloatTypes, std::size(kFloatTypes)) && !spec.is_integer()) {
-    return fail("unknown dtype '" + spec.dtype +
+    return fail("unknown dtype '" + cut_for_message(spec.dtype) +
                 "' (known: float32 float64 float16 bfloat16 int64 int32 int16 int8 uint8 bool)");
   }
 
@@ -134,7 +134,7 @@ TensorSpec parse_tensor_spec(const std::string& text, const std::string& what) {
 
   const std::string rest = text.substr(close + 1);
   if (!rest.empty()) {
-    if (rest[0] != ':') return fail("unexpected '" + rest + "' after ']'");
+    if (rest[0] != ':') return fail("unexpected '" + cut_for_message(rest) + "' after ']'");
     const std::string high = rest.substr(1);
     if (!all_digits(high) || high.size() > 18 || std::stoll(high) < 1) {
       return fail("the integer range ':" + cut_for_message(high) + "' must be a positive count of values");

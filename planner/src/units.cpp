@@ -91,7 +91,7 @@ int64_t parse_size_bytes(const std::string& text, const std::string& what) {
       return checked_to_int64(bytes, what, 1, kMaxBytes);
     }
   }
-  return fail("unknown unit '" + suffix + "'");
+  return fail("unknown unit '" + cut_for_message(suffix) + "'");
 }
 
 BudgetSpec parse_budget(const std::string& text, const std::string& what) {
