@@ -18,10 +18,10 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <limits>
-#include <mutex>
 
 #include "accumplan/errors.h"
 
@@ -252,21 +252,18 @@ extern "C" void unlink_temps_and_reraise(int sig) {
   ::raise(sig);
 }
 
-// Installs the handlers once, only over the default action (a program that ignores or handles
-// SIGINT itself keeps its choice).
+// Installs the handlers before each write, only over the default action (a program that ignores
+// or handles SIGINT itself keeps its choice; one that reset it to the default gets ours again).
 void install_temp_handlers() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
-      struct sigaction old {};
-      if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL || (old.sa_flags & SA_SIGINFO)) continue;
-      struct sigaction sa {};
-      sa.sa_handler = unlink_temps_and_reraise;
-      sigemptyset(&sa.sa_mask);
-      sa.sa_flags = 0;
-      ::sigaction(sig, &sa, nullptr);
-    }
-  });
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) != 0 || (old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) continue;
+    struct sigaction sa {};
+    sa.sa_handler = unlink_temps_and_reraise;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    ::sigaction(sig, &sa, nullptr);
+  }
 }
 
 // One live temp name: registered for the signal handlers while it exists, unlinked by the
@@ -429,7 +426,11 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   int fd = -1;
 #ifdef O_TMPFILE
   // An unnamed file: a crash or SIGKILL before the link leaves nothing behind.
-  fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, mode);
+  // ACCUMPLAN_NO_TMPFILE=1 takes the named-temp path instead (tests; odd file systems).
+  const char* no_tmpfile = std::getenv("ACCUMPLAN_NO_TMPFILE");
+  if (no_tmpfile == nullptr || std::string(no_tmpfile) != "1") {
+    fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, mode);
+  }
 #endif
   const bool unnamed = fd >= 0;
   if (!unnamed) {

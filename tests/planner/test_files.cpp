@@ -218,3 +218,37 @@ TEST_CASE("Files: - writes standard output", "[files]") {
   fs::current_path(cwd);
   CHECK(entries(dir) == 0);
 }
+
+TEST_CASE("Files: SIGTERM or SIGINT during writes leaves the old or the new file and no temp file", "[files][signals]") {
+  // A child rewrites a 4 MiB file over and over; the parent signals it once the file exists.
+  // Whenever the signal lands (writing an unnamed O_TMPFILE, between its link and the rename, or
+  // after), the directory must hold exactly the complete file: the outcome, not the timing, is
+  // what is checked.
+  for (const bool named_temp : {false, true}) {
+  for (int sig : {SIGTERM, SIGINT}) {
+    INFO("signal " << sig << (named_temp ? ", named temp file" : ", O_TMPFILE"));
+    const std::string dir = fresh_dir("signal-" + std::to_string(sig) + (named_temp ? "-named" : ""));
+    const std::string path = dir + "/plan.json";
+    const std::string text(4 << 20, 'x');
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::signal(SIGTERM, SIG_DFL);  // the test runner's own handlers, reset as in a fresh process
+      ::signal(SIGINT, SIG_DFL);
+      // The named `.<8 hex>.tmp` path: the signal handlers' registry is what removes it.
+      if (named_temp) ::setenv("ACCUMPLAN_NO_TMPFILE", "1", 1);
+      for (int i = 0; i < 100000; ++i) write_text_atomic(path, text);
+      ::_exit(0);
+    }
+    while (!fs::exists(path)) ::usleep(1000);
+    ::usleep(20000);
+    ::kill(pid, sig);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFSIGNALED(status));  // re-raised: the process still dies of the signal
+    if (WIFSIGNALED(status)) CHECK(WTERMSIG(status) == sig);
+    CHECK(entries(dir) == 1);
+    CHECK(fs::file_size(path) == text.size());
+  }
+  }
+}
