@@ -428,7 +428,8 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   // An unnamed file: a crash or SIGKILL before the link leaves nothing behind.
   // ACCUMPLAN_NO_TMPFILE=1 takes the named-temp path instead (tests; odd file systems).
   const char* no_tmpfile = std::getenv("ACCUMPLAN_NO_TMPFILE");
-  if (no_tmpfile == nullptr || std::string(no_tmpfile) != "1") {
+  // linkat needs /proc/self/fd to name the unnamed file; without /proc, the named path.
+  if ((no_tmpfile == nullptr || std::string(no_tmpfile) != "1") && ::access("/proc/self/fd", X_OK) == 0) {
     fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, mode);
   }
 #endif
