@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 
+#include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/units.h"
 
@@ -59,14 +60,17 @@ Line memory_fit(const std::vector<std::pair<double, double>>& xy) {
   return weighted_least_squares(xy, [](double b) { return b; });
 }
 
-// The smallest microbatch the line is fitted from: a quarter of the largest measured size, or the
-// third-largest size when fewer than three sizes reach that. Smaller sizes can be set by another
-// phase than the one that sets the peak where plans are: resnet18 (64x64, sgd) peaks at 96.5 MiB
-// at b = 1 and 170.3 MiB at b = 2, then grows 1.7 MiB per sample to b = 8 — with b = 1 in the fit
-// the slope came out near 7 MiB/sample and the plan used 8 where 21 fit. The test convnet
+// The smallest microbatch the line is fitted from. Small sizes can be set by another phase than
+// the one that sets the peak where plans are: resnet18 (64x64, sgd) peaks at 96.5 MiB at b = 1
+// and 170.3 MiB at b = 2, then grows 1.7 MiB per sample to b = 8 — with b = 1 in the fit the
+// slope came out near 7 MiB/sample and the plan used 8 where 21 fit. The test convnet
 // (tests/runtime/fixtures.h) peaks at 229,416 bytes at b = 1, 196,648 at b = 2, then grows 81,920
-// per sample. Every point
-// stays in the profile and gets its residual; the plan says where the fit starts.
+// per sample. So the line of the sizes from a quarter of the largest up (at least three sizes) is
+// fitted first, and each smaller size joins it while it lies on that line: within half a
+// sample's bytes, or 0.5% of its peak. A probe is left out only when it is off the line; every
+// point keeps its residual, and the plan says where the fit starts.
+std::vector<std::pair<double, double>> from_size(const std::vector<std::pair<double, double>>& xy, int64_t start);
+
 int64_t tail_start(const std::vector<std::pair<double, double>>& xy) {
   std::vector<int64_t> sizes;
   for (const auto& [x, y] : xy) sizes.push_back(static_cast<int64_t>(x));
@@ -74,7 +78,22 @@ int64_t tail_start(const std::vector<std::pair<double, double>>& xy) {
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   if (sizes.size() < 3) return sizes.empty() ? 0 : sizes.front();
   // At least three sizes stay in the fit, so its residuals still say how straight the line is.
-  return std::min(std::max<int64_t>(1, sizes.back() / 4), sizes[sizes.size() - 3]);
+  const int64_t tail = std::min(std::max<int64_t>(1, sizes.back() / 4), sizes[sizes.size() - 3]);
+  const Line line = memory_fit(from_size(xy, tail));
+  int64_t start = tail;
+  for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
+    const int64_t b = *it;
+    if (b >= tail) continue;
+    bool on_line = true;
+    for (const auto& [x, y] : xy) {
+      if (static_cast<int64_t>(x) != b) continue;
+      const double r = std::fabs(y - (line.intercept + line.slope * x));
+      if (r > std::max(0.5 * std::fabs(line.slope), 0.005 * std::fabs(y))) on_line = false;
+    }
+    if (!on_line) break;
+    start = b;
+  }
+  return start;
 }
 
 std::vector<std::pair<double, double>> from_size(const std::vector<std::pair<double, double>>& xy, int64_t start) {
@@ -83,6 +102,16 @@ std::vector<std::pair<double, double>> from_size(const std::vector<std::pair<dou
     if (p.first >= static_cast<double>(start)) out.push_back(p);
   }
   return out;
+}
+
+// Bytes rounded up, saturated at twice the largest byte count anything accepts (checked.h's
+// kMaxBytes, 1 PiB): a prediction for 10^12 samples is "does not fit", not a cast out of int64's
+// range (UBSan's float-cast-overflow found those in the solver fuzz corpus).
+int64_t saturated_bytes(double bytes) {
+  constexpr double kCeiling = 2.0 * static_cast<double>(kMaxBytes);
+  if (!(bytes < kCeiling)) return static_cast<int64_t>(kCeiling);
+  if (!(bytes > -kCeiling)) return -static_cast<int64_t>(kCeiling);
+  return static_cast<int64_t>(std::ceil(bytes));
 }
 
 }  // namespace
@@ -188,8 +217,8 @@ MemoryModel MemoryModel::fit(const Profile& profile) {
 
 std::optional<int64_t> MemoryModel::predict_first_microbatch_peak_bytes(int64_t micro_batch) const {
   if (!first_intercept_bytes_) return std::nullopt;
-  return static_cast<int64_t>(
-      std::ceil(*first_intercept_bytes_ + first_slope_bytes_per_sample_ * static_cast<double>(micro_batch) + first_margin_bytes_));
+  return saturated_bytes(*first_intercept_bytes_ + first_slope_bytes_per_sample_ * static_cast<double>(micro_batch) +
+                         first_margin_bytes_);
 }
 
 int64_t MemoryModel::predict_window_peak_bytes(const std::vector<int64_t>& sizes) const {
@@ -212,21 +241,38 @@ double MemoryModel::predict_bytes(int64_t micro_batch) const {
 }
 
 int64_t MemoryModel::predict_peak_bytes(int64_t micro_batch) const {
-  return static_cast<int64_t>(std::ceil(predict_bytes(micro_batch)));
+  return saturated_bytes(predict_bytes(micro_batch));
 }
 
-int64_t MemoryModel::largest_fitting(int64_t usable_bytes) const {
-  const double room = static_cast<double>(usable_bytes) - fit_.intercept_bytes;
-  if (room < fit_.slope_bytes_per_sample) {
-    return predict_peak_bytes(1) <= usable_bytes ? 1 : 0;
+int64_t MemoryModel::largest_fitting(int64_t budget_bytes, int64_t limit_micro_batch, int64_t extra_bytes,
+                                     double fraction) const {
+  const int64_t limit = std::min(std::max<int64_t>(limit_micro_batch, 0), kMaxMicroBatch);
+  const double slope = fit_.slope_bytes_per_sample;
+  auto fits = [&](int64_t b) {
+    const double need = std::ceil(predict_bytes(b)) + static_cast<double>(extra_bytes) +
+                        std::ceil(fraction * slope * static_cast<double>(b));
+    return need <= static_cast<double>(budget_bytes);
+  };
+  if (limit < 1 || !fits(1)) return 0;
+  // Closed form in doubles, clamped to [1, limit] before it becomes an integer.
+  const double room = static_cast<double>(budget_bytes) - fit_.intercept_bytes - static_cast<double>(extra_bytes);
+  const double per_sample = slope * (1.0 + fraction);
+  double estimate = per_sample > 0 ? std::floor(room / per_sample) : static_cast<double>(limit);
+  if (!(estimate >= 1.0)) estimate = 1.0;
+  int64_t b = estimate >= static_cast<double>(limit) ? limit : static_cast<int64_t>(estimate);
+  // Rounding (ceil per term, doubles near 2^53) moves the boundary by a few samples at most;
+  // beyond that, a bisection between 1 (fits) and the estimate keeps the search bounded.
+  for (int i = 0; i < 4 && b > 1 && !fits(b); ++i) --b;
+  if (!fits(b)) {
+    int64_t lo = 1, hi = b;  // fits(lo), !fits(hi)
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (fits(mid) ? lo : hi) = mid;
+    }
+    return lo;
   }
-  // Closed form, then settle the last step exactly against the integer predictor (floating
-  // point can be off by one at the boundary for budgets in the terabytes).
-  int64_t b = static_cast<int64_t>(std::floor(room / fit_.slope_bytes_per_sample));
-  b = std::max<int64_t>(b, 1);
-  while (b > 1 && predict_peak_bytes(b) > usable_bytes) --b;
-  while (predict_peak_bytes(b + 1) <= usable_bytes) ++b;
-  return predict_peak_bytes(b) <= usable_bytes ? b : 0;
+  for (int i = 0; i < 4 && b < limit && fits(b + 1); ++i) ++b;
+  return b;
 }
 
 int64_t MemoryModel::activation_fixed_bytes() const {

@@ -11,6 +11,7 @@
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
+#include "accumplan/units.h"
 
 namespace accumplan {
 
@@ -134,7 +135,8 @@ ojson trials_json(const std::vector<Trial>& trials) {
                       {"micro_batch", t.micro_batch},
                       {"fit", t.fit},
                       {"peak_bytes", t.peak_bytes},
-                      {"seconds", t.seconds}});
+                      {"seconds", t.seconds},
+                      {"window", t.window}});
   }
   return a;
 }
@@ -147,6 +149,9 @@ std::vector<Trial> trials_from(const JsonField& f) {
     t.fit = item.boolean("fit");
     t.peak_bytes = item.i64("peak_bytes");
     t.seconds = item.f64("seconds");
+    if (item.has("window")) {  // 1.2
+      for (const auto& n : item.at("window").items()) t.window.push_back(n.as_int());
+    }
     out.push_back(t);
   }
   return out;
@@ -381,7 +386,14 @@ ojson to_json(const Plan& p) {
                        {"accumulation_steps", p.uniform.accumulation_steps}};
   const MemoryBreakdown& m = p.memory;
   j["memory"] = ojson{{"budget_bytes", m.budget_bytes},
-                      {"headroom", m.headroom},
+                      {"margin_bytes", m.margin_bytes},
+                      {"margin", ojson{{"headroom", m.margin.headroom},
+                                       {"fit_residual_bytes", m.margin.fit_residual_bytes},
+                                       {"activation_fraction", m.margin.activation_fraction},
+                                       {"activation_bytes", m.margin.activation_bytes},
+                                       {"allocator_fragmentation_bytes", m.margin.allocator_fragmentation_bytes},
+                                       {"fixed_bytes", m.margin.fixed_bytes},
+                                       {"measured", m.margin.measured}}},
                       {"usable_bytes", m.usable_bytes},
                       {"predicted_peak_bytes", m.predicted_peak_bytes},
                       {"weights_bytes", m.weights_bytes},
@@ -432,7 +444,27 @@ Plan plan_from_json(const json& doc) {
   p.uniform.accumulation_steps = u.i64("accumulation_steps");
   const JsonField m = root.at("memory");
   p.memory.budget_bytes = m.i64("budget_bytes");
-  p.memory.headroom = m.f64("headroom");
+  if (m.has("margin")) {  // 1.2
+    const JsonField g = m.at("margin");
+    p.memory.margin_bytes = m.i64("margin_bytes");
+    p.memory.margin.headroom = g.str("headroom");
+    p.memory.margin.fit_residual_bytes = g.i64("fit_residual_bytes");
+    p.memory.margin.activation_fraction = g.f64("activation_fraction");
+    p.memory.margin.activation_bytes = g.i64("activation_bytes");
+    p.memory.margin.allocator_fragmentation_bytes = g.i64("allocator_fragmentation_bytes");
+    p.memory.margin.fixed_bytes = g.i64("fixed_bytes");
+    p.memory.margin.measured = g.boolean("measured");
+  } else {
+    // 1.0/1.1 kept a fraction of the whole budget free: the same bytes, as a fixed margin, so a
+    // re-plan after an OOM keeps what the plan kept.
+    const double fraction = m.f64("headroom");
+    if (!(fraction >= 0.0 && fraction < 1.0)) {
+      throw SchemaError("$.memory.headroom: a fraction in [0, 1) in a 1.0/1.1 plan, got " + std::to_string(fraction));
+    }
+    p.memory.margin_bytes = m.i64("budget_bytes") - m.i64("usable_bytes");
+    p.memory.margin.headroom = format_bytes(p.memory.margin_bytes);
+    p.memory.margin.fixed_bytes = p.memory.margin_bytes;
+  }
   p.memory.usable_bytes = m.i64("usable_bytes");
   p.memory.predicted_peak_bytes = m.i64("predicted_peak_bytes");
   p.memory.weights_bytes = m.i64("weights_bytes");

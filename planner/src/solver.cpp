@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <sstream>
 
+#include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
 
@@ -35,10 +39,13 @@ void validate(const PlanRequest& r) {
   if (r.world_size < 1) {
     throw InputError("--world-size must be at least 1, got " + std::to_string(r.world_size));
   }
-  if (!(r.headroom >= 0.0 && r.headroom < 1.0)) {
+  if (r.headroom.kind == HeadroomSpec::Kind::Fraction && !(r.headroom.fraction >= 0.0 && r.headroom.fraction <= 1.0)) {
     std::ostringstream got;
-    got << r.headroom;
-    throw InputError("--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got " + got.str());
+    got << r.headroom.fraction;
+    throw InputError("--headroom " + got.str() + ": a fraction of the activations must be in [0, 1], e.g. 0.05");
+  }
+  if (r.headroom.kind == HeadroomSpec::Kind::Bytes && r.headroom.bytes < 0) {
+    throw InputError("--headroom " + std::to_string(r.headroom.bytes) + " bytes: a size must be >= 0");
   }
   if (r.multiple_of && *r.multiple_of < 1) {
     throw InputError("--multiple-of must be at least 1, got " + std::to_string(*r.multiple_of));
@@ -73,13 +80,140 @@ std::string breakdown(const MemoryModel& model, int64_t at_micro_batch) {
   return s.str();
 }
 
-[[noreturn]] void infeasible(const MemoryModel& model, int64_t unit, int64_t budget, double headroom,
-                             int64_t usable) {
+// Bytes rounded up, saturated at 2 PiB (twice checked.h's kMaxBytes): never a cast out of range.
+int64_t ceil_bytes(double bytes) {
+  constexpr double kCeiling = 2.0 * static_cast<double>(kMaxBytes);
+  if (!(bytes < kCeiling)) return static_cast<int64_t>(kCeiling);
+  return bytes > 0 ? static_cast<int64_t>(std::ceil(bytes)) : 0;
+}
+
+// The margin at microbatch b, part by part (see Margin in schema.h): which parts a measured size
+// keeps (run-to-run: fragmentation, the user's own headroom) and which it drops (prediction: the
+// fit's residual and, with auto, the activation fraction).
+struct MarginModel {
+  HeadroomSpec spec;
+  int64_t residual_bytes = 0;
+  int64_t fragmentation_bytes = 0;
+  int64_t fixed_bytes = 0;
+  double fraction = 0;
+  double slope = 0;
+
+  bool fraction_is_prediction() const { return spec.kind == HeadroomSpec::Kind::Auto; }
+  int64_t activation_bytes(int64_t b) const {
+    return ceil_bytes(fraction * slope * static_cast<double>(b));
+  }
+  // Constant part and fraction that apply to a size nobody ran / to a size a real window ran at.
+  int64_t predicted_extra() const { return residual_bytes + fragmentation_bytes + fixed_bytes; }
+  double predicted_fraction() const { return fraction; }
+  int64_t measured_extra() const { return fragmentation_bytes + fixed_bytes; }
+  double measured_fraction() const { return fraction_is_prediction() ? 0.0 : fraction; }
+  int64_t bytes_at(int64_t b, bool measured) const {
+    const double f = measured ? measured_fraction() : predicted_fraction();
+    return (measured ? measured_extra() : predicted_extra()) +
+           ceil_bytes(f * slope * static_cast<double>(b));
+  }
+  Margin describe(int64_t b, bool measured) const {
+    Margin m;
+    m.headroom = spec.text();
+    m.fit_residual_bytes = residual_bytes;
+    m.activation_fraction = fraction;
+    m.activation_bytes = activation_bytes(b);
+    m.allocator_fragmentation_bytes = fragmentation_bytes;
+    m.fixed_bytes = fixed_bytes;
+    m.measured = measured;
+    return m;
+  }
+};
+
+MarginModel margin_model(const MemoryModel& model, const Profile& profile, const HeadroomSpec& spec) {
+  MarginModel mm;
+  mm.spec = spec;
+  mm.slope = model.summary().slope_bytes_per_sample;
+  switch (spec.kind) {
+    case HeadroomSpec::Kind::Auto: {
+      const FitSummary& fit = model.summary();
+      double residual = 0;
+      for (size_t i = 0; i < profile.points.size() && i < fit.residuals_bytes.size(); ++i) {
+        if (profile.points[i].micro_batch < fit.fitted_from_micro_batch) continue;  // shown, not fitted
+        residual = std::max(residual, std::fabs(fit.residuals_bytes[i]));
+      }
+      mm.residual_bytes = ceil_bytes(residual);
+      // A caching allocator rounds and fragments: what it reserved beyond what was allocated in
+      // the probes is memory training will also hold and cannot use.
+      for (const auto& p : profile.points) {
+        if (p.reserved_peak_bytes) mm.fragmentation_bytes = std::max(mm.fragmentation_bytes, *p.reserved_peak_bytes - p.peak_bytes);
+      }
+      mm.fraction = kAutoActivationFraction;
+      break;
+    }
+    case HeadroomSpec::Kind::Fraction:
+      mm.fraction = spec.fraction;
+      break;
+    case HeadroomSpec::Kind::Bytes:
+      mm.fixed_bytes = spec.bytes;
+      break;
+  }
+  return mm;
+}
+
+// What the profile's real windows show under this budget and margin.
+struct Evidence {
+  int64_t measured_max = 0;  // largest b a window [b, b, ...] ran at within budget less the kept margin
+  int64_t failed_min = std::numeric_limits<int64_t>::max();  // smallest size that ran out or over
+};
+
+int64_t min_after_first(const std::vector<int64_t>& w) {
+  return w.size() < 2 ? 0 : *std::min_element(w.begin() + 1, w.end());
+}
+
+Evidence evidence(const Profile& profile, int64_t budget, const MarginModel& mm) {
+  Evidence ev;
+  for (const auto& t : profile.trials) {
+    if (t.window.empty()) continue;  // a 1.0/1.1 trial: its window is unknown
+    const int64_t largest = *std::max_element(t.window.begin(), t.window.end());
+    if (t.peak_bytes > 0) {
+      if (t.peak_bytes + mm.bytes_at(largest, true) <= budget) {
+        if (t.window.size() >= 2) ev.measured_max = std::max(ev.measured_max, std::min(t.window.front(), min_after_first(t.window)));
+      } else {
+        ev.failed_min = std::min(ev.failed_min, largest);
+      }
+    } else if (!t.fit && profile.budget_bytes && *profile.budget_bytes >= budget) {
+      // Out of memory under a budget at least as large as this one: it fails here too.
+      ev.failed_min = std::min(ev.failed_min, largest);
+    }
+  }
+  return ev;
+}
+
+// The profile's real window that covers a window starting with `head` (its first one or two
+// sizes; later sizes are no larger) within the budget less the kept margin: the one with the
+// lowest peak, or none. A window covers another when its first microbatch is no smaller and,
+// unless the other is a single microbatch, its later ones are no smaller than the other's.
+const Trial* covering_trial(const Profile& profile, const std::vector<int64_t>& head, int64_t budget,
+                            const MarginModel& mm) {
+  const Trial* best = nullptr;
+  const int64_t largest = *std::max_element(head.begin(), head.end());
+  for (const auto& t : profile.trials) {
+    if (t.window.empty() || t.peak_bytes <= 0) continue;
+    if (t.peak_bytes + mm.bytes_at(largest, true) > budget) continue;
+    if (t.window.front() < head.front()) continue;
+    if (head.size() > 1 && (t.window.size() < 2 || min_after_first(t.window) < head[1])) continue;
+    if (!best || t.peak_bytes < best->peak_bytes) best = &t;
+  }
+  return best;
+}
+
+std::vector<int64_t> window_head(const std::vector<int64_t>& sizes) {
+  return std::vector<int64_t>(sizes.begin(), sizes.begin() + (sizes.size() == 1 ? 1 : 2));
+}
+
+[[noreturn]] void infeasible(const MemoryModel& model, const MarginModel& mm, int64_t unit, int64_t budget) {
+  const int64_t margin = mm.bytes_at(unit, false);
+  const int64_t usable = budget - margin;
   const int64_t need = std::max(model.predict_peak_bytes(unit), model.optimizer_step_peak_bytes());
-  const int64_t need_budget = static_cast<int64_t>(std::ceil(static_cast<double>(need) / (1.0 - headroom)));
   std::ostringstream s;
-  s << "no microbatch fits: budget " << format_bytes(budget) << " minus " << pct(headroom)
-    << " headroom leaves " << format_bytes(usable) << " usable, but ";
+  s << "no microbatch fits: budget " << format_bytes(budget) << " less a margin of " << format_bytes(margin)
+    << " (--headroom " << mm.spec.text() << ") leaves " << format_bytes(usable) << ", but ";
   if (model.persistent().total() > usable) {
     s << "the model's persistent memory alone is " << format_bytes(model.persistent().total())
       << " (weights " << format_bytes(model.persistent().weights_bytes) << " + gradients "
@@ -90,7 +224,7 @@ std::string breakdown(const MemoryModel& model, int64_t at_micro_batch) {
   } else {
     s << "the smallest microbatch needs " << breakdown(model, unit);
   }
-  s << ". Raise --memory-budget to at least " << format_bytes(need_budget)
+  s << ". Raise --memory-budget to at least " << format_bytes(need + margin)
     << ", lower --headroom, or use an optimizer with less state (sgd keeps none, adam two copies "
        "of the weights)";
   throw InfeasibleError(s.str());
@@ -161,11 +295,19 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   } else {
     throw InputError("the profile does not record the device's memory; give --memory-budget");
   }
-  const int64_t usable = static_cast<int64_t>(std::floor(static_cast<double>(budget) * (1.0 - request.headroom)));
+  const MarginModel mm = margin_model(model, profile, request.headroom);
+  const Evidence ev = evidence(profile, budget, mm);
 
-  const int64_t m_fit = model.largest_fitting(usable);
-  if (m_fit < unit || model.persistent().total() > usable || model.optimizer_step_peak_bytes() > usable) {
-    infeasible(model, unit, budget, request.headroom, usable);
+  // Memory's answer, not yet bounded by T: the line plus the whole margin, or a size a real
+  // window ran at, whichever is larger; below any size that failed.
+  const int64_t below_failure = ev.failed_min == std::numeric_limits<int64_t>::max() ? MemoryModel::kMaxMicroBatch
+                                                                                     : ev.failed_min - 1;
+  const int64_t m_line = model.largest_fitting(budget, below_failure, mm.predicted_extra(), mm.predicted_fraction());
+  const int64_t m_fit = std::max(m_line, std::min(ev.measured_max, below_failure));
+  const int64_t margin_at_unit = mm.bytes_at(unit, ev.measured_max >= unit);
+  if (m_fit < unit || model.persistent().total() + margin_at_unit > budget ||
+      model.optimizer_step_peak_bytes() + margin_at_unit > budget) {
+    infeasible(model, mm, unit, budget);
   }
   if (request.max_micro_batch && *request.max_micro_batch < unit) {
     throw InputError("--max-micro-batch " + std::to_string(*request.max_micro_batch) +
@@ -174,7 +316,10 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   int64_t m_max = std::min(m_fit, T);
   // The whole per-rank batch as one microbatch: no gradient is resident in a one-microbatch
   // window, so it may fit where a steady-state microbatch of that size would not.
-  if (m_max < T && model.fits_in_one_microbatch(T, usable)) m_max = T;
+  if (m_max < T && T <= below_failure) {
+    const bool ran = covering_trial(profile, {T}, budget, mm) != nullptr;
+    if (ran || model.predict_window_peak_bytes({T}) + mm.bytes_at(T, false) <= budget) m_max = T;
+  }
   const bool user_bound = request.max_micro_batch && *request.max_micro_batch < m_max;
   if (user_bound) m_max = *request.max_micro_batch;
   m_max = (m_max / unit) * unit;
@@ -229,11 +374,20 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   plan.uniform.micro_batch = largest_divisor_at_most(T, m_max, unit);
   plan.uniform.accumulation_steps = T / plan.uniform.micro_batch;
 
+  // Confirmed when a real window of the profile covers the plan's (its first two microbatches:
+  // later ones are no larger) within the budget less the kept margin.
+  const Trial* ran = covering_trial(profile, window_head(sizes), budget, mm);
+  plan.confirmed = ran != nullptr;
+  if (ran) plan.confirmed_peak_bytes = ran->peak_bytes;
+
   MemoryBreakdown& mem = plan.memory;
   mem.budget_bytes = budget;
-  mem.headroom = request.headroom;
-  mem.usable_bytes = usable;
+  mem.margin = mm.describe(plan.micro_batch, plan.confirmed);
+  mem.margin_bytes = mm.bytes_at(plan.micro_batch, plan.confirmed);
+  mem.usable_bytes = budget - mem.margin_bytes;
   mem.predicted_peak_bytes = model.predict_window_peak_bytes(sizes);
+  // A plan never predicts less than a real run of its own window measured.
+  if (ran && ran->window == window_head(sizes)) mem.predicted_peak_bytes = std::max(mem.predicted_peak_bytes, ran->peak_bytes);
   mem.weights_bytes = profile.persistent.weights_bytes;
   mem.gradients_bytes = profile.persistent.gradients_bytes;
   mem.optimizer_state_bytes = profile.persistent.optimizer_state_bytes;
@@ -247,7 +401,7 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   std::ostringstream why;
   if (m_max >= T && sizes.size() == 1) {
     why << "The whole per-rank batch of " << T << " fits (predicted peak "
-        << format_bytes(mem.predicted_peak_bytes) << " of " << format_bytes(usable)
+        << format_bytes(mem.predicted_peak_bytes) << " of " << format_bytes(mem.usable_bytes)
         << " usable), so no accumulation is needed";
   } else {
     if (user_bound) {
@@ -255,10 +409,13 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
           << m_fit << ")";
     } else if (m_fit > T) {
       why << "Microbatches are capped at " << m_max;
+    } else if (ev.measured_max >= m_fit && ev.measured_max > m_line) {
+      why << "The largest microbatch a real window ran at within the " << format_bytes(budget) << " budget is " << m_fit
+          << " (the fitted line with the margin alone allows " << m_line << ")";
+      if (m_max != m_fit) why << ", " << m_max << " as a multiple of " << unit;
     } else {
-      why << "The largest microbatch predicted to fit " << format_bytes(usable) << " usable ("
-          << format_bytes(budget) << " budget less " << pct(request.headroom) << " headroom) is "
-          << m_fit;
+      why << "The largest microbatch predicted to fit the " << format_bytes(budget) << " budget less a margin of "
+          << format_bytes(mm.bytes_at(m_fit, false)) << " (--headroom " << mm.spec.text() << ") is " << m_fit;
       if (m_max != m_fit) why << ", " << m_max << " as a multiple of " << unit;
     }
     why << "; " << T << " samples per rank need " << k_min << " microbatches";
@@ -278,6 +435,98 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   return plan;
 }
 
+std::string HeadroomSpec::text() const {
+  switch (kind) {
+    case Kind::Auto:
+      return "auto";
+    case Kind::Fraction: {
+      std::ostringstream s;
+      s << fraction;
+      return s.str();
+    }
+    case Kind::Bytes:
+      return format_bytes(bytes);
+  }
+  return "auto";
+}
+
+HeadroomSpec parse_headroom(const std::string& text, const std::string& option) {
+  HeadroomSpec h;
+  const std::string shown = text.size() > 80 ? text.substr(0, 77) + "..." : text;
+  auto bad = [&](const std::string& why) {
+    return InputError(option + " '" + shown + "': " + why +
+                      "; use auto (the default: from what was measured), a fraction of the batch-dependent "
+                      "activations in [0, 1] such as 0.05, or a size such as 256MiB");
+  };
+  if (text == "auto") return h;
+  if (text.empty()) throw bad("empty");
+  // A plain number is a fraction; anything with a unit is a size (units.h's one parser).
+  char* end = nullptr;
+  errno = 0;
+  const double f = std::strtod(text.c_str(), &end);
+  if (end && *end == '\0' && errno == 0 && text.find_first_of("xXpPnNiI") == std::string::npos) {
+    if (!(f >= 0.0 && f <= 1.0)) throw bad("a fraction must be in [0, 1]");
+    h.kind = HeadroomSpec::Kind::Fraction;
+    h.fraction = f;
+    return h;
+  }
+  try {
+    h.bytes = parse_size_bytes(text, option);
+  } catch (const InputError&) {
+    throw bad("not a fraction or a size");
+  }
+  h.kind = HeadroomSpec::Kind::Bytes;
+  return h;
+}
+
+HeadroomSpec headroom_of(const Margin& m) {
+  HeadroomSpec h;
+  if (m.headroom == "auto") return h;
+  if (m.fixed_bytes > 0 || m.activation_fraction == 0) {
+    h.kind = HeadroomSpec::Kind::Bytes;
+    h.bytes = m.fixed_bytes;
+  } else {
+    h.kind = HeadroomSpec::Kind::Fraction;
+    h.fraction = m.activation_fraction;
+  }
+  return h;
+}
+
+std::string describe_margin(const Margin& m) {
+  std::ostringstream s;
+  const char* sep = "";
+  auto part = [&](const std::string& text) {
+    s << sep << text;
+    sep = " + ";
+  };
+  if (m.fit_residual_bytes > 0) part("fit residual " + format_bytes(m.fit_residual_bytes) + (m.measured ? " (dropped: measured)" : ""));
+  if (m.activation_fraction > 0) {
+    char f[64];
+    std::snprintf(f, sizeof f, "%g%% of activations ", 100.0 * m.activation_fraction);
+    const bool dropped = m.measured && m.headroom == "auto";
+    part(f + format_bytes(m.activation_bytes) + (dropped ? " (dropped: measured)" : ""));
+  }
+  if (m.allocator_fragmentation_bytes > 0) part("allocator fragmentation " + format_bytes(m.allocator_fragmentation_bytes));
+  if (m.fixed_bytes > 0) part("fixed " + format_bytes(m.fixed_bytes));
+  if (*sep == '\0') s << "nothing kept free";
+  return s.str();
+}
+
+int64_t climb_candidate(const Profile& profile, const PlanRequest& request, const Plan& plan) {
+  if (plan.accumulation_steps == 1 && plan.micro_batch == plan.per_rank_batch) return 0;  // the whole batch already
+  const MemoryModel model = MemoryModel::fit(profile);
+  const MarginModel mm = margin_model(model, profile, request.headroom);
+  const int64_t budget = plan.memory.budget_bytes;
+  const Evidence ev = evidence(profile, budget, mm);
+  int64_t cap = plan.per_rank_batch;
+  if (ev.failed_min != std::numeric_limits<int64_t>::max()) cap = std::min(cap, ev.failed_min - 1);
+  if (request.max_micro_batch) cap = std::min(cap, *request.max_micro_batch);
+  int64_t c = model.largest_fitting(budget, cap, mm.measured_extra(), mm.measured_fraction());
+  const int64_t unit = request.multiple_of.value_or(1);
+  c = (c / unit) * unit;
+  return c > std::max(ev.measured_max, plan.max_micro_batch) ? c : 0;
+}
+
 std::string describe_plan(const Plan& p) {
   const MemoryBreakdown& m = p.memory;
   const int64_t persistent = m.weights_bytes + m.gradients_bytes + m.optimizer_state_bytes;
@@ -287,8 +536,11 @@ std::string describe_plan(const Plan& p) {
   s << "plan: target batch " << p.target_batch << " = " << p.world_size << " rank(s) x "
     << p.per_rank_batch << " = " << p.accumulation_steps << " microbatch(es) [" << join_sizes(p.microbatch_sizes)
     << "]\n";
-  std::snprintf(line, sizeof line, "  %-18s %12s  (%s headroom, usable %s)\n", "budget",
-                format_bytes(m.budget_bytes).c_str(), pct(m.headroom).c_str(), format_bytes(m.usable_bytes).c_str());
+  std::snprintf(line, sizeof line, "  %-18s %12s\n", "budget", format_bytes(m.budget_bytes).c_str());
+  s << line;
+  std::snprintf(line, sizeof line, "  %-18s %12s  (--headroom %s: %s; usable %s)\n", "margin",
+                format_bytes(m.margin_bytes).c_str(), m.margin.headroom.c_str(), describe_margin(m.margin).c_str(),
+                format_bytes(m.usable_bytes).c_str());
   s << line;
   auto row = [&](const char* name, int64_t bytes) {
     std::snprintf(line, sizeof line, "  %-18s %12s\n", name, format_bytes(bytes).c_str());

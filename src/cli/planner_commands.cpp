@@ -15,21 +15,15 @@
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
 #include "cli/commands.h"
+#include "cli/plan_options.h"
 
 namespace accumplan::cli {
 namespace {
 
 struct PlanArgs {
   std::string profile;
-  int64_t target_batch = 0;
   std::string budget;
-  double headroom = 0.10;
-  int64_t world_size = 1;
-  int64_t multiple_of = 0;
-  CLI::Option* multiple_of_option = nullptr;
-  int64_t max_micro_batch = 0;
-  bool use_timing = false;
-  std::string split = "balanced";
+  PlanOptionArgs plan;
   std::string out;
 };
 
@@ -55,35 +49,17 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
   CLI::App* plan = root.add_subcommand(
       "plan", "Plan from a saved profile (no device needed): microbatch, accumulation, weights.");
   plan->add_option("--profile", args->profile, "profile.json written by `accumplan profile`")->required();
-  plan->add_option("--target-batch", args->target_batch, "effective batch B per optimizer step, all ranks")
-      ->required();
+  add_plan_options(plan, args->plan, "Plan")->required();
   plan->add_option("--memory-budget", args->budget,
                    "device memory to plan for: 512MiB, 12GiB, 1.5GB, bytes, or 90% (default: the "
-                   "profiled device's total)");
-  plan->add_option("--headroom", args->headroom, "fraction of the budget kept free, in [0, 1)")
-      ->capture_default_str();
-  plan->add_option("--world-size", args->world_size, "data-parallel ranks W; B must be divisible by W")
-      ->capture_default_str();
-  args->multiple_of_option = plan->add_option("--multiple-of", args->multiple_of, "make every microbatch a multiple of K");
-  plan->add_option("--max-micro-batch", args->max_micro_batch, "never plan a microbatch above M");
-  plan->add_flag("--use-timing", args->use_timing,
-                "off by default: also weigh the profile's step times, taking more, smaller microbatches when a "
-                "balanced split is predicted at least 10% faster per window");
-  plan->add_option("--split", args->split, "balanced: k sizes differing by at most one; uniform: equal sizes")
-      ->capture_default_str();
+                   "profiled device's total)")
+      ->group("Plan");
   plan->add_option("--out", args->out, "write plan.json here (atomically); default stdout");
 
   commands.push_back({plan, [args]() {
                         const Profile profile = read_profile_file(args->profile, "--profile");
-                        PlanRequest req;
-                        req.target_batch = args->target_batch;
-                        req.world_size = args->world_size;
+                        PlanRequest req = plan_request_from(args->plan);
                         if (!args->budget.empty()) req.budget = parse_budget(args->budget, "--memory-budget");
-                        req.headroom = args->headroom;
-                        if (args->multiple_of_option->count() > 0) req.multiple_of = args->multiple_of;  // solver refuses K < 1
-                        if (args->max_micro_batch != 0) req.max_micro_batch = args->max_micro_batch;
-                        req.use_timing = args->use_timing;
-                        req.split = args->split;
                         const Plan p = make_plan(profile, req);
                         std::cerr << describe_plan(p);
                         emit_output(args->out, to_json(p).dump(2) + "\n");

@@ -86,7 +86,7 @@ Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* no
     req.target_batch = plan.target_batch;
     req.world_size = plan.world_size;
     req.budget.bytes = plan.memory.budget_bytes;
-    req.headroom = plan.memory.headroom;
+    req.headroom = headroom_of(plan.memory.margin);
     if (unit > 1) req.multiple_of = unit;
     req.max_micro_batch = bound;
     req.split = plan.split;

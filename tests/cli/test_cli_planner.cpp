@@ -84,10 +84,10 @@ TEST_CASE("CLI plan: bad input exits 2 with a message naming the problem", "[cli
     expect_input_error({"plan", "--profile", kProfile, "--target-batch", "8", "--memory-budget", size},
                        std::string("'") + size + "' is not a size");
   }
-  expect_input_error({"plan", "--profile", kProfile, "--target-batch", "8", "--headroom", "1.0"},
-                     "--headroom must be a fraction in [0, 1)");
+  expect_input_error({"plan", "--profile", kProfile, "--target-batch", "8", "--headroom", "1.5"},
+                     "--headroom '1.5': a fraction must be in [0, 1]");
   expect_input_error({"plan", "--profile", kProfile, "--target-batch", "8", "--headroom", "-0.5"},
-                     "--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got -0.5");
+                     "--headroom '-0.5': a fraction must be in [0, 1]; use auto");
   // An explicit 0 is a bad value, not "no constraint" (leaving the option out is that).
   expect_input_error({"plan", "--profile", kProfile, "--target-batch", "8", "--multiple-of", "0"},
                      "--multiple-of must be at least 1, got 0");

@@ -223,6 +223,7 @@ TEST_CASE("verify: accumulated equals combined on an MLP — BatchNorm is warned
   j["micro_batch"] = 3;
   j["max_micro_batch"] = 3;
   j["accumulation_steps"] = 2;
+  j["uniform"] = {{"micro_batch", 3}, {"accumulation_steps", 2}};  // readers check it makes per_rank_batch
   j["setup"]["inputs"] = {"float32[B,3,32,32]"};
   j["setup"]["target"] = "int64[B]:10";
   const std::string cplan = write_json(f.dir + "/convnet-plan.json", j);

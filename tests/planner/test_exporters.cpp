@@ -27,7 +27,7 @@ Plan plan_for(int64_t target, int64_t world, int64_t fits, bool timed = false) {
   PlanRequest r;
   r.target_batch = target;
   r.world_size = world;
-  r.headroom = 0;
+  r.headroom = parse_headroom("0");
   r.budget.bytes = p.persistent.total() + MiB + fits * MiB;
   return make_plan(p, r);
 }

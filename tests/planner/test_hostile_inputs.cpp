@@ -128,7 +128,8 @@ TEST_CASE("Hostile: a plan whose weights or uniform split disagree with its size
   CHECK_THAT(plan_error(plan), Catch::Contains("$.uniform.accumulation_steps: 0 is out of range"));
   plan = golden_plan();
   plan["uniform"]["accumulation_steps"] = 3;
-  CHECK_THAT(plan_error(plan), Catch::Contains("$.uniform: 3 x 32 does not make per_rank_batch 256"));
+  const std::string u = std::to_string(plan["uniform"]["micro_batch"].get<int64_t>());
+  CHECK_THAT(plan_error(plan), Catch::Contains("$.uniform: 3 x " + u + " does not make per_rank_batch 256"));
 }
 
 TEST_CASE("Hostile: long strings are cut to 80 characters in messages", "[hostile][errors]") {

@@ -2,6 +2,7 @@
 // Profiles here are exact lines (test_helpers.h), so every expected number is computed by hand.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <numeric>
 
 #include "accumplan/errors.h"
@@ -24,7 +25,7 @@ PlanRequest request(int64_t B, int64_t budget_bytes) {
   PlanRequest r;
   r.target_batch = B;
   r.budget.bytes = budget_bytes;
-  r.headroom = 0.0;
+  r.headroom = parse_headroom("0");
   return r;
 }
 
@@ -142,7 +143,7 @@ TEST_CASE("Solver: a percentage budget resolves against the profiled device", "[
   PlanRequest r;
   r.target_batch = 512;
   r.budget = parse_budget("50%", "--memory-budget");
-  r.headroom = 0;
+  r.headroom = parse_headroom("0");
   // 500 MiB - 200 MiB persistent = 300 MiB of activations at 10 MiB/sample.
   CHECK(make_plan(p, r).max_micro_batch == 30);
   // Without --memory-budget the whole device is the budget: 800 MiB / 10 MiB.
@@ -150,19 +151,80 @@ TEST_CASE("Solver: a percentage budget resolves against the profiled device", "[
   CHECK(make_plan(p, r).max_micro_batch == 80);
 }
 
-TEST_CASE("Solver: headroom keeps a fraction of the budget free", "[solver]") {
+TEST_CASE("Solver: --headroom as a fraction keeps that share of the batch-dependent activations free", "[solver][margin]") {
+  const Profile p = linear_profile(100 * MiB, 0, 10 * MiB);  // persistent 200 MiB, 10 MiB/sample
+  PlanRequest r = request(512, 1000 * MiB);
+  CHECK(make_plan(p, r).max_micro_batch == 80);  // headroom 0: (1000 - 200) / 10
+  r.headroom = parse_headroom("0.25");
+  // 200 + 10·b + 0.25·10·b <= 1000  →  b = 64, 160 MiB kept free at 64.
+  const Plan plan = make_plan(p, r);
+  CHECK(plan.max_micro_batch == 64);
+  CHECK(plan.memory.margin_bytes == 160 * MiB);
+  CHECK(plan.memory.usable_bytes == 840 * MiB);
+  CHECK(plan.memory.margin.headroom == "0.25");
+  CHECK(plan.memory.margin.activation_bytes == 160 * MiB);
+  CHECK(plan.memory.margin.fit_residual_bytes == 0);
+}
+
+TEST_CASE("Solver: --headroom as a size keeps those bytes free", "[solver][margin]") {
   const Profile p = linear_profile(100 * MiB, 0, 10 * MiB);
   PlanRequest r = request(512, 1000 * MiB);
-  CHECK(make_plan(p, r).max_micro_batch == 80);
-  r.headroom = 0.10;  // usable 900 MiB: 70 samples
+  r.headroom = parse_headroom("100MiB");
   const Plan plan = make_plan(p, r);
   CHECK(plan.max_micro_batch == 70);
-  CHECK(plan.memory.usable_bytes == 900 * MiB);
-  CHECK(plan.memory.headroom == 0.10);
-  CHECK(PlanRequest{}.headroom == 0.10);  // the documented default
-  for (double bad : {-0.1, 1.0, 1.5}) {
-    r.headroom = bad;
-    CHECK(error_of(p, r).find("--headroom must be a fraction in [0, 1)") != std::string::npos);
+  CHECK(plan.memory.margin_bytes == 100 * MiB);
+  CHECK(plan.memory.margin.fixed_bytes == 100 * MiB);
+  CHECK(plan.memory.margin.headroom == "100.0 MiB");
+}
+
+TEST_CASE("Solver: the default margin is the fit's residual plus 2% of the batch-dependent activations", "[solver][margin]") {
+  CHECK(PlanRequest{}.headroom.kind == HeadroomSpec::Kind::Auto);  // the documented default
+  Profile p = linear_profile(100 * MiB, 0, 10 * MiB);
+  PlanRequest r = request(512, 1000 * MiB);
+  r.headroom = HeadroomSpec{};
+  // An exact line: no residual. 200 + 10.2·b <= 1000 → b = 78; 512 in 7 microbatches of <= 74.
+  Plan plan = make_plan(p, r);
+  CHECK(plan.max_micro_batch == 78);
+  REQUIRE(plan.micro_batch == 74);
+  // The margin the plan states is the one at its own microbatch.
+  const auto fraction_at_74 = static_cast<int64_t>(std::ceil(0.02 * 10.0 * MiB * 74));
+  CHECK(plan.memory.margin.activation_bytes == fraction_at_74);
+  CHECK(plan.memory.margin_bytes == fraction_at_74);
+  CHECK(plan.memory.usable_bytes == 1000 * MiB - fraction_at_74);
+  CHECK_FALSE(plan.memory.margin.measured);
+
+  // One point 25 MiB above the line: the fit's largest residual joins the margin.
+  p.points.back().peak_bytes += 25 * MiB;
+  plan = make_plan(p, r);
+  const FitSummary fit = MemoryModel::fit(p).summary();
+  double residual = 0;  // over the fitted points (sizes below fitted_from are shown, not fitted)
+  for (size_t i = 0; i < p.points.size(); ++i) {
+    if (p.points[i].micro_batch >= fit.fitted_from_micro_batch) residual = std::max(residual, std::fabs(fit.residuals_bytes[i]));
+  }
+  CHECK(residual > 0);
+  CHECK(plan.memory.margin.fit_residual_bytes == static_cast<int64_t>(std::ceil(residual)));
+  CHECK(plan.memory.margin_bytes == plan.memory.margin.fit_residual_bytes + plan.memory.margin.activation_bytes);
+  CHECK(plan.max_micro_batch < 78);
+
+  // A caching allocator's reserved bytes beyond the allocated ones are kept free too.
+  Profile cuda = linear_profile(100 * MiB, 0, 10 * MiB);
+  for (auto& pt : cuda.points) pt.reserved_peak_bytes = pt.peak_bytes + 2 * MiB;
+  plan = make_plan(cuda, r);
+  CHECK(plan.memory.margin.allocator_fragmentation_bytes == 2 * MiB);
+}
+
+TEST_CASE("Solver: --headroom parses auto, fractions and sizes, and names a bad value", "[solver][margin][errors]") {
+  CHECK(parse_headroom("auto").kind == HeadroomSpec::Kind::Auto);
+  CHECK(parse_headroom("0").kind == HeadroomSpec::Kind::Fraction);
+  CHECK(parse_headroom("0.05").fraction == 0.05);
+  CHECK(parse_headroom("256MiB").bytes == 256 * MiB);
+  for (const char* bad : {"-0.1", "1.5", "abc", "-5MiB", "", "nan", "inf"}) {
+    try {
+      parse_headroom(bad);
+      FAIL("accepted --headroom '" << bad << "'");
+    } catch (const InputError& e) {
+      CHECK(std::string(e.what()).find(std::string("--headroom '") + bad + "'") != std::string::npos);
+    }
   }
 }
 
@@ -279,4 +341,100 @@ TEST_CASE("Solver: split_samples covers a short last window with the fewest micr
   CHECK(balanced_split(256, 5) == std::vector<int64_t>{52, 51, 51, 51, 51});
   CHECK(largest_divisor_at_most(256, 60) == 32);
   CHECK(largest_divisor_at_most(97, 60) == 1);
+}
+
+namespace {
+// A real window of `sizes` that ran with this peak (0: out of memory), as the profiler records it.
+Trial window_trial(std::vector<int64_t> sizes, int64_t peak_bytes) {
+  Trial t;
+  t.kind = "confirm";
+  t.micro_batch = *std::max_element(sizes.begin(), sizes.end());
+  t.fit = peak_bytes > 0;
+  t.peak_bytes = peak_bytes;
+  t.window = std::move(sizes);
+  return t;
+}
+}  // namespace
+
+TEST_CASE("Solver: a real window above the margin's limit is planned, confirmed, with only the kept margin", "[solver][margin][confirm]") {
+  Profile p = linear_profile(100 * MiB, 0, 10 * MiB);  // persistent 200 MiB, 10 MiB/sample
+  PlanRequest r = request(80, 1000 * MiB);
+  r.headroom = HeadroomSpec{};  // auto: the line with 2% allows 78
+  Plan plan = make_plan(p, r);
+  CHECK(plan.max_micro_batch == 78);
+  CHECK_FALSE(plan.confirmed);
+  // A window of two microbatches of 80 ran at exactly the budget: 80 is planned as it ran.
+  p.trials.push_back(window_trial({80, 80}, 1000 * MiB));
+  plan = make_plan(p, r);
+  CHECK(plan.microbatch_sizes == std::vector<int64_t>{80});  // the whole batch, covered by [80, 80]
+  CHECK(plan.confirmed);
+  CHECK(plan.confirmed_peak_bytes == 1000 * MiB);
+  CHECK(plan.memory.margin.measured);
+  CHECK(plan.memory.margin_bytes == 0);  // on the CPU nothing run-to-run is kept
+  CHECK(plan.memory.usable_bytes == 1000 * MiB);
+  // One byte over the budget is not a confirmation: it bounds the plan below 80 instead.
+  p.trials.back().peak_bytes = 1000 * MiB + 1;
+  plan = make_plan(p, r);
+  CHECK_FALSE(plan.confirmed);
+  CHECK(plan.max_micro_batch == 78);
+}
+
+TEST_CASE("Solver: a size that ran out of memory under the budget bounds the plan below it", "[solver][confirm]") {
+  Profile p = linear_profile(100 * MiB, 0, 10 * MiB);
+  p.budget_bytes = 1000 * MiB;
+  PlanRequest r = request(512, 1000 * MiB);  // the exact line allows 80
+  p.trials.push_back(window_trial({70, 70}, 0));
+  CHECK(make_plan(p, r).max_micro_batch == 69);
+  // Under a larger budget the failure says nothing.
+  r.budget.bytes = 2000 * MiB;
+  CHECK(make_plan(p, r).max_micro_batch == 180);
+  // A 1.1 trial (no window recorded) is not evidence either way.
+  p.trials.back().window.clear();
+  r.budget.bytes = 1000 * MiB;
+  CHECK(make_plan(p, r).max_micro_batch == 80);
+}
+
+TEST_CASE("Solver: a window covers a plan when its first and later microbatches are no smaller", "[solver][confirm]") {
+  Profile p = linear_profile(100 * MiB, 0, 10 * MiB);
+  PlanRequest r = request(100, 1000 * MiB);  // m_max 80: 50, 50
+  const int64_t at_50 = p.persistent.total() + 50 * 10 * MiB;
+  p.trials.push_back(window_trial({50}, at_50));  // one microbatch: says nothing of the second
+  CHECK_FALSE(make_plan(p, r).confirmed);
+  p.trials.push_back(window_trial({60, 49}, at_50));  // the second one smaller than the plan's
+  CHECK_FALSE(make_plan(p, r).confirmed);
+  p.trials.push_back(window_trial({50, 50}, at_50));
+  const Plan plan = make_plan(p, r);
+  CHECK(plan.microbatch_sizes == std::vector<int64_t>{50, 50});
+  CHECK(plan.confirmed);
+  // Its own window measured: the prediction is never below what it measured.
+  CHECK(plan.memory.predicted_peak_bytes >= at_50);
+}
+
+TEST_CASE("Solver: the climb goes to the largest size predicted within the budget less the kept margin", "[solver][confirm][margin]") {
+  Profile p = linear_profile(100 * MiB, 0, 10 * MiB);
+  PlanRequest r = request(512, 1000 * MiB);
+  r.headroom = HeadroomSpec{};
+  p.trials.push_back(window_trial({78, 78}, p.persistent.total() + 780 * MiB));
+  Plan plan = make_plan(p, r);
+  REQUIRE(plan.confirmed);
+  CHECK(climb_candidate(p, r, plan) == 80);  // the line alone: (1000 - 200) / 10
+  p.trials.push_back(window_trial({80, 80}, p.persistent.total() + 800 * MiB));
+  plan = make_plan(p, r);
+  CHECK(plan.max_micro_batch == 80);
+  CHECK(climb_candidate(p, r, plan) == 0);  // nothing larger is predicted to fit
+  // A user's own headroom is kept even for a size that ran: 100 MiB free leaves 70.
+  r.headroom = parse_headroom("100MiB");
+  plan = make_plan(p, r);
+  CHECK(plan.max_micro_batch == 70);
+  CHECK(plan.memory.margin_bytes == 100 * MiB);
+}
+
+TEST_CASE("Solver: a slope of one byte per sample and a budget in petabytes plan at once", "[solver][errors]") {
+  // Issue 14's hang: b counted up one at a time from a float estimate.
+  Profile p = linear_profile(100 * MiB, 0, 1);
+  PlanRequest r = request(int64_t{1} << 50, int64_t{1} << 52);
+  const Plan plan = make_plan(p, r);
+  CHECK(plan.max_micro_batch == MemoryModel::kMaxMicroBatch);  // no microbatch above 2^40 samples
+  CHECK(plan.accumulation_steps == 1024);
+  CHECK(MemoryModel::fit(p).largest_fitting(int64_t{1} << 52) == MemoryModel::kMaxMicroBatch);
 }

@@ -1,7 +1,8 @@
 // accumplan/memory_model.h — peak(b) = persistent + a0 + a1·b, fitted to measured points.
 //
 // What it is: a least-squares line through the profile's (micro_batch, peak) points, each weighted
-// by its microbatch (the plan lives at the large end),
+// by its microbatch (the plan lives at the large end), small sizes left out only where they lie
+// off the line of the larger ones,
 // with residuals kept so a plan can say how well the line explains what was measured. On caching
 // allocators the fit uses `reserved_peak_bytes` (a GPU runs out of memory on reserved bytes, not
 // allocated ones) when every point has it. Also a time model for microbatch seconds.
@@ -28,8 +29,15 @@ class MemoryModel {
 
   double predict_bytes(int64_t micro_batch) const;
   int64_t predict_peak_bytes(int64_t micro_batch) const;  // rounded up
-  // Largest b >= 1 with predict_peak_bytes(b) <= usable_bytes, or 0 if even b = 1 does not fit.
-  int64_t largest_fitting(int64_t usable_bytes) const;
+  // Largest b in [1, limit_micro_batch] with
+  //   predict_peak_bytes(b) + extra_bytes + ceil(fraction · slope · b) <= budget_bytes,
+  // or 0 if even b = 1 does not. Closed form, settled against the integer predictor in a bounded
+  // number of steps: nothing counts b up one at a time (a slope of one byte per sample and a
+  // budget in terabytes must not hang), and no double is converted out of int64's range.
+  int64_t largest_fitting(int64_t budget_bytes, int64_t limit_micro_batch = kMaxMicroBatch, int64_t extra_bytes = 0,
+                          double fraction = 0) const;
+  // No plan, probe or re-plan goes above this microbatch (2^40 samples).
+  static constexpr int64_t kMaxMicroBatch = int64_t{1} << 40;
   // a0 = intercept - persistent, rounded to bytes; may be negative when the fit is poor.
   int64_t activation_fixed_bytes() const;
   // The largest optimizer-step transient peak measured, or 0 if none was recorded.

@@ -26,8 +26,11 @@ inline constexpr const char* kPlanSchema = "accumplan.plan";
 inline constexpr int kSchemaMajor = 1;
 // 1.1: a plan nests its whole profile ("profile"); 1.0 plans flattened it (profile_points,
 // trials) and are still read. Setup gains max_grad_norm, points first_microbatch_peak_bytes.
-inline constexpr int kSchemaMinor = 1;
-const std::string& schema_version_string();  // "1.1"
+// 1.2: the plan's memory states its margin in bytes and its parts (`memory.margin`) instead of a
+// fraction of the budget (a 1.0/1.1 `headroom` fraction reads as that many bytes kept free);
+// trials record their window's microbatch sizes (`window`).
+inline constexpr int kSchemaMinor = 2;
+const std::string& schema_version_string();  // "1.2"
 
 struct DeviceInfo {
   std::string type;          // "cpu" or "cuda"
@@ -82,11 +85,15 @@ struct ProfilePoint {
 
 // Every real training step the profiler took, and what it cost.
 struct Trial {
-  std::string kind;          // "probe" | "confirm"
+  std::string kind;          // "probe" | "confirm" | "climb"
   int64_t micro_batch = 0;
   bool fit = false;          // ran without OOM and within the budget
-  int64_t peak_bytes = 0;    // 0 when it ran out of memory before finishing
+  int64_t peak_bytes = 0;    // the window's highest peak; 0 when it ran out of memory
   double seconds = 0;
+  // The window's microbatch sizes, in order (1.2; empty in older files): a window [b, b] that
+  // fits shows that every window of sizes <= b fits (the first microbatch and the later ones
+  // measured separately, see MemoryModel), so the planner can count it as a confirmation.
+  std::vector<int64_t> window;
 };
 
 struct Profile {
@@ -101,10 +108,29 @@ struct Profile {
   std::vector<Trial> trials;
 };
 
+// What the plan keeps free below the budget (`--headroom`), in bytes, part by part.
+// The default ("auto") is built from what was measured: the fit's largest residual and a small
+// fraction of the batch-dependent activations cover the line's error (they are dropped for a
+// size a real window ran at), the allocator's fragmentation (CUDA: reserved − allocated seen in
+// the probes) covers run-to-run variation and is always kept. `--headroom 0.05` keeps 5% of the
+// batch-dependent activations free, `--headroom 256MiB` that many bytes, `--headroom 0` nothing.
+struct Margin {
+  std::string headroom = "auto";             // the --headroom it came from: auto, 0.05, 256 MiB
+  int64_t fit_residual_bytes = 0;            // auto: the fit's largest |residual| (prediction)
+  double activation_fraction = 0;            // of the batch-dependent activations a1·b
+  int64_t activation_bytes = 0;              // activation_fraction · a1 · micro_batch
+  int64_t allocator_fragmentation_bytes = 0; // auto: largest reserved − allocated in the probes
+  int64_t fixed_bytes = 0;                   // --headroom SIZE (or a 1.0/1.1 fraction of the budget)
+  // True when a real window at the planned sizes (or larger) ran within the budget: the
+  // prediction parts (fit residual; with auto, the activation fraction) no longer apply.
+  bool measured = false;
+};
+
 struct MemoryBreakdown {
   int64_t budget_bytes = 0;
-  double headroom = 0.10;
-  int64_t usable_bytes = 0;                 // floor(budget * (1 - headroom))
+  Margin margin;
+  int64_t margin_bytes = 0;                 // kept free at micro_batch: the parts that apply
+  int64_t usable_bytes = 0;                 // budget_bytes − margin_bytes
   int64_t predicted_peak_bytes = 0;         // at plan.micro_batch
   int64_t weights_bytes = 0;
   int64_t gradients_bytes = 0;

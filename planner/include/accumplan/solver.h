@@ -1,14 +1,17 @@
 // accumplan/solver.h — from a profile and a target batch to a plan.
 //
 // What it is: the arithmetic of docs/architecture.md "What the planner solves". T = B / W samples per rank
-// per update; m_max = the largest microbatch predicted to fit budget·(1 − headroom), bounded by T,
-// --max-micro-batch and --multiple-of; k = ceil(T / m_max); T split into k sizes that differ by at
-// most one unit (`balanced`, 256 with m_max 60 → 52,51,51,51,51) or into equal sizes that divide T
-// (`uniform`); weights n_i / T. With use_timing and measured step times, a larger k may be chosen
-// if it is predicted at least 10% faster, and `reason` says so (off by default: timings of a few
-// probe steps are noisy, and the plan should be the same from run to run).
-// What it is not: a measurement. Plans from `accumplan plan` are `confirmed: false` until a real
-// step at micro_batch has run (the profiler does that).
+// per update; m_max = the largest microbatch whose predicted peak plus the margin (`--headroom`,
+// see Margin in schema.h) fits the budget — or, when larger, the largest size a real window of
+// the profile ran within the budget less the margin's run-to-run part — bounded by T,
+// --max-micro-batch, --multiple-of and any size that ran out of memory; k = ceil(T / m_max); T
+// split into k sizes that differ by at most one unit (`balanced`, 256 with m_max 60 →
+// 52,51,51,51,51) or into equal sizes that divide T (`uniform`); weights n_i / T. With use_timing
+// and measured step times, a larger k may be chosen if it is predicted at least 10% faster, and
+// `reason` says so (off by default: timings of a few probe steps are noisy, and the plan should be
+// the same from run to run).
+// What it is not: a measurement. A plan is `confirmed` only when a real window of the profile
+// covers its window (see Trial::window); the profiler runs those windows.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +24,33 @@
 
 namespace accumplan {
 
+// `--headroom`: auto (the default, from measurement), a fraction of the batch-dependent
+// activations ("0.05"), or a size ("256MiB"); "0" keeps nothing free.
+struct HeadroomSpec {
+  enum class Kind { Auto, Fraction, Bytes };
+  Kind kind = Kind::Auto;
+  double fraction = 0;  // Kind::Fraction, in [0, 1]
+  int64_t bytes = 0;    // Kind::Bytes, >= 0
+  std::string text() const;  // "auto", "0.05", "256 MiB"
+};
+// The one parser of --headroom. Throws InputError naming `option`, the value and the forms.
+HeadroomSpec parse_headroom(const std::string& text, const std::string& option = "--headroom");
+
+// The headroom a plan's margin was made with, to solve again as the plan did (a re-plan after an
+// OOM): auto, the fraction, or the fixed bytes (what a 1.0/1.1 plan's fraction of its budget was).
+HeadroomSpec headroom_of(const Margin& margin);
+
+// The default margin's activation part: this fraction of the batch-dependent activations (a1·b).
+// 2%: about one sample in fifty, so a planned microbatch of 48 keeps one sample's bytes for what
+// a straight line does not see (growth that bends beyond the probes); dropped once a real
+// window at the size has run.
+inline constexpr double kAutoActivationFraction = 0.02;
+
 struct PlanRequest {
   int64_t target_batch = 0;
   int64_t world_size = 1;
   BudgetSpec budget;                      // unset: the profile device's total bytes
-  double headroom = 0.10;                 // fraction of the budget kept free, in [0, 1)
+  HeadroomSpec headroom;                  // the margin kept free below the budget
   std::optional<int64_t> multiple_of;     // every microbatch a multiple of this
   std::optional<int64_t> max_micro_batch; // user bound, e.g. from a failed step
   std::string split = "balanced";         // balanced | uniform
@@ -50,6 +75,15 @@ void check_request(const PlanRequest& request);
 
 // Throws InputError/InfeasibleError with a message that names the bad value and the fix.
 Plan make_plan(const Profile& profile, const PlanRequest& request);
+
+// The next size worth a real window when climbing from `plan` (made by make_plan from the same
+// profile and request): the largest microbatch the fit predicts within the budget less only the
+// margin's run-to-run part, below any size that failed and within T and the request's bounds;
+// 0 when that is no larger than the plan's largest measured size (nothing to climb to).
+int64_t climb_candidate(const Profile& profile, const PlanRequest& request, const Plan& plan);
+
+// The margin's parts in one line, e.g. "fit residual 12.0 KiB + 2% of activations 96.0 KiB".
+std::string describe_margin(const Margin& margin);
 
 // Human summary for stderr: breakdown, chosen split, predicted peak against budget.
 std::string describe_plan(const Plan& plan);

@@ -1,0 +1,49 @@
+// cli/plan_options.cpp — the planning options, declared once. See plan_options.h.
+#include "cli/plan_options.h"
+
+#include <CLI/CLI.hpp>
+
+namespace accumplan::cli {
+
+CLI::Option* add_plan_options(CLI::App* app, PlanOptionArgs& a, const std::string& group) {
+  CLI::Option* target =
+      app->add_option("--target-batch", a.target_batch, "effective batch B per optimizer step, over all ranks")
+          ->group(group);
+  app->add_option("--headroom", a.headroom,
+                  "memory kept free below the budget: auto (from what was measured: the fit's largest residual, "
+                  "2% of the batch-dependent activations, and on CUDA the allocator's fragmentation; the first "
+                  "two are dropped for a size a real window ran at), a fraction of the batch-dependent "
+                  "activations (0.05), or a size (256MiB); 0 keeps nothing free")
+      ->capture_default_str()
+      ->group(group);
+  app->add_option("--world-size", a.world_size, "data-parallel ranks W; B must be divisible by W")
+      ->capture_default_str()
+      ->group(group);
+  a.multiple_of_option =
+      app->add_option("--multiple-of", a.multiple_of, "make every microbatch a multiple of K")->group(group);
+  a.max_micro_batch_option =
+      app->add_option("--max-micro-batch", a.max_micro_batch, "never plan a microbatch above M")->group(group);
+  app->add_option("--split", a.split, "balanced: k sizes differing by at most one; uniform: equal sizes")
+      ->capture_default_str()
+      ->group(group);
+  app->add_flag("--use-timing", a.use_timing,
+                "off by default: also weigh the measured step times, taking more, smaller microbatches when a "
+                "balanced split is predicted at least 10% faster per window")
+      ->group(group);
+  return target;
+}
+
+PlanRequest plan_request_from(const PlanOptionArgs& a) {
+  PlanRequest req;
+  req.target_batch = a.target_batch;
+  req.world_size = a.world_size;
+  req.headroom = parse_headroom(a.headroom, "--headroom");
+  // Given means given: the solver refuses K < 1 and M < 1 with their own messages.
+  if (a.multiple_of_option && a.multiple_of_option->count() > 0) req.multiple_of = a.multiple_of;
+  if (a.max_micro_batch_option && a.max_micro_batch_option->count() > 0) req.max_micro_batch = a.max_micro_batch;
+  req.split = a.split;
+  req.use_timing = a.use_timing;
+  return req;
+}
+
+}  // namespace accumplan::cli
