@@ -25,6 +25,8 @@
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
 #include "cli/commands.h"
+#include "cli/plan_options.h"
+#include "observe/progress.h"
 #include "profiling/probe_runner.h"
 #include "runtime/amp.h"
 #include "runtime/model.h"
@@ -53,21 +55,17 @@ struct DeviceArgs {
   std::string probe = "auto";
   std::string budget;
   int threads = 0;
-  std::string probe_sizes = "1,2,4,8";
+  std::string probe_sizes = "2,4";
+  std::string progress = "auto";  // --progress (observe/progress.h)
   uint64_t seed = 1234;
   // planning (root job)
-  int64_t target_batch = 0;
-  double headroom = 0.10;
-  int64_t world_size = 1;
-  int64_t multiple_of = 0;
-  CLI::Option* multiple_of_option = nullptr;
-  int64_t max_micro_batch = 0;
-  bool use_timing = false;
+  PlanOptionArgs plan;
   std::string out;
   std::string report;  // --report: the plan's picture (accumplan/report.h)
 };
 
 void add_setup_options(CLI::App* app, DeviceArgs& a) {
+  add_progress_option(app, a.progress);
   const std::string model_group = "Model and data";
   app->add_option("--model", a.model,
                   "TorchScript file (torch.jit.script(model).save(path)) or a built-in example: "
@@ -131,7 +129,7 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
       ->capture_default_str()
       ->group(dev_group);
   app->add_option("--threads", a.threads, "CPU threads for LibTorch (at::set_num_threads)")->group(dev_group);
-  app->add_option("--probe-sizes", a.probe_sizes, "microbatch sizes to measure before fitting, comma-separated")
+  app->add_option("--probe-sizes", a.probe_sizes, "microbatch sizes measured first, comma-separated; then, where the fit predicts far more, one size toward the budget")
       ->capture_default_str()
       ->group(dev_group);
   app->add_option("--seed", a.seed, "seed of the synthetic inputs")->capture_default_str()->group(dev_group);
@@ -229,21 +227,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
   auto args = std::make_shared<DeviceArgs>();
   add_setup_options(&root, *args);
   const std::string plan_group = "Plan (the main job)";
-  root.add_option("--target-batch", args->target_batch, "effective batch B per optimizer step, over all ranks")
-      ->group(plan_group);
-  root.add_option("--headroom", args->headroom, "fraction of the budget kept free, in [0, 1)")
-      ->capture_default_str()
-      ->group(plan_group);
-  root.add_option("--world-size", args->world_size, "data-parallel ranks W; B must be divisible by W")
-      ->capture_default_str()
-      ->group(plan_group);
-  args->multiple_of_option =
-      root.add_option("--multiple-of", args->multiple_of, "make every microbatch a multiple of K")->group(plan_group);
-  root.add_option("--max-micro-batch", args->max_micro_batch, "never plan a microbatch above M")->group(plan_group);
-  root.add_flag("--use-timing", args->use_timing,
-                "off by default: also weigh the measured step times, taking more, smaller microbatches when a balanced "
-                "split is predicted at least 10% faster per window")
-      ->group(plan_group);
+  add_plan_options(&root, args->plan, plan_group);
   root.add_option("--out", args->out, "write plan.json here (atomically); default stdout")->group(plan_group);
   root.add_option("--report", args->report,
                   "also write the plan's picture here (atomically): self-contained HTML, or SVG for a .svg path "
@@ -257,20 +241,25 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
       "Measure weights, gradients, optimizer state and activations at a few microbatch sizes on the device; "
       "write profile.json for `accumplan plan` (no planning, no confirmation).");
   add_setup_options(profile, *pargs);
-  profile->add_option("--target-batch", pargs->target_batch,
-                      "optional: per-rank target batch; probe sizes above it are skipped");
-  profile->add_option("--world-size", pargs->world_size, "data-parallel ranks (bounds probes by B / W)")
+  profile->add_option("--target-batch", pargs->plan.target_batch,
+                      "optional: the effective batch to be planned; probe sizes above B / W are skipped");
+  profile->add_option("--world-size", pargs->plan.world_size, "data-parallel ranks (bounds probes by B / W)")
       ->capture_default_str();
   profile->add_option("--out", pargs->out, "write profile.json here (atomically); default stdout");
   commands.push_back({profile, [pargs]() {
                         RunnerOptions o = runner_options(*pargs);
-                        if (pargs->target_batch < 0 || pargs->world_size < 1) {
+                        const std::shared_ptr<Progress> progress = make_stderr_progress(pargs->progress, "step", 0);
+                        o.progress = step_callback(progress);
+                        if (pargs->plan.target_batch < 0 || pargs->plan.world_size < 1) {
                           throw InputError("--target-batch and --world-size must be positive");
                         }
-                        if (pargs->target_batch > 0) o.max_probe_micro_batch = std::max<int64_t>(1, pargs->target_batch / pargs->world_size);
+                        if (pargs->plan.target_batch > 0) {
+                          o.max_probe_micro_batch = std::max<int64_t>(1, pargs->plan.target_batch / pargs->plan.world_size);
+                        }
                         auto probe = open_probe(*pargs, o);
                         ProbeRunner runner(*probe, o);
                         const Profile p = runner.profile();
+                        progress->finish();
                         std::cerr << "profile: weights " << format_bytes(p.persistent.weights_bytes) << " + gradients "
                                   << format_bytes(p.persistent.gradients_bytes) << " + optimizer state "
                                   << format_bytes(p.persistent.optimizer_state_bytes) << "; " << p.points.size()
@@ -282,31 +271,28 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
 
   add_executor_commands(root, commands);
   return {&root, [args, &root]() -> int {
-            if (args->model.empty() && args->target_batch == 0) {
+            if (args->model.empty() && args->plan.target_batch == 0) {
               throw InputError("nothing to do: give --model and --target-batch (e.g. accumplan --model "
                                "builtin:convnet --target-batch 256 --device cpu --memory-budget 256MiB), or a "
                                "subcommand; run `accumplan --help`");
             }
             (void)root;
-            if (args->target_batch < 1) {
+            if (args->plan.target_batch < 1) {
               throw InputError("--target-batch is required and must be at least 1 (the effective batch per optimizer "
-                               "step), got " + std::to_string(args->target_batch));
+                               "step), got " + std::to_string(args->plan.target_batch));
             }
-            PlanRequest req;
-            req.target_batch = args->target_batch;
-            req.world_size = args->world_size;
-            req.headroom = args->headroom;
-            if (args->multiple_of_option->count() > 0) req.multiple_of = args->multiple_of;  // the solver refuses K < 1
-            if (args->max_micro_batch > 0) req.max_micro_batch = args->max_micro_batch;
-            req.use_timing = args->use_timing;
+            PlanRequest req = plan_request_from(args->plan);
             check_request(req);  // the planner's own checks, before the device is touched
             RunnerOptions o = runner_options(*args);
-            o.max_probe_micro_batch = args->target_batch / args->world_size;
+            const std::shared_ptr<Progress> progress = make_stderr_progress(args->progress, "step", 0);
+            o.progress = step_callback(progress);
+            o.max_probe_micro_batch = args->plan.target_batch / args->plan.world_size;
             auto probe = open_probe(*args, o);
             ProbeRunner runner(*probe, o);
             Profile profile = runner.profile();
             if (runner.budget_bytes()) req.budget.bytes = runner.budget_bytes();
             const Plan plan = runner.plan_and_confirm(profile, req);
+            progress->finish();
             std::cerr << describe_plan(plan) << steps_summary(plan.profile.trials);
             emit_output(args->out, to_json(plan).dump(2) + "\n");
             if (!args->report.empty()) {

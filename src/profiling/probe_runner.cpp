@@ -141,6 +141,7 @@ Plan ProbeRunner::window_plan(const std::vector<int64_t>& sizes) const {
 
 WindowMeasurement ProbeRunner::window(const std::vector<int64_t>& sizes) {
   WindowMeasurement m;
+  m.sizes = sizes;
   const auto t0 = Clock::now();
   auto sync = [&] {
     // CUDA kernels run asynchronously: without a synchronize the clock would time the launches.
@@ -252,7 +253,7 @@ void ProbeRunner::load_and_measure_persistent() {
       executor.apply(st);  // steps the optimizer, then sets the gradients to none
       persistent_.optimizer_state_bytes = (after_construct - before_optimizer) + (probe_.current_bytes() - with_data);
       const int64_t peak = probe_peak() - (with_data - after_construct);
-      trials_.push_back({"probe", 1, !budget_bytes_ || peak <= *budget_bytes_, peak, seconds_since(t0)});
+      trials_.push_back({"probe", 1, !budget_bytes_ || peak <= *budget_bytes_, peak, seconds_since(t0), {1}});
       say("measured persistent memory: weights " + format_bytes(persistent_.weights_bytes) + ", gradients " +
           format_bytes(persistent_.gradients_bytes) + ", optimizer state " +
           format_bytes(persistent_.optimizer_state_bytes) + " (" + options_.setup.optimizer + ")");
@@ -273,7 +274,7 @@ void ProbeRunner::load_and_measure_persistent() {
       model_ = LoadedModel{};
       probe_.clear_oom();
       probe_.release_cached();
-      trials_.push_back({"probe", 1, false, 0, seconds_since(t0)});
+      trials_.push_back({"probe", 1, false, 0, seconds_since(t0), {1}});
       if (attempt == 1 || !budget_bytes_) {
         throw InfeasibleError("the model's weights, gradients and optimizer state do not fit on " +
                               probe_.device_name() + " even without a budget; use a smaller model, "
@@ -327,7 +328,7 @@ Profile ProbeRunner::profile() {
 
   bool lifted = persistent_over_budget_;  // the budget is not in force
   auto record = [&](const WindowMeasurement& s) {
-    trials_.push_back({"probe", s.micro_batch, s.fit, s.max_peak_bytes, s.seconds});
+    trials_.push_back({"probe", s.micro_batch, s.fit, s.max_peak_bytes, s.seconds, s.sizes});
     if (s.oom) {
       say("probe b=" + std::to_string(s.micro_batch) + ": out of memory under the budget of " +
           format_bytes(budget_bytes_.value_or(0)));
@@ -375,30 +376,32 @@ Profile ProbeRunner::profile() {
 void ProbeRunner::extend_linear_tail(Profile& p, int64_t largest_scheduled,
                                      const std::function<void(const WindowMeasurement&)>& record) {
   // The phase that sets the peak can change far beyond the probes. (That small probes may sit off
-  // the line is the fit's business: it starts at a quarter of the largest size, memory_model.cpp.)
-  // A 256-512-512-10 MLP with SGD grows 7,256 bytes/sample up to b=128 (a b-independent backward
-  // transient on top of the activations sets the peak) but 11,352 bytes/sample from b=256 on;
-  // from b <= 8 its largest microbatch under 16 MiB was predicted at ~1,650 while 1,102 is the
-  // truth. So while the budget's predicted largest microbatch is more than 4x the largest probe,
-  // one more probe is taken at half that prediction (at most two, within the per-rank target),
-  // which bounds the extrapolation to about 2x. Probes at a new size are real windows that fit:
-  // the prediction they come from is for the whole budget.
+  // the line is the fit's business, memory_model.cpp.) A 256-512-512-10 MLP with SGD grows 7,256
+  // bytes/sample up to b=128 (a b-independent backward transient on top of the activations sets
+  // the peak) but 11,352 bytes/sample from b=256 on; from b <= 8 its largest microbatch under
+  // 16 MiB was predicted at ~1,650 while 1,102 is the truth. So while the largest size worth
+  // planning (the budget's predicted maximum, or the per-rank target if smaller) is more than 4x
+  // the largest probe, one more probe is taken at half of it (at most two), which bounds the
+  // extrapolation the confirmation relies on to about 2x. The first probes stay small (2 and 4:
+  // cheap, and past b = 1, whose peak another phase can set: resnet18 at 64x64 peaks at 96.5 MiB
+  // at b = 1 and 170.3 MiB at b = 2, then +1.7 MiB per sample), and the size from them is chosen
+  // by their slope toward the budget: resnet18 at 209 MiB gets 2, 4, 12 and plans from there.
   constexpr int kMaxExtraProbes = 2;
   constexpr int64_t kMaxExtrapolation = 4;
   // Without a per-rank target the budget bounds the probes; without either, 4x the schedule.
   int64_t bound = options_.max_probe_micro_batch;
-  if (bound <= 0) bound = budget_bytes_ ? std::numeric_limits<int64_t>::max() : kMaxExtrapolation * largest_scheduled;
+  if (bound <= 0) bound = budget_bytes_ ? MemoryModel::kMaxMicroBatch : kMaxExtrapolation * largest_scheduled;
   for (int extra = 0; extra < kMaxExtraProbes && p.points.size() >= 2; ++extra) {
     if (!trials_.empty() && !trials_.back().fit) break;  // the last probe already failed the budget
     int64_t predicted_max = 0;
     try {
-      predicted_max = MemoryModel::fit(p).largest_fitting(probe_.device_total_bytes());
+      predicted_max = MemoryModel::fit(p).largest_fitting(probe_.device_total_bytes(), bound);
     } catch (const InputError&) {
       break;  // the planner will say what is wrong with these points
     }
     const int64_t largest = p.points.back().micro_batch;
     if (predicted_max <= kMaxExtrapolation * largest) break;
-    const int64_t next = std::min(bound, predicted_max / 2);
+    const int64_t next = predicted_max / 2;
     if (next <= largest) break;
     say("the fit predicts up to " + std::to_string(predicted_max) + " samples, far beyond b=" + std::to_string(largest) +
         "; probing b=" + std::to_string(next) + " to check the line there");
@@ -408,92 +411,101 @@ void ProbeRunner::extend_linear_tail(Profile& p, int64_t largest_scheduled,
   }
 }
 
-WindowMeasurement ProbeRunner::confirm(const Plan& plan) {
-  // The planned window's beginning: its first microbatch (no gradient resident) and its second
-  // (the first's gradients resident, as every later microbatch of the window), then the
-  // optimizer step. Later microbatches repeat the second's memory with sizes no larger (the split
-  // puts the larger sizes first), so running all k would cost k steps and show no higher peak: a
-  // plan of 93 microbatches is confirmed by 2.
-  const std::vector<int64_t> sizes(plan.microbatch_sizes.begin(),
-                                   plan.microbatch_sizes.begin() + (plan.microbatch_sizes.size() == 1 ? 1 : 2));
-  WindowMeasurement m = window(sizes);
-  m.micro_batch = plan.micro_batch;
-  return m;
-}
-
 Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request) {
   if (!request.budget.is_set() && budget_bytes_) request.budget.bytes = budget_bytes_;
   const std::optional<int64_t> user_bound = request.max_micro_batch;
-  int64_t fits = 0;                                        // largest size a real step ran within budget
-  int64_t fails = std::numeric_limits<int64_t>::max();     // smallest size that did not
+  auto bounded = [&](int64_t b) { return user_bound ? std::min(*user_bound, b) : b; };
+  // Climbing runs at most two windows past the first confirmation and none after any window
+  // failed: the one promise is no OOM on the happy path, and each climb costs a window at the
+  // largest size. Six windows in all is the most any plan spends here.
+  constexpr int kMaxClimbs = 2;
+  constexpr int kMaxWindows = 6;
+  int64_t fits = 0;                                     // largest [b, b] window that ran within budget
+  int64_t fails = std::numeric_limits<int64_t>::max();  // smallest size that did not
   for (const auto& t : profile.trials) {
-    if (t.kind != "probe") continue;
+    if (t.window.size() < 2) continue;
     if (t.fit) fits = std::max(fits, t.micro_batch);
     else fails = std::min(fails, t.micro_batch);
   }
+  int windows = 0, climbs = 0;
+  bool failed = false, out_of_windows = false;
   for (;;) {
     Plan plan = make_plan(profile, request);
-    const int64_t m = plan.micro_batch;
-    const WindowMeasurement s = confirm(plan);
-    const bool ok = s.fit && s.max_peak_bytes <= plan.memory.budget_bytes;
-    const Trial trial{"confirm", m, ok, s.max_peak_bytes, s.seconds};
+    int64_t next = 0;
+    std::string kind;
+    if (plan.confirmed) {
+      if (failed || climbs >= kMaxClimbs || windows >= kMaxWindows) return plan;
+      next = climb_candidate(profile, request, plan);
+      if (next == 0) return plan;
+      kind = "climb";
+      ++climbs;
+    } else if (windows >= kMaxWindows) {
+      // Out of windows: the largest size that ran is the plan (unconfirmed if even that is not
+      // covered, which the plan then says).
+      if (out_of_windows) return plan;
+      out_of_windows = true;
+      if (fits < 1) {
+        throw InfeasibleError("no window ran within the budget of " + format_bytes(plan.memory.budget_bytes) + " on " +
+                              probe_.device_name() + " in " + std::to_string(windows) + " tries; raise --memory-budget");
+      }
+      request.max_micro_batch = bounded(fits);
+      continue;
+    } else {
+      // The plan's largest allowed size: a window there covers every window of the plan.
+      next = plan.accumulation_steps == 1 ? plan.micro_batch : plan.max_micro_batch;
+      kind = "confirm";
+    }
+    // A window of two microbatches of `next` (the whole per-rank batch alone when that is the
+    // plan: one microbatch, no gradient resident), then the optimizer step.
+    const bool whole = next == plan.per_rank_batch && (kind == "climb" || plan.accumulation_steps == 1);
+    WindowMeasurement s = whole ? window({next}) : measure(next);
+    s.micro_batch = next;
+    ++windows;
+    // Within the budget less the margin's parts a measured size keeps (as make_plan counts it).
+    const Margin& mg = plan.memory.margin;
+    const int64_t kept = mg.allocator_fragmentation_bytes + mg.fixed_bytes +
+                         (mg.headroom == "auto" ? 0
+                                                : static_cast<int64_t>(std::ceil(mg.activation_fraction * plan.fit.slope_bytes_per_sample *
+                                                                                 static_cast<double>(next))));
+    const bool ok = s.fit && s.max_peak_bytes + kept <= plan.memory.budget_bytes;
+    const Trial trial{kind, next, ok, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes};
     trials_.push_back(trial);
     profile.trials.push_back(trial);
     if (ok) {
-      say("confirm b=" + std::to_string(m) + ": peak " + format_bytes(s.max_peak_bytes) + " of " +
-          format_bytes(plan.memory.budget_bytes) + " budget (predicted " + format_bytes(plan.memory.predicted_peak_bytes) +
+      say(kind + " b=" + std::to_string(next) + ": peak " + format_bytes(s.max_peak_bytes) + " of " +
+          format_bytes(plan.memory.budget_bytes) + " budget (predicted " +
+          format_bytes(whole ? MemoryModel::fit(profile).predict_window_peak_bytes({next})
+                             : MemoryModel::fit(profile).predict_window_peak_bytes({next, next})) +
           "), fits");
-      if (plan.accumulation_steps > 1) {
-        // The second microbatch is a steady-state point like any probe's: the fit folds it in,
-        // and the plan's prediction comes from the refit. (The
-        // first ran at another size when the sizes differ, so it is not part of the point.)
+      if (!whole) {
+        // A steady-state point like any probe's: the fit folds it in.
         ProfilePoint pt;
-        pt.micro_batch = plan.microbatch_sizes[1];
+        pt.micro_batch = next;
         pt.peak_bytes = s.steady_peak_bytes;
-        if (plan.microbatch_sizes[0] == plan.microbatch_sizes[1]) pt.first_microbatch_peak_bytes = s.first_microbatch_peak_bytes;
+        pt.first_microbatch_peak_bytes = s.first_microbatch_peak_bytes;
         pt.optimizer_step_peak_bytes = s.optimizer_step_peak_bytes;
         pt.reserved_peak_bytes = s.reserved_peak_bytes;
         pt.step_seconds = s.step_seconds;
         profile.points.push_back(pt);
-        try {
-          // The same request. A refit that moved the sizes would be a plan nobody confirmed (the
-          // window fit the budget but the refit puts it above budget less headroom): then the
-          // confirmed sizes stay, and only the fit and the prediction for them are the refit's,
-          // so the plan never predicts less than its own window was measured at.
-          Plan refit = make_plan(profile, request);
-          if (refit.microbatch_sizes == plan.microbatch_sizes) {
-            plan = std::move(refit);
-          } else {
-            const MemoryModel model = MemoryModel::fit(profile);
-            plan.fit = model.summary();
-            plan.memory.predicted_peak_bytes = model.predict_window_peak_bytes(plan.microbatch_sizes);
-            plan.memory.activation_fixed_bytes = model.activation_fixed_bytes();
-            plan.memory.activation_bytes_per_sample = model.summary().slope_bytes_per_sample;
-          }
-        } catch (const InputError&) {
-          // The point made the profile unfit for a line (it says why in `accumplan plan`); the
-          // plan solved before it was confirmed all the same.
-        }
+        fits = std::max(fits, next);
       }
-      plan.confirmed = true;
-      plan.confirmed_peak_bytes = s.max_peak_bytes;
-      plan.profile = profile;
-      return plan;
+      continue;
     }
-    say("confirm b=" + std::to_string(m) + ": " +
+    say(kind + " b=" + std::to_string(next) + ": " +
         (s.oom ? std::string("out of memory") : "peak " + format_bytes(s.max_peak_bytes) + " over the budget") +
-        " (predicted " + format_bytes(plan.memory.predicted_peak_bytes) + "); lowering the bound");
-    fails = std::min(fails, m);
-    if (m <= 1) {
+        (kind == "climb" ? "; the plan stays at the largest size that ran" : "; lowering the bound"));
+    failed = true;
+    fails = std::min(fails, next);
+    if (next <= 1) {
       throw InfeasibleError("a real step at microbatch 1 does not fit the budget of " +
                             format_bytes(plan.memory.budget_bytes) + " on " + probe_.device_name() +
                             " although the fit predicted " + format_bytes(plan.memory.predicted_peak_bytes) +
                             "; raise --memory-budget");
     }
-    // Bisect between the largest size that ran and the smallest that failed.
-    int64_t bound = fits < fails ? fits + (fails - fits) / 2 : m - 1;
-    bound = std::max<int64_t>(1, std::min(bound, m - 1));
-    request.max_micro_batch = user_bound ? std::min(*user_bound, bound) : bound;
+    // After a failed climb the plan is the largest size that ran; after a failed confirmation,
+    // bisect between the largest size that ran and the smallest that failed.
+    int64_t bound = kind == "climb" ? fits : (fits < fails ? fits + (fails - fits) / 2 : next - 1);
+    request.max_micro_batch = bounded(std::max<int64_t>(1, std::min(bound, next - 1)));
   }
 }
 

@@ -11,11 +11,16 @@
 //   measure(b)          a window of two microbatches of b (the first with no gradient resident,
 //                       the second with the first's) and the optimizer step → the microbatches'
 //                       peak, the first one's, the optimizer step's, and the faster step's seconds
-//   profile()           measure(b) for b = 1, 2, 4, 8 bounded by the per-rank target → Profile
-//   plan_and_confirm()  make_plan, then the planned window itself (its first microbatches and the
-//                       optimizer step) with the budget enforced; on OOM or over budget, bisect
-//                       between the largest size that fit and the smallest that failed,
-//                       re-planning with max_micro_batch, until confirmed.
+//   profile()           measure(b) for b = 2, 4 (bounded by the per-rank target), then, while the
+//                       fit predicts more than 4x the largest size measured, half that prediction
+//                       → Profile
+//   plan_and_confirm()  make_plan; a plan no real window covers is confirmed by a window at its
+//                       largest allowed size (on failure: bisect between the largest size that
+//                       ran and the smallest that failed); then climb: while the refit predicts a
+//                       larger size within the budget less the margin's run-to-run part, run a
+//                       window there (at most two, none after a failure). The plan is solved
+//                       from the profile with every window in it, so its sizes are covered by a
+//                       real window.
 // Every window is recorded as a Trial. The window's samples live on the host, as `accumplan run`
 // keeps its data, and their bytes are not part of any peak (on the CPU device, where host memory
 // is the device, they are subtracted).
@@ -56,7 +61,9 @@ struct RunnerOptions {
   std::optional<std::string> batch_file;  // replaces synthetic inputs; setup.inputs/target are then derived from it
   std::string device = "cpu";           // "cpu", "cuda", "cuda:1"
   BudgetSpec budget;                    // enforced while measuring; unset: the device's own limit
-  std::vector<int64_t> probe_sizes = {1, 2, 4, 8};
+  // Measured first; then, while the fit predicts more than 4x the largest, one size halfway toward
+  // the budget's predicted maximum (probe_runner.cpp has the numbers behind both).
+  std::vector<int64_t> probe_sizes = {2, 4};
   int64_t max_probe_micro_batch = 0;    // per-rank target: probes above it are skipped (0: none)
   uint64_t seed = 1234;                 // synthetic data
   std::function<void(const std::string&)> progress;  // one line per real step, no trailing newline
@@ -66,6 +73,7 @@ struct RunnerOptions {
 // included, the window's data excluded.
 struct WindowMeasurement {
   int64_t micro_batch = 0;
+  std::vector<int64_t> sizes;            // the window's microbatch sizes, in order
   bool oom = false;                      // an allocation failed (the window did not finish)
   bool fit = false;                      // finished, and every peak within the budget
   int64_t peak_bytes = 0;                // the microbatches' peak (0 after an OOM)
@@ -102,8 +110,6 @@ class ProbeRunner {
 
   // One real window of two microbatches of b. An OOM is reported, not thrown.
   WindowMeasurement measure(int64_t micro_batch);
-  // The plan's own window (its first microbatches, see the .cpp) and optimizer step.
-  WindowMeasurement confirm(const Plan& plan);
 
   // The probe schedule → a Profile holding every point and trial.
   Profile profile();

@@ -85,6 +85,7 @@ TEST_CASE("activations grow with the microbatch and the fit predicts an unprobed
   for (Case& c : cases) {
     INFO("model " << c.name);
     auto probe = cpu_probe();
+    c.options.probe_sizes = {1, 2, 4, 8};
     c.options.max_probe_micro_batch = 8;  // fit from 1, 2, 4, 8 alone: no probes nearer the prediction
     ProbeRunner runner(*probe, c.options);
     const Profile profile = runner.profile();
@@ -123,11 +124,8 @@ TEST_CASE("activations grow with the microbatch and the fit predicts an unprobed
   }
 }
 
-TEST_CASE("the planned microbatch is confirmed and at least 90% of the brute-force maximum", "[runner][confirm]") {
-  // Headroom 3%: the plan's microbatch is by design about (1 - headroom) of the largest that
-  // fits, so with the default 10% it would sit right at the 90% line and the check would test the
-  // headroom, not the prediction. 3% leaves room for a fit error of a few percent. The headroom
-  // is a fraction of the whole budget, so activations should dominate it: SGD keeps no state.
+TEST_CASE("with the default margin the plan is the largest size a window ran at, at least 95% of the brute-force maximum",
+          "[runner][confirm][margin]") {
   auto probe = cpu_probe();
   RunnerOptions o = mlp_options("sgd", 256, 512);
   // Persistent: 399,370 parameters · 4 bytes · (weights + gradients) ≈ 3.0 MiB; the other ~13 MiB
@@ -137,22 +135,32 @@ TEST_CASE("the planned microbatch is confirmed and at least 90% of the brute-for
   o.max_probe_micro_batch = 8192;
   ProbeRunner runner(*probe, o);
   Profile profile = runner.profile();
+  const size_t profiled = profile.trials.size();
   PlanRequest req;
-  req.target_batch = 8192;  // many microbatches, so the balanced split sits close to m_max
-  req.headroom = 0.03;
+  req.target_batch = 8192;  // many microbatches
   const Plan plan = runner.plan_and_confirm(profile, req);
   REQUIRE(plan.confirmed);
   REQUIRE(plan.confirmed_peak_bytes);
   CHECK(*plan.confirmed_peak_bytes <= budget);
   CHECK(plan.accumulation_steps > 1);
-  CHECK(plan.profile.trials.back().kind == "confirm");
-  CHECK(plan.profile.trials.back().fit);
+  CHECK(plan.memory.margin.measured);
+  const std::string last = plan.profile.trials.back().kind;
+  CHECK((last == "confirm" || last == "climb"));
+  // The plan's largest microbatch is the largest window that ran within the budget.
+  int64_t largest_ran = 0, failed = 0;
+  for (const auto& t : plan.profile.trials) {
+    if (t.window.size() == 2 && t.fit) largest_ran = std::max(largest_ran, t.window[0]);
+    failed += t.fit ? 0 : 1;
+  }
+  CHECK(plan.max_micro_batch == largest_ran);
+  CHECK(failed == 0);  // no OOM on the happy path
+  CHECK(plan.profile.trials.size() - profiled <= 6);
 
   // Brute force with real steps: gallop up from the plan until a step no longer fits, then
   // bisect. Each `measure` is a full window plus a steady-state microbatch under the budget.
-  int64_t fits = plan.micro_batch, fails = 0, steps = 0;
+  int64_t fits = plan.max_micro_batch, fails = 0, steps = 0;
   for (int64_t stride = 8; fails == 0; stride *= 2) {
-    const int64_t m = fits + stride;
+    const int64_t m = fits + stride / 8;
     ++steps;
     if (runner.measure(m).fit) fits = m;
     else fails = m;
@@ -167,29 +175,36 @@ TEST_CASE("the planned microbatch is confirmed and at least 90% of the brute-for
   const int64_t m_true = fits;
   int64_t confirms = 0;
   for (const auto& t : plan.profile.trials) confirms += t.kind == "confirm";
-  std::cerr << "[confirm] mlp 256-512-512-10 sgd, budget 16 MiB, headroom 3%: probes fitted on";
-  for (const auto& p : profile.points) std::cerr << " " << p.micro_batch;
+  std::cerr << "[confirm] mlp 256-512-512-10 sgd, budget 16 MiB, headroom auto: windows";
+  for (const auto& t : plan.profile.trials) std::cerr << " " << t.kind << ":" << t.micro_batch << (t.fit ? "" : "!");
   std::cerr << "; plan micro_batch " << plan.micro_batch << " (max " << plan.max_micro_batch << "), predicted peak "
             << plan.memory.predicted_peak_bytes << ", confirmed peak " << *plan.confirmed_peak_bytes << ", " << confirms
             << " confirm step(s); brute-force m_max " << m_true << " (" << steps << " real steps)\n";
-  CHECK(plan.micro_batch <= m_true);
-  CHECK(static_cast<double>(plan.micro_batch) >= 0.9 * static_cast<double>(m_true));
+  CHECK(plan.max_micro_batch <= m_true);
+  CHECK(static_cast<double>(plan.max_micro_batch) >= 0.95 * static_cast<double>(m_true));
 }
 
 TEST_CASE("a confirm step that runs out of memory lowers the bound and confirms a smaller plan", "[runner][confirm]") {
   auto probe = cpu_probe();
   RunnerOptions o = mlp_options("sgd");
   o.budget.bytes = 4 * 1024 * 1024;
+  o.max_probe_micro_batch = 8;  // probes 2 and 4 only, so the plan is far from any window that ran
   ProbeRunner runner(*probe, o);
   Profile profile = runner.profile();
   PlanRequest req;
   req.target_batch = 1024;
   const Plan first = make_plan(profile, req);
+  int64_t largest_probe = 0;
+  for (const auto& t : profile.trials) {
+    if (t.window.size() == 2 && t.fit) largest_probe = std::max(largest_probe, t.micro_batch);
+  }
+  REQUIRE(first.max_micro_batch - largest_probe >= 2);
   probe->fail_allocation_after(1);  // the confirm step's first allocation fails as an OOM
   const Plan plan = runner.plan_and_confirm(profile, req);
   REQUIRE(plan.confirmed);
-  CHECK(plan.micro_batch < first.micro_batch);
-  CHECK(plan.micro_batch > 8);  // bisected between the probes that fit (8) and the failed size
+  CHECK(plan.max_micro_batch < first.max_micro_batch);
+  // Bisected between the largest probe that fit and the failed size; no climb after a failure.
+  CHECK(plan.max_micro_batch == largest_probe + (first.max_micro_batch - largest_probe) / 2);
   int64_t failed_confirms = 0;
   for (const auto& t : plan.profile.trials) failed_confirms += t.kind == "confirm" && !t.fit;
   CHECK(failed_confirms == 1);
