@@ -2,15 +2,18 @@
 //
 // What it is: for every model of examples/models/manifest.json (written by
 // examples/export_models.py) and two CPU memory budgets per model, in one process:
-//   accumplan   profile (probes at 1,2,4,8) + plan + confirm, as `accumplan --model` does: real
-//               trials, wall seconds, chosen microbatch, predicted peak;
+//   accumplan   profile + plan + confirm + climb, as `accumplan --model` does: real trials, wall
+//               seconds, chosen microbatch, predicted peak, the margin;
 //   truth       the largest microbatch that really fits (real trials: doubling, then bisection),
 //               → utilisation;
 //   peers       Lightning power/binsearch, Accelerate (x0.9 and legacy x0.5), Composer halving,
 //               DeepSpeed autotuning (peer_strategies.h) over the same oracle;
 //   overhead    executor vs a hand-written LibTorch accumulation loop (interleaved A/B windows).
 //   run         the plan trained by the real binary, `accumplan run --steps 2` under the same
-//               budget: the peak training reaches is the truth the prediction is judged by.
+//               budget: the peak training reaches is the truth the prediction is judged by;
+//   long run    the plan's largest microbatch trained for 50 windows (`accumplan run` of the
+//               same profile planned for a per-rank batch of twice that size: every window two
+//               microbatches of it, the plan's largest window) with its OOM recoveries.
 // Every trial of every strategy is the same unit of real work: ProbeRunner::measure(b), an
 // executor window of two accumulated microbatches of b samples and its optimizer step (the
 // training window `accumplan run` executes) — so trial counts compare search strategies, not
@@ -78,12 +81,9 @@ struct BudgetCase {
   int64_t budget_bytes;
 };
 
-// Budgets at which accumplan's usable memory (budget less headroom) holds about `small` and
-// `large` samples by an unbudgeted profile's line: budget = (intercept + slope*(n + 0.5)) /
-// (1 - headroom). Placing them on the usable part keeps every row feasible: vgg11's fixed
-// activations (about 400 MiB at b = 1) exceed 10% of a budget that fits only 12 samples.
-std::vector<BudgetCase> place_budgets(const nlohmann::json& m, int64_t small, int64_t large, int64_t T,
-                                      double headroom) {
+// Budgets at which about `small` and `large` samples fit by an unbudgeted profile's line:
+// budget = intercept + slope*(n + 0.5).
+std::vector<BudgetCase> place_budgets(const nlohmann::json& m, int64_t small, int64_t large, int64_t T) {
   auto probe = ap::make_memory_probe(ap::ProbeRequest{});
   // Unbudgeted, the line predicts the machine's whole memory; capping the probes near `large`
   // keeps this setup step from training vgg11 at hundreds of samples.
@@ -92,8 +92,7 @@ std::vector<BudgetCase> place_budgets(const nlohmann::json& m, int64_t small, in
   const ap::MemoryModel model = ap::MemoryModel::fit(profile);
   std::vector<BudgetCase> out;
   for (int64_t n : {small, large}) {
-    const double bytes =
-        (model.summary().intercept_bytes + model.summary().slope_bytes_per_sample * (n + 0.5)) / (1.0 - headroom);
+    const double bytes = model.summary().intercept_bytes + model.summary().slope_bytes_per_sample * (n + 0.5);
     // Whole KiB: MiB steps are too coarse for small models (builtin:mlp is about 1 MiB in all).
     const int64_t kib = static_cast<int64_t>(std::ceil(bytes / 1024));
     out.push_back({ap::format_bytes(kib << 10), kib << 10});
@@ -112,12 +111,12 @@ ordered_json search_json(const ap::bench::SearchResult& r) {
 // gpt_decoder) is not there yet, and a one-window run peaked that much below training's steady
 // state. The second window is the steady state every later one repeats.
 nlohmann::json run_plan(const std::string& accumplan, const ap::Plan& plan, const std::string& model,
-                        int64_t budget_bytes, const std::string& scratch) {
+                        int64_t budget_bytes, const std::string& scratch, int64_t windows = 2) {
   const std::string plan_path = scratch + "/plan.json", stats_path = scratch + "/stats.json";
   ap::write_text_atomic(plan_path, ap::to_json(plan).dump(2) + "\n");
   std::remove(stats_path.c_str());
   const std::string cmd = "'" + accumplan + "' run --plan '" + plan_path + "' --model '" + model +
-                          "' --memory-budget " + std::to_string(budget_bytes) + " --steps 2 --stats '" + stats_path +
+                          "' --memory-budget " + std::to_string(budget_bytes) + " --steps " + std::to_string(windows) + " --stats '" + stats_path +
                           "' 2>'" + scratch + "/run.log'";
   const int rc = std::system(cmd.c_str());
   if (rc != 0) {
@@ -126,8 +125,8 @@ nlohmann::json run_plan(const std::string& accumplan, const ap::Plan& plan, cons
   return ap::read_json_file(stats_path, "run stats");
 }
 
-ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t T, double headroom,
-                      const std::string& accumplan, const std::string& scratch) {
+ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t T, const std::string& headroom,
+                      const std::string& accumplan, const std::string& scratch, int64_t long_windows) {
   auto probe = ap::make_memory_probe(ap::ProbeRequest{"cpu", "auto", budget.budget_bytes});
   ap::RunnerOptions opts = runner_options(m, T);
   opts.budget.bytes = budget.budget_bytes;
@@ -140,13 +139,13 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
   row["budget_bytes"] = budget.budget_bytes;
   row["persistent_bytes"] = runner.persistent().total();
 
-  // accumplan: profile + plan + confirm.
+  // accumplan: profile + plan + confirm + climb.
   auto t0 = std::chrono::steady_clock::now();
   ap::Profile profile = runner.profile();
   ap::PlanRequest req;
   req.target_batch = T;
   req.budget.bytes = budget.budget_bytes;
-  req.headroom = headroom;
+  req.headroom = ap::parse_headroom(headroom);
   // Memory alone, as `accumplan` plans by default. (The run committed at a5c399e had timing on
   // by the default of then; no row took a timing-based split: every planned microbatch there is
   // the balanced split of max_micro_batch.)
@@ -156,10 +155,26 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
   const int64_t plan_trials = static_cast<int64_t>(profile.trials.size());
   const int64_t plan_ooms = std::count_if(profile.trials.begin(), profile.trials.end(),
                                           [](const ap::Trial& t) { return !t.fit; });
+  const ap::Margin& margin = plan.memory.margin;
   row["accumplan"] = ordered_json{{"micro_batch", plan.micro_batch},
                                   {"max_micro_batch", plan.max_micro_batch},
+                                  {"accumulation_steps", plan.accumulation_steps},
                                   {"predicted_peak_bytes", plan.memory.predicted_peak_bytes},
+                                  {"margin_bytes", plan.memory.margin_bytes},
+                                  {"margin", ordered_json{{"headroom", margin.headroom},
+                                                          {"fit_residual_bytes", margin.fit_residual_bytes},
+                                                          {"activation_bytes", margin.activation_bytes},
+                                                          {"allocator_fragmentation_bytes", margin.allocator_fragmentation_bytes},
+                                                          {"fixed_bytes", margin.fixed_bytes},
+                                                          {"measured", margin.measured}}},
                                   {"confirmed", plan.confirmed},
+                                  {"trial_sizes", [&] {
+                                     ordered_json a = ordered_json::array();
+                                     for (const auto& t : profile.trials) {
+                                       a.push_back(ordered_json{{"kind", t.kind}, {"window", t.window}, {"fit", t.fit}});
+                                     }
+                                     return a;
+                                   }()},
                                   {"trials", plan_trials},
                                   {"ooms", plan_ooms},
                                   {"seconds", plan_seconds},
@@ -168,25 +183,6 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
                                      for (const auto& p : profile.points) s.push_back(p.micro_batch);
                                      return s;
                                    }()}};
-
-  // The same profile planned with no headroom: what the prediction alone achieves when, like the
-  // peers, nothing is held back. Its cost is the extra confirmation trials only.
-  {
-    ap::Profile p0 = profile;
-    const size_t before = p0.trials.size();
-    ap::PlanRequest r0 = req;
-    r0.headroom = 0.0;
-    const auto t1 = std::chrono::steady_clock::now();
-    const ap::Plan plan0 = runner.plan_and_confirm(p0, r0);
-    int64_t ooms0 = 0;
-    for (size_t i = before; i < p0.trials.size(); ++i) ooms0 += p0.trials[i].fit ? 0 : 1;
-    row["accumplan_headroom0"] = ordered_json{{"micro_batch", plan0.micro_batch},
-                                              {"max_micro_batch", plan0.max_micro_batch},
-                                              {"confirmed", plan0.confirmed},
-                                              {"extra_trials", static_cast<int64_t>(p0.trials.size() - before)},
-                                              {"ooms", ooms0},
-                                              {"seconds", seconds_since(t1)}};
-  }
 
   // Oracle shared by the truth search and the peers: one real steady-state trial.
   ap::bench::Oracle oracle = [&](int64_t b, int) {
@@ -218,6 +214,23 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
     const int64_t mid = (lo + hi) / 2;
     if (oracle(mid, 1).fit) lo = mid; else hi = mid;
   }
+  // The plan's largest microbatch for `long_windows` windows: the same profile, budget and margin
+  // planned for a per-rank batch of two of it, so every window is the plan's largest.
+  ordered_json long_run = nullptr;
+  if (long_windows > 0) {
+    ap::PlanRequest r2 = req;
+    r2.target_batch = 2 * plan.max_micro_batch;
+    const ap::Plan plan2 = ap::make_plan(profile, r2);
+    const nlohmann::json lr = run_plan(accumplan, plan2, m["model"].get<std::string>(), budget.budget_bytes, scratch, long_windows);
+    long_run = ordered_json{{"microbatch_sizes", plan2.microbatch_sizes},
+                            {"confirmed", plan2.confirmed},
+                            {"windows", lr["windows"]},
+                            {"measured_peak_bytes", lr["measured_peak_bytes"]},
+                            {"predicted_peak_bytes", plan2.memory.predicted_peak_bytes},
+                            {"oom_recoveries", lr["oom_recoveries"]},
+                            {"replans", lr.value("replans", nlohmann::json(nullptr))}};
+  }
+  row["long_run"] = long_run;
   row["run"] = ordered_json{{"windows", run["windows"]},
                             {"measured_peak_bytes", run_peak},
                             {"oom_recoveries", run["oom_recoveries"]},
@@ -226,12 +239,12 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
   row["truth"] = ordered_json{{"max_micro_batch", lo},
                               {"run_peak_bytes", run_peak},
                               {"prediction_error_percent", error},
-                              // What training will use (the largest planned microbatch) over what fits.
-                              {"utilisation", lo > 0 ? static_cast<double>(plan.micro_batch) / static_cast<double>(lo) : 0.0},
-                              {"utilisation_headroom0",
-                               lo > 0 ? static_cast<double>(row["accumplan_headroom0"]["micro_batch"].get<int64_t>()) /
-                                            static_cast<double>(lo)
-                                      : 0.0}};
+                              // The largest microbatch the plan allows over what fits; and the
+                              // largest of the balanced split (ceil(T / k): the same k, so the
+                              // same number of microbatches) over what fits.
+                              {"utilisation", lo > 0 ? static_cast<double>(plan.max_micro_batch) / static_cast<double>(lo) : 0.0},
+                              {"utilisation_split", lo > 0 ? static_cast<double>(plan.micro_batch) / static_cast<double>(lo) : 0.0},
+                              {"best_accumulation_steps", lo > 0 ? (T + lo - 1) / lo : 0}};
 
   ordered_json peers = ordered_json::array();
   const int64_t state_bytes = runner.persistent().total();
@@ -255,7 +268,8 @@ int main(int argc, char** argv) {
   std::string manifest_path = "examples/models/manifest.json", out_path = "tests/bench/results.json";
   std::vector<std::string> only;
   int64_t target = 512, small = 12, large = 40;
-  double headroom = 0.10;
+  std::string headroom = "auto";
+  int64_t long_windows = 50;
   int overhead_models = 3, overhead_rounds = 6;
   bool quick = false;
   std::string accumplan = ACCUMPLAN_BIN, scratch = "build/bench-scratch", progress_mode = "auto";
@@ -265,7 +279,9 @@ int main(int argc, char** argv) {
   app.add_option("--target-batch", target, "per-rank target batch T (caps every search)")->capture_default_str();
   app.add_option("--small", small, "place the first budget so about this many samples fit")->capture_default_str();
   app.add_option("--large", large, "place the second budget so about this many samples fit")->capture_default_str();
-  app.add_option("--headroom", headroom, "accumplan's headroom")->capture_default_str();
+  app.add_option("--headroom", headroom, "accumplan's --headroom")->capture_default_str();
+  app.add_option("--long-windows", long_windows, "windows of the long run of each plan's largest microbatch (0: none)")
+      ->capture_default_str();
   app.add_option("--overhead-models", overhead_models, "models for the executor-overhead A/B")->capture_default_str();
   app.add_option("--overhead-rounds", overhead_rounds, "interleaved A/B rounds per model")->capture_default_str();
   app.add_flag("--quick", quick, "smoke mode: first model, one budget, 2 overhead rounds");
@@ -306,13 +322,13 @@ int main(int argc, char** argv) {
       const int64_t T = m.value("bench_target_batch", target);
       const int64_t m_small = m.value("bench_small", small), m_large = m.value("bench_large", large);
       g_progress->message("[" + std::to_string(static_cast<int>(seconds_since(t_all))) + " s] " + name + ": placing budgets");
-      auto budgets = place_budgets(m, m_small, m_large, T, headroom);
+      auto budgets = place_budgets(m, m_small, m_large, T);
       if (quick) budgets.resize(1);
       for (const auto& b : budgets) {
         g_progress->message("[" + std::to_string(static_cast<int>(seconds_since(t_all))) + " s] " + name + " @ " + b.label);
         try {
           std::filesystem::create_directories(scratch);
-          results["rows"].push_back(run_case(m, b, T, headroom, accumplan, scratch));
+          results["rows"].push_back(run_case(m, b, T, headroom, accumplan, scratch, quick ? 3 : long_windows));
         } catch (const std::exception& e) {
           // One model's failure is a finding to report, not a reason to lose the other rows.
           g_progress->message(std::string("  failed: ") + e.what());

@@ -19,11 +19,31 @@ def mib(b):
     return f"{b / 2**20:.0f}"
 
 
-def h0(x):
-    h = x.get("accumplan_headroom0")
-    if not h:
+def margin(a):
+    m = a.get("margin")
+    if not m:
         return "n/a"
-    return f"{h['micro_batch']} / {x['truth']['utilisation_headroom0']:.2f} / {h['extra_trials']}"
+    parts = [f"{a['margin_bytes'] / 2**10:.0f} KiB"]
+    if m.get("measured"):
+        parts.append("measured")
+    return " ".join(parts)
+
+
+def windows(a):
+    """Trial windows in order: 'b' for a window [b, b], '[T]' for one microbatch, '!' when it failed."""
+    out = []
+    for t in a.get("trial_sizes", []):
+        w = t["window"]
+        s = f"[{w[0]}]" if len(w) == 1 else str(w[0])
+        out.append(s + ("" if t["fit"] else "!"))
+    return ",".join(out)
+
+
+def long_run(x):
+    lr = x.get("long_run")
+    if not lr:
+        return "n/a"
+    return f"{lr['windows']} × {lr['microbatch_sizes']} / {lr['oom_recoveries']}"
 
 
 def main(src, dst):
@@ -57,8 +77,13 @@ def main(src, dst):
     out.append("window `accumplan run` trains with. *Trials* count those; *steps* count each peer's own steps (Lightning")
     out.append("runs 3 per trial, the others 1). Prediction error is (predicted − run peak) / run peak, where the run")
     out.append("peak is what `accumplan run` of the plan reached under the same budget, in its own process (positive =")
-    out.append("conservative); utilisation is the largest planned microbatch (what training will use) over the true")
-    out.append("largest that fits.\n")
+    out.append("conservative); utilisation is the largest microbatch the plan allows (`max_micro_batch`, what the")
+    out.append("search found) over the true largest that fits; *split* is the balanced split's largest microbatch over")
+    out.append("the true largest (the plan uses the fewest microbatches, k = ceil(T / max), split evenly: 512 samples")
+    out.append("with a maximum of 46 are 12 microbatches of 43 rather than 11 of 46 and one of 6); *k / best k*")
+    out.append("compares the plan's accumulation count with ceil(T / true max). The long run trains the plan's")
+    out.append("largest microbatch for 50 windows (each two microbatches of it, then the optimizer step) with")
+    out.append("`accumplan run` under the same budget: windows × sizes / OOM recoveries.\n")
 
     errors = [x["truth"]["prediction_error_percent"] for x in rows if x["truth"]["prediction_error_percent"] is not None]
     utils = [x["truth"]["utilisation"] for x in rows]
@@ -66,7 +91,21 @@ def main(src, dst):
     if errors:
         out.append(f"- prediction error at the planned microbatch: mean {statistics.mean(abs(e) for e in errors):.2f}%, "
                    f"max {max(abs(e) for e in errors):.2f}% (signed range {min(errors):+.2f}% .. {max(errors):+.2f}%)")
-    out.append(f"- utilisation: min {min(utils):.2f}, mean {statistics.mean(utils):.2f} with the default headroom {r['headroom']}")
+    out.append(f"- utilisation (the plan's largest microbatch / the true largest): min {min(utils):.2f}, mean {statistics.mean(utils):.2f} "
+               f"with --headroom {r['headroom']}")
+    split = [x["truth"]["utilisation_split"] for x in rows if "utilisation_split" in x["truth"]]
+    if split:
+        best = sum(1 for x in rows if x["accumplan"].get("accumulation_steps") == x["truth"].get("best_accumulation_steps"))
+        out.append(f"- the balanced split's largest microbatch over the true largest: min {min(split):.2f}, mean "
+                   f"{statistics.mean(split):.2f}; the plan's accumulation count is the fewest possible in {best} of {len(rows)} rows")
+    lrs = [x["long_run"] for x in rows if x.get("long_run")]
+    if lrs:
+        out.append(f"- long runs: {sum(l['oom_recoveries'] for l in lrs)} OOM recoveries in {sum(l['windows'] for l in lrs)} "
+                   f"windows of {len(lrs)} plans' largest microbatch")
+    trials = [x["accumplan"]["trials"] for x in rows]
+    failed = [x["accumplan"]["ooms"] for x in rows]
+    out.append(f"- accumplan's trials per plan: mean {statistics.mean(trials):.2f}, max {max(trials)}; failed trials per "
+               f"row: max {max(failed)}, total {sum(failed)}")
     u0 = [x["truth"].get("utilisation_headroom0") for x in rows if "utilisation_headroom0" in x["truth"]]
     if u0:
         extra = sum(x["accumplan_headroom0"]["extra_trials"] for x in rows)
@@ -86,15 +125,16 @@ def main(src, dst):
                    f"{a_secs / max(1e-9, sum(p['seconds'] for p in ps)):.2f} | {sum(p['ooms'] for p in ps)} | {larger} |")
     out.append("")
     out.append("## Prediction and utilisation\n")
-    out.append("| model | budget MiB | persistent MiB | probes | planned (max) | true max | predicted MiB | run peak MiB | error % | run OOMs | utilisation | headroom 0: planned / utilisation / extra trials | trials | seconds |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    out.append("| model | budget MiB | persistent MiB | windows run | planned (max) | true max | k / best k | margin | predicted MiB | run peak MiB | error % | run OOMs | utilisation | split | long run | trials | seconds |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for x in rows:
         a, t = x["accumplan"], x["truth"]
         err = t["prediction_error_percent"]
-        out.append(f"| {x['model']} | {mib(x['budget_bytes'])} | {mib(x['persistent_bytes'])} | {','.join(map(str, a['probe_sizes']))} | "
-                   f"{a['micro_batch']} ({a['max_micro_batch']}) | {t['max_micro_batch']} | {mib(a['predicted_peak_bytes'])} | "
+        out.append(f"| {x['model']} | {mib(x['budget_bytes'])} | {mib(x['persistent_bytes'])} | {windows(a)} | "
+                   f"{a['micro_batch']} ({a['max_micro_batch']}) | {t['max_micro_batch']} | {a.get('accumulation_steps', 'n/a')} / {t.get('best_accumulation_steps', 'n/a')} | "
+                   f"{margin(a)} | {mib(a['predicted_peak_bytes'])} | "
                    f"{mib(t['run_peak_bytes'])} | {'n/a' if err is None else f'{err:+.2f}'} | {x['run']['oom_recoveries']} | {t['utilisation']:.2f} | "
-                   f"{h0(x)} | {a['trials']} | {a['seconds']:.1f} |")
+                   f"{t.get('utilisation_split', float('nan')):.2f} | {long_run(x)} | {a['trials']} | {a['seconds']:.1f} |")
     out.append("")
     out.append("## Search cost against the peers\n")
     out.append("Each cell: microbatch found / trials / OOMs / seconds.\n")
