@@ -246,10 +246,19 @@ std::vector<int64_t> balanced_split(int64_t total, int64_t parts, int64_t unit) 
 }
 
 int64_t largest_divisor_at_most(int64_t total, int64_t limit, int64_t unit) {
-  for (int64_t d = std::min(limit, total); d >= 1; --d) {
-    if (d % unit == 0 && total % d == 0) return d;
+  if (total < 1 || limit < 1 || unit < 1) return 0;
+  // Divisors come in pairs (i, total / i) with i <= sqrt(total): at most 2^20 steps for the
+  // largest per-rank batch accepted (2^40), where counting d down from the limit could take 2^39.
+  int64_t best = 0;
+  auto consider = [&](int64_t d) {
+    if (d <= limit && d % unit == 0 && d > best) best = d;
+  };
+  for (int64_t i = 1; i <= total / i; ++i) {
+    if (total % i != 0) continue;
+    consider(i);
+    consider(total / i);
   }
-  return 0;
+  return best;
 }
 
 std::vector<int64_t> split_samples(int64_t total, int64_t max_micro_batch, const std::string& split,
@@ -324,6 +333,16 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   if (user_bound) m_max = *request.max_micro_batch;
   m_max = (m_max / unit) * unit;
 
+  // A window is a list of microbatch sizes held in memory (and run one by one): more than 2^20 of
+  // them is a request nobody means, and a list of 2^40 entries would not fit on the host.
+  const int64_t k_needed = T / m_max + (T % m_max != 0 ? 1 : 0);
+  const int64_t k_uniform = request.split == "uniform" ? T / std::max<int64_t>(1, largest_divisor_at_most(T, m_max, unit)) : 0;
+  if (std::max(k_needed, k_uniform) > kMaxAccumulationSteps) {
+    throw InfeasibleError("--target-batch " + std::to_string(B) + ": " + std::to_string(T) +
+                          " samples per rank at microbatches of at most " + std::to_string(m_max) + " need " +
+                          std::to_string(std::max(k_needed, k_uniform)) + " microbatches per window; accumplan plans at most " +
+                          std::to_string(kMaxAccumulationSteps) + ". Lower --target-batch or raise --memory-budget");
+  }
   // Fewest microbatches first; then, with --use-timing, a larger count if clearly faster.
   std::vector<int64_t> sizes = split_samples(T, m_max, request.split, unit);
   const auto k_min = static_cast<int64_t>(sizes.size());  // memory's answer
@@ -332,6 +351,8 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   if (TimeModel::available(profile)) time = TimeModel::fit(profile);
   if (request.use_timing && !time) {
     timing_note = "; --use-timing had no effect: the profile has no step times at two sizes or more";
+  } else if (request.use_timing && k_min > 4096) {
+    timing_note = "; --use-timing had no effect: it weighs windows of at most 4096 microbatches";
   } else if (request.use_timing && request.split != "balanced") {
     timing_note = "; --use-timing had no effect: it weighs balanced splits only, not --split " + request.split;
   } else if (request.use_timing) {

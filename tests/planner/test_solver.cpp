@@ -438,3 +438,24 @@ TEST_CASE("Solver: a slope of one byte per sample and a budget in petabytes plan
   CHECK(plan.accumulation_steps == 1024);
   CHECK(MemoryModel::fit(p).largest_fitting(int64_t{1} << 52) == MemoryModel::kMaxMicroBatch);
 }
+
+TEST_CASE("Solver: a window of more than 2^20 microbatches is refused, not allocated", "[solver][errors]") {
+  // Issue 14: --target-batch 4611686018427387904 ended in bad_alloc.
+  const Profile p = linear_profile(100 * MiB, 0, 10 * MiB);
+  const PlanRequest r = request(int64_t{1} << 40, 1000 * MiB);  // m_max 80
+  try {
+    make_plan(p, r);
+    FAIL("planned 2^40 samples in microbatches of 80");
+  } catch (const InfeasibleError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("accumplan plans at most 1048576"));
+    CHECK_THAT(e.what(), Catch::Contains("--target-batch 1099511627776"));
+  }
+}
+
+TEST_CASE("Solver: the largest divisor is found by divisor pairs, for any size", "[solver]") {
+  CHECK(largest_divisor_at_most(2 * 1000003, 1000002) == 2);  // 1000003 is prime
+  CHECK(largest_divisor_at_most(int64_t{1} << 40, (int64_t{1} << 39) + 5) == int64_t{1} << 39);
+  CHECK(largest_divisor_at_most(256, 60) == 32);
+  CHECK(largest_divisor_at_most(256, 60, 3) == 0);
+  CHECK(largest_divisor_at_most(96, 40, 8) == 32);
+}

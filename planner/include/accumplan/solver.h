@@ -40,6 +40,9 @@ HeadroomSpec parse_headroom(const std::string& text, const std::string& option =
 // OOM): auto, the fraction, or the fixed bytes (what a 1.0/1.1 plan's fraction of its budget was).
 HeadroomSpec headroom_of(const Margin& margin);
 
+// No window holds more microbatches than this (2^20); make_plan refuses a request that needs more.
+inline constexpr int64_t kMaxAccumulationSteps = int64_t{1} << 20;
+
 // The default margin's activation part: this fraction of the batch-dependent activations (a1·b).
 // 2%: about one sample in fifty, so a planned microbatch of 48 keeps one sample's bytes for what
 // a straight line does not see (growth that bends beyond the probes); dropped once a real
