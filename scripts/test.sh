@@ -22,7 +22,7 @@ ctest --test-dir "$planner_dir" --output-on-failure -j "${JOBS:-2}"
 # Sanitizers and fuzzing (issue 14): a planner-only build with clang in build-san/, ASan + UBSan
 # (float-cast-overflow included; -fno-sanitize-recover, so any report aborts and fails), runs the
 # planner, CLI and corpus-replay tests, then fuzzes each reader and parser for FUZZ_SECONDS
-# (default 30: four targets, two minutes) from the committed corpus (tests/fuzz/corpus/). A
+# (default 30: five targets, two and a half minutes) from the committed corpus (tests/fuzz/corpus/). A
 # finding fails the script; its input is kept in build-san/fuzz-artifacts/. FUZZ_SECONDS=0 skips
 # the fuzzing, not the sanitizer tests.
 bash scripts/install-deps.sh sanitize
@@ -39,9 +39,9 @@ fuzz_seconds="${FUZZ_SECONDS:-30}"
 if [ "$fuzz_seconds" -gt 0 ]; then
   work="$san_dir/fuzz-work"
   rm -rf "$work" && mkdir -p "$work" "$san_dir/fuzz-artifacts"
-  for target in profile_reader plan_reader tensor_spec units; do
+  for target in profile_reader plan_reader tensor_spec units make_plan; do
     dict=()
-    case "$target" in *_reader) dict=(-dict=tests/fuzz/json.dict) ;; esac
+    case "$target" in *_reader | make_plan) dict=(-dict=tests/fuzz/json.dict) ;; esac
     mkdir -p "$work/$target"
     # New inputs go to the scratch folder (first); the committed corpus is only read.
     if ! "$san_dir/tests/fuzz/fuzz_$target" -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 \

@@ -2,9 +2,8 @@
 // memory model must answer (a plan or an InputError) without a crash, a sanitizer report or a
 // hang. Input: 16 bytes of request (target batch, budget, flags), then profile.json.
 //
-// What it is not: part of CI. It is built only with -DACCUMPLAN_FUZZ_SOLVER=ON and run by hand
-// (tests/fuzz/README.md): the solver is being rewritten, and its known hangs (issue 14) would
-// keep CI red. Inputs it finds go to tests/fuzz/corpus/solver/ for the solver's owner.
+// Run by scripts/test.sh like the other targets; its corpus (tests/fuzz/corpus/make_plan/) keeps
+// issue 14's solver cases (the tiny slope, 2^40 samples, casts out of int64) as regressions.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
