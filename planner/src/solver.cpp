@@ -584,10 +584,15 @@ std::string describe_plan(const Plan& p) {
     s << "  predicted window     " << format_seconds(p.timing->window_seconds) << "\n";
   }
   if (p.confirmed) {
-    s << "  confirmed            yes: a real step at microbatch " << p.micro_batch << " peaked at "
-      << format_bytes(p.confirmed_peak_bytes.value_or(0)) << "\n";
+    // The window that covers the plan: the one whose peak the plan records.
+    std::string window;
+    for (const auto& t : p.profile.trials) {
+      if (!t.window.empty() && t.peak_bytes == p.confirmed_peak_bytes.value_or(-1)) window = join_sizes(t.window);
+    }
+    s << "  confirmed            yes: a real window" << (window.empty() ? "" : " [" + window + "]")
+      << " covering the plan's ran within the budget, peak " << format_bytes(p.confirmed_peak_bytes.value_or(0)) << "\n";
   } else {
-    s << "  confirmed            no (no real step at microbatch " << p.micro_batch << " was run)\n";
+    s << "  confirmed            no (no real window covering the plan's was run)\n";
   }
   if (!p.model.batch_dependent_layers.empty()) {
     s << "  warning: " << p.model.batch_dependent_layers.size()

@@ -210,13 +210,15 @@ std::unique_ptr<MemoryProbe> open_probe(const DeviceArgs& a, const RunnerOptions
 std::string steps_summary(const std::vector<Trial>& trials) {
   int probes = 0, confirms = 0;
   double seconds = 0;
+  int climbs = 0, failed = 0;
   for (const auto& t : trials) {
-    (t.kind == "confirm" ? confirms : probes) += 1;
+    (t.kind == "confirm" ? confirms : t.kind == "climb" ? climbs : probes) += 1;
+    failed += t.fit ? 0 : 1;
     seconds += t.seconds;
   }
   std::ostringstream s;
-  s << "  real steps taken     " << trials.size() << " (" << probes << " probe, " << confirms << " confirm) in "
-    << format_seconds(seconds) << "\n";
+  s << "  real windows run     " << trials.size() << " (" << probes << " probe, " << confirms << " confirm, " << climbs
+    << " climb; " << failed << " did not fit) in " << format_seconds(seconds) << "\n";
   return s.str();
 }
 

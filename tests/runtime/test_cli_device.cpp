@@ -43,7 +43,7 @@ TEST_CASE("CLI main job: profiles, plans and confirms; plan JSON on stdout, summ
   CHECK(r.err.find("probe b=4: peak") != std::string::npos);
   CHECK(r.err.find("confirm b=") != std::string::npos);
   CHECK(r.err.find("predicted peak") != std::string::npos);
-  CHECK(r.err.find("real steps taken") != std::string::npos);
+  CHECK(r.err.find("real windows run") != std::string::npos);
 }
 
 TEST_CASE("CLI profile: writes a profile that `accumplan plan` re-plans without the device", "[cli][device]") {
