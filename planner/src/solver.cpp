@@ -327,7 +327,14 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   // window, so it may fit where a steady-state microbatch of that size would not.
   if (m_max < T && T <= below_failure) {
     const bool ran = covering_trial(profile, {T}, budget, mm) != nullptr;
-    if (ran || model.predict_window_peak_bytes({T}) + mm.bytes_at(T, false) <= budget) m_max = T;
+    // The first-microbatch line is trusted up to twice the largest size measured, the reach the
+    // probes keep for the steady line; beyond, the steady line decides. (builtin:mlp: first peaks
+    // of 0.98 MB flat from b = 2 to 33 said a window of one microbatch of 256 fits 1200 KiB; it ran
+    // out of memory.)
+    int64_t largest_point = 0;
+    for (const auto& pt : profile.points) largest_point = std::max(largest_point, pt.micro_batch);
+    const int64_t one = T <= 2 * largest_point ? model.predict_window_peak_bytes({T}) : model.predict_peak_bytes(T);
+    if (ran || one + mm.bytes_at(T, false) <= budget) m_max = T;
   }
   const bool user_bound = request.max_micro_batch && *request.max_micro_batch < m_max;
   if (user_bound) m_max = *request.max_micro_batch;
