@@ -173,6 +173,8 @@ class Plan:
         for key in ("intercept_bytes", "slope_bytes_per_sample"):
             _field(self.fit, key, "$.fit", (int, float), required=False)
         _field(self.memory, "usable_bytes", "$.memory", (int, float), required=False)
+        # 1.2: the margin kept free below the budget, in bytes (usable_bytes = budget_bytes - margin_bytes)
+        self.margin_bytes = _field(self.memory, "margin_bytes", "$.memory", (int, float), required=False, default=None)
         self.loss = _field(self.setup, "loss", "$.setup", (str,), required=False, default="cross_entropy")
         self.normalization = _field(self.setup, "normalization", "$.setup", (str,), required=False, default="auto")
         if self.normalization not in ("auto", "samples", "tokens"):
@@ -219,7 +221,8 @@ class Plan:
 
     def largest_fitting(self):
         """The largest microbatch b with fit.intercept_bytes + fit.slope_bytes_per_sample * b <=
-        memory.usable_bytes, or None when the plan carries no memory model."""
+        memory.usable_bytes (the budget less the margin), or None when the plan carries no memory
+        model."""
         a = self.fit.get("intercept_bytes")
         s = self.fit.get("slope_bytes_per_sample")
         usable = self.memory.get("usable_bytes")
@@ -314,7 +317,7 @@ def load_plan(path_or_doc, model=None, force=False):
     """Reads and validates a plan: a path to plan.json, or the already parsed dict.
 
     ``model`` (a path) also checks the model file's SHA-256 against the plan's (``force=True``
-    accepts a different one). Accepts schema_version 1.x (1.0 and 1.1); refuses other majors."""
+    accepts a different one). Accepts schema_version 1.x (1.0, 1.1 and 1.2); refuses other majors."""
     if isinstance(path_or_doc, dict):
         plan = Plan(path_or_doc, source="plan")
     else:

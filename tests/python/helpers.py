@@ -51,6 +51,11 @@ def as_version(d, version):
     (the profile nested as "profile"), whichever layout the golden file has today."""
     d = copy.deepcopy(d)
     d["schema_version"] = version
+    if version.startswith(("1.0", "1.1")) and "margin_bytes" in d["memory"]:
+        # 1.0 and 1.1 stated the margin as a fraction of the budget, not in bytes
+        m = d["memory"]
+        m.pop("margin", None)
+        m["headroom"] = m.pop("margin_bytes") / m["budget_bytes"]
     if version.startswith("1.1") and "profile" not in d:
         profile = {k: copy.deepcopy(d[k]) for k in ("device", "model", "setup", "libtorch_version")}
         profile["persistent"] = {k: d["memory"][k] for k in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes")}

@@ -15,7 +15,7 @@ import unittest
 import torch
 from torch.distributed.run import get_args_parser
 
-from helpers import GOLDEN_PLAN, ROOT
+from helpers import ROOT
 
 BIN = os.environ.get("ACCUMPLAN_BIN") or next(
     (p for p in (os.path.join(ROOT, d, "accumplan") for d in ("build", "build-planner-only")) if os.access(p, os.X_OK)),
@@ -47,8 +47,9 @@ class Exports(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
-        cls.plans = {"golden": GOLDEN_PLAN}  # 256 = [52,51,51,51,51]; uniform 8 x 32
-        for name, args in (("w2", ["--target-batch", "256", "--world-size", "2", "--max-micro-batch", "48"]),
+        cls.plans = {}
+        for name, args in (("uneven", ["--target-batch", "256", "--max-micro-batch", "60"]),  # 52,51,51,51,51
+                           ("w2", ["--target-batch", "256", "--world-size", "2", "--max-micro-batch", "48"]),
                            ("p251", ["--target-batch", "251", "--max-micro-batch", "36"])):
             path = os.path.join(cls.tmp.name, name + ".json")
             accumplan("plan", "--profile", PROFILE, "--memory-budget", "1GiB", "--out", path, *args)
@@ -90,8 +91,9 @@ class Exports(unittest.TestCase):
         self.assertEqual(ds["train_batch_size"], 256)
 
     def test_accelerate_kwargs_dataloader_and_launch_line(self):
-        plan = self.plan_json("golden")
-        cfg = json.loads(self.export("golden", "accelerate"))
+        plan = self.plan_json("uneven")
+        self.assertEqual(plan["microbatch_sizes"], [52, 51, 51, 51, 51])  # uniform: 8 x 32
+        cfg = json.loads(self.export("uneven", "accelerate"))
         self.assertLessEqual(set(cfg["Accelerator"]), ACCELERATOR_KWARGS)
         loader = torch.utils.data.DataLoader(list(range(1000)), **cfg["DataLoader"])  # the real consumer
         self.assertEqual(len(next(iter(loader))), plan["uniform"]["micro_batch"])
@@ -112,7 +114,7 @@ class Exports(unittest.TestCase):
 
     def test_lightning_cli_config(self):
         import yaml
-        text = self.export("golden", "lightning")
+        text = self.export("uneven", "lightning")
         cfg = yaml.safe_load(text)
         self.assertLessEqual(set(cfg), LIGHTNING_CLI_SECTIONS)  # no "dataloader": LightningCLI rejects it
         self.assertLessEqual(set(cfg["trainer"]), LIGHTNING_TRAINER_ARGS)

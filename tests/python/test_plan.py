@@ -4,7 +4,7 @@ import os
 import tempfile
 import unittest
 
-from helpers import GOLDEN_PLAN, as_version, golden_doc, make_plan
+from helpers import GOLDEN_PLAN, as_version, golden_doc, make_plan, plan_doc
 
 import accumplan
 
@@ -12,15 +12,23 @@ import accumplan
 class LoadPlan(unittest.TestCase):
     def test_reads_the_golden_plans(self):
         paths = [GOLDEN_PLAN] + [p for p in (GOLDEN_PLAN.replace("plan.json", "plan-1.0.json"),) if os.path.exists(p)]
+        self.assertEqual(len(paths), 2)
         for path in paths:
+            with open(path) as f:
+                doc = json.load(f)
             plan = accumplan.load_plan(path)
-            self.assertIn(plan.schema_version, ("1.0", "1.1"))
-            self.assertEqual(plan.microbatch_sizes, [52, 51, 51, 51, 51])
-            self.assertEqual((plan.micro_batch, plan.accumulation_steps), (52, 5))
-            self.assertEqual(plan.weights, golden_doc()["weights"])
+            self.assertIn(plan.schema_version, ("1.0", "1.1", "1.2"))
+            self.assertEqual(plan.microbatch_sizes, doc["microbatch_sizes"])
+            self.assertEqual((plan.micro_batch, plan.accumulation_steps), (doc["micro_batch"], doc["accumulation_steps"]))
+            self.assertEqual(plan.weights, doc["weights"])  # n_i / T, recomputed here
             self.assertEqual(plan.split_kind, "balanced")
             self.assertEqual(plan.normalization, "auto")
-            self.assertEqual(plan.largest_fitting(), 60)
+            # the reader's own arithmetic on fit + memory lands on the C++ solver's answer
+            self.assertEqual(plan.largest_fitting(), doc["max_micro_batch"])
+        self.assertEqual(accumplan.load_plan(paths[1]).largest_fitting(), 60)  # 1.0: budget x 0.9 headroom
+        plan = accumplan.load_plan(paths[0])  # 1.2: the margin is bytes
+        self.assertEqual(plan.margin_bytes, golden_doc()["memory"]["margin_bytes"])
+        self.assertEqual(plan.memory["usable_bytes"], plan.memory["budget_bytes"] - plan.margin_bytes)
 
     def test_reads_1_0_and_1_1_layouts(self):
         old = as_version(golden_doc(), "1.0")
@@ -31,10 +39,11 @@ class LoadPlan(unittest.TestCase):
         self.assertNotIn("trials", doc)
         plan = accumplan.load_plan(doc)
         self.assertEqual(plan.profile["points"][0]["micro_batch"], 1)
-        self.assertEqual(plan.largest_fitting(), 60)  # from fit + memory, not from the points
+        self.assertEqual(plan.largest_fitting(), doc["max_micro_batch"])  # from fit + memory, not the points
+        self.assertIsNone(plan.margin_bytes)  # 1.1 stated a headroom fraction, not bytes
         doc["schema_version"] = "1.7"  # a later minor version: unknown fields are ignored
         doc["something_new"] = {"x": 1}
-        self.assertEqual(accumplan.load_plan(doc).microbatch_sizes, [52, 51, 51, 51, 51])
+        self.assertEqual(accumplan.load_plan(doc).microbatch_sizes, golden_doc()["microbatch_sizes"])
 
     def test_refuses_another_major_version_and_another_schema(self):
         doc = golden_doc()
@@ -103,7 +112,9 @@ class Arithmetic(unittest.TestCase):
         self.assertEqual(accumplan.split_samples(7, 4, "balanced", 8), [4, 3])  # short window drops the unit
 
     def test_short_windows_split_under_the_plans_largest_microbatch(self):
-        plan = accumplan.load_plan(GOLDEN_PLAN)  # 52,51,51,51,51; max_micro_batch 60
+        doc = plan_doc([52, 51, 51, 51, 51])
+        doc["max_micro_batch"] = 60  # memory allows 60; the window runs 52 at most
+        plan = accumplan.load_plan(doc)
         self.assertEqual(plan.window_sizes(256), [52, 51, 51, 51, 51])
         self.assertEqual(plan.window_sizes(60), [30, 30])  # not one 60 nobody ran
         self.assertEqual(plan.window_sizes(7), [7])
@@ -111,8 +122,9 @@ class Arithmetic(unittest.TestCase):
             plan.window_sizes(257)
 
     def test_replan_below_uses_the_memory_model_and_the_bound(self):
-        # fit says 60 fit; an OOM at 52 bounds the microbatch by 51: 256 = 6 microbatches.
+        # the fit says 67 fit; an OOM at 52 bounds the microbatch by 51: 256 = 6 microbatches.
         plan = accumplan.load_plan(GOLDEN_PLAN)
+        self.assertEqual(plan.largest_fitting(), 67)
         note = plan.replan_below(52)
         self.assertEqual(plan.microbatch_sizes, [43, 43, 43, 43, 42, 42])
         self.assertIn("out of memory at microbatch 52", note)
