@@ -43,6 +43,7 @@ struct Fd {
   explicit Fd(int f) : fd(f) {}
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& o) noexcept : fd(o.fd) { o.fd = -1; }
   ~Fd() {
     if (fd >= 0) ::close(fd);
   }
@@ -53,26 +54,43 @@ struct Fd {
 // ---------------------------------------------------------------------------------------------
 // Reading
 
-std::string read_text_file(const std::string& path, const std::string& what) {
+namespace {
+
+// Opens `path` for reading and refuses anything but a regular file, each kind with its own line.
+// `noun` is what the user should give instead ("a JSON file").
+Fd open_regular_file(const std::string& path, const std::string& what, const std::string& noun, struct stat& st) {
   const std::string where = what + " " + quoted(path);
   // O_NONBLOCK: a FIFO without a writer opens at once (and is refused below) instead of waiting.
-  const Fd f(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  Fd f(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
   if (f.fd < 0) {
     const int err = errno;
     throw InputError(what + ": cannot open " + quoted(path) + ": " + errno_text(err));
   }
-  struct stat st {};
   if (::fstat(f.fd, &st) != 0) throw InputError(where + ": cannot stat: " + errno_text(errno));
-  if (S_ISDIR(st.st_mode)) throw InputError(where + " is a directory; give the path of a JSON file in it");
-  if (is_dev_null(st)) throw InputError(where + " is empty (/dev/null); give a JSON file written by accumplan");
+  if (S_ISDIR(st.st_mode)) throw InputError(where + " is a directory; give the path of " + noun + " in it");
+  if (is_dev_null(st)) throw InputError(where + " is empty (/dev/null); give " + noun);
   if (S_ISFIFO(st.st_mode)) {
-    throw InputError(where + " is a FIFO (named pipe), not a file; save the JSON to a regular file first");
+    throw InputError(where + " is a FIFO (named pipe), not a file; save it to a regular file first");
   }
   if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) {
-    throw InputError(where + " is a device, not a file; give a JSON file written by accumplan");
+    throw InputError(where + " is a device, not a file; give " + noun);
   }
-  if (S_ISSOCK(st.st_mode)) throw InputError(where + " is a socket, not a file; give a JSON file");
-  if (!S_ISREG(st.st_mode)) throw InputError(where + " is not a regular file; give a JSON file");
+  if (S_ISSOCK(st.st_mode)) throw InputError(where + " is a socket, not a file; give " + noun);
+  if (!S_ISREG(st.st_mode)) throw InputError(where + " is not a regular file; give " + noun);
+  return f;
+}
+
+}  // namespace
+
+void require_regular_file(const std::string& path, const std::string& what, const std::string& noun) {
+  struct stat st {};
+  open_regular_file(path, what, noun, st);
+}
+
+std::string read_text_file(const std::string& path, const std::string& what) {
+  const std::string where = what + " " + quoted(path);
+  struct stat st {};
+  const Fd f = open_regular_file(path, what, "a JSON file written by accumplan", st);
   if (st.st_size > kMaxInputFileBytes) {
     throw InputError(where + " is " + std::to_string(static_cast<long long>(st.st_size)) +
                      " bytes, more than any accumplan document (at most " +

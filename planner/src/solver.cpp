@@ -36,9 +36,11 @@ void validate(const PlanRequest& r) {
   if (r.target_batch < 1) {
     throw InputError("--target-batch must be at least 1, got " + std::to_string(r.target_batch));
   }
+  checked_in_range(r.target_batch, 1, kMaxSamples, "--target-batch");
   if (r.world_size < 1) {
     throw InputError("--world-size must be at least 1, got " + std::to_string(r.world_size));
   }
+  checked_in_range(r.world_size, 1, kMaxWorldSize, "--world-size");
   if (r.headroom.kind == HeadroomSpec::Kind::Fraction && !(r.headroom.fraction >= 0.0 && r.headroom.fraction <= 1.0)) {
     std::ostringstream got;
     got << r.headroom.fraction;
@@ -53,6 +55,8 @@ void validate(const PlanRequest& r) {
   if (r.max_micro_batch && *r.max_micro_batch < 1) {
     throw InputError("--max-micro-batch must be at least 1, got " + std::to_string(*r.max_micro_batch));
   }
+  if (r.multiple_of) checked_in_range(*r.multiple_of, 1, kMaxSamples, "--multiple-of");
+  if (r.max_micro_batch) checked_in_range(*r.max_micro_batch, 1, kMaxSamples, "--max-micro-batch");
   if (r.split != "balanced" && r.split != "uniform") {
     throw InputError("--split must be 'balanced' or 'uniform', got '" + r.split + "'");
   }

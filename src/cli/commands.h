@@ -33,6 +33,13 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands);
 // `run` and `verify` (executor_commands.cpp, LibTorch only); called from add_device_commands.
 void add_executor_commands(CLI::App& root, std::vector<Command>& commands);
 
+// --threads, declared once for every device command: CPU threads for LibTorch
+// (at::set_num_threads), in [1, kMaxThreads]; `threads` stays 0 when the option is not given.
+inline constexpr int kMaxThreads = 1024;
+void add_threads_option(CLI::App* app, int& threads, const std::string& group);
+// at::set_num_threads(threads) when given (threads > 0); LibTorch's default otherwise.
+void apply_threads(int threads);
+
 // Writes `text` to `path` atomically, or to stdout when `path` is empty or "-".
 void emit_output(const std::string& path, const std::string& text);
 

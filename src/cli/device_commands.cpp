@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/memory_probe.h"
 #include "accumplan/report.h"
@@ -128,7 +129,7 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
   app->add_option("--probe", a.probe, "memory probe: auto | cpu-counting | cuda-caching-allocator | cupti")
       ->capture_default_str()
       ->group(dev_group);
-  app->add_option("--threads", a.threads, "CPU threads for LibTorch (at::set_num_threads)")->group(dev_group);
+  add_threads_option(app, a.threads, dev_group);
   app->add_option("--probe-sizes", a.probe_sizes, "microbatch sizes measured first, comma-separated; then, where the fit predicts far more, one size toward the budget")
       ->capture_default_str()
       ->group(dev_group);
@@ -199,8 +200,7 @@ RunnerOptions runner_options(const DeviceArgs& a) {
 }
 
 std::unique_ptr<MemoryProbe> open_probe(const DeviceArgs& a, const RunnerOptions& o) {
-  if (a.threads < 0) throw InputError("--threads must be at least 1, got " + std::to_string(a.threads));
-  if (a.threads > 0) at::set_num_threads(a.threads);
+  apply_threads(a.threads);
   ProbeRequest req;
   req.device = o.device;
   req.backend = a.probe;
@@ -223,6 +223,19 @@ std::string steps_summary(const std::vector<Trial>& trials) {
 }
 
 }  // namespace
+
+void add_threads_option(CLI::App* app, int& threads, const std::string& group) {
+  // More threads than cores only slows LibTorch down; 1,000,000 used to create threads for ever.
+  app->add_option("--threads", threads,
+                  "CPU threads for LibTorch (at::set_num_threads), 1.." + std::to_string(kMaxThreads) +
+                      "; default: LibTorch's (the number of cores)")
+      ->check(CLI::Range(1, kMaxThreads))
+      ->group(group);
+}
+
+void apply_threads(int threads) {
+  if (threads > 0) at::set_num_threads(threads);
+}
 
 Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
   // --- the root job: profile, plan, confirm ---------------------------------------------------
@@ -256,6 +269,8 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
                           throw InputError("--target-batch and --world-size must be positive");
                         }
                         if (pargs->plan.target_batch > 0) {
+                          checked_in_range(pargs->plan.target_batch, 1, kMaxSamples, "--target-batch");
+                          checked_in_range(pargs->plan.world_size, 1, kMaxWorldSize, "--world-size");
                           o.max_probe_micro_batch = std::max<int64_t>(1, pargs->plan.target_batch / pargs->plan.world_size);
                         }
                         auto probe = open_probe(*pargs, o);

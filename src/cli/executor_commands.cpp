@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "accumplan/build_config.h"
+#include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
 #include "accumplan/memory_probe.h"
@@ -55,6 +56,12 @@ namespace {
 // Exit code of `verify` when accumulated and combined updates differ beyond the tolerance: the
 // inputs were fine (not 2), accumplan worked (not 1), the check found a difference.
 constexpr int kExitVerifyDiffers = 3;
+// Passes over the data: a million is beyond any training run and keeps windows x epochs in int64.
+constexpr int64_t kMaxEpochs = 1000000;
+// The synthetic data set lives in host memory: at most 2^30 samples and 16 GiB (1e9 samples of
+// a small model used to fail deep in the allocator).
+constexpr int64_t kMaxSyntheticSamples = int64_t{1} << 30;
+constexpr int64_t kMaxSyntheticBytes = int64_t{16} << 30;
 
 struct RunArgs {
   std::string plan;
@@ -79,6 +86,7 @@ struct RunArgs {
   bool force = false;
   bool no_recovery = false;
   int64_t synthetic_samples = 0;
+  CLI::Option* synthetic_option = nullptr;
   uint64_t seed = 1234;
   int threads = 0;
   int dist_timeout_s = 120;
@@ -118,8 +126,7 @@ std::string device_of(const RunArgs& a, const Plan& plan, const std::optional<Di
 Prepared prepare(const RunArgs& a, const std::string& command, const std::optional<DistEnv>& dist = std::nullopt) {
   if (a.plan.empty()) throw InputError("--plan is required: the plan.json written by `accumplan --model ...`");
   if (a.model.empty()) throw InputError("--model is required: the TorchScript file (or builtin:NAME) the plan was made for");
-  if (a.threads < 0) throw InputError("--threads must be at least 1, got " + std::to_string(a.threads));
-  if (a.threads > 0) at::set_num_threads(a.threads);
+  apply_threads(a.threads);
   Prepared p;
   p.plan = read_plan_file(a.plan, "--plan");  // SchemaError (exit 2) for another schema or major version
   check_plan_executable(p.plan, "--plan");
@@ -171,6 +178,10 @@ Prepared prepare(const RunArgs& a, const std::string& command, const std::option
   if (!s.target.empty()) p.target = parse_tensor_spec(s.target, "plan setup.target");
   p.loss.kind = s.loss;
   p.loss.ignore_index = s.ignore_index;
+  if (p.target && p.target->is_integer()) {
+    p.loss.target_classes = p.target->high;
+    p.loss.target_source = "the plan's setup.target " + cut_for_message(s.target);
+  }
   p.loss.normalization =
       resolve_normalization(s.normalization, s.loss, p.target ? static_cast<int64_t>(p.target->dims.size()) : 1);
   // Record the mode actually used ("auto" resolved), so a --plan-out plan says what ran.
@@ -185,7 +196,38 @@ Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) 
     check_batch_matches(b, p.inputs, p.target, "--data '" + a.data + "'");
     const int64_t n = batch_samples(b, "--data '" + a.data + "'");
     if (n < 1) throw InputError("--data '" + a.data + "' has no samples");
+    if (p.target && p.target->is_integer() && p.target->high && b.target.numel() > 0) {
+      // Once, on the host: class indices the plan's target spec does not allow would reach the
+      // loss (on a GPU, a device-side assert). ignore_index positions are allowed.
+      const at::Tensor valid = b.target.ne(p.loss.ignore_index);
+      const at::Tensor named = b.target.masked_select(valid);
+      if (named.numel() > 0) {
+        const int64_t lo = named.min().item<int64_t>(), hi = named.max().item<int64_t>();
+        if (lo < 0 || hi >= *p.target->high) {
+          throw InputError("--data '" + cut_for_message(a.data) + "': its targets range over [" + std::to_string(lo) +
+                           ", " + std::to_string(hi) + "] but the plan's target spec " + p.target->to_string() +
+                           " allows [0, " + std::to_string(*p.target->high - 1) + "] (and " +
+                           std::to_string(p.loss.ignore_index) + " to ignore); re-plan with this data (--batch-file)");
+        }
+      }
+    }
     return b;
+  }
+  int64_t bytes_per_sample = 0;
+  auto add = [&](const TensorSpec& spec) {
+    const int64_t item = static_cast<int64_t>(c10::elementSize(scalar_type_of(spec.dtype)));
+    bytes_per_sample = checked_add(bytes_per_sample, checked_mul(spec.elements_per_sample(), item, "bytes per sample"),
+                                   "bytes per sample");
+  };
+  for (const auto& spec : p.inputs) add(spec);
+  if (p.target) add(*p.target);
+  const int64_t bytes = checked_mul(bytes_per_sample, synthetic_samples, "--synthetic-samples x bytes per sample");
+  if (bytes > kMaxSyntheticBytes) {
+    throw InputError("--synthetic-samples " + std::to_string(synthetic_samples) +
+                     (a.synthetic_option && a.synthetic_option->count() > 0 ? "" : " (the default, 4 global windows)") + " would take " +
+                     format_bytes(bytes) + " of host memory (" + format_bytes(bytes_per_sample) +
+                     " per sample), more than " + format_bytes(kMaxSyntheticBytes) +
+                     "; give fewer --synthetic-samples or real samples with --data");
   }
   return synthetic_batch(p.inputs, p.target, synthetic_samples, a.seed, at::kCPU);
 }
@@ -226,17 +268,15 @@ int64_t parameter_fingerprint(const torch::jit::Module& module) {
 }
 
 int run_command(const RunArgs& a) {
-  if (a.steps_option->count() > 0 && a.steps < 1) {
-    throw InputError("--steps must be at least 1 (optimizer windows to run), got " + std::to_string(a.steps));
-  }
-  if (a.epochs_option->count() > 0 && a.epochs < 1) {
-    throw InputError("--epochs must be at least 1, got " + std::to_string(a.epochs));
-  }
+  if (a.steps_option->count() > 0) checked_in_range(a.steps, 1, kMaxSamples, "--steps (optimizer windows to run)");
+  if (a.epochs_option->count() > 0) checked_in_range(a.epochs, 1, kMaxEpochs, "--epochs");
   if (a.steps_option->count() > 0 && a.epochs_option->count() > 0) {
     throw InputError("give --steps or --epochs, not both");
   }
-  if (a.synthetic_samples < 0) throw InputError("--synthetic-samples must be positive");
-  if (a.clip < 0) throw InputError("--clip-grad-norm must be positive (0: no clipping), got " + std::to_string(a.clip));
+  if (a.synthetic_option && a.synthetic_option->count() > 0) {
+    checked_in_range(a.synthetic_samples, 1, kMaxSyntheticSamples, "--synthetic-samples");
+  }
+  if (a.clip != 0) check_grad_norm(a.clip, "--clip-grad-norm");  // 0: no clipping; nan and inf refused
   parse_progress_mode(a.progress);  // a bad --progress stops the run before anything loads
 
   if (a.dist_timeout_s < 1) throw InputError("--dist-timeout must be at least 1 second");
@@ -254,6 +294,7 @@ int run_command(const RunArgs& a) {
   const bool lead = rank == 0;  // writes the human progress lines
   Setup setup = p.plan.setup;
   if (a.lr_option->count() > 0) setup.lr = a.lr;
+  check_optimizer_values(setup);
   const AmpMode planned_amp = parse_amp_mode(setup.amp, "plan setup.amp");
   const AmpMode amp = a.amp.empty() ? planned_amp : parse_amp_mode(a.amp, "--amp");
   if (amp != planned_amp) {
@@ -303,8 +344,10 @@ int run_command(const RunArgs& a) {
   eo.communicator = comm.get();
 
   const auto windows = epoch_windows(samples, B);
-  const int64_t total = a.steps_option->count() > 0 ? a.steps
-                        : static_cast<int64_t>(windows.size()) * (a.epochs_option->count() > 0 ? a.epochs : 1);
+  const int64_t total = a.steps_option->count() > 0
+                            ? a.steps
+                            : checked_mul(static_cast<int64_t>(windows.size()), a.epochs_option->count() > 0 ? a.epochs : 1,
+                                          "windows per epoch x --epochs");
   // Rank 0 shows progress; every rank's executor log lines go through it (above the bar).
   const std::shared_ptr<Progress> progress = make_stderr_progress(lead ? a.progress : "none", "window", total);
   if (lead) eo.log = [progress](const std::string& line) { progress->message(line); };
@@ -334,7 +377,7 @@ int run_command(const RunArgs& a) {
     eo.before_optimizer_step = [&](int64_t) { trace->optimizer_begin(trace->now_us()); };
   }
   Executor ex(p.model.module, *optimizer, p.plan, eo);
-  if (lead) {
+  if (lead && parse_progress_mode(a.progress) != ProgressMode::None) {  // --progress none: errors only
     std::cerr << "accumplan: run: " << total << " windows of up to " << B << " samples (" << samples << " samples in "
               << windows.size() << " windows per epoch, " << (a.data.empty() ? "synthetic" : a.data) << ")";
     if (comm) {
@@ -518,7 +561,7 @@ void add_common(CLI::App* app, RunArgs& a) {
   app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: the plan's device)");
   app->add_flag("--force", a.force, "run even if --model's SHA-256 (or --amp) differs from the plan's");
   app->add_option("--seed", a.seed, "seed of the synthetic samples")->capture_default_str();
-  app->add_option("--threads", a.threads, "CPU threads for LibTorch (at::set_num_threads)");
+  add_threads_option(app, a.threads, "Options");  // CLI11's default group ("" would hide it)
 }
 
 }  // namespace
@@ -556,8 +599,10 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
                   "memory timeline on a CUDA build with CUPTI)");
   add_progress_option(run, args->progress);
   run->add_flag("--no-oom-recovery", args->no_recovery, "fail on the first out-of-memory instead of re-planning");
-  run->add_option("--synthetic-samples", args->synthetic_samples,
-                  "samples in the synthetic data set when --data is absent (default 4 global windows)");
+  args->synthetic_option =
+      run->add_option("--synthetic-samples", args->synthetic_samples,
+                      "samples in the synthetic data set when --data is absent, 1.." +
+                          std::to_string(kMaxSyntheticSamples) + " (default 4 global windows); held in host memory");
   run->add_option("--dist-timeout", args->dist_timeout_s,
                   "seconds a rank waits for its peers (rendezvous and every collective) before failing")
       ->capture_default_str();

@@ -43,6 +43,12 @@ int main(int argc, char** argv) {
   std::vector<cli::Command> commands;
   cli::add_planner_commands(app, commands);
   const cli::Command root_job = cli::add_device_commands(app, commands);
+  // --verbose, declared once here for the root and every command: an error's details (a model's
+  // TorchScript traceback) under its one line.
+  bool verbose = false;
+  const std::string verbose_help = "on an error, also print its details (e.g. the model's TorchScript traceback)";
+  app.add_flag("--verbose", verbose, verbose_help);
+  for (CLI::App* sub : app.get_subcommands({})) sub->add_flag("--verbose", verbose, verbose_help);
 
   try {
     app.parse(argc, argv);
@@ -53,7 +59,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "accumplan: error: " << e.what() << "\nRun with --help for usage.\n";
+    // One line, as every other refusal: the contract scripts and tests rely on.
+    std::cerr << "accumplan: error: " << e.what() << " (run with --help for usage)\n";
     return kExitInput;
   }
 
@@ -63,7 +70,15 @@ int main(int argc, char** argv) {
     }
     return root_job.run();
   } catch (const accumplan::Error& e) {
-    std::cerr << "accumplan: error: " << e.what() << "\n";
+    std::cerr << "accumplan: error: " << e.what();
+    if (!e.detail().empty()) {
+      if (verbose) {
+        std::cerr << "\n" << e.detail();
+      } else {
+        std::cerr << " (--verbose shows the details)";
+      }
+    }
+    std::cerr << "\n";
     return e.exit_code();
   } catch (const std::exception& e) {
     std::cerr << "accumplan: internal error: " << e.what()

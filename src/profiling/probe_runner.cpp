@@ -51,6 +51,7 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
     for (const auto& n : optimizer_names()) names += (names.empty() ? "" : ", ") + n;
     throw InputError("--optimizer '" + setup.optimizer + "' is unknown; choose one of: " + names);
   }
+  check_optimizer_values(setup);  // --lr 1e308, --momentum nan: refused with the option's range
   if (options_.batch_file) {
     file_batch_ = load_batch_file(*options_.batch_file, /*has_target=*/true);
     setup.inputs.clear();
@@ -70,14 +71,15 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
   // Resolving now refuses e.g. --normalization tokens with mse before any step runs.
   loss_.kind = setup.loss;
   loss_.ignore_index = setup.ignore_index;
+  if (target_spec_ && target_spec_->is_integer()) {
+    loss_.target_classes = target_spec_->high;
+    loss_.target_source = options_.batch_file ? "--batch-file '" + cut_for_message(*options_.batch_file) + "'"
+                                              : "--target " + cut_for_message(setup.target);
+  }
   loss_.normalization =
       resolve_normalization(setup.normalization, setup.loss, target_spec_ ? static_cast<int64_t>(target_spec_->dims.size()) : 0);
   amp_ = parse_amp_mode(setup.amp, "--amp");
-  if (setup.max_grad_norm && !(*setup.max_grad_norm > 0)) {
-    std::ostringstream got;
-    got << *setup.max_grad_norm;
-    throw InputError("--max-grad-norm must be positive, got " + got.str());
-  }
+  if (setup.max_grad_norm) check_grad_norm(*setup.max_grad_norm, "--max-grad-norm");
   make_optimizer(setup, {});  // validates hyperparameters and lr with no parameters to allocate for
 
   if (options_.budget.is_set()) {
@@ -102,8 +104,7 @@ void ProbeRunner::name_the_inputs(const ModelRejectedInputError& e) const {
   const std::string source = file_batch_ ? "--batch-file " + *options_.batch_file
                                          : "--input " + options_.setup.inputs.front() +
                                                (options_.setup.inputs.size() > 1 ? " ..." : "");
-  throw InputError("the model rejected inputs of shape " + e.shapes() + " (from " + source +
-                   "); its forward failed with:\n" + e.model_error());
+  throw ModelRejectedInputError(e.shapes(), e.model_error(), source);
 }
 
 bool ProbeRunner::is_oom(const std::exception& e) const {

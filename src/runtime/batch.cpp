@@ -11,7 +11,9 @@
 #include <fstream>
 #include <iterator>
 
+#include "accumplan/checked.h"
 #include "accumplan/errors.h"
+#include "accumplan/json_io.h"
 
 namespace accumplan {
 namespace {
@@ -62,6 +64,30 @@ void check_tensor(const at::Tensor& t, const TensorSpec& spec, const std::string
   }
 }
 
+// A pickled tensor's sizes, strides and offset are the file's claims, not facts: a file whose
+// tensor says [2^40, 64] over 40 bytes of storage used to crash (SIGSEGV) on the first read, and
+// one saying [32, 64] over 40 bytes read past its storage. The furthest element it addresses must
+// lie inside its storage; computed in checked int64 (the claimed extents may overflow it).
+void check_storage(const at::Tensor& t, const std::string& what) {
+  const std::string why = what + " (shape " + shape_text(t.sizes()) + ")";
+  int64_t last = t.storage_offset();  // the furthest element, in elements
+  bool empty = false;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t size = t.size(d), stride = t.stride(d);
+    if (size < 0 || stride < 0) throw InputError(why + ": negative size or stride; the file is damaged");
+    if (size == 0) empty = true;
+    if (size > 0) last = checked_add(last, checked_mul(size - 1, stride, why), why);
+  }
+  if (empty) return;
+  const int64_t item = static_cast<int64_t>(t.element_size());
+  const int64_t need = checked_mul(checked_add(last, 1, why), item, why);
+  const int64_t have = static_cast<int64_t>(t.storage().nbytes());
+  if (need > have) {
+    throw InputError(why + " claims " + std::to_string(need) + " bytes but its storage holds " + std::to_string(have) +
+                     "; the file is damaged or was not written by torch.save");
+  }
+}
+
 }  // namespace
 
 at::ScalarType scalar_type_of(const std::string& dtype) {
@@ -107,7 +133,8 @@ Batch synthetic_batch(const std::vector<TensorSpec>& inputs, const std::optional
 }
 
 Batch load_batch_file(const std::string& path, bool has_target, const std::string& option) {
-  const std::string file = option + " '" + path + "'";  // how every message names the file
+  const std::string file = option + " '" + cut_for_message(path) + "'";  // how every message names the file
+  require_regular_file(path, option, "a file written by torch.save([inputs..., target], f)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError("cannot open " + file);
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -143,6 +170,7 @@ Batch load_batch_file(const std::string& path, bool has_target, const std::strin
                        items[i].tagKind() + ", not a tensor");
     }
     at::Tensor t = items[i].toTensor();
+    check_storage(t, file + ": element " + std::to_string(i));
     if (t.dim() == 0) {
       throw InputError(file + ": element " + std::to_string(i) +
                        " is a scalar; every tensor needs dim 0 = samples");

@@ -15,7 +15,7 @@ std::string shape_of(const at::Tensor& t) {
 }
 
 // Logits [B,C] with target [B], or [B,T,C] with [B,T], class indices: InputError otherwise.
-void check_cross_entropy_shapes(const at::Tensor& logits, const at::Tensor& target) {
+void check_cross_entropy_shapes(const at::Tensor& logits, const at::Tensor& target, const LossConfig& config) {
   const bool ok2 = logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0);
   const bool ok3 = logits.dim() == 3 && target.dim() == 2 && target.size(0) == logits.size(0) &&
                    target.size(1) == logits.size(1);
@@ -27,13 +27,22 @@ void check_cross_entropy_shapes(const at::Tensor& logits, const at::Tensor& targ
     throw InputError("cross_entropy needs an int64 target of class indices; got " +
                      std::string(c10::toString(target.scalar_type())));
   }
+  const int64_t C = logits.size(-1);
+  if (config.target_classes && *config.target_classes > C) {
+    const std::string source = config.target_source.empty() ? "the target spec" : config.target_source;
+    throw InputError("the targets are class indices in [0, " + std::to_string(*config.target_classes) + ") (" + source +
+                     ") but the model's output has " + std::to_string(C) + " classes (output " + shape_of(logits) +
+                     "); give targets below " + std::to_string(C) + " (e.g. --target int64[B]:" + std::to_string(C) +
+                     ") or a model with " + std::to_string(*config.target_classes) + " outputs");
+  }
 }
 
 // Cross-entropy per position. Returns the per-position losses with ignored positions zeroed, and
 // the valid mask, both shaped like target.
 std::pair<at::Tensor, at::Tensor> cross_entropy_positions(const at::Tensor& logits, const at::Tensor& target,
-                                                          int64_t ignore_index) {
-  check_cross_entropy_shapes(logits, target);
+                                                          const LossConfig& config) {
+  check_cross_entropy_shapes(logits, target, config);
+  const int64_t ignore_index = config.ignore_index;
   const int64_t C = logits.size(-1);
   const at::Tensor flat_logits = logits.reshape({-1, C}).to(at::kFloat);
   const at::Tensor flat_target = target.reshape({-1});
@@ -76,7 +85,7 @@ LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, int64_t sam
     if (!per_sample_mean) {
       // One position per sample, or tokens mode: the sum over positions is the loss sum (ignored
       // positions add 0), one fused op whose backward is cheaper than per-position losses + sum.
-      check_cross_entropy_shapes(output, target);
+      check_cross_entropy_shapes(output, target, config);
       const int64_t C = output.size(-1);
       out.sum = at::cross_entropy_loss(output.reshape({-1, C}).to(at::kFloat), target.reshape({-1}), {}, at::Reduction::Sum,
                                        config.ignore_index);
@@ -89,7 +98,7 @@ LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, int64_t sam
       return out;
     }
     // A sample's loss is the mean over its valid positions; a sample with none contributes 0.
-    auto [per, valid] = cross_entropy_positions(output, target, config.ignore_index);
+    auto [per, valid] = cross_entropy_positions(output, target, config);
     const at::Tensor counts = valid.sum(1).clamp_min(1).to(per.scalar_type());
     out.sum = (per.sum(1) / counts).sum();
     out.units = per.size(0);

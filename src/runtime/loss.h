@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,12 @@ struct LossConfig {
   std::string kind = "cross_entropy";  // cross_entropy | mse | model
   Normalization normalization = Normalization::Samples;
   int64_t ignore_index = -100;
+  // cross_entropy: the target spec's bound H (class indices in [0, H), e.g. int64[B]:1000), when
+  // known. A model with fewer than H outputs is refused before the loss runs: on a GPU an index
+  // out of range is a device-side assert that poisons the CUDA context, not a catchable error.
+  // A host-side comparison of two integers, no sync.
+  std::optional<int64_t> target_classes;
+  std::string target_source;  // how messages name the target ("--target int64[B]:1000")
 };
 
 struct LossSum {

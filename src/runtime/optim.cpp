@@ -1,6 +1,8 @@
 // runtime/optim.cpp — optimizer construction and state accounting. See optim.h.
 #include "runtime/optim.h"
 
+#include <cmath>
+#include <cstdio>
 #include <set>
 #include <unordered_set>
 
@@ -24,7 +26,53 @@ const std::map<std::string, std::set<std::string>>& known_hyperparameters() {
   return known;
 }
 
+// Each hyperparameter's range. The optimizers compute in float32 on float32 parameters, so a
+// value like --lr 1e308 is not only meaningless but fails deep in LibTorch ("cannot be converted
+// to type float without overflow"); refuse it here with the option's name and the range.
+struct Range {
+  double lo, hi;
+  bool lo_open, hi_open;
+};
+const std::map<std::string, Range>& hyperparameter_ranges() {
+  static const std::map<std::string, Range> ranges = {
+      {"lr", {0, 1e6, true, false}},           {"momentum", {0, 1, false, true}},
+      {"dampening", {0, 1, false, false}},     {"weight_decay", {0, 1e6, false, false}},
+      {"beta1", {0, 1, false, true}},          {"beta2", {0, 1, false, true}},
+      {"eps", {0, 1, true, false}},            {"alpha", {0, 1, false, false}},
+      {"lr_decay", {0, 1e6, false, false}},
+  };
+  return ranges;
+}
+
+void check_hyperparameter(const std::string& key, double value) {
+  const Range& r = hyperparameter_ranges().at(key);
+  const bool ok = std::isfinite(value) && (r.lo_open ? value > r.lo : value >= r.lo) &&
+                  (r.hi_open ? value < r.hi : value <= r.hi);
+  if (ok) return;
+  std::string option = "--" + key;
+  for (char& c : option) c = c == '_' ? '-' : c;
+  char text[160];
+  std::snprintf(text, sizeof text, "%s: %.6g is out of range %c%g, %g%c", option.c_str(), value, r.lo_open ? '(' : '[',
+                r.lo, r.hi, r.hi_open ? ')' : ']');
+  throw InputError(text);
+}
+
 }  // namespace
+
+void check_optimizer_values(const Setup& setup) {
+  check_hyperparameter("lr", setup.lr);
+  for (const auto& [key, value] : setup.hyperparameters) {
+    if (hyperparameter_ranges().count(key)) check_hyperparameter(key, value);
+  }
+}
+
+void check_grad_norm(double value, const std::string& option) {
+  if (std::isfinite(value) && value > 0 && value <= 1e12) return;
+  char text[160];
+  std::snprintf(text, sizeof text, "%s: %.6g is out of range (0, 1e+12]; a gradient norm such as 1.0", option.c_str(),
+                value);
+  throw InputError(text);
+}
 
 const std::vector<std::string>& optimizer_names() {
   static const std::vector<std::string> names = {"sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop"};
@@ -46,7 +94,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Setup& setup, std:
       throw InputError("optimizer " + setup.optimizer + " has no hyperparameter '" + key + "'; it takes: " + names);
     }
   }
-  if (!(setup.lr > 0)) throw InputError("--lr must be positive, got " + std::to_string(setup.lr));
+  check_optimizer_values(setup);
   auto hp = [&](const char* key, double fallback) {
     auto f = setup.hyperparameters.find(key);
     return f == setup.hyperparameters.end() ? fallback : f->second;

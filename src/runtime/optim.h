@@ -21,6 +21,16 @@ namespace accumplan {
 
 const std::vector<std::string>& optimizer_names();
 
+// Throws InputError naming the option (--lr, --momentum, ...), the value and its range for a
+// learning rate or hyperparameter that is not finite or out of range (lr in (0, 1e6], momentum
+// and betas in [0, 1), eps in (0, 1], ...). make_optimizer calls it; commands call it before
+// loading anything.
+void check_optimizer_values(const Setup& setup);
+
+// A gradient-clipping norm (--max-grad-norm, --clip-grad-norm) must be finite and in (0, 1e12] (as setup.max_grad_norm in a plan);
+// throws InputError naming `option`, the value and the range.
+void check_grad_norm(double value, const std::string& option);
+
 // Throws InputError for an unknown optimizer or hyperparameter (naming the known ones).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Setup& setup, std::vector<at::Tensor> params);
 

@@ -13,13 +13,15 @@
 namespace accumplan {
 namespace {
 
+std::string shapes_of_tensor(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? "," : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
 std::string shapes_of(const Batch& b) {
   std::string s;
-  for (const auto& t : b.inputs) {
-    s += s.empty() ? "[" : ", [";
-    for (int64_t i = 0; i < t.dim(); ++i) s += (i ? "," : "") + std::to_string(t.size(i));
-    s += "]";
-  }
+  for (const auto& t : b.inputs) s += (s.empty() ? "" : ", ") + shapes_of_tensor(t);
   return s;
 }
 
@@ -32,6 +34,32 @@ std::string model_error_text(const std::string& what) {
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   return text;
 }
+
+}  // namespace
+
+std::string ModelRejectedInputError::model_error_line(const std::string& text) {
+  std::string first, stated;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(start, end - start);
+    const size_t lead = line.find_first_not_of(' ');
+    line = lead == std::string::npos ? "" : line.substr(lead);
+    if (first.empty() && !line.empty()) first = line;
+    // "RuntimeError: ...", "torch.jit.Error: ...", "ValueError: ..." (the statement of the error)
+    const size_t colon = line.find(": ");
+    const auto ends_with = [&](const char* word, size_t n) { return colon >= n && line.compare(colon - n, n, word) == 0; };
+    if (colon != std::string::npos && line.find(' ') == colon + 1 &&
+        (ends_with("Error", 5) || ends_with("Exception", 9))) {
+      stated = line;
+    }
+    start = end + 1;
+  }
+  return cut_for_message(stated.empty() ? first : stated, 200);
+}
+
+namespace {
 
 at::Tensor on(const at::Tensor& t, const at::Device& device) {
   return !t.defined() || t.device() == device ? t : t.to(device);
@@ -83,7 +111,20 @@ LossSum forward_loss(torch::jit::Module& module, const Batch& batch, const StepC
     if (is_out_of_memory(e, config.probe)) throw;
     throw ModelRejectedInputError(shapes_of(batch), model_error_text(e.what()));
   }
-  return loss_sum(output_of(out, config.loss), target, batch.size(), config.loss, count_tokens);
+  const at::Tensor output = output_of(out, config.loss);
+  try {
+    return loss_sum(output, target, batch.size(), config.loss, count_tokens);
+  } catch (const InputError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (is_out_of_memory(e, config.probe)) throw;
+    // LibTorch's own refusal (a dtype or shape its kernel does not take): the user's data or
+    // model, exit 2, one line; the full text with --verbose.
+    throw InputError("the loss " + config.loss.kind + " failed on the model's output " + shapes_of_tensor(output) +
+                         (target.defined() ? " and the target " + shapes_of_tensor(target) : std::string()) + ": " +
+                         ModelRejectedInputError::model_error_line(model_error_text(e.what())),
+                     model_error_text(e.what()));
+  }
 }
 
 at::Tensor microbatch_step(torch::jit::Module& module, const Batch& microbatch, const StepConfig& config,

@@ -41,14 +41,23 @@ class MemoryProbe;
 
 // The model's forward failed on these inputs (not an out-of-memory): an input problem, exit 2.
 // Carries the parts so a caller that knows where the inputs came from can say so.
+// The message is one line ending in the model's own error line ("RuntimeError: mat1 and mat2
+// shapes cannot be multiplied (4x9 and 8x16)"); the TorchScript traceback is the detail that
+// --verbose prints.
 class ModelRejectedInputError : public InputError {
  public:
-  ModelRejectedInputError(std::string shapes, std::string model_error)
-      : InputError("the model rejected inputs of shape " + shapes + "; its forward failed with:\n" + model_error),
+  ModelRejectedInputError(std::string shapes, std::string model_error, const std::string& source = "")
+      : InputError("the model rejected inputs of shape " + shapes + (source.empty() ? "" : " (from " + source + ")") +
+                       "; its forward failed with: " + model_error_line(model_error),
+                   model_error),
         shapes_(std::move(shapes)),
         model_error_(std::move(model_error)) {}
   const std::string& shapes() const { return shapes_; }
   const std::string& model_error() const { return model_error_; }
+
+  // The line of a (TorchScript) error that states it: the last "XxxError: ..." line, else the
+  // first non-empty one; cut to 200 characters.
+  static std::string model_error_line(const std::string& text);
 
  private:
   std::string shapes_;

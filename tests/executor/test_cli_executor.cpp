@@ -190,7 +190,7 @@ TEST_CASE("run refuses bad input with exit code 2 and a clear message", "[cli][r
   SECTION("--steps 0") {
     const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--steps", "0"});
     CHECK(r.exit_code == 2);
-    CHECK(r.err.find("--steps must be at least 1") != std::string::npos);
+    CHECK(r.err.find("--steps (optimizer windows to run): 0 is out of range") != std::string::npos);
   }
 }
 

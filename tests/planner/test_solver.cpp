@@ -432,11 +432,14 @@ TEST_CASE("Solver: the climb goes to the largest size predicted within the budge
 TEST_CASE("Solver: a slope of one byte per sample and a budget in petabytes plan at once", "[solver][errors]") {
   // Issue 14's hang: b counted up one at a time from a float estimate.
   Profile p = linear_profile(100 * MiB, 0, 1);
-  PlanRequest r = request(int64_t{1} << 50, int64_t{1} << 52);
+  PlanRequest r = request(int64_t{1} << 40, int64_t{1} << 52);
   const Plan plan = make_plan(p, r);
   CHECK(plan.max_micro_batch == MemoryModel::kMaxMicroBatch);  // no microbatch above 2^40 samples
-  CHECK(plan.accumulation_steps == 1024);
+  CHECK(plan.accumulation_steps == 1);
   CHECK(MemoryModel::fit(p).largest_fitting(int64_t{1} << 52) == MemoryModel::kMaxMicroBatch);
+  // A target batch beyond 2^40 samples is refused at the edge, naming the range.
+  r.target_batch = int64_t{1} << 50;
+  CHECK_THROWS_WITH(make_plan(p, r), Catch::Contains("--target-batch: 1125899906842624 is out of range [1, 1099511627776]"));
 }
 
 TEST_CASE("Solver: a window of more than 2^20 microbatches is refused, not allocated", "[solver][errors]") {

@@ -8,6 +8,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace accumplan {
 
@@ -19,8 +20,15 @@ enum ExitCode : int {
 
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
+  // `what` is the one line every user sees; `detail` (e.g. a model's TorchScript traceback, many
+  // lines) is printed under it only with --verbose.
+  explicit Error(const std::string& what, std::string detail = "")
+      : std::runtime_error(what), detail_(std::move(detail)) {}
   virtual int exit_code() const { return kExitInternal; }
+  const std::string& detail() const { return detail_; }
+
+ private:
+  std::string detail_;
 };
 
 // Bad flag, bad file, bad value. Exit code 2.

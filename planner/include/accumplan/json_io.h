@@ -30,6 +30,9 @@ inline constexpr int kMaxJsonDepth = 64;
 // file (or /dev/null), a FIFO, a device, a socket, a file over kMaxInputFileBytes; invalid JSON
 // (line and column); a number too large for a double (the JSON path of the field).
 nlohmann::json read_json_file(const std::string& path, const std::string& what);
+// The same refusals for any input file (a batch file, a model): InputError unless `path` opens as
+// a regular file; `noun` says what to give instead ("a file written by torch.save").
+void require_regular_file(const std::string& path, const std::string& what, const std::string& noun);
 std::string read_text_file(const std::string& path, const std::string& what);
 // Parses `text` as read_json_file does; `where` prefixes messages (e.g. "--plan 'p.json'").
 nlohmann::json parse_json_text(const std::string& text, const std::string& where);
