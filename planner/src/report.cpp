@@ -191,7 +191,7 @@ const char* kStyle =
     ".planned{stroke:#2ca02c;stroke-width:1.5;stroke-dasharray:4 3}\n"
     ".fit-limit{stroke:#888;stroke-width:1;stroke-dasharray:2 3}\n"
     ".predicted{stroke:#2ca02c;stroke-width:3}\n"
-    ".margin{stroke:#2ca02c;stroke-width:6;stroke-opacity:0.45}\n"
+    ".room{stroke:#2ca02c;stroke-width:6;stroke-opacity:0.45}\n"
     ".point{fill:#1f77b4;stroke:#fff;stroke-width:1}\n"
     ".confirm{fill:none;stroke:#2ca02c;stroke-width:2.5}\n"
     ".failed path{stroke:#d62728;stroke-width:3}\n"
@@ -307,18 +307,18 @@ double draw_memory_chart(SvgWriter& w, const ReportInput& in, const ChartData& d
     w.s << "</g>\n";
   }
 
-  // Planned size, the margin to the usable budget, where the line meets the usable budget.
+  // Planned size, the room left up to the usable budget, where the line meets the usable budget.
   if (plan) {
     const double x = X(static_cast<double>(plan->micro_batch));
     w.line("planned", x, kPlotTop, x, bottom, "planned microbatch " + std::to_string(plan->micro_batch));
     w.text(x, kPlotTop + 14, "planned b=" + std::to_string(plan->micro_batch), "class=\"label\" text-anchor=\"end\" dx=\"-4\"");
     const double yp = Y(static_cast<double>(plan->memory.predicted_peak_bytes));
     w.line("predicted", x - 10, yp, x + 10, yp, "predicted peak " + format_bytes(plan->memory.predicted_peak_bytes));
-    const int64_t margin = plan->memory.usable_bytes - plan->memory.predicted_peak_bytes;
-    if (margin > 0) {
+    const int64_t room = plan->memory.usable_bytes - plan->memory.predicted_peak_bytes;
+    if (room > 0) {
       const double yu = Y(static_cast<double>(plan->memory.usable_bytes));
-      w.line("margin", x, yu, x, yp, "margin " + format_bytes(margin));
-      w.text(x - 14, (yu + yp) / 2 + 4, "margin " + format_bytes(margin), "class=\"label\" text-anchor=\"end\"");
+      w.line("room", x, yu, x, yp, "room left " + format_bytes(room));
+      w.text(x - 14, (yu + yp) / 2 + 4, "room " + format_bytes(room), "class=\"label\" text-anchor=\"end\"");
     }
     w.text(x - 14, yp + 18, "predicted " + format_bytes(plan->memory.predicted_peak_bytes),
            "class=\"label\" text-anchor=\"end\"");
@@ -382,10 +382,10 @@ double draw_memory_chart(SvgWriter& w, const ReportInput& in, const ChartData& d
            "\u00b1 largest residual " + format_bytes(static_cast<int64_t>(std::ceil(d.model->summary().max_abs_residual_bytes))));
   }
   if (d.budget_bytes) legend(line_swatch("budget", false), "budget");
-  if (d.usable_bytes) legend(line_swatch("usable", false), "usable = budget \u2212 headroom");
+  if (d.usable_bytes) legend(line_swatch("usable", false), "usable = budget \u2212 margin (--headroom)");
   if (plan) {
     legend(line_swatch("planned", true), "planned microbatch");
-    legend(line_swatch("margin", true), "margin: predicted to usable");
+    legend(line_swatch("room", true), "room: predicted peak to usable");
   }
   if (in.stats && in.stats->measured_peak_bytes) {
     legend(circle_swatch("run-peak", 7), "peak of accumplan run");
@@ -404,16 +404,16 @@ double draw_breakdown(SvgWriter& w, const Plan& plan, double top) {
   const int64_t persistent = m.weights_bytes + m.gradients_bytes + m.optimizer_state_bytes;
   const int64_t activations = std::max<int64_t>(0, m.predicted_peak_bytes - persistent);
   const int64_t peak = persistent + activations;
-  const int64_t margin = std::max<int64_t>(0, m.usable_bytes - peak);
-  const int64_t headroom = std::max<int64_t>(0, m.budget_bytes - std::max(m.usable_bytes, peak));
+  const int64_t room = std::max<int64_t>(0, m.usable_bytes - peak);
+  const int64_t margin = std::max<int64_t>(0, m.budget_bytes - std::max(m.usable_bytes, peak));
   const int64_t total = std::max(m.budget_bytes, peak);
   const std::vector<Part> parts = {
       {"weights", "weights", "#4e79a7", m.weights_bytes},
       {"gradients", "gradients", "#59a14f", m.gradients_bytes},
       {"optimizer-state", "optimizer state", "#edc948", m.optimizer_state_bytes},
       {"activations", "activations and transients", "#e15759", activations},
-      {"margin", "margin to usable", "#b6e3b0", margin},
-      {"headroom", "headroom (kept free)", "#eeeeee", headroom},
+      {"room", "room left to usable", "#b6e3b0", room},
+      {"margin", "margin kept free (--headroom)", "#eeeeee", margin},
   };
   const double bar_top = std::max(top + 30, kBarTop);
   w.text(kBarLeft, bar_top - 12,
@@ -722,7 +722,12 @@ RunStats run_stats_from_json(const nlohmann::json& j) {
 }
 
 RunStats read_run_stats_file(const std::string& path, const std::string& what) {
-  return run_stats_from_json(read_json_file(path, what));
+  const nlohmann::json j = read_json_file(path, what);
+  try {
+    return run_stats_from_json(j);
+  } catch (const SchemaError& e) {
+    throw SchemaError(what + " '" + cut_for_message(path) + "': " + e.what());  // which file, as the plan readers say
+  }
 }
 
 ReportInput report_input_from_plan(const Plan& plan) {
@@ -735,13 +740,18 @@ ReportInput report_input_from_plan(const Plan& plan) {
 
 ReportInput read_report_input(const std::string& path, const std::string& what) {
   const nlohmann::json j = read_json_file(path, what);
-  const std::string schema = JsonField(j, "$").str("schema");
-  if (schema == kPlanSchema) return report_input_from_plan(plan_from_json(j));
-  if (schema == kProfileSchema) {
-    ReportInput in;
-    in.profile = profile_from_json(j);
-    in.title = in.profile.model.path;
-    return in;
+  std::string schema;
+  try {
+    schema = JsonField(j, "$").str("schema");
+    if (schema == kPlanSchema) return report_input_from_plan(plan_from_json(j));
+    if (schema == kProfileSchema) {
+      ReportInput in;
+      in.profile = profile_from_json(j);
+      in.title = in.profile.model.path;
+      return in;
+    }
+  } catch (const SchemaError& e) {
+    throw SchemaError(what + " '" + cut_for_message(path) + "': " + e.what());
   }
   throw SchemaError(what + " '" + path + "': $.schema is \"" + schema + "\"; a report reads \"" + kPlanSchema +
                     "\" (plan.json) or \"" + kProfileSchema + "\" (profile.json)");

@@ -61,8 +61,10 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
                         PlanRequest req = plan_request_from(args->plan);
                         if (!args->budget.empty()) req.budget = parse_budget(args->budget, "--memory-budget");
                         const Plan p = make_plan(profile, req);
-                        std::cerr << describe_plan(p);
+                        // Written first: a bad --out is then one error line, not a summary of a
+                        // plan that was never saved followed by the error.
                         emit_output(args->out, to_json(p).dump(2) + "\n");
+                        std::cerr << describe_plan(p);
                         return 0;
                       }});
 

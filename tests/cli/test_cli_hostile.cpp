@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_expect.h"  // after Catch
 #include "cli_runner.h"
 
 using namespace accumplan::test;
@@ -28,28 +29,6 @@ namespace {
 
 const std::string kProfile = source_path("tests/golden/profile.json");
 const std::string kPlan = source_path("tests/golden/plan.json");
-
-std::set<std::string> listing(const std::string& dir) {
-  std::set<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
-  return names;
-}
-
-// The contract: exit 2, one "accumplan: error:" line holding `needle`, stdout empty, and the
-// scratch directory exactly as it was (no output file, no temp file).
-void expect_refusal(const std::string& dir, const std::vector<std::string>& args, const std::string& needle) {
-  const std::set<std::string> before = listing(dir);
-  const CliResult r = run_cli(args, 30);
-  INFO("args: " << [&] { std::string s; for (const auto& a : args) s += a.substr(0, 100) + " "; return s; }());
-  INFO("stderr: " << r.err.substr(0, 2000));
-  CHECK(r.exit_code == 2);
-  CHECK(r.out.empty());
-  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
-  CHECK(r.err.rfind("accumplan: error: ", 0) == 0);
-  CHECK(r.err.find(needle) != std::string::npos);
-  CHECK(r.err.size() < 600);  // a long bad value is cut to 80 characters
-  CHECK(listing(dir) == before);
-}
 
 // The golden document with `edit` applied, written to dir/name (raw text replacements for values
 // nlohmann cannot hold, such as 1e400).
@@ -109,6 +88,12 @@ TEST_CASE("CLI hostile: plan refuses bad profiles with one line naming the value
   expect_refusal(out, plan(in), "is a directory");
   expect_refusal(out, plan(p_fifo), "is a FIFO");  // with no writer: refused, never waited on
   expect_refusal(out, plan("/dev/zero"), "is a device");
+  expect_refusal(out, {"plan", "--profile", kProfile, "--target-batch", "9223372036854775807", "--out", o},
+                 "--target-batch: 9223372036854775807 is out of range [1, 1099511627776]");
+  expect_refusal(out, {"plan", "--profile", kProfile, "--target-batch", "8", "--max-micro-batch", "4611686018427387904", "--out", o},
+                 "--max-micro-batch: 4611686018427387904 is out of range");
+  expect_refusal(out, {"plan", "--profile", kProfile, "--target-batch", "8", "--out", out + "/no-such-dir/plan.json"},
+                 "no-such-dir");  // one line: the summary is printed only once the plan is written
   expect_refusal(out, {"plan", "--profile", kProfile, "--target-batch", "8", "--memory-budget", "8000000TB", "--out", o},
                  "'8000000TB' is not a size (it is more than 1 PiB");
 }
@@ -158,6 +143,12 @@ TEST_CASE("CLI hostile: report refuses special and overflowing files", "[cli][ho
   expect_refusal(out, {"report", variant(in, "1e400.json", kPlan, kNoEdit, "\"budget_bytes\": 1073741824", "\"budget_bytes\": 1e400"), "--out", o},
                  "$.memory.budget_bytes: the number 1e400");
   expect_refusal(out, {"report", kPlan, "--stats", "/dev/null", "--out", o}, "is empty");
+  // A field error names the file it is in, for the stats as for the plan.
+  const std::string stats = in + "/stats.json";
+  std::ofstream(stats) << R"({"schema": "accumplan.run_stats", "schema_version": "1.0"})";
+  expect_refusal(out, {"report", kPlan, "--stats", stats, "--out", o}, "--stats '" + stats + "': $.");
+  const std::string plan = variant(in, "no-fit.json", kPlan, [](json& d) { d["fit"] = 5; });
+  expect_refusal(out, {"report", plan, "--out", o}, "report input '" + plan + "': $.fit");
 }
 
 TEST_CASE("CLI hostile: --out onto a directory, a FIFO without a reader, a missing directory or a full device",

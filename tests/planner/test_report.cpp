@@ -270,8 +270,8 @@ void check_breakdown(xmlNode* root, const Plan& plan) {
       {"part-gradients", m.gradients_bytes},
       {"part-optimizer-state", m.optimizer_state_bytes},
       {"part-activations", m.predicted_peak_bytes - persistent},
-      {"part-margin", m.usable_bytes - m.predicted_peak_bytes},
-      {"part-headroom", m.budget_bytes - m.usable_bytes},
+      {"part-room", m.usable_bytes - m.predicted_peak_bytes},
+      {"part-margin", m.budget_bytes - m.usable_bytes},
   };
   const auto frames = elements(root, "rect", "bar-frame");
   REQUIRE(frames.size() == 1);
