@@ -289,13 +289,39 @@ class Plan:
         return d
 
     def save(self, path):
-        """Writes the plan (with any re-plan) atomically."""
+        """Writes the plan (with any re-plan) atomically: a temporary file in the same directory,
+        flushed to disk, then renamed over ``path``; on any error the temporary file is removed and
+        ``path`` keeps its old contents. A symlink is followed (its target is replaced)."""
         import os
-        tmp = "%s.tmp-%d" % (path, os.getpid())
-        with open(tmp, "w") as f:
-            json.dump(self.to_dict(), f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
+        import tempfile
+        path = os.path.realpath(path)
+        text = json.dumps(self.to_dict(), indent=2) + "\n"
+        fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp",
+                                   dir=os.path.dirname(path) or ".")
+        try:
+            # mkstemp makes the file 0600; a plan is as readable as any file the user creates.
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, (os.stat(path).st_mode & 0o777) if os.path.exists(path) else (0o666 & ~mask))
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        try:  # the rename itself survives a power loss once the directory is synced
+            dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
 
     def __repr__(self):
         return ("Plan(target_batch=%d, world_size=%d, per_rank_batch=%d, microbatch_sizes=%s)"

@@ -9,6 +9,12 @@ from helpers import GOLDEN_PLAN, as_version, golden_doc, make_plan, plan_doc
 import accumplan
 
 
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 class LoadPlan(unittest.TestCase):
     def test_reads_the_golden_plans(self):
         paths = [GOLDEN_PLAN] + [p for p in (GOLDEN_PLAN.replace("plan.json", "plan-1.0.json"),) if os.path.exists(p)]
@@ -100,6 +106,13 @@ class LoadPlan(unittest.TestCase):
             self.assertEqual(again.microbatch_sizes, plan.microbatch_sizes)
             with open(out) as f:
                 self.assertFalse(json.load(f)["confirmed"])
+            # atomic: a save that cannot replace its target leaves the directory as it was
+            os.mkdir(os.path.join(d, "taken"))
+            before = sorted(os.listdir(d))
+            with self.assertRaises(OSError):
+                plan.save(os.path.join(d, "taken"))
+            self.assertEqual(sorted(os.listdir(d)), before)
+            self.assertEqual(os.stat(out).st_mode & 0o777, 0o666 & ~_umask())
 
 
 class Arithmetic(unittest.TestCase):
