@@ -1,6 +1,8 @@
 // memory_model.cpp — least-squares fits of peak bytes and step seconds. See memory_model.h.
 #include "accumplan/memory_model.h"
 
+#include "settle.h"
+
 #include <algorithm>
 #include <iterator>
 #include <cmath>
@@ -257,22 +259,8 @@ int64_t MemoryModel::largest_fitting(int64_t budget_bytes, int64_t limit_micro_b
   // Closed form in doubles, clamped to [1, limit] before it becomes an integer.
   const double room = static_cast<double>(budget_bytes) - fit_.intercept_bytes - static_cast<double>(extra_bytes);
   const double per_sample = slope * (1.0 + fraction);
-  double estimate = per_sample > 0 ? std::floor(room / per_sample) : static_cast<double>(limit);
-  if (!(estimate >= 1.0)) estimate = 1.0;
-  int64_t b = estimate >= static_cast<double>(limit) ? limit : static_cast<int64_t>(estimate);
-  // Rounding (ceil per term, doubles near 2^53) moves the boundary by a few samples at most;
-  // beyond that, a bisection between 1 (fits) and the estimate keeps the search bounded.
-  for (int i = 0; i < 4 && b > 1 && !fits(b); ++i) --b;
-  if (!fits(b)) {
-    int64_t lo = 1, hi = b;  // fits(lo), !fits(hi)
-    while (hi - lo > 1) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      (fits(mid) ? lo : hi) = mid;
-    }
-    return lo;
-  }
-  for (int i = 0; i < 4 && b < limit && fits(b + 1); ++i) ++b;
-  return b;
+  const double estimate = per_sample > 0 ? std::floor(room / per_sample) : static_cast<double>(limit);
+  return detail::settle_largest(estimate, limit, fits);
 }
 
 int64_t MemoryModel::activation_fixed_bytes() const {

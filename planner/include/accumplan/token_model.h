@@ -1,0 +1,73 @@
+// accumplan/token_model.h — the memory of a microbatch of b sequences padded to T tokens, and the
+// packing of a window's sequences under it (variable-length sequences, issue 16: planner side).
+//
+// What it is: `TokenMemoryModel`, a weighted least-squares fit of
+//     peak(b, T) = c0 + a1·b·T + a2·b·T²        (c0 = persistent + a0; bytes)
+// to measured (b, T, peak) points. a1 is the per-token cost (activations of every layer); a2 the
+// per-token cost that grows with the sequence (attention scores without a fused kernel hold
+// b·heads·T² numbers). The quadratic term is kept only when it is positive and halves the largest
+// residual of the line in b·T; otherwise a2 = 0 and the model is the line. From the fit: the
+// largest number of sequences of length T that fit a usable budget, the longest sequence that fits
+// alone, and `pack_by_tokens`, which packs a window's sequences (longest first, each microbatch
+// padded to its own longest) into as few microbatches as that capacity allows.
+// What it is not: wired to the profiler, the plan schema or the executor yet (the (b, T) probe
+// grid, the plan's token budget and the executor's packing are the rest of issue 16), and not a
+// guarantee: like the sample model it is a prediction that a real window confirms.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace accumplan {
+
+// One measured window: `micro_batch` sequences, each padded to `seq_len` tokens.
+struct TokenPoint {
+  int64_t micro_batch = 0;
+  int64_t seq_len = 0;
+  int64_t peak_bytes = 0;
+};
+
+struct TokenFit {
+  double intercept_bytes = 0;           // c0: persistent + the batch-independent activations
+  double bytes_per_token = 0;           // a1
+  double bytes_per_token_squared = 0;   // a2 (per sequence, per T²); 0 when the line suffices
+  bool quadratic = false;               // whether a2 was kept
+  std::vector<double> residuals_bytes;  // measured − predicted, per point, in input order
+  double max_abs_residual_bytes = 0;
+  double line_max_abs_residual_bytes = 0;  // the line's (a2 = 0) largest residual, for comparison
+};
+
+class TokenMemoryModel {
+ public:
+  // Throws InputError for fewer than two distinct b·T token counts, a point with b < 1 or T < 1,
+  // or a per-token cost that is not positive (peaks that do not grow with the tokens).
+  static TokenMemoryModel fit(const std::vector<TokenPoint>& points);
+
+  const TokenFit& summary() const { return fit_; }
+  double predict_bytes(int64_t micro_batch, int64_t seq_len) const;
+  int64_t predict_peak_bytes(int64_t micro_batch, int64_t seq_len) const;  // rounded up
+
+  // The largest b in [0, limit] with predict_peak_bytes(b, seq_len) <= usable_bytes (0: not even
+  // one sequence). Closed form, settled against the integer predictor in a bounded number of steps.
+  int64_t largest_micro_batch(int64_t seq_len, int64_t usable_bytes, int64_t limit = kMaxSequences) const;
+  // The longest T in [0, limit] with predict_peak_bytes(1, T) <= usable_bytes.
+  int64_t longest_sequence(int64_t usable_bytes, int64_t limit = kMaxSeqLen) const;
+
+  static constexpr int64_t kMaxSequences = int64_t{1} << 40;  // as MemoryModel::kMaxMicroBatch
+  static constexpr int64_t kMaxSeqLen = int64_t{1} << 31;     // a tensor spec's dimension bound
+
+ private:
+  TokenFit fit_;
+};
+
+// Packs sequences of `lengths` (tokens, each >= 1) into microbatches: indices sorted by length,
+// longest first (ties in index order), each microbatch padded to its first (longest) member and
+// holding at most largest_micro_batch(that length, usable_bytes) sequences. Greedy on the sorted
+// order is optimal here: capacity only grows as the lengths shrink, so filling each microbatch to
+// its capacity never forces an extra one later. Returns indices into `lengths`; every index
+// appears once. Throws InfeasibleError naming the first sequence that does not fit alone and the
+// longest that does.
+std::vector<std::vector<int64_t>> pack_by_tokens(const std::vector<int64_t>& lengths, const TokenMemoryModel& model,
+                                                 int64_t usable_bytes);
+
+}  // namespace accumplan

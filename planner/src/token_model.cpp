@@ -1,0 +1,181 @@
+// planner/src/token_model.cpp — peak(b, T) = c0 + a1·b·T + a2·b·T² and packing under it. See
+// accumplan/token_model.h.
+#include "accumplan/token_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+#include <string>
+
+#include "accumplan/checked.h"
+#include "accumplan/errors.h"
+#include "accumplan/units.h"
+#include "settle.h"
+
+namespace accumplan {
+namespace {
+
+struct Solved {
+  std::vector<double> coef;  // c0, a1[, a2]
+  std::vector<double> residuals;
+  double max_abs = 0;
+};
+
+// Weighted least squares over the columns given by `features(point)`, each point weighted by its
+// tokens b·T (the plan lives at the large end, as the sample model weighs by b). The columns are
+// scaled to a largest entry of 1 before the normal equations, so b·T² near 1e12 and 1 in the same
+// system stay well conditioned; Gaussian elimination with partial pivoting on at most 3×3.
+Solved solve(const std::vector<TokenPoint>& pts, size_t columns) {
+  auto feature = [](const TokenPoint& p, size_t j) {
+    const double bt = static_cast<double>(p.micro_batch) * static_cast<double>(p.seq_len);
+    return j == 0 ? 1.0 : j == 1 ? bt : bt * static_cast<double>(p.seq_len);
+  };
+  std::vector<double> scale(columns, 0.0);
+  for (const auto& p : pts) {
+    for (size_t j = 0; j < columns; ++j) scale[j] = std::max(scale[j], std::fabs(feature(p, j)));
+  }
+  for (auto& s : scale) s = s > 0 ? s : 1.0;
+  std::vector<std::vector<double>> a(columns, std::vector<double>(columns + 1, 0.0));
+  for (const auto& p : pts) {
+    const double w = static_cast<double>(p.micro_batch) * static_cast<double>(p.seq_len);
+    for (size_t i = 0; i < columns; ++i) {
+      const double fi = feature(p, i) / scale[i];
+      for (size_t j = 0; j < columns; ++j) a[i][j] += w * fi * feature(p, j) / scale[j];
+      a[i][columns] += w * fi * static_cast<double>(p.peak_bytes);
+    }
+  }
+  for (size_t c = 0; c < columns; ++c) {
+    size_t pivot = c;
+    for (size_t r = c + 1; r < columns; ++r) {
+      if (std::fabs(a[r][c]) > std::fabs(a[pivot][c])) pivot = r;
+    }
+    std::swap(a[c], a[pivot]);
+    if (std::fabs(a[c][c]) < 1e-300) throw InputError("the token memory fit is singular: measure at least two token counts");
+    for (size_t r = 0; r < columns; ++r) {
+      if (r == c) continue;
+      const double f = a[r][c] / a[c][c];
+      for (size_t k = c; k <= columns; ++k) a[r][k] -= f * a[c][k];
+    }
+  }
+  Solved s;
+  for (size_t j = 0; j < columns; ++j) s.coef.push_back(a[j][columns] / a[j][j] / scale[j]);
+  for (const auto& p : pts) {
+    double predicted = 0;
+    for (size_t j = 0; j < columns; ++j) predicted += s.coef[j] * feature(p, j);
+    s.residuals.push_back(static_cast<double>(p.peak_bytes) - predicted);
+    s.max_abs = std::max(s.max_abs, std::fabs(s.residuals.back()));
+  }
+  return s;
+}
+
+}  // namespace
+
+TokenMemoryModel TokenMemoryModel::fit(const std::vector<TokenPoint>& points) {
+  std::set<double> tokens;
+  std::set<int64_t> lengths;
+  for (size_t i = 0; i < points.size(); ++i) {
+    const TokenPoint& p = points[i];
+    const std::string where = "token point " + std::to_string(i);
+    checked_in_range(p.micro_batch, 1, kMaxSequences, where + " micro_batch");
+    checked_in_range(p.seq_len, 1, kMaxSeqLen, where + " seq_len");
+    checked_in_range(p.peak_bytes, 0, kMaxBytes, where + " peak_bytes");
+    tokens.insert(static_cast<double>(p.micro_batch) * static_cast<double>(p.seq_len));
+    lengths.insert(p.seq_len);
+  }
+  if (tokens.size() < 2) {
+    throw InputError("the token memory model needs windows of at least two different token counts b·T (got " +
+                     std::to_string(tokens.size()) + "); measure more (b, T) sizes");
+  }
+  TokenMemoryModel m;
+  const Solved line = solve(points, 2);
+  if (!(line.coef[1] > 0)) {
+    throw InputError("the measured peaks do not grow with the tokens (" + std::to_string(line.coef[1]) +
+                     " bytes per token); the measurements are not of this model's windows");
+  }
+  m.fit_.intercept_bytes = line.coef[0];
+  m.fit_.bytes_per_token = line.coef[1];
+  m.fit_.residuals_bytes = line.residuals;
+  m.fit_.max_abs_residual_bytes = line.max_abs;
+  m.fit_.line_max_abs_residual_bytes = line.max_abs;
+  // The T² term needs two sequence lengths to be told apart from the line, and four points to
+  // leave a residual worth comparing; it must cost memory (a2 > 0, per-token cost still > 0) and
+  // halve the line's worst miss, else the simpler model wins.
+  if (lengths.size() >= 2 && points.size() >= 4) {
+    const Solved quad = solve(points, 3);
+    if (quad.coef[2] > 0 && quad.coef[1] > 0 && quad.max_abs < 0.5 * line.max_abs) {
+      m.fit_.intercept_bytes = quad.coef[0];
+      m.fit_.bytes_per_token = quad.coef[1];
+      m.fit_.bytes_per_token_squared = quad.coef[2];
+      m.fit_.quadratic = true;
+      m.fit_.residuals_bytes = quad.residuals;
+      m.fit_.max_abs_residual_bytes = quad.max_abs;
+    }
+  }
+  return m;
+}
+
+double TokenMemoryModel::predict_bytes(int64_t micro_batch, int64_t seq_len) const {
+  const double b = static_cast<double>(micro_batch), t = static_cast<double>(seq_len);
+  return fit_.intercept_bytes + fit_.bytes_per_token * b * t + fit_.bytes_per_token_squared * b * t * t;
+}
+
+int64_t TokenMemoryModel::predict_peak_bytes(int64_t micro_batch, int64_t seq_len) const {
+  // Saturated at 2 PiB, as the sample model: "does not fit", never a cast out of int64's range.
+  constexpr double kCeiling = 2.0 * static_cast<double>(kMaxBytes);
+  const double bytes = predict_bytes(micro_batch, seq_len);
+  if (!(bytes < kCeiling)) return static_cast<int64_t>(kCeiling);
+  if (!(bytes > -kCeiling)) return -static_cast<int64_t>(kCeiling);
+  return static_cast<int64_t>(std::ceil(bytes));
+}
+
+int64_t TokenMemoryModel::largest_micro_batch(int64_t seq_len, int64_t usable_bytes, int64_t limit) const {
+  limit = std::min(std::max<int64_t>(limit, 0), kMaxSequences);
+  auto fits = [&](int64_t b) { return predict_peak_bytes(b, seq_len) <= usable_bytes; };
+  if (limit < 1 || seq_len < 1 || !fits(1)) return 0;
+  const double t = static_cast<double>(seq_len);
+  const double per_sequence = fit_.bytes_per_token * t + fit_.bytes_per_token_squared * t * t;
+  const double room = static_cast<double>(usable_bytes) - fit_.intercept_bytes;
+  return detail::settle_largest(std::floor(room / per_sequence), limit, fits);
+}
+
+int64_t TokenMemoryModel::longest_sequence(int64_t usable_bytes, int64_t limit) const {
+  limit = std::min(std::max<int64_t>(limit, 0), kMaxSeqLen);
+  auto fits = [&](int64_t t) { return predict_peak_bytes(1, t) <= usable_bytes; };
+  if (limit < 1 || !fits(1)) return 0;
+  // a2·T² + a1·T <= room: the positive root, or room / a1 for the line.
+  const double room = static_cast<double>(usable_bytes) - fit_.intercept_bytes;
+  const double a1 = fit_.bytes_per_token, a2 = fit_.bytes_per_token_squared;
+  const double root = a2 > 0 ? (-a1 + std::sqrt(a1 * a1 + 4 * a2 * room)) / (2 * a2) : room / a1;
+  return detail::settle_largest(std::floor(root), limit, fits);
+}
+
+std::vector<std::vector<int64_t>> pack_by_tokens(const std::vector<int64_t>& lengths, const TokenMemoryModel& model,
+                                                 int64_t usable_bytes) {
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    checked_in_range(lengths[i], 1, TokenMemoryModel::kMaxSeqLen, "sequence " + std::to_string(i) + "'s length");
+  }
+  std::vector<int64_t> order(lengths.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return lengths[static_cast<size_t>(x)] > lengths[static_cast<size_t>(y)]; });
+  std::vector<std::vector<int64_t>> out;
+  size_t next = 0;
+  while (next < order.size()) {
+    const int64_t longest = lengths[static_cast<size_t>(order[next])];
+    const int64_t capacity = model.largest_micro_batch(longest, usable_bytes);
+    if (capacity < 1) {
+      throw InfeasibleError("sequence " + std::to_string(order[next]) + " has " + std::to_string(longest) +
+                            " tokens, but the longest sequence that fits " + format_bytes(usable_bytes) + " alone has " +
+                            std::to_string(model.longest_sequence(usable_bytes)) +
+                            " tokens; truncate the sequences or raise the budget");
+    }
+    const size_t take = static_cast<size_t>(std::min<int64_t>(capacity, static_cast<int64_t>(order.size() - next)));
+    out.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(next),
+                     order.begin() + static_cast<std::ptrdiff_t>(next + take));
+    next += take;
+  }
+  return out;
+}
+
+}  // namespace accumplan

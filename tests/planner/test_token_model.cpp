@@ -1,0 +1,150 @@
+// The (b, T) memory model and token packing (accumplan/token_model.h): the fit recovers known
+// coefficients and keeps the T² term only when it explains the points; capacities agree with a
+// brute-force search over the integer predictor; packing covers every sequence once, never
+// predicts above the budget, and uses no more microbatches than any split of the same order could.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "accumplan/errors.h"
+#include "accumplan/token_model.h"
+
+using namespace accumplan;
+
+namespace {
+
+constexpr int64_t MiB = int64_t{1} << 20;
+
+// Points of peak = c0 + a1·b·T + a2·b·T² (+ noise) on a (b, T) grid.
+std::vector<TokenPoint> grid(double c0, double a1, double a2, int64_t noise_bytes = 0) {
+  std::vector<TokenPoint> pts;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int64_t> jitter(-noise_bytes, noise_bytes);
+  for (int64_t b : {1, 2, 4, 8}) {
+    for (int64_t t : {16, 64, 256, 1024}) {
+      const double peak = c0 + a1 * static_cast<double>(b * t) + a2 * static_cast<double>(b * t * t);
+      pts.push_back({b, t, static_cast<int64_t>(peak) + (noise_bytes ? jitter(rng) : 0)});
+    }
+  }
+  return pts;
+}
+
+}  // namespace
+
+TEST_CASE("Token model: a quadratic cost is recovered and kept", "[token][fit]") {
+  const TokenMemoryModel m = TokenMemoryModel::fit(grid(100.0 * MiB, 4096, 48));
+  const TokenFit& f = m.summary();
+  CHECK(f.quadratic);
+  CHECK(f.intercept_bytes == Approx(100.0 * MiB).epsilon(1e-6));
+  CHECK(f.bytes_per_token == Approx(4096).epsilon(1e-6));
+  CHECK(f.bytes_per_token_squared == Approx(48).epsilon(1e-6));
+  CHECK(f.max_abs_residual_bytes < 2.0);  // integer peaks: truncation only
+  CHECK(f.line_max_abs_residual_bytes > 1000 * f.max_abs_residual_bytes + 1);
+  CHECK(f.residuals_bytes.size() == 16);
+}
+
+TEST_CASE("Token model: a linear cost drops the T^2 term", "[token][fit]") {
+  // A fused attention kernel: memory linear in tokens, 2 KiB of noise per window.
+  const TokenMemoryModel m = TokenMemoryModel::fit(grid(50.0 * MiB, 8192, 0, 2048));
+  CHECK_FALSE(m.summary().quadratic);
+  CHECK(m.summary().bytes_per_token_squared == 0);
+  CHECK(m.summary().bytes_per_token == Approx(8192).epsilon(1e-3));
+  CHECK(m.summary().max_abs_residual_bytes <= 2 * 2048 + 1);
+}
+
+TEST_CASE("Token model: one sequence length cannot tell T^2 from T", "[token][fit]") {
+  std::vector<TokenPoint> pts = {{1, 128, 10 * MiB}, {2, 128, 11 * MiB}, {4, 128, 13 * MiB}, {8, 128, 17 * MiB}};
+  const TokenMemoryModel m = TokenMemoryModel::fit(pts);
+  CHECK_FALSE(m.summary().quadratic);
+  CHECK(m.summary().bytes_per_token == Approx(static_cast<double>(MiB) / 128).epsilon(1e-9));
+}
+
+TEST_CASE("Token model: too few token counts, or peaks that shrink, are refused", "[token][fit][errors]") {
+  CHECK_THROWS_WITH(TokenMemoryModel::fit({{2, 64, MiB}, {4, 32, MiB}}), Catch::Contains("at least two different token counts"));
+  CHECK_THROWS_WITH(TokenMemoryModel::fit({{1, 64, 2 * MiB}, {4, 64, MiB}}), Catch::Contains("do not grow with the tokens"));
+  CHECK_THROWS_WITH(TokenMemoryModel::fit({{0, 64, MiB}, {4, 64, 2 * MiB}}), Catch::Contains("micro_batch: 0 is out of range"));
+}
+
+TEST_CASE("Token model: capacities match a brute-force search of the predictor", "[token][capacity]") {
+  const TokenMemoryModel m = TokenMemoryModel::fit(grid(100.0 * MiB, 4096, 48));
+  const int64_t usable = 1024 * MiB;
+  for (int64_t t : {1, 17, 128, 1000, 2048, 4000}) {
+    const int64_t b = m.largest_micro_batch(t, usable);
+    INFO("T=" << t << " b=" << b);
+    if (b > 0) CHECK(m.predict_peak_bytes(b, t) <= usable);
+    CHECK(m.predict_peak_bytes(b + 1, t) > usable);
+  }
+  const int64_t longest = m.longest_sequence(usable);
+  CHECK(longest > 0);
+  CHECK(m.predict_peak_bytes(1, longest) <= usable);
+  CHECK(m.predict_peak_bytes(1, longest + 1) > usable);
+  CHECK(m.largest_micro_batch(longest + 1, usable) == 0);
+  CHECK(m.largest_micro_batch(16, 50 * MiB) == 0);  // below the intercept: nothing fits
+  // A slope of about one byte per token and a petabyte: bounded, capped, no hang.
+  const TokenMemoryModel tiny = TokenMemoryModel::fit({{1, 1, 100}, {1, 1000, 1099}});
+  CHECK(tiny.largest_micro_batch(1, int64_t{1} << 50) == TokenMemoryModel::kMaxSequences);
+  CHECK(tiny.longest_sequence(int64_t{1} << 50) == TokenMemoryModel::kMaxSeqLen);
+}
+
+TEST_CASE("Token packing: every sequence once, within the budget, in the fewest microbatches", "[token][pack]") {
+  const TokenMemoryModel m = TokenMemoryModel::fit(grid(100.0 * MiB, 4096, 48));
+  const int64_t usable = 512 * MiB;
+  // A long-tailed length distribution (log-normal, 16..1024 tokens), as in language modelling.
+  std::mt19937 rng(3);
+  std::lognormal_distribution<double> dist(4.5, 1.0);
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < 300; ++i) lengths.push_back(std::clamp<int64_t>(static_cast<int64_t>(dist(rng)), 16, 1024));
+  const auto packed = pack_by_tokens(lengths, m, usable);
+
+  std::vector<int> seen(lengths.size(), 0);
+  int64_t previous_longest = INT64_MAX;
+  for (const auto& mb : packed) {
+    REQUIRE_FALSE(mb.empty());
+    const int64_t longest = lengths[static_cast<size_t>(mb.front())];
+    CHECK(longest <= previous_longest);  // longest first
+    previous_longest = longest;
+    for (int64_t i : mb) {
+      ++seen[static_cast<size_t>(i)];
+      CHECK(lengths[static_cast<size_t>(i)] <= longest);  // padded to its first member
+    }
+    CHECK(m.predict_peak_bytes(static_cast<int64_t>(mb.size()), longest) <= usable);
+  }
+  CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+  // Fewest: an exhaustive dynamic programme over the sorted order (any packing can be rearranged
+  // into runs of the sorted order without more microbatches, so the best run partition is the
+  // optimum): best[i] = fewest microbatches for the i longest sequences.
+  std::vector<int64_t> sorted = lengths;
+  std::sort(sorted.rbegin(), sorted.rend());
+  const size_t n = sorted.size();
+  std::vector<size_t> best(n + 1, SIZE_MAX);
+  best[0] = 0;
+  for (size_t i = 1; i <= n; ++i) {
+    for (size_t j = 0; j < i; ++j) {  // the run sorted[j..i-1], padded to sorted[j]
+      if (best[j] == SIZE_MAX) continue;
+      if (m.predict_peak_bytes(static_cast<int64_t>(i - j), sorted[j]) <= usable) best[i] = std::min(best[i], best[j] + 1);
+    }
+  }
+  CHECK(packed.size() == best[n]);
+  // Against padding everything to the longest sequence: the sample plan's microbatch count.
+  const int64_t at_max = m.largest_micro_batch(*std::max_element(lengths.begin(), lengths.end()), usable);
+  const int64_t padded_count = (static_cast<int64_t>(lengths.size()) + at_max - 1) / at_max;
+  CHECK(static_cast<int64_t>(packed.size()) < padded_count);
+}
+
+TEST_CASE("Token packing: a sequence too long to fit alone is named", "[token][pack][errors]") {
+  const TokenMemoryModel m = TokenMemoryModel::fit(grid(100.0 * MiB, 4096, 48));
+  const int64_t usable = 128 * MiB;
+  const int64_t longest = m.longest_sequence(usable);
+  REQUIRE(longest > 16);
+  CHECK(pack_by_tokens({16, longest}, m, usable).size() >= 1);
+  CHECK_THROWS_AS(pack_by_tokens({16, longest + 1, 20}, m, usable), InfeasibleError);
+  CHECK_THROWS_WITH(pack_by_tokens({16, longest + 1, 20}, m, usable),
+                    Catch::Contains("sequence 1 has " + std::to_string(longest + 1) + " tokens") &&
+                        Catch::Contains("alone has " + std::to_string(longest) + " tokens"));
+  CHECK_THROWS_WITH(pack_by_tokens({16, 0}, m, usable), Catch::Contains("sequence 1's length: 0 is out of range"));
+  CHECK(pack_by_tokens({}, m, usable).empty());
+}
