@@ -49,6 +49,7 @@
 #include "runtime/loss.h"
 #include "runtime/model.h"
 #include "runtime/optim.h"
+#include "runtime/step.h"
 
 namespace accumplan::cli {
 namespace {
@@ -187,6 +188,11 @@ Prepared prepare(const RunArgs& a, const std::string& command, const std::option
   // Record the mode actually used ("auto" resolved), so a --plan-out plan says what ran.
   p.plan.setup.normalization = to_string(p.loss.normalization);
   return p;
+}
+
+// Where the samples of a run or verify come from, as messages name it.
+std::string data_source(const RunArgs& a) {
+  return a.data.empty() ? "synthetic samples of the plan's setup.inputs" : "--data '" + cut_for_message(a.data) + "'";
 }
 
 // The samples to train or verify on, on the CPU (microbatches move to the device one at a time).
@@ -401,7 +407,12 @@ int run_command(const RunArgs& a) {
     const Batch window = data.slice(start, count);
     window_replans = 0;
     if (trace) trace->window_begin(w, trace->now_us());
-    const WindowStats st = ex.step(comm ? shard_window(window, rank, world) : window);
+    WindowStats st;
+    try {
+      st = ex.step(comm ? shard_window(window, rank, world) : window);
+    } catch (const ModelRejectedInputError& e) {
+      throw ModelRejectedInputError(e.shapes(), e.model_error(), data_source(a));  // name where the samples came from
+    }
     const std::optional<int64_t> peak =
         st.peak_bytes ? std::optional<int64_t>(*st.peak_bytes - host_data_bytes) : std::nullopt;
     if (trace) trace->window_end(st.samples, st.loss, st.stepped, peak, trace->now_us());
@@ -544,7 +555,12 @@ int verify_command(const RunArgs& a) {
               << " is a meaningful tolerance; the plan trains with " << p.plan.setup.amp
               << ", whose rounding is not part of this check\n";
   }
-  const VerifyReport rep = verify_accumulation(p.model.module, window, p.plan, vo);
+  VerifyReport rep;
+  try {
+    rep = verify_accumulation(p.model.module, window, p.plan, vo);
+  } catch (const ModelRejectedInputError& e) {
+    throw ModelRejectedInputError(e.shapes(), e.model_error(), data_source(a));
+  }
   std::cout << format_table(rep) << std::flush;
   for (const auto& w : rep.warnings) std::cerr << "accumplan: warning: " << w << "\n";
   if (!a.json_out.empty()) emit_output(a.json_out, to_json(rep).dump(2) + "\n");

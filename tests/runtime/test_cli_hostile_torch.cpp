@@ -196,6 +196,7 @@ TEST_CASE("CLI hostile torch: run and verify refuse bad numbers, bad data and a 
   std::ofstream(narrow) << doc.dump(1);
   expect_refusal(out, {"run", "--plan", narrow, "--model", "builtin:mlp", "--steps", "1", "--stats", out + "/s.json",
                        "--progress", "none"},
-                 "the model rejected inputs of shape [32,63]; its forward failed with: RuntimeError: mat1 and mat2");
+                 "the model rejected inputs of shape [32,63] (from synthetic samples of the plan's setup.inputs); its "
+                 "forward failed with: RuntimeError: mat1 and mat2");
   expect_refusal(out, {"verify", "--plan", narrow, "--model", "builtin:mlp"}, "RuntimeError: mat1 and mat2");
 }
