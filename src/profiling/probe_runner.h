@@ -110,6 +110,9 @@ class ProbeRunner {
 
   // One real window of two microbatches of b. An OOM is reported, not thrown.
   WindowMeasurement measure(int64_t micro_batch);
+  // One real window of exactly these microbatch sizes (e.g. {T}: a whole batch in one microbatch,
+  // no gradient resident while it runs). An OOM is reported, not thrown.
+  WindowMeasurement measure_window(const std::vector<int64_t>& sizes) { return window(sizes); }
 
   // The probe schedule → a Profile holding every point and trial.
   Profile profile();

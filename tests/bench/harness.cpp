@@ -4,16 +4,17 @@
 // examples/export_models.py) and two CPU memory budgets per model, in one process:
 //   accumplan   profile + plan + confirm + climb, as `accumplan --model` does: real trials, wall
 //               seconds, chosen microbatch, predicted peak, the margin;
-//   truth       the largest microbatch that really fits (real trials: doubling, then bisection),
-//               → utilisation;
+//   truth       the largest microbatch that really fits the per-rank batch's windows: [T] as one
+//               microbatch, else two-microbatch trials (doubling, then bisection) → utilisation;
 //   peers       Lightning power/binsearch, Accelerate (x0.9 and legacy x0.5), Composer halving,
 //               DeepSpeed autotuning (peer_strategies.h) over the same oracle;
 //   overhead    executor vs a hand-written LibTorch accumulation loop (interleaved A/B windows).
 //   run         the plan trained by the real binary, `accumplan run --steps 2` under the same
 //               budget: the peak training reaches is the truth the prediction is judged by;
-//   long run    the plan's largest microbatch trained for 50 windows (`accumplan run` of the
-//               same profile planned for a per-rank batch of twice that size: every window two
-//               microbatches of it, the plan's largest window) with its OOM recoveries.
+//   long run    the plan's largest window trained for 50 windows by `accumplan run`: the plan
+//               itself when it is one microbatch, else the same profile planned for a per-rank
+//               batch of twice its largest size (every window two microbatches of it), with its
+//               OOM recoveries.
 // Every trial of every strategy is the same unit of real work: ProbeRunner::measure(b), an
 // executor window of two accumulated microbatches of b samples and its optimizer step (the
 // training window `accumplan run` executes) — so trial counts compare search strategies, not
@@ -198,29 +199,41 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
   const double error = run_peak > 0 ? 100.0 * static_cast<double>(plan.memory.predicted_peak_bytes - run_peak) /
                                           static_cast<double>(run_peak)
                                     : NAN;
-  // Ground truth: the largest b <= T whose trial fits (fit is monotone in b). Starting from the
-  // plan's bound only saves time; the bisection below is exact either way.
-  int64_t lo = 0, hi = T + 1;
-  if (oracle(plan.max_micro_batch, 1).fit) {
-    lo = plan.max_micro_batch;
-  } else {
-    hi = plan.max_micro_batch;
-  }
-  while (hi == T + 1 && lo < T) {
-    const int64_t b = std::min<int64_t>(T, std::max<int64_t>(1, lo * 2));
-    if (oracle(b, 1).fit) lo = b; else hi = b;
-  }
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (oracle(mid, 1).fit) lo = mid; else hi = mid;
+  // Ground truth: the largest microbatch the per-rank batch T can use. T itself is a window of
+  // ONE microbatch (no gradient resident while it runs: vgg11 at 1.4 GiB fits [24] in one but
+  // only 4 in a window of two); any smaller size is a window of two or more, whose second
+  // microbatch runs with the first's gradients resident. So [T] is tried first, then the largest
+  // b < T whose two-microbatch trial fits (monotone in b): doubling from the plan's size, then
+  // bisection, exact either way.
+  int64_t lo = 0, hi = T;  // lo fits (0: nothing does), hi does not (T: not tried as two)
+  if (runner.measure_window({T}).fit) {
+    lo = T;
+  } else if (T > 1) {
+    const int64_t start = std::max<int64_t>(1, std::min<int64_t>(plan.max_micro_batch, T - 1));
+    if (oracle(start, 1).fit) lo = start; else hi = start;
+    while (hi == T && lo < T - 1) {
+      const int64_t b = std::min<int64_t>(T - 1, std::max<int64_t>(1, lo * 2));
+      if (oracle(b, 1).fit) lo = b; else hi = b;
+    }
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      if (oracle(mid, 1).fit) lo = mid; else hi = mid;
+    }
   }
   // The plan's largest microbatch for `long_windows` windows: the same profile, budget and margin
   // planned for a per-rank batch of two of it, so every window is the plan's largest.
   ordered_json long_run = nullptr;
   if (long_windows > 0) {
-    ap::PlanRequest r2 = req;
-    r2.target_batch = 2 * plan.max_micro_batch;
-    const ap::Plan plan2 = ap::make_plan(profile, r2);
+    // The plan's largest window: the plan itself when it is one microbatch ([T]); else two
+    // microbatches of its largest size, bounded so the solver cannot merge them into one [2m]
+    // (the first-microbatch line may allow that, and it is not the window being tested).
+    ap::Plan plan2 = plan;
+    if (plan.accumulation_steps > 1) {
+      ap::PlanRequest r2 = req;
+      r2.target_batch = 2 * plan.max_micro_batch;
+      r2.max_micro_batch = plan.max_micro_batch;
+      plan2 = ap::make_plan(profile, r2);
+    }
     const nlohmann::json lr = run_plan(accumplan, plan2, m["model"].get<std::string>(), budget.budget_bytes, scratch, long_windows);
     long_run = ordered_json{{"microbatch_sizes", plan2.microbatch_sizes},
                             {"confirmed", plan2.confirmed},
