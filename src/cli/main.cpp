@@ -58,6 +58,18 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
+  } catch (const CLI::ExtrasError&) {
+    // CLI11 lists the extras back to front ("uniform --split"); say them as typed, and where.
+    CLI::App* where = &app;
+    for (CLI::App* sub : app.get_subcommands({})) {
+      if (sub->parsed()) where = sub;
+    }
+    std::string extras;
+    for (const std::string& arg : where->remaining()) extras += (extras.empty() ? "" : " ") + arg;
+    const std::string command = where == &app ? "accumplan" : "accumplan " + where->get_name();
+    std::cerr << "accumplan: error: `" << command << "` does not take " << cut_for_message(extras) << " (run `"
+              << command << " --help` for its options)\n";
+    return kExitInput;
   } catch (const CLI::ParseError& e) {
     // One line, as every other refusal: the contract scripts and tests rely on.
     std::cerr << "accumplan: error: " << e.what() << " (run with --help for usage)\n";

@@ -127,6 +127,9 @@ TEST_CASE("CLI hostile: export refuses bad plans with one line naming the value"
                  "$.world_size: 4611686018427387904 is out of range");
   expect_refusal(out, exp(variant(in, "v.json", kPlan, [](json& d) { d["schema_version"] = "1.0.0"; })),
                  "$.schema_version: '1.0.0' is not MAJOR.MINOR");
+  // An option the command does not have, said as typed (CLI11 listed it back to front).
+  expect_refusal(out, {"export", "--plan", kPlan, "--to", "deepspeed", "--split", "uniform", "--out", o},
+                 "`accumplan export` does not take --split uniform");
   expect_refusal(out, exp("/dev/null"), "is empty");
   expect_refusal(out, exp(in), "is a directory");
 }
