@@ -18,6 +18,7 @@
 #include "accumplan/json_io.h"
 #include "accumplan/units.h"
 #include "executor/replan.h"
+#include "executor/step_thread.h"
 #include "runtime/model.h"
 #include "runtime/optim.h"
 #include "runtime/step.h"
@@ -108,6 +109,8 @@ std::vector<std::pair<int64_t, int64_t>> epoch_windows(int64_t samples, int64_t 
   }
   return w;
 }
+
+Executor::~Executor() = default;
 
 Executor::Executor(torch::jit::Module module, torch::optim::Optimizer& optimizer, Plan plan, ExecutorOptions options)
     : module_(std::move(module)), optimizer_(optimizer), plan_(std::move(plan)), options_(std::move(options)), device_(at::kCPU) {
@@ -308,8 +311,12 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
         const MicrobatchEvent where{window_index_, i, sizes[static_cast<size_t>(i)], static_cast<int64_t>(sizes.size()), attempt};
         try {
           if (options_.before_microbatch) options_.before_microbatch(where);
-          loss_total += microbatch_step(module_, window.slice(start, where.size), step, units,
-                                        scaler_ ? scaler_->scale_tensor() : no_scale);
+          if (!step_thread_) step_thread_ = std::make_unique<StepThread>(device_);
+          const Batch microbatch = window.slice(start, where.size);
+          const at::Tensor scale = scaler_ ? scaler_->scale_tensor() : no_scale;
+          at::Tensor loss_sum;
+          step_thread_->run([&] { loss_sum = microbatch_step(module_, microbatch, step, units, scale); });
+          loss_total += loss_sum;
         } catch (const std::exception& e) {
           if (is_out_of_memory(e, options_.probe)) {
             status = where.size;
@@ -321,7 +328,9 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
           }
         }
         // Out of the catch block: the exception and every tensor of a failed microbatch (its
-        // inputs on the device, activations, autograd graph) are already released.
+        // inputs on the device, activations, autograd graph) are released — except what a
+        // backward that failed left in its thread's autograd queue, freed by joining the thread.
+        if (status > 0) step_thread_.reset();
         start += where.size;
         if (options_.after_microbatch) options_.after_microbatch(where, status > 0);
       }

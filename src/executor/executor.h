@@ -23,7 +23,10 @@
 // tensors, sets the gradients to none, releases cached device memory, re-plans every microbatch
 // below the failing size (replan.h: the solver again, on the profile the plan carries) and
 // replays the window from its first sample: the update is the one the original plan would have
-// made, every sample counted once.
+// made, every sample counted once. Microbatch steps run on a worker thread (step_thread.h) that is
+// joined and replaced after every out-of-memory: LibTorch can keep a failed backward's memory
+// on the thread that ran it (21.7 MB of squeezenet1_1's, measured), and a replay on that thread
+// would start out of memory.
 // One process is a group of one: the same algorithm runs for 1 and W ranks, the collectives below
 // being the identity (and skipped) when W = 1.
 // Data parallel (ExecutorOptions::communicator, docs/weighting.md "Several ranks"): each of W ranks
@@ -53,6 +56,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -69,6 +73,8 @@
 #include "runtime/loss.h"
 
 namespace accumplan {
+
+class StepThread;
 
 // Where a microbatch is about to run; passed to ExecutorOptions::before_microbatch.
 struct MicrobatchEvent {
@@ -169,6 +175,7 @@ class Executor {
   // The optimizer must outlive the executor and hold the module's trainable parameters. Throws
   // InputError for a plan it cannot execute (sizes that do not sum to per_rank_batch).
   Executor(torch::jit::Module module, torch::optim::Optimizer& optimizer, Plan plan, ExecutorOptions options);
+  ~Executor();
 
   // One window: gradients, then one optimizer step (unless skipped). window.size() in
   // 1..per_rank_batch (0..per_rank_batch for a rank of a data-parallel group, whose global
@@ -204,6 +211,9 @@ class Executor {
   std::optional<LossScaler> scaler_;
   ExecutorTotals totals_;
   int64_t window_index_ = 0;
+  // Where microbatch steps run; dropped (joined) after an out-of-memory so the autograd work a
+  // failed backward left queued on it is freed (executor/step_thread.h), made again on next use.
+  std::unique_ptr<StepThread> step_thread_;
 };
 
 // [start, count) of each window of an epoch of `samples` samples in windows of `per_rank_batch`,

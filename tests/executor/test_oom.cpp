@@ -97,10 +97,15 @@ TEST_CASE("OOM injected at each microbatch position gives the no-OOM update", "[
 
   double worst_grad = 0, worst_param = 0;
   int runs = 0;
+  // Nothing outlives a recovered window: an out-of-memory inside backward used to leave that
+  // backward's remaining autograd work (gradient buffers, saved activations) queued on the thread
+  // for good (PyTorch #82218); the executor's step thread is joined after every OOM to free it.
+  const int64_t live_bytes = probe->current_bytes();
   for (int64_t position = 0; position < 3; ++position) {
     const int64_t count = position == 0 ? per_mb[0] : per_mb[1];
     // First allocation (forward), the middle one, and the last one of the microbatch (backward).
     for (const int64_t nth : {int64_t{1}, count / 2, count}) {
+      CHECK(probe->current_bytes() == live_bytes);  // what the previous case left behind
       bool fired = false;
       const Outcome o = run_window(model, plan, window, loss, probe, [&](const MicrobatchEvent& e) {
         if (e.attempt == 0 && e.index == position) {
@@ -133,6 +138,7 @@ TEST_CASE("OOM injected at each microbatch position gives the no-OOM update", "[
     }
   }
   CHECK(runs == 9);
+  CHECK(probe->current_bytes() == live_bytes);
 
   // One allocation past the last microbatch lands in combining the gradients (the norm, computed
   // when clipping: a limit no gradient reaches turns it on): not a microbatch problem, so a clear
@@ -163,6 +169,61 @@ TEST_CASE("OOM injected at each microbatch position gives the no-OOM update", "[
                                                   loss, NaiveWeighting::MeanOverK, 3);
   for (size_t i = 0; i < doubled.size(); ++i) doubled[i] = doubled[i] + one_mb[i];
   CHECK(compare_tensors(doubled, clean.grads).max_rel > 1e-2);
+}
+
+TEST_CASE("an out-of-memory at any allocation of a microbatch leaves no bytes behind", "[oom][leak]") {
+  // The contract: a recovered window leaves nothing allocated. Every allocation of the second
+  // microbatch, forward and backward, is made to fail in turn. What this guards: on LibTorch
+  // 1.13's CPU device, squeezenet1_1 running out of memory in a window of two microbatches of 15
+  // under 23.5 MiB left 21.7 MB allocated on the thread that ran it, for good (the benchmark's
+  // oracle; running the window on a fresh thread left 0), in line with PyTorch #82218 (an
+  // out-of-memory in backward leaks its intermediates). The executor therefore runs steps on a
+  // thread it joins after every out-of-memory (executor/step_thread.h). This miniature fire
+  // module did not leave bytes behind even without that (tried on this machine), so the test
+  // states the contract rather than reproducing the leak.
+  auto probe_owner = make_memory_probe({"cpu", "cpu-counting", std::nullopt});
+  auto* probe = dynamic_cast<CpuCountingProbe*>(probe_owner.get());
+  REQUIRE(probe != nullptr);
+  // A squeezenet fire module in miniature: one activation feeds two convolutions whose outputs
+  // are concatenated.
+  torch::manual_seed(11);
+  torch::jit::Module model("Fire");
+  model.register_parameter("w0", (torch::randn({8, 3, 3, 3}) * 0.3).requires_grad_(), false);
+  model.register_parameter("w1", (torch::randn({8, 8, 1, 1}) * 0.3).requires_grad_(), false);
+  model.register_parameter("w3", (torch::randn({8, 8, 3, 3}) * 0.1).requires_grad_(), false);
+  model.register_parameter("fc", (torch::randn({5, 16}) * 0.3).requires_grad_(), false);
+  model.define(R"(
+def forward(self, x):
+    s = torch.relu(torch.conv2d(x, self.w0, None, [1, 1], [1, 1]))
+    e = torch.cat([torch.relu(torch.conv2d(s, self.w1)), torch.relu(torch.conv2d(s, self.w3, None, [1, 1], [1, 1]))], 1)
+    p = torch.max_pool2d(e, [2, 2], [2, 2], [0, 0], [1, 1], True)
+    return torch.matmul(torch.mean(p, [2, 3]), self.fc.t())
+)");
+  model.train();
+  const Plan plan = make_plan_with({4, 4, 4});
+  torch::manual_seed(12);
+  Batch window;
+  window.inputs = {torch::randn({12, 3, 9, 9})};
+  window.target = torch::randint(0, 5, {12}, torch::kLong);
+  LossConfig loss;
+  const auto per_mb = allocations_per_microbatch(model, plan, window, loss, *probe);
+  REQUIRE(per_mb.size() == 2);
+  const int64_t live_bytes = probe->current_bytes();
+  int64_t leaks = 0;
+  for (int64_t nth = 1; nth <= per_mb[1]; ++nth) {
+    {
+      const Outcome o = run_window(model, plan, window, loss, probe, [&](const MicrobatchEvent& e) {
+        if (e.attempt == 0 && e.index == 1) probe->fail_allocation_after(nth);
+      });
+      CHECK(o.stats.oom_recoveries == 1);
+      CHECK(o.stats.stepped);
+    }
+    const int64_t left = probe->current_bytes() - live_bytes;
+    INFO("allocation " << nth << " of " << per_mb[1] << " failed; bytes left behind: " << left);
+    CHECK(left == 0);
+    leaks += left != 0 ? 1 : 0;
+  }
+  report("OOM at each allocation of microbatch 2: cases that left bytes behind", static_cast<double>(leaks));
 }
 
 TEST_CASE("two OOMs in one window: both counted, sizes shrink twice, same update", "[oom]") {
