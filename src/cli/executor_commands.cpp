@@ -190,9 +190,17 @@ Prepared prepare(const RunArgs& a, const std::string& command, const std::option
   return p;
 }
 
-// Where the samples of a run or verify come from, as messages name it.
-std::string data_source(const RunArgs& a) {
-  return a.data.empty() ? "synthetic samples of the plan's setup.inputs" : "--data '" + cut_for_message(a.data) + "'";
+// Runs `fn`; a model's rejection of its inputs is rethrown naming where the samples of this run or
+// verify came from (the executor does not know).
+template <class Fn>
+auto naming_data_source(const RunArgs& a, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const ModelRejectedInputError& e) {
+    const std::string source =
+        a.data.empty() ? "synthetic samples of the plan's setup.inputs" : "--data '" + cut_for_message(a.data) + "'";
+    throw ModelRejectedInputError(e.shapes(), e.model_error(), source);
+  }
 }
 
 // The samples to train or verify on, on the CPU (microbatches move to the device one at a time).
@@ -407,12 +415,7 @@ int run_command(const RunArgs& a) {
     const Batch window = data.slice(start, count);
     window_replans = 0;
     if (trace) trace->window_begin(w, trace->now_us());
-    WindowStats st;
-    try {
-      st = ex.step(comm ? shard_window(window, rank, world) : window);
-    } catch (const ModelRejectedInputError& e) {
-      throw ModelRejectedInputError(e.shapes(), e.model_error(), data_source(a));  // name where the samples came from
-    }
+    const WindowStats st = naming_data_source(a, [&] { return ex.step(comm ? shard_window(window, rank, world) : window); });
     const std::optional<int64_t> peak =
         st.peak_bytes ? std::optional<int64_t>(*st.peak_bytes - host_data_bytes) : std::nullopt;
     if (trace) trace->window_end(st.samples, st.loss, st.stepped, peak, trace->now_us());
@@ -555,12 +558,7 @@ int verify_command(const RunArgs& a) {
               << " is a meaningful tolerance; the plan trains with " << p.plan.setup.amp
               << ", whose rounding is not part of this check\n";
   }
-  VerifyReport rep;
-  try {
-    rep = verify_accumulation(p.model.module, window, p.plan, vo);
-  } catch (const ModelRejectedInputError& e) {
-    throw ModelRejectedInputError(e.shapes(), e.model_error(), data_source(a));
-  }
+  const VerifyReport rep = naming_data_source(a, [&] { return verify_accumulation(p.model.module, window, p.plan, vo); });
   std::cout << format_table(rep) << std::flush;
   for (const auto& w : rep.warnings) std::cerr << "accumplan: warning: " << w << "\n";
   if (!a.json_out.empty()) emit_output(a.json_out, to_json(rep).dump(2) + "\n");
