@@ -150,8 +150,28 @@ int64_t TokenMemoryModel::longest_sequence(int64_t usable_bytes, int64_t limit) 
   return detail::settle_largest(std::floor(root), limit, fits);
 }
 
-std::vector<std::vector<int64_t>> pack_by_tokens(const std::vector<int64_t>& lengths, const TokenMemoryModel& model,
-                                                 int64_t usable_bytes) {
+int64_t TokenMemoryModel::token_budget(int64_t usable_bytes, int64_t max_seq_len) const {
+  checked_in_range(max_seq_len, 1, kMaxSeqLen, "the longest sequence");
+  const int64_t per_sequence = largest_micro_batch(max_seq_len, usable_bytes);
+  if (per_sequence < 1) return 0;
+  // c0 + B·(a1 + a2·T) <= usable at T = max_seq_len; b = B / T need not be whole, so the budget
+  // may exceed largest_micro_batch(T)·T by up to T − 1 tokens. Settled against the integer
+  // predictor at whole multiples of T: the budget never claims more than the model allows.
+  const double t = static_cast<double>(max_seq_len);
+  const double per_token = fit_.bytes_per_token + fit_.bytes_per_token_squared * t;
+  const double room = static_cast<double>(usable_bytes) - fit_.intercept_bytes;
+  const double cap = static_cast<double>(kMaxSequences);
+  double budget = std::floor(std::min(room / per_token, cap));
+  const double whole = static_cast<double>(per_sequence) * t;
+  // The closed form is the real-valued bound; below the largest whole multiple means rounding
+  // went the wrong way, and more than one more sequence's worth would contradict the predictor.
+  // Capped at 2^40 tokens like a microbatch's samples, so the cast stays inside int64.
+  budget = std::min(std::max(whole, std::min(budget, whole + t - 1)), cap);
+  return static_cast<int64_t>(budget);
+}
+
+std::vector<std::vector<int64_t>> pack_by_token_budget(const std::vector<int64_t>& lengths, int64_t token_budget) {
+  checked_in_range(token_budget, 1, TokenMemoryModel::kMaxSequences, "the token budget");
   for (size_t i = 0; i < lengths.size(); ++i) {
     checked_in_range(lengths[i], 1, TokenMemoryModel::kMaxSeqLen, "sequence " + std::to_string(i) + "'s length");
   }
@@ -163,12 +183,12 @@ std::vector<std::vector<int64_t>> pack_by_tokens(const std::vector<int64_t>& len
   size_t next = 0;
   while (next < order.size()) {
     const int64_t longest = lengths[static_cast<size_t>(order[next])];
-    const int64_t capacity = model.largest_micro_batch(longest, usable_bytes);
+    const int64_t capacity = token_budget / longest;
     if (capacity < 1) {
       throw InfeasibleError("sequence " + std::to_string(order[next]) + " has " + std::to_string(longest) +
-                            " tokens, but the longest sequence that fits " + format_bytes(usable_bytes) + " alone has " +
-                            std::to_string(model.longest_sequence(usable_bytes)) +
-                            " tokens; truncate the sequences or raise the budget");
+                            " tokens, more than the token budget of " + std::to_string(token_budget) +
+                            " padded tokens per microbatch; truncate the sequences to at most " +
+                            std::to_string(token_budget) + " tokens or raise the budget");
     }
     const size_t take = static_cast<size_t>(std::min<int64_t>(capacity, static_cast<int64_t>(order.size() - next)));
     out.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(next),

@@ -90,15 +90,38 @@ TEST_CASE("Token model: capacities match a brute-force search of the predictor",
   CHECK(tiny.longest_sequence(int64_t{1} << 50) == TokenMemoryModel::kMaxSeqLen);
 }
 
-TEST_CASE("Token packing: every sequence once, within the budget, in the fewest microbatches", "[token][pack]") {
+TEST_CASE("Token model: the token budget fits every length up to the longest allowed", "[token][capacity]") {
   const TokenMemoryModel m = TokenMemoryModel::fit(grid(100.0 * MiB, 4096, 48));
+  REQUIRE(m.summary().quadratic);
   const int64_t usable = 512 * MiB;
+  for (int64_t t_max : {16, 100, 1024, 2000}) {
+    const int64_t budget = m.token_budget(usable, t_max);
+    INFO("T_max " << t_max << ", budget " << budget);
+    REQUIRE(budget >= t_max);
+    // Every microbatch the budget allows (b = floor(budget / T) sequences of T <= T_max) is
+    // predicted to fit, and the budget is no more than a whole sequence short of the longest
+    // length's capacity.
+    for (int64_t t = 1; t <= t_max; t += std::max<int64_t>(1, t_max / 97)) {
+      CHECK(m.predict_peak_bytes(budget / t, t) <= usable);
+    }
+    CHECK(m.predict_peak_bytes(budget / t_max, t_max) <= usable);
+    CHECK(budget / t_max == m.largest_micro_batch(t_max, usable));
+  }
+  // The longest that fits alone is the last length with a non-zero budget.
+  const int64_t longest = m.longest_sequence(usable);
+  CHECK(m.token_budget(usable, longest) >= longest);
+  CHECK(m.token_budget(usable, longest + 1) == 0);
+  CHECK_THROWS_AS(m.token_budget(usable, 0), InputError);
+}
+
+TEST_CASE("Token packing: every sequence once, within the budget, in the fewest microbatches", "[token][pack]") {
+  const int64_t budget = 4096;
   // A long-tailed length distribution (log-normal, 16..1024 tokens), as in language modelling.
   std::mt19937 rng(3);
   std::lognormal_distribution<double> dist(4.5, 1.0);
   std::vector<int64_t> lengths;
   for (int i = 0; i < 300; ++i) lengths.push_back(std::clamp<int64_t>(static_cast<int64_t>(dist(rng)), 16, 1024));
-  const auto packed = pack_by_tokens(lengths, m, usable);
+  const auto packed = pack_by_token_budget(lengths, budget);
 
   std::vector<int> seen(lengths.size(), 0);
   int64_t previous_longest = INT64_MAX;
@@ -111,7 +134,7 @@ TEST_CASE("Token packing: every sequence once, within the budget, in the fewest 
       ++seen[static_cast<size_t>(i)];
       CHECK(lengths[static_cast<size_t>(i)] <= longest);  // padded to its first member
     }
-    CHECK(m.predict_peak_bytes(static_cast<int64_t>(mb.size()), longest) <= usable);
+    CHECK(static_cast<int64_t>(mb.size()) * longest <= budget);
   }
   CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
   // Fewest: an exhaustive dynamic programme over the sorted order (any packing can be rearranged
@@ -125,26 +148,31 @@ TEST_CASE("Token packing: every sequence once, within the budget, in the fewest 
   for (size_t i = 1; i <= n; ++i) {
     for (size_t j = 0; j < i; ++j) {  // the run sorted[j..i-1], padded to sorted[j]
       if (best[j] == SIZE_MAX) continue;
-      if (m.predict_peak_bytes(static_cast<int64_t>(i - j), sorted[j]) <= usable) best[i] = std::min(best[i], best[j] + 1);
+      if (static_cast<int64_t>(i - j) * sorted[j] <= budget) best[i] = std::min(best[i], best[j] + 1);
     }
   }
   CHECK(packed.size() == best[n]);
   // Against padding everything to the longest sequence: the sample plan's microbatch count.
-  const int64_t at_max = m.largest_micro_batch(*std::max_element(lengths.begin(), lengths.end()), usable);
+  const int64_t at_max = budget / *std::max_element(lengths.begin(), lengths.end());
   const int64_t padded_count = (static_cast<int64_t>(lengths.size()) + at_max - 1) / at_max;
-  CHECK(static_cast<int64_t>(packed.size()) < padded_count);
+  CHECK(static_cast<int64_t>(packed.size()) * 2 < padded_count);
 }
 
-TEST_CASE("Token packing: a sequence too long to fit alone is named", "[token][pack][errors]") {
-  const TokenMemoryModel m = TokenMemoryModel::fit(grid(100.0 * MiB, 4096, 48));
-  const int64_t usable = 128 * MiB;
-  const int64_t longest = m.longest_sequence(usable);
-  REQUIRE(longest > 16);
-  CHECK(pack_by_tokens({16, longest}, m, usable).size() >= 1);
-  CHECK_THROWS_AS(pack_by_tokens({16, longest + 1, 20}, m, usable), InfeasibleError);
-  CHECK_THROWS_WITH(pack_by_tokens({16, longest + 1, 20}, m, usable),
-                    Catch::Contains("sequence 1 has " + std::to_string(longest + 1) + " tokens") &&
-                        Catch::Contains("alone has " + std::to_string(longest) + " tokens"));
-  CHECK_THROWS_WITH(pack_by_tokens({16, 0}, m, usable), Catch::Contains("sequence 1's length: 0 is out of range"));
-  CHECK(pack_by_tokens({}, m, usable).empty());
+TEST_CASE("Token packing: ties keep their order and equal inputs pack equally", "[token][pack]") {
+  const auto packed = pack_by_token_budget({5, 7, 5, 7, 3}, 14);
+  REQUIRE(packed.size() == 3);
+  CHECK(packed[0] == std::vector<int64_t>{1, 3});
+  CHECK(packed[1] == std::vector<int64_t>{0, 2});
+  CHECK(packed[2] == std::vector<int64_t>{4});
+}
+
+TEST_CASE("Token packing: a sequence longer than the budget is named", "[token][pack][errors]") {
+  CHECK(pack_by_token_budget({16, 100}, 100).size() == 2);
+  CHECK_THROWS_AS(pack_by_token_budget({16, 101, 20}, 100), InfeasibleError);
+  CHECK_THROWS_WITH(pack_by_token_budget({16, 101, 20}, 100),
+                    Catch::Contains("sequence 1 has 101 tokens, more than the token budget of 100") &&
+                        Catch::Contains("truncate the sequences to at most 100 tokens"));
+  CHECK_THROWS_WITH(pack_by_token_budget({16, 0}, 100), Catch::Contains("sequence 1's length: 0 is out of range"));
+  CHECK_THROWS_AS(pack_by_token_budget({16}, 0), InputError);
+  CHECK(pack_by_token_budget({}, 100).empty());
 }

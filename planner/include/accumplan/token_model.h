@@ -8,8 +8,9 @@
 // b·heads·T² numbers). The quadratic term is kept only when it is positive and halves the largest
 // residual of the line in b·T; otherwise a2 = 0 and the model is the line. From the fit: the
 // largest number of sequences of length T that fit a usable budget, the longest sequence that fits
-// alone, and `pack_by_tokens`, which packs a window's sequences (longest first, each microbatch
-// padded to its own longest) into as few microbatches as that capacity allows.
+// alone, the token budget (padded tokens per microbatch) that fits at the longest allowed length,
+// and `pack_by_token_budget`, which packs a window's sequences (longest first, each microbatch
+// padded to its own longest) into as few microbatches as that budget allows.
 // What it is not: wired to the profiler, the plan schema or the executor yet (the (b, T) probe
 // grid, the plan's token budget and the executor's packing are the rest of issue 16), and not a
 // guarantee: like the sample model it is a prediction that a real window confirms.
@@ -52,6 +53,11 @@ class TokenMemoryModel {
   int64_t largest_micro_batch(int64_t seq_len, int64_t usable_bytes, int64_t limit = kMaxSequences) const;
   // The longest T in [0, limit] with predict_peak_bytes(1, T) <= usable_bytes.
   int64_t longest_sequence(int64_t usable_bytes, int64_t limit = kMaxSeqLen) const;
+  // The largest token budget B (padded tokens per microbatch) such that every microbatch of b
+  // sequences padded to T <= max_seq_len with b·T <= B is predicted to fit usable_bytes: the
+  // peak c0 + b·T·(a1 + a2·T) grows with T at fixed b·T, so the bound is taken at max_seq_len
+  // (conservative for shorter sequences when a2 > 0). 0 when not even one max_seq_len sequence fits.
+  int64_t token_budget(int64_t usable_bytes, int64_t max_seq_len) const;
 
   static constexpr int64_t kMaxSequences = int64_t{1} << 40;  // as MemoryModel::kMaxMicroBatch
   static constexpr int64_t kMaxSeqLen = int64_t{1} << 31;     // a tensor spec's dimension bound
@@ -60,14 +66,14 @@ class TokenMemoryModel {
   TokenFit fit_;
 };
 
-// Packs sequences of `lengths` (tokens, each >= 1) into microbatches: indices sorted by length,
-// longest first (ties in index order), each microbatch padded to its first (longest) member and
-// holding at most largest_micro_batch(that length, usable_bytes) sequences. Greedy on the sorted
-// order is optimal here: capacity only grows as the lengths shrink, so filling each microbatch to
-// its capacity never forces an extra one later. Returns indices into `lengths`; every index
-// appears once. Throws InfeasibleError naming the first sequence that does not fit alone and the
-// longest that does.
-std::vector<std::vector<int64_t>> pack_by_tokens(const std::vector<int64_t>& lengths, const TokenMemoryModel& model,
-                                                 int64_t usable_bytes);
+// Packs sequences of `lengths` (tokens, each >= 1) into microbatches under a token budget: indices
+// sorted by length, longest first (ties in index order), each microbatch padded to its first
+// (longest) member L and holding at most floor(token_budget / L) sequences, so no microbatch holds
+// more than token_budget padded tokens. Greedy on the sorted order is optimal: capacity only grows
+// as the lengths shrink, so filling each microbatch never forces an extra one later. Model-free on
+// purpose: the executor, its out-of-memory re-pack and the Python reader all follow this one rule
+// with nothing but the budget. Returns indices into `lengths`; every index appears once. Throws
+// InfeasibleError naming the first sequence longer than the budget.
+std::vector<std::vector<int64_t>> pack_by_token_budget(const std::vector<int64_t>& lengths, int64_t token_budget);
 
 }  // namespace accumplan
