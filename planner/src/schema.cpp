@@ -61,16 +61,18 @@ ModelInfo model_from(const JsonField& f) {
 ojson setup_json(const Setup& s) {
   ojson hp = ojson::object();
   for (const auto& [k, v] : s.hyperparameters) hp[k] = v;
-  return ojson{{"optimizer", s.optimizer},
-               {"lr", s.lr},
-               {"hyperparameters", hp},
-               {"amp", s.amp},
-               {"max_grad_norm", opt(s.max_grad_norm)},
-               {"loss", s.loss},
-               {"normalization", s.normalization},
-               {"inputs", s.inputs},
-               {"target", s.target},
-               {"ignore_index", s.ignore_index}};
+  ojson j{{"optimizer", s.optimizer},
+          {"lr", s.lr},
+          {"hyperparameters", hp},
+          {"amp", s.amp},
+          {"max_grad_norm", opt(s.max_grad_norm)},
+          {"loss", s.loss},
+          {"normalization", s.normalization},
+          {"inputs", s.inputs},
+          {"target", s.target},
+          {"ignore_index", s.ignore_index}};
+  if (s.padding_mask) j["padding_mask"] = true;  // 1.3, only when set: sample setups stay as in 1.2
+  return j;
 }
 Setup setup_from(const JsonField& f) {
   Setup s;
@@ -96,6 +98,7 @@ Setup setup_from(const JsonField& f) {
   s.inputs = f.strings("inputs");
   s.target = f.str("target");
   if (auto ii = f.opt_i64("ignore_index")) s.ignore_index = *ii;
+  if (f.has("padding_mask")) s.padding_mask = f.boolean("padding_mask");  // 1.3
   return s;
 }
 
@@ -203,6 +206,9 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       {"lr", {0, 1e6, true, false}},
       {"max_grad_norm", {0, 1e12, true, false}},
       {"ignore_index", {-2147483648.0, 2147483647.0, false, false}},
+      {"token_budget", {1, static_cast<double>(int64_t{1} << 40), false, false}},
+      {"max_seq_len", {1, static_cast<double>(int64_t{1} << 31), false, false}},
+      {"longest_sequence_alone", {0, static_cast<double>(int64_t{1} << 31), false, false}},
       {"seconds", kSecondsRange},
   };
   if (in_hyperparameters) return &kHyperparameterRange;
@@ -384,6 +390,11 @@ ojson to_json(const Plan& p) {
   j["multiple_of"] = opt(p.multiple_of);
   j["uniform"] = ojson{{"micro_batch", p.uniform.micro_batch},
                        {"accumulation_steps", p.uniform.accumulation_steps}};
+  if (p.tokens) {  // 1.3, only for ragged data: sample plans stay as in 1.2
+    j["tokens"] = ojson{{"token_budget", p.tokens->token_budget},
+                        {"max_seq_len", p.tokens->max_seq_len},
+                        {"longest_sequence_alone", p.tokens->longest_sequence_alone}};
+  }
   const MemoryBreakdown& m = p.memory;
   j["memory"] = ojson{{"budget_bytes", m.budget_bytes},
                       {"margin_bytes", m.margin_bytes},
@@ -442,6 +453,18 @@ Plan plan_from_json(const json& doc) {
   const JsonField u = root.at("uniform");
   p.uniform.micro_batch = u.i64("micro_batch");
   p.uniform.accumulation_steps = u.i64("accumulation_steps");
+  if (root.has("tokens") && !root.at("tokens").raw().is_null()) {  // 1.3
+    const JsonField tk = root.at("tokens");
+    TokenBudget tb;
+    tb.token_budget = tk.i64("token_budget");
+    tb.max_seq_len = tk.i64("max_seq_len");
+    tb.longest_sequence_alone = tk.i64("longest_sequence_alone");
+    if (tb.token_budget < 1 || tb.max_seq_len < 1 || tb.max_seq_len > tb.token_budget) {
+      throw SchemaError("$.tokens: token_budget " + std::to_string(tb.token_budget) + " must hold at least one sequence of max_seq_len " +
+                        std::to_string(tb.max_seq_len) + " tokens (both >= 1)");
+    }
+    p.tokens = tb;
+  }
   const JsonField m = root.at("memory");
   p.memory.budget_bytes = m.i64("budget_bytes");
   if (m.has("margin")) {  // 1.2

@@ -63,7 +63,7 @@ TEST_CASE("Schema: plan round-trips and matches its golden file", "[schema][gold
   const Plan plan = golden_plan();
   const auto once = to_json(plan);
   CHECK(once["schema"] == "accumplan.plan");
-  CHECK(once["schema_version"] == "1.2");
+  CHECK(once["schema_version"] == "1.3");
   const auto twice = to_json(plan_from_json(json::parse(once.dump())));
   CHECK(once == twice);
   check_golden("tests/golden/plan.json", once.dump(2) + "\n");
@@ -150,8 +150,40 @@ TEST_CASE("Schema: published JSON Schemas match what the writers emit", "[schema
     }
   };
   check("planner/schemas/plan.schema.json", json::parse(to_json(golden_plan()).dump()));
+  Plan packed = golden_plan();  // the 1.3 fields that only ragged-data plans carry
+  packed.tokens = TokenBudget{8192, 1024, 1500};
+  packed.setup.padding_mask = true;
+  check("planner/schemas/plan.schema.json", json::parse(to_json(packed).dump()));
   check("planner/schemas/profile.schema.json",
         json::parse(to_json(read_profile_file(source_path("tests/golden/profile.json"))).dump()));
+}
+
+TEST_CASE("Schema: a token plan round-trips; sample plans carry no token fields", "[schema][token]") {
+  const json sample = json::parse(to_json(golden_plan()).dump());
+  CHECK_FALSE(sample.contains("tokens"));
+  CHECK_FALSE(sample["setup"].contains("padding_mask"));
+  Plan packed = golden_plan();
+  packed.tokens = TokenBudget{8192, 1024, 1500};
+  packed.setup.padding_mask = true;
+  const json doc = json::parse(to_json(packed).dump());
+  CHECK(doc["tokens"]["token_budget"] == 8192);
+  const Plan back = plan_from_json(doc);
+  REQUIRE(back.tokens.has_value());
+  CHECK(back.tokens->token_budget == 8192);
+  CHECK(back.tokens->max_seq_len == 1024);
+  CHECK(back.tokens->longest_sequence_alone == 1500);
+  CHECK(back.setup.padding_mask);
+  CHECK_FALSE(plan_from_json(sample).tokens.has_value());
+  json bad = doc;
+  bad["tokens"]["max_seq_len"] = 9000;  // a budget that cannot hold one sequence of that length
+  CHECK_THAT(error_of(bad, true), Catch::Contains("$.tokens: token_budget 8192 must hold at least one sequence of "
+                                                  "max_seq_len 9000"));
+  bad = doc;
+  bad["tokens"]["token_budget"] = 0;
+  CHECK_THAT(error_of(bad, true), Catch::Contains("$.tokens.token_budget"));
+  bad = doc;
+  bad["tokens"].erase("max_seq_len");
+  CHECK_THAT(error_of(bad, true), Catch::Contains("$.tokens.max_seq_len"));
 }
 
 TEST_CASE("Schema: a 1.0 plan still reads, its flattened profile nested as 1.1 writes it", "[schema][compat]") {
@@ -174,9 +206,9 @@ TEST_CASE("Schema: a 1.0 plan still reads, its flattened profile nested as 1.1 w
   CHECK(old_plan.memory.margin.fixed_bytes == old_plan.memory.budget_bytes - old_plan.memory.usable_bytes);
   r.headroom = headroom_of(old_plan.memory.margin);
   CHECK(make_plan(old_plan.profile, r).microbatch_sizes == old_plan.microbatch_sizes);
-  // Written again, it is a 1.2 plan with the profile nested.
+  // Written again, it is a 1.3 plan with the profile nested.
   const json again = json::parse(to_json(old_plan).dump());
-  CHECK(again["schema_version"] == "1.2");
+  CHECK(again["schema_version"] == "1.3");
   CHECK(again.contains("profile"));
   CHECK_FALSE(again.contains("profile_points"));
 }

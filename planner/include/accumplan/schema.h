@@ -29,8 +29,11 @@ inline constexpr int kSchemaMajor = 1;
 // 1.2: the plan's memory states its margin in bytes and its parts (`memory.margin`) instead of a
 // fraction of the budget (a 1.0/1.1 `headroom` fraction reads as that many bytes kept free);
 // trials record their window's microbatch sizes (`window`).
-inline constexpr int kSchemaMinor = 2;
-const std::string& schema_version_string();  // "1.2"
+// 1.3: ragged data (sequences of different lengths): a plan may carry `tokens`, the token budget
+// its microbatches are packed under, and setup `padding_mask`. Both are absent from sample plans,
+// which read and mean what they did in 1.2.
+inline constexpr int kSchemaMinor = 3;
+const std::string& schema_version_string();  // "1.3"
 
 struct DeviceInfo {
   std::string type;          // "cpu" or "cuda"
@@ -59,6 +62,9 @@ struct Setup {
   std::vector<std::string> inputs;  // tensor specs, one per forward argument
   std::string target;               // tensor spec; empty when loss == "model" takes none
   int64_t ignore_index = -100;
+  // 1.3: the padding mask (bool [b, T], true at padding) goes to the model as one more forward
+  // argument after the inputs (`--padding-mask`). Written only when true.
+  bool padding_mask = false;
 };
 
 struct Persistent {
@@ -154,6 +160,16 @@ struct Timing {
   double microbatch_seconds_at_plan = 0;    // predicted seconds of the largest microbatch
 };
 
+// Ragged data (1.3): each window's sequences are packed, longest first, into microbatches of at
+// most token_budget padded tokens (b sequences padded to the microbatch's longest L: b·L <=
+// token_budget; accumplan/token_model.h, pack_by_token_budget). The sample fields still hold
+// the window (per_rank_batch samples); microbatch_sizes is then the plan's split at max_seq_len.
+struct TokenBudget {
+  int64_t token_budget = 0;            // padded tokens per microbatch
+  int64_t max_seq_len = 0;             // the longest sequence the budget was planned (and confirmed) for
+  int64_t longest_sequence_alone = 0;  // the longest one sequence the memory model says fits alone
+};
+
 struct UniformSplit {
   int64_t micro_batch = 0;
   int64_t accumulation_steps = 0;
@@ -169,6 +185,7 @@ struct Plan {
   std::vector<double> weights;              // n_i / per_rank_batch
   int64_t max_micro_batch = 0;              // largest microbatch allowed (memory and bounds)
   std::string split = "balanced";           // balanced | uniform
+  std::optional<TokenBudget> tokens;        // 1.3: ragged data packed by tokens; absent for samples
   std::optional<int64_t> multiple_of;
   UniformSplit uniform;
   MemoryBreakdown memory;
