@@ -16,6 +16,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
+#include "accumplan/token_model.h"
 #include "accumplan/units.h"
 #include "executor/replan.h"
 #include "executor/step_thread.h"
@@ -98,6 +99,7 @@ Batch shard_window(const Batch& window, int rank, int world_size) {
   Batch out;
   for (const auto& t : window.inputs) out.inputs.push_back(part(t));
   if (window.target.defined()) out.target = part(window.target);
+  if (window.lengths.defined()) out.lengths = part(window.lengths);
   return out;
 }
 
@@ -202,6 +204,41 @@ void Executor::recover(int64_t failing_size, const MicrobatchEvent& where, const
   if (options_.on_replan) options_.on_replan(ReplanEvent{where.window, failing_size, plan_.microbatch_sizes, note});
 }
 
+void Executor::recover_packed(int64_t failing_tokens, int64_t longest_sequence, const std::vector<int64_t>& lengths,
+                              const MicrobatchEvent& where, const std::string& what) {
+  zero_grads();
+  if (options_.probe) {
+    options_.probe->clear_oom();
+    options_.probe->release_cached();
+  }
+  const int64_t budget = std::min(plan_.tokens->token_budget, failing_tokens - 1);
+  if (budget < longest_sequence) {
+    const std::optional<int64_t> limit = options_.probe ? options_.probe->budget_bytes() : std::nullopt;
+    throw ExecutorOomError(
+        "out of memory in window " + std::to_string(where.window) + " at microbatch " + std::to_string(where.index + 1) +
+        " of " + std::to_string(where.count) + " (" + std::to_string(failing_tokens) + " padded tokens): a token budget below " +
+        std::to_string(failing_tokens) + " cannot hold this window's longest sequence of " + std::to_string(longest_sequence) +
+        " tokens, and one sequence cannot be split. Truncate the sequences to fewer tokens, or raise the budget" +
+        (limit ? " (enforced: " + format_bytes(*limit) + ")" : std::string()) + " (" + first_line(what) + ")");
+  }
+  plan_.tokens->token_budget = budget;
+  plan_.tokens->max_seq_len = std::min(plan_.tokens->max_seq_len, budget);
+  ++totals_.oom_recoveries;
+  log("out of memory in window " + std::to_string(where.window) + " at microbatch " + std::to_string(where.index + 1) +
+      " of " + std::to_string(where.count) + " (" + std::to_string(failing_tokens) +
+      " padded tokens); token budget lowered to " + std::to_string(budget) +
+      " padded tokens per microbatch; re-packing and replaying the window from its first sample");
+  const bool writer = !options_.communicator || options_.communicator->rank() == 0;
+  if (!options_.plan_out.empty() && writer) write_text_atomic(options_.plan_out, to_json(plan_).dump(2) + "\n");
+  if (options_.on_replan) {
+    std::vector<int64_t> sizes;
+    if (!lengths.empty()) {
+      for (const auto& g : pack_by_token_budget(lengths, budget)) sizes.push_back(static_cast<int64_t>(g.size()));
+    }
+    options_.on_replan(ReplanEvent{where.window, failing_tokens, sizes, "token budget " + std::to_string(budget)});
+  }
+}
+
 WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>& sizes_override) {
   const auto t0 = std::chrono::steady_clock::now();
   Communicator* const comm = options_.communicator;
@@ -225,6 +262,17 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
                        " samples");
     }
   }
+  // Packed plans (ragged data): microbatches are cut by the token budget, not by sizes.
+  const bool packed = plan_.tokens.has_value();
+  if (packed && n > 0 && !window.ragged()) {
+    throw InputError("this plan packs ragged data by tokens (plan.tokens) but the window holds fixed-shape samples "
+                     "with no sequence lengths; load the data from a torch.save([list_of_1d_token_tensors, targets]) file");
+  }
+  if (packed && !sizes_override.empty()) {
+    throw InputError("microbatch sizes cannot be overridden under a packed plan: its microbatches are cut by the "
+                     "token budget");
+  }
+  const std::vector<int64_t> lengths = packed && n > 0 ? window.sequence_lengths() : std::vector<int64_t>{};
   WindowStats st;
   st.local_samples = n;
   if (options_.probe) {
@@ -237,7 +285,8 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
   // (hence the number of rounds) and check every rank's share identically; a slot of -1 says that
   // rank could not count its share, and every rank stops. Counting reads the window's target on
   // the host (the data stays there; microbatches move to the device one at a time): no device sync.
-  std::vector<int64_t> local(3 + static_cast<size_t>(world), 0);
+  // Packed plans add every rank's longest sequence: [..., longest of rank 0 .. W-1].
+  std::vector<int64_t> local(3 + static_cast<size_t>(world) * (packed ? 2 : 1), 0);
   std::exception_ptr count_error;
   try {
     if (n > 0) {
@@ -247,13 +296,17 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
     }
     local[1] = n;
     local[3 + static_cast<size_t>(rank)] = n;
+    if (!lengths.empty()) {
+      local[3 + static_cast<size_t>(world + rank)] = *std::max_element(lengths.begin(), lengths.end());
+    }
   } catch (const std::exception&) {
     if (world == 1) throw;
     count_error = std::current_exception();
     local[3 + static_cast<size_t>(rank)] = -1;
   }
   const std::vector<int64_t> global = sum_over_ranks(local);
-  const std::vector<int64_t> rank_samples(global.begin() + 3, global.end());
+  const std::vector<int64_t> rank_samples(global.begin() + 3, global.begin() + 3 + world);
+  const int64_t longest_sequence = packed ? *std::max_element(global.begin() + 3 + world, global.end()) : 0;
   throw_if_a_rank_failed(rank_samples, count_error, "while counting the units of window " + std::to_string(window_index_));
   st.units = global[0];
   st.samples = global[1];
@@ -272,18 +325,39 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
                        std::to_string(plan_.per_rank_batch * world) + " samples strided: rank r takes r, r+W, r+2W, ...");
     }
   }
+  // A sequence the plan was not made for is refused on every rank alike (every rank knows the
+  // longest): the budget was confirmed with sequences of at most max_seq_len tokens, and with an
+  // attention-like T^2 cost a longer one under the same budget could need more memory.
+  if (packed && longest_sequence > plan_.tokens->max_seq_len) {
+    throw InputError("window " + std::to_string(window_index_) + " holds a sequence of " + std::to_string(longest_sequence) +
+                     " tokens" + on_any_rank + ", longer than the " + std::to_string(plan_.tokens->max_seq_len) +
+                     " tokens the plan's token budget was planned for (plan.tokens.max_seq_len); truncate the "
+                     "sequences or plan again with a longer --seq-len");
+  }
+  auto pack = [&]() {
+    std::vector<std::vector<int64_t>> groups;
+    if (!lengths.empty()) groups = pack_by_token_budget(lengths, plan_.tokens->token_budget);
+    return groups;
+  };
+  auto sizes_of = [](const std::vector<std::vector<int64_t>>& groups) {
+    std::vector<int64_t> sizes;
+    for (const auto& g : groups) sizes.push_back(static_cast<int64_t>(g.size()));
+    return sizes;
+  };
   if (scaler_) st.loss_scale = scaler_->scale();
   zero_grads();
   if (st.units == 0) {
     st.skipped = true;
     st.skip_reason = "the window has no valid tokens" + on_any_rank + " (every target is ignore_index)";
-    st.microbatch_sizes = sizes_override.empty() && n > 0 ? window_sizes(plan_, n) : sizes_override;
+    st.microbatch_sizes = packed ? sizes_of(pack())
+                                 : sizes_override.empty() && n > 0 ? window_sizes(plan_, n) : sizes_override;
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return st;
   }
 
   auto split_of = [&](int64_t m) { return m == 0 ? std::vector<int64_t>{} : window_sizes(plan_, m); };
-  const StepConfig step{options_.loss, options_.amp, device_, options_.probe};
+  StepConfig step{options_.loss, options_.amp, device_, options_.probe};
+  step.padding_mask = options_.padding_mask;
   const at::Tensor no_scale;
   const double units = static_cast<double>(st.units);
   // The window's loss sum stays on the device until the window ends: one host read per window.
@@ -293,12 +367,25 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
   for (int64_t attempt = 0;; ++attempt) {
     zero_grads();
     loss_total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
-    sizes = attempt == 0 && !sizes_override.empty() ? sizes_override : split_of(n);
+    std::vector<std::vector<int64_t>> groups;  // packed: each microbatch's sample indices
+    if (packed) {
+      groups = pack();
+      sizes = sizes_of(groups);
+    } else {
+      sizes = attempt == 0 && !sizes_override.empty() ? sizes_override : split_of(n);
+    }
     // (b) Same number of rounds everywhere: the largest split of any rank (the plan is the same on
     // every rank, and so is every rank's count). 5 and 4 samples under sizes 2,2,1 give 3 and 2
-    // microbatches: rank 1 runs one empty round.
+    // microbatches: rank 1 runs one empty round. Packed, the counts depend on each rank's lengths:
+    // one collective of them.
     rounds = static_cast<int64_t>(sizes.size());
-    for (int64_t m : rank_samples) rounds = std::max(rounds, static_cast<int64_t>(split_of(m).size()));
+    if (packed && world > 1) {
+      std::vector<int64_t> counts(static_cast<size_t>(world), 0);
+      counts[static_cast<size_t>(rank)] = rounds;
+      for (int64_t c : sum_over_ranks(counts)) rounds = std::max(rounds, c);
+    } else if (!packed) {
+      for (int64_t m : rank_samples) rounds = std::max(rounds, static_cast<int64_t>(split_of(m).size()));
+    }
     int64_t failing = 0;  // the agreed failing size; 0 = no OOM anywhere
     int64_t failed_round = 0;
     int failing_rank = -1;
@@ -308,18 +395,19 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
       int64_t status = 0;
       std::exception_ptr error;
       if (i < static_cast<int64_t>(sizes.size())) {
-        const MicrobatchEvent where{window_index_, i, sizes[static_cast<size_t>(i)], static_cast<int64_t>(sizes.size()), attempt};
+        MicrobatchEvent where{window_index_, i, sizes[static_cast<size_t>(i)], static_cast<int64_t>(sizes.size()), attempt};
+        if (packed) where.padded_tokens = where.size * lengths[static_cast<size_t>(groups[static_cast<size_t>(i)].front())];
         try {
           if (options_.before_microbatch) options_.before_microbatch(where);
           if (!step_thread_) step_thread_ = std::make_unique<StepThread>(device_);
-          const Batch microbatch = window.slice(start, where.size);
+          const Batch microbatch = packed ? window.gather(groups[static_cast<size_t>(i)]) : window.slice(start, where.size);
           const at::Tensor scale = scaler_ ? scaler_->scale_tensor() : no_scale;
           at::Tensor loss_sum;
           step_thread_->run([&] { loss_sum = microbatch_step(module_, microbatch, step, units, scale); });
           loss_total += loss_sum;
         } catch (const std::exception& e) {
           if (is_out_of_memory(e, options_.probe)) {
-            status = where.size;
+            status = packed ? where.padded_tokens : where.size;
             what = first_line(e.what());
           } else {
             if (world == 1) throw;
@@ -359,11 +447,17 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
     const std::string on_rank = world > 1 ? " on rank " + std::to_string(failing_rank) : std::string();
     if (!options_.oom_recovery) {
       fail_oom("out of memory in window " + std::to_string(where.window) + " at microbatch " +
-               std::to_string(where.index + 1) + " of " + std::to_string(where.count) + " (size " +
-               std::to_string(failing) + ")" + on_rank + " and OOM recovery is off" +
+               std::to_string(where.index + 1) + " of " + std::to_string(where.count) + " (" +
+               (packed ? std::to_string(failing) + " padded tokens" : "size " + std::to_string(failing)) + ")" +
+               on_rank + " and OOM recovery is off" +
                (what.empty() ? std::string() : ": " + what));
     }
-    recover(failing, where, what.empty() ? on_rank : (on_rank.empty() ? what : on_rank + ": " + what));
+    const std::string said = what.empty() ? on_rank : (on_rank.empty() ? what : on_rank + ": " + what);
+    if (packed) {
+      recover_packed(failing, longest_sequence, lengths, where, said);
+    } else {
+      recover(failing, where, said);
+    }
     ++st.oom_recoveries;
   }
   st.microbatch_sizes = sizes;

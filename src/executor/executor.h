@@ -50,6 +50,15 @@
 //      every rank takes the same decision. Gradients are never all-reduced per microbatch.
 //   Per window with W > 1: 1 gradient exchange and 1 + (rounds run, over all attempts) counter
 //   reduces.
+// Ragged data under a packed plan (plan.tokens, schema 1.3): step 1 packs instead of splitting —
+// the window's sequences, sorted longest first, go into microbatches of at most the plan's token
+// budget in padded tokens, each padded only to its own longest (pack_by_token_budget, the rule
+// the Python reader follows too). Weighting is unchanged: N counts the window's valid tokens
+// (padding targets are ignore_index), globally over ranks. An out-of-memory lowers the token
+// budget below the failing microbatch's padded tokens, re-packs and replays; a sequence longer
+// than the new budget on any rank ends the run (ExecutorOomError), since nothing can split it.
+// With W > 1, each rank packs its own share; every rank's longest sequence travels in the counts
+// collective and every attempt adds one collective of the ranks' microbatch counts.
 // What it is not: a data loader (callers hand it windows and shard them), or a checkpointer.
 #pragma once
 
@@ -83,13 +92,16 @@ struct MicrobatchEvent {
   int64_t size = 0;      // samples in this microbatch
   int64_t count = 0;     // microbatches in this attempt of the window
   int64_t attempt = 0;   // 0 first try; n after n OOM recoveries in this window
+  int64_t padded_tokens = 0;  // packed (token) plans: size × the microbatch's longest sequence; else 0
 };
 
 // A re-plan after an out-of-memory; passed to ExecutorOptions::on_replan.
 struct ReplanEvent {
   int64_t window = 0;
-  int64_t failing_size = 0;                // the microbatch size that ran out of memory
-  std::vector<int64_t> microbatch_sizes;   // the new split of a full window
+  int64_t failing_size = 0;                // the microbatch size that ran out of memory (packed
+                                           // plans: its padded tokens)
+  std::vector<int64_t> microbatch_sizes;   // the new split of a full window (packed plans: of
+                                           // this window, re-packed under the new token budget)
   std::string note;                        // the re-planner's reason
 };
 
@@ -129,6 +141,8 @@ struct ExecutorOptions {
   // plan's world_size must equal communicator->world_size() (InputError otherwise). With one,
   // only rank 0 writes plan_out.
   Communicator* communicator = nullptr;
+  // Ragged data: pass the padding mask as one more forward argument (StepConfig::padding_mask).
+  bool padding_mask = false;
 };
 
 // With a communicator, samples/units/valid_tokens/loss are GLOBAL (summed over ranks) and
@@ -197,6 +211,10 @@ class Executor {
  private:
   void finish_gradient(WindowStats& st);
   void recover(int64_t failing_size, const MicrobatchEvent& where, const std::string& what);
+  // Packed plans: the token budget drops below the failing microbatch's padded tokens; a
+  // sequence of any rank longer than the new budget cannot be helped (ExecutorOomError).
+  void recover_packed(int64_t failing_tokens, int64_t longest_sequence, const std::vector<int64_t>& lengths,
+                      const MicrobatchEvent& where, const std::string& what);
   // An OOM that is not recovered: drops the gradients, clears the probe's flag, throws.
   [[noreturn]] void fail_oom(const std::string& message);
   void log(const std::string& line) const;

@@ -88,6 +88,41 @@ void check_storage(const at::Tensor& t, const std::string& what) {
   }
 }
 
+// [list_of_sequences, list_of_targets | None]: see load_batch_file in batch.h.
+Batch load_ragged(const std::vector<c10::IValue>& items, bool has_target, const std::string& file, int64_t ignore_index) {
+  if (items.size() != 2) {
+    throw InputError(file + " starts with a list, so it is read as ragged data [sequences, targets], but it holds " +
+                     std::to_string(items.size()) + " elements; save [list_of_1d_token_tensors, list_of_targets_or_None]");
+  }
+  auto tensors_of = [&](const c10::IValue& v, const std::string& name) {
+    std::vector<at::Tensor> out;
+    for (const auto& e : v.toListRef()) {
+      if (!e.isTensor()) {
+        throw InputError(file + ": " + name + " " + std::to_string(out.size()) + " is a " + e.tagKind() + ", not a tensor");
+      }
+      at::Tensor t = e.toTensor();
+      check_storage(t, file + ": " + name + " " + std::to_string(out.size()));
+      out.push_back(t);
+    }
+    return out;
+  };
+  const std::vector<at::Tensor> sequences = tensors_of(items[0], "sequence");
+  std::vector<at::Tensor> targets;
+  if (items[1].isList()) {
+    if (!has_target) {
+      throw InputError(file + " holds per-token targets but the loss takes none (--loss model); save None as the "
+                       "second element");
+    }
+    targets = tensors_of(items[1], "target");
+  } else if (!items[1].isNone()) {
+    throw InputError(file + ": the second element is a " + items[1].tagKind() +
+                     "; ragged data is [list_of_1d_token_tensors, list_of_targets_or_None]");
+  }
+  Batch b = ragged_batch(sequences, targets, ignore_index, file);
+  if (has_target && targets.empty()) b.target = next_token_targets(b, ignore_index);
+  return b;
+}
+
 }  // namespace
 
 at::ScalarType scalar_type_of(const std::string& dtype) {
@@ -109,10 +144,43 @@ int64_t Batch::size() const {
   return target.defined() ? target.size(0) : 0;
 }
 
+int64_t Batch::padded_length() const {
+  if (!ragged()) return 0;
+  const at::Tensor& t = inputs.empty() ? target : inputs.front();
+  return t.defined() && t.dim() >= 2 ? t.size(1) : 0;
+}
+
+std::vector<int64_t> Batch::sequence_lengths() const {
+  if (!ragged()) throw InternalError("sequence_lengths() of a batch that is not ragged");
+  const at::Tensor l = lengths.to(at::kLong).contiguous();
+  return std::vector<int64_t>(l.data_ptr<int64_t>(), l.data_ptr<int64_t>() + l.numel());
+}
+
 Batch Batch::slice(int64_t start, int64_t count) const {
   Batch out;
   for (const auto& t : inputs) out.inputs.push_back(t.narrow(0, start, count));
   if (target.defined()) out.target = target.narrow(0, start, count);
+  if (lengths.defined()) out.lengths = lengths.narrow(0, start, count);
+  return out;
+}
+
+Batch Batch::gather(const std::vector<int64_t>& indices) const {
+  if (!ragged()) throw InternalError("gather() of a batch that is not ragged");
+  const std::vector<int64_t> all = sequence_lengths();
+  int64_t longest = 0;
+  for (int64_t i : indices) {
+    if (i < 0 || i >= static_cast<int64_t>(all.size())) {
+      throw InternalError("gather: index " + std::to_string(i) + " outside a batch of " + std::to_string(all.size()));
+    }
+    longest = std::max(longest, all[static_cast<size_t>(i)]);
+  }
+  const at::Tensor index = at::tensor(indices, at::TensorOptions(at::kLong));
+  // Cut to the longest first, then pick the rows: the copy holds only this microbatch's tokens.
+  auto pick = [&](const at::Tensor& t) { return t.narrow(1, 0, longest).index_select(0, index.to(t.device())); };
+  Batch out;
+  for (const auto& t : inputs) out.inputs.push_back(pick(t));
+  if (target.defined()) out.target = pick(target);
+  out.lengths = lengths.index_select(0, index);
   return out;
 }
 
@@ -120,7 +188,70 @@ Batch Batch::to(const at::Device& device) const {
   Batch out;
   for (const auto& t : inputs) out.inputs.push_back(t.to(device));
   if (target.defined()) out.target = target.to(device);
+  out.lengths = lengths;
   return out;
+}
+
+at::Tensor padding_mask(const Batch& batch) {
+  if (!batch.ragged()) throw InternalError("padding_mask() of a batch that is not ragged");
+  const at::Tensor positions = at::arange(batch.padded_length(), at::TensorOptions(at::kLong));
+  return positions.unsqueeze(0).ge(batch.lengths.to(at::kLong).unsqueeze(1));
+}
+
+Batch ragged_batch(const std::vector<at::Tensor>& sequences, const std::vector<at::Tensor>& targets,
+                   int64_t ignore_index, const std::string& what) {
+  if (sequences.empty()) throw InputError(what + " holds no sequences");
+  if (!targets.empty() && targets.size() != sequences.size()) {
+    throw InputError(what + " has " + std::to_string(sequences.size()) + " sequences but " +
+                     std::to_string(targets.size()) + " targets; give one target tensor per sequence, or None");
+  }
+  std::vector<int64_t> lengths;
+  lengths.reserve(sequences.size());
+  int64_t longest = 0;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    const at::Tensor& s = sequences[i];
+    const std::string name = what + ": sequence " + std::to_string(i);
+    if (!s.defined() || s.dim() != 1 || !at::isIntegralType(s.scalar_type(), /*includeBool=*/false)) {
+      throw InputError(name + " is not a 1-D integer tensor of token ids (found " +
+                       (s.defined() ? dtype_name(s.scalar_type()) + shape_text(s.sizes()) : std::string("nothing")) + ")");
+    }
+    if (s.size(0) < 1) throw InputError(name + " is empty; every sequence needs at least one token");
+    if (!targets.empty()) {
+      const at::Tensor& t = targets[i];
+      if (!t.defined() || t.dim() != 1 || t.size(0) != s.size(0)) {
+        throw InputError(what + ": target " + std::to_string(i) + " has shape " +
+                         (t.defined() ? shape_text(t.sizes()) : std::string("(none)")) + " but sequence " +
+                         std::to_string(i) + " has " + std::to_string(s.size(0)) +
+                         " tokens; per-token targets need one entry per token");
+      }
+    }
+    lengths.push_back(s.size(0));
+    longest = std::max(longest, s.size(0));
+  }
+  const int64_t n = static_cast<int64_t>(sequences.size());
+  Batch b;
+  at::Tensor input = at::zeros({n, longest}, at::TensorOptions(at::kLong));
+  for (int64_t i = 0; i < n; ++i) input[i].narrow(0, 0, lengths[static_cast<size_t>(i)]).copy_(sequences[static_cast<size_t>(i)]);
+  b.inputs.push_back(input);
+  if (!targets.empty()) {
+    const at::ScalarType type = at::isFloatingType(targets.front().scalar_type()) ? targets.front().scalar_type() : at::kLong;
+    at::Tensor target = at::full({n, longest}, ignore_index, at::TensorOptions(type));
+    for (int64_t i = 0; i < n; ++i) target[i].narrow(0, 0, lengths[static_cast<size_t>(i)]).copy_(targets[static_cast<size_t>(i)]);
+    b.target = target;
+  }
+  b.lengths = at::tensor(lengths, at::TensorOptions(at::kLong));
+  return b;
+}
+
+at::Tensor next_token_targets(const Batch& batch, int64_t ignore_index) {
+  if (!batch.ragged() || batch.inputs.size() != 1) throw InternalError("next_token_targets needs one ragged input");
+  const at::Tensor& input = batch.inputs.front();
+  const int64_t t = input.size(1);
+  at::Tensor shifted = at::full_like(input, ignore_index);
+  if (t > 1) shifted.narrow(1, 0, t - 1).copy_(input.narrow(1, 1, t - 1));
+  const at::Tensor positions = at::arange(t, at::TensorOptions(at::kLong)).unsqueeze(0);
+  const at::Tensor valid = positions.lt(batch.lengths.unsqueeze(1) - 1);
+  return at::where(valid, shifted, at::full_like(shifted, ignore_index));
 }
 
 Batch synthetic_batch(const std::vector<TensorSpec>& inputs, const std::optional<TensorSpec>& target,
@@ -132,7 +263,7 @@ Batch synthetic_batch(const std::vector<TensorSpec>& inputs, const std::optional
   return device.is_cpu() ? b : b.to(device);
 }
 
-Batch load_batch_file(const std::string& path, bool has_target, const std::string& option) {
+Batch load_batch_file(const std::string& path, bool has_target, const std::string& option, int64_t ignore_index) {
   const std::string file = option + " '" + cut_for_message(path) + "'";  // how every message names the file
   require_regular_file(path, option, "a file written by torch.save([inputs..., target], f)");
   std::ifstream in(path, std::ios::binary);
@@ -158,6 +289,7 @@ Batch load_batch_file(const std::string& path, bool has_target, const std::strin
     throw InputError(file + " holds a " + value.tagKind() +
                      "; expected a list of tensors [inputs..., target]");
   }
+  if (!items.empty() && items.front().isList()) return load_ragged(items, has_target, file, ignore_index);
   const size_t need = has_target ? 2 : 1;
   if (items.size() < need) {
     throw InputError(file + " holds " + std::to_string(items.size()) +
@@ -201,6 +333,7 @@ Batch tile_batch(const Batch& batch, int64_t samples) {
   Batch out;
   for (const auto& t : batch.inputs) out.inputs.push_back(t.index_select(0, index));
   if (batch.target.defined()) out.target = batch.target.index_select(0, index);
+  if (batch.lengths.defined()) out.lengths = batch.lengths.index_select(0, index.cpu());
   return out;
 }
 

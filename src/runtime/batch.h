@@ -3,6 +3,9 @@
 // What it is: a Batch holds one tensor per forward argument plus the target, dim 0 = samples.
 // Batches come from tensor specs (synthetic, seeded, reproducible) or from a file written by
 // Python's `torch.save([inputs..., target], f)`; they slice without copying and tile to any size.
+// Ragged data (sequences of different lengths) is held padded along dim 1 with each sample's
+// length beside it: a file written by `torch.save([list_of_1d_token_tensors, list_of_targets_or_None], f)`
+// loads that way, and `gather` cuts a microbatch padded only to its own longest sequence.
 // What it is not: a data loader. There is no shuffling or prefetching here.
 #pragma once
 
@@ -20,11 +23,27 @@ namespace accumplan {
 struct Batch {
   std::vector<at::Tensor> inputs;  // one per forward argument, dim 0 = samples
   at::Tensor target;               // undefined when the model computes its loss without one
+  // Ragged data only (undefined otherwise): each sample's length in tokens, int64 [samples], on
+  // the host. Every tensor of a ragged batch is [samples, T, ...] with T >= every length, and the
+  // positions past a sample's length are padding: input 0, target ignore_index, so the padding
+  // counts as no token of the loss in either normalization.
+  at::Tensor lengths;
 
   int64_t size() const;                             // samples (dim 0)
+  bool ragged() const { return lengths.defined(); }
+  int64_t padded_length() const;                    // T (dim 1) of a ragged batch; 0 otherwise
+  std::vector<int64_t> sequence_lengths() const;    // lengths as a vector (ragged only)
   Batch slice(int64_t start, int64_t count) const;  // a view of samples [start, start+count)
-  Batch to(const at::Device& device) const;
+  // The samples at `indices`, in that order (a copy), every tensor cut along dim 1 to the longest
+  // of them: a packed microbatch holds no padding beyond its own longest sequence. Ragged only.
+  Batch gather(const std::vector<int64_t>& indices) const;
+  Batch to(const at::Device& device) const;         // lengths stay on the host
 };
+
+// The padding mask of a ragged batch: bool [samples, T], true at padding positions — the
+// convention of nn.TransformerEncoder's src_key_padding_mask. `--padding-mask` passes it to the
+// model as one more forward argument after the inputs.
+at::Tensor padding_mask(const Batch& batch);
 
 // Random data matching the specs: floats ~ N(0,1), integers uniform in [0, high). The same seed
 // gives the same batch. `target` may be nullopt (loss "model" without a target).
@@ -34,7 +53,22 @@ Batch synthetic_batch(const std::vector<TensorSpec>& inputs, const std::optional
 // Reads `torch.save([inputs..., target], f)` (zip format). `has_target` says whether the last
 // tensor is the target. Throws InputError for a missing or unreadable file, a file that is not a
 // list of tensors, or tensors whose dim 0 disagree; its messages name the file as `option` 'path'.
-Batch load_batch_file(const std::string& path, bool has_target, const std::string& option = "--batch-file");
+// A file holding `[list_of_1d_int64_tensors, targets]` is ragged data: targets is a list of 1-D
+// tensors of the same lengths (per-token targets), or None for next-token targets (the inputs
+// shifted left by one, the last position ignore_index) — or None with has_target false, for a
+// model that computes its own loss. It loads padded with 0 (inputs) and `ignore_index` (targets).
+Batch load_batch_file(const std::string& path, bool has_target, const std::string& option = "--batch-file",
+                      int64_t ignore_index = -100);
+
+// The ragged batch of `sequences` (1-D integer tensors, each >= 1 token) and per-token `targets`
+// (same lengths; empty for none), padded as load_batch_file pads. InputError naming the sequence
+// for an empty or mismatched one. Used by load_batch_file and by tests.
+Batch ragged_batch(const std::vector<at::Tensor>& sequences, const std::vector<at::Tensor>& targets,
+                   int64_t ignore_index = -100, const std::string& what = "ragged data");
+
+// Next-token targets of a ragged batch's (single) input: targets[i][t] = inputs[i][t+1] for
+// t + 1 < length, ignore_index after.
+at::Tensor next_token_targets(const Batch& batch, int64_t ignore_index);
 
 // Repeats the batch's samples cyclically to exactly `samples` samples.
 Batch tile_batch(const Batch& batch, int64_t samples);

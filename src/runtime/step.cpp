@@ -100,6 +100,13 @@ LossSum forward_loss(torch::jit::Module& module, const Batch& batch, const StepC
   std::vector<c10::IValue> args;
   args.reserve(batch.inputs.size() + 1);
   for (const auto& t : batch.inputs) args.emplace_back(on(t, config.device));
+  if (config.padding_mask) {
+    if (!batch.ragged()) {
+      throw InputError("--padding-mask needs ragged data (a file of [list_of_1d_token_tensors, targets]); these "
+                       "inputs " + shapes_of(batch) + " have no sequence lengths");
+    }
+    args.emplace_back(on(padding_mask(batch), config.device));
+  }
   const at::Tensor target = on(batch.target, config.device);
   if (config.loss.kind == "model" && target.defined()) args.emplace_back(target);
 

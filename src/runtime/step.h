@@ -69,6 +69,11 @@ struct StepConfig {
   AmpMode amp = AmpMode::None;
   at::Device device = at::kCPU;
   const MemoryProbe* probe = nullptr;  // not owned; its flag identifies an out-of-memory
+  // Ragged data: pass padding_mask(batch) (bool [b, T], true at padding) as one more forward
+  // argument after the inputs, for models whose valid positions would otherwise see the padding
+  // (attention: nn.TransformerEncoder's src_key_padding_mask). InputError for a batch that is
+  // not ragged.
+  bool padding_mask = false;
 };
 
 // True when `e` is an out-of-memory: c10::OutOfMemoryError, or any exception while the probe's
