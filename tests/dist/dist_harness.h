@@ -204,6 +204,26 @@ inline Scenario make_scenario(const std::string& name) {
     s.plan = per_rank_plan({3, 2}, kWorld, "cross_entropy");
     s.loss.kind = "cross_entropy";
     s.reference_kind = "ce";
+  } else if (name == "packed") {
+    // Ragged data under a packed plan (token budget 24): 14 sequences of known lengths, windows of
+    // 10 (5 per rank) and 4 (2 each). Window 0 strided: rank 0 holds lengths 16,12,9,2,5 and
+    // rank 1 3,7,15,11,8 — packed to [16] [12,9] [5,2] and [15] [11,8] [7,3]. Rank 1 runs out of
+    // memory in its second microbatch (22 padded tokens): both ranks re-pack under 21.
+    const std::vector<int64_t> lengths{16, 3, 12, 7, 9, 15, 2, 11, 5, 8, 13, 4, 6, 10};
+    torch::manual_seed(17);
+    std::vector<at::Tensor> sequences, targets;
+    for (int64_t l : lengths) {
+      sequences.push_back(torch::randint(0, 7, {l}, torch::kLong));
+      targets.push_back(torch::randint(0, 7, {l}, torch::kLong));
+    }
+    s.model = make_tiny_lm(2);
+    s.data = ragged_batch(sequences, targets);
+    s.windows = {{0, 10}, {10, 4}};
+    s.plan = per_rank_plan({5}, kWorld, "cross_entropy");
+    s.plan.tokens = TokenBudget{24, 16, 16};
+    s.loss.kind = "cross_entropy";
+    s.loss.normalization = Normalization::Tokens;
+    s.reference_kind = "ce_tokens";  // ATen's mean over the valid tokens of the padded window
   } else {
     throw std::runtime_error("unknown scenario " + name);
   }

@@ -66,7 +66,7 @@ void run_worker(const std::string& name, const std::string& dir) {
   // 20 s: far above the ~1 s a scenario takes, far below the parent's 60 s watchdog.
   auto comm = make_gloo_communicator(*env, std::chrono::seconds(20));
   std::unique_ptr<MemoryProbe> probe;
-  if (name == "oom") probe = make_memory_probe(ProbeRequest{});  // the CPU counting allocator
+  if (name == "oom" || name == "packed") probe = make_memory_probe(ProbeRequest{});  // the CPU counting allocator
   Scenario s = make_scenario(name);
   auto params = trainable(s.model);
   torch::optim::SGD opt(params, torch::optim::SGDOptions(s.lr));
@@ -87,6 +87,12 @@ void run_worker(const std::string& name, const std::string& dir) {
     // The 4th allocation of rank 1's first microbatch (size 3) fails: inside its forward.
     o.before_microbatch = [&](const MicrobatchEvent& e) {
       if (e.window == 0 && e.index == 0 && e.attempt == 0) probe->fail_allocation_after(4);
+    };
+  }
+  if (name == "packed" && env->rank == 1) {
+    // Rank 1's second microbatch of window 0 ([11, 8]: 22 padded tokens) fails in its forward.
+    o.before_microbatch = [&](const MicrobatchEvent& e) {
+      if (e.window == 0 && e.index == 1 && e.attempt == 0) probe->fail_allocation_after(1);
     };
   }
   Executor ex(s.model, opt, s.plan, o);
@@ -112,6 +118,7 @@ void run_worker(const std::string& name, const std::string& dir) {
     torch::save(stepped_with, params_file(dir, env->rank, w, "grads"));
   }
   out["final_sizes"] = ex.plan().microbatch_sizes;
+  if (ex.plan().tokens) out["final_token_budget"] = ex.plan().tokens->token_budget;
   out["samples_seen"] = ex.totals().samples_seen;
   std::ofstream(dir + "/stats-r" + std::to_string(env->rank) + ".json") << out.dump(2);
 }
@@ -275,6 +282,33 @@ TEST_CASE("2 ranks, OOM injected on rank 1 only: both ranks recover, re-plan ali
   }
   CHECK(compare_tensors(runs[0].params[0], runs[1].params[0]).max_abs == 0.0);
   check_matches_reference(runs[1], runs[1], ref, 0, "dist OOM on rank 1, recovered", "no-OOM full batch");
+}
+
+TEST_CASE("2 ranks, packed ragged windows with an OOM on rank 1: both re-pack under the same budget and match the "
+          "full-window per-token update", "[dist][packing][oom]") {
+  const Scenario s = make_scenario("packed");
+  const auto& runs = run_scenario("packed");
+  const Reference ref = reference_updates(s);
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r);
+    const json& st = runs[static_cast<size_t>(r)].stats;
+    CHECK(st["windows"][0]["oom_recoveries"] == 1);
+    CHECK(st["windows"][1]["oom_recoveries"] == 0);
+    CHECK(st["final_token_budget"] == 21);  // below the 22 padded tokens that failed, on both ranks
+    CHECK(st["samples_seen"] == 14);
+    // Re-packed under 21: rank 0 [16] [12] [9,5] [2], rank 1 [15] [11] [8,7] [3].
+    CHECK(st["windows"][0]["microbatch_sizes"] == json::array({1, 1, 2, 1}));
+    CHECK(st["windows"][0]["rounds"] == 4);
+    // N is the window's valid tokens over both ranks: 44 + 44 in window 0.
+    CHECK(st["windows"][0]["units"] == 88);
+    // 1 count reduce; attempt 0: 1 round-count reduce + 2 agreements (round 2 failed); the
+    // replay: 1 round-count reduce + 4 agreements.
+    CHECK(st["windows"][0]["counter_all_reduces"] == 9);
+    CHECK(st["windows"][0]["gradient_exchanges"] == 1);
+  }
+  CHECK(compare_tensors(runs[0].params[0], runs[1].params[0]).max_abs == 0.0);
+  check_matches_reference(runs[0], runs[1], ref, 0, "dist packed, OOM on rank 1, recovered");
+  check_matches_reference(runs[0], runs[0], ref, 1, "dist packed, second window");
 }
 
 TEST_CASE("2 ranks: one gradient exchange per window, one counter reduce per microbatch round plus one for the counts",
