@@ -65,6 +65,32 @@ def split_samples(total, max_micro_batch, split="balanced", unit=1):
 
 # --- validation helpers ----------------------------------------------------------------------
 
+def pack_by_token_budget(lengths, token_budget):
+    """Packs sequences of ``lengths`` (tokens, each >= 1) into microbatches under a token budget,
+    the rule of the C++ executor (accumplan/token_model.h): indices sorted by length, longest
+    first (ties in index order), each microbatch padded to its first (longest) member L and
+    holding at most ``token_budget // L`` sequences. Returns lists of indices; every index once.
+    Raises PlanError for a sequence longer than the budget."""
+    if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
+        raise PlanError("the token budget must be an integer >= 1, got %r" % (token_budget,))
+    lengths = [int(n) for n in lengths]
+    for i, n in enumerate(lengths):
+        if n < 1:
+            raise PlanError("sequence %d's length must be >= 1, got %d" % (i, n))
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: ties keep index order
+    out, nxt = [], 0
+    while nxt < len(order):
+        longest = lengths[order[nxt]]
+        capacity = token_budget // longest
+        if capacity < 1:
+            raise PlanError("sequence %d has %d tokens, more than the token budget of %d padded tokens per "
+                            "microbatch; truncate the sequences to at most %d tokens or raise the budget"
+                            % (order[nxt], longest, token_budget, token_budget))
+        out.append(order[nxt:nxt + capacity])
+        nxt += capacity
+    return out
+
+
 def _field(obj, key, path, kinds, required=True, default=None):
     if not isinstance(obj, dict):
         raise PlanError("%s must be an object" % path)
@@ -112,7 +138,8 @@ class Plan:
     ``max_micro_batch``, ``split_kind`` (the plan's ``split``: "balanced" or "uniform"; the name
     ``split`` is the method), ``multiple_of``, ``normalization``, ``loss``, ``ignore_index``,
     ``memory``, ``fit``, ``setup``, ``model``, ``device``, ``profile`` (1.1 plans; None in 1.0),
-    ``raw`` (the whole document). ``replans`` lists the re-plans made after out-of-memory errors.
+    ``tokens`` (1.3 packed plans for ragged data: ``token_budget``, ``max_seq_len``,
+    ``longest_sequence_alone``; None for sample plans), ``padding_mask``, ``raw`` (the whole document). ``replans`` lists the re-plans made after out-of-memory errors.
 
     The training methods (``split``, ``train_window``) need torch; see accumplan.train.
     """
@@ -181,6 +208,17 @@ class Plan:
             raise PlanError("%s: $.setup.normalization must be auto, samples or tokens, got %r"
                             % (self.source, self.normalization))
         self.ignore_index = _field(self.setup, "ignore_index", "$.setup", (int,), required=False, default=-100)
+        # 1.3: ragged data packed under a token budget; absent (None) for sample plans.
+        self.padding_mask = bool(_field(self.setup, "padding_mask", "$.setup", (bool,), required=False, default=False))
+        tokens = _field(d, "tokens", p, (dict, type(None)), required=False, default=None)
+        if tokens is not None:
+            tokens = dict(tokens)
+            for key in ("token_budget", "max_seq_len"):
+                _positive_int(tokens, key, "$.tokens")
+            if tokens["max_seq_len"] > tokens["token_budget"]:
+                raise PlanError("%s: $.tokens: token_budget %d must hold at least one sequence of max_seq_len %d tokens"
+                                % (self.source, tokens["token_budget"], tokens["max_seq_len"]))
+        self.tokens = tokens
         self.confirmed = bool(d.get("confirmed", False))
         self.reason = d.get("reason", "")
 
@@ -269,6 +307,41 @@ class Plan:
             % (failing_micro_batch, self.accumulation_steps, ",".join(map(str, self.microbatch_sizes))))
         return note
 
+    def pack(self, lengths):
+        """The microbatches of one window of ragged data under a packed plan (``plan.tokens``):
+        lists of sample indices, longest first, each at most the token budget in padded tokens.
+        Raises PlanError for a plan without a token budget, or a sequence longer than the plan's
+        ``max_seq_len`` (the budget was planned for sequences up to it)."""
+        if self.tokens is None:
+            raise PlanError("%s packs no tokens: it is a sample plan (no $.tokens); split its windows by "
+                            "microbatch_sizes" % self.source)
+        longest = max((int(n) for n in lengths), default=0)
+        if longest > self.tokens["max_seq_len"]:
+            raise PlanError("the window holds a sequence of %d tokens, longer than the %d tokens the plan's token "
+                            "budget was planned for ($.tokens.max_seq_len); truncate the sequences or plan again "
+                            "with a longer --seq-len" % (longest, self.tokens["max_seq_len"]))
+        return pack_by_token_budget(lengths, self.tokens["token_budget"])
+
+    def repack_below(self, failing_tokens, longest_sequence):
+        """Lowers the token budget in place below ``failing_tokens`` (the padded tokens of a
+        microbatch that ran out of memory), as the C++ executor does. Returns a one-line note.
+        Raises OutOfMemoryAtOne when the new budget cannot hold ``longest_sequence``."""
+        budget = min(self.tokens["token_budget"], failing_tokens - 1)
+        if budget < longest_sequence:
+            raise OutOfMemoryAtOne(
+                "out of memory at %d padded tokens: a token budget below it cannot hold the window's longest "
+                "sequence of %d tokens, and one sequence cannot be split. Truncate the sequences to fewer "
+                "tokens, or raise the budget" % (failing_tokens, longest_sequence))
+        self.tokens["token_budget"] = budget
+        self.tokens["max_seq_len"] = min(self.tokens["max_seq_len"], budget)
+        self.confirmed = False
+        note = ("out of memory at %d padded tokens: token budget lowered to %d padded tokens per microbatch"
+                % (failing_tokens, budget))
+        self.replans.append(note)
+        self.reason = (self.reason + " " if self.reason else "") + (
+            "Re-packed during training after %d padded tokens ran out of memory: token budget %d." % (failing_tokens, budget))
+        return note
+
     # ---- writing ----
     def to_dict(self):
         """The plan document with the current (possibly re-planned) sizes."""
@@ -285,6 +358,8 @@ class Plan:
             u = largest_divisor_at_most(self.per_rank_batch, self.max_micro_batch, self.multiple_of or 1) or \
                 largest_divisor_at_most(self.per_rank_batch, self.max_micro_batch, 1)
             d["uniform"] = {"micro_batch": u, "accumulation_steps": self.per_rank_batch // u}
+        if self.tokens is not None:
+            d["tokens"] = dict(self.tokens)
         d["reason"] = self.reason
         return d
 
@@ -343,7 +418,7 @@ def load_plan(path_or_doc, model=None, force=False):
     """Reads and validates a plan: a path to plan.json, or the already parsed dict.
 
     ``model`` (a path) also checks the model file's SHA-256 against the plan's (``force=True``
-    accepts a different one). Accepts schema_version 1.x (1.0, 1.1 and 1.2); refuses other majors."""
+    accepts a different one). Accepts schema_version 1.x (1.0 to 1.3); refuses other majors."""
     if isinstance(path_or_doc, dict):
         plan = Plan(path_or_doc, source="plan")
     else:

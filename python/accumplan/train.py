@@ -150,6 +150,58 @@ def loss_sum(output, target, loss="cross_entropy", normalization="samples", igno
     raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss,))
 
 
+def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
+    """Ragged data as accumplan holds it (the layout `accumplan run --data` reads from
+    ``torch.save([sequences, targets_or_None], f)``): returns ``(inputs, target, lengths)`` with
+    inputs int64 [n, T] padded with 0, target [n, T] padded with ``ignore_index`` (per-token
+    ``targets``; or, with ``next_token=True`` and no targets, the inputs shifted left by one, the
+    last position ignored; else None) and lengths int64 [n]."""
+    n = len(sequences)
+    if n == 0:
+        raise ValueError("no sequences")
+    lengths = torch.tensor([int(s.numel()) for s in sequences], dtype=torch.long)
+    if int(lengths.min()) < 1:
+        raise ValueError("sequence %d is empty; every sequence needs at least one token" % int(lengths.argmin()))
+    longest = int(lengths.max())
+    inputs = torch.zeros(n, longest, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        inputs[i, :s.numel()] = s
+    target = None
+    if targets is not None:
+        if len(targets) != n:
+            raise ValueError("%d sequences but %d targets" % (n, len(targets)))
+        target = torch.full((n, longest), ignore_index, dtype=torch.long)
+        for i, t in enumerate(targets):
+            if t.numel() != int(lengths[i]):
+                raise ValueError("target %d has %d entries but sequence %d has %d tokens"
+                                 % (i, t.numel(), i, int(lengths[i])))
+            target[i, :t.numel()] = t
+    elif next_token:
+        target = torch.full((n, longest), ignore_index, dtype=torch.long)
+        target[:, :-1] = inputs[:, 1:]
+        positions = torch.arange(longest).unsqueeze(0)
+        target[positions >= (lengths.unsqueeze(1) - 1)] = ignore_index
+    return inputs, target, lengths
+
+
+def padding_mask(lengths, padded_length):
+    """bool [n, padded_length], True at padding (nn.TransformerEncoder's src_key_padding_mask)."""
+    lengths = torch.as_tensor(lengths, dtype=torch.long)
+    return torch.arange(padded_length).unsqueeze(0) >= lengths.unsqueeze(1)
+
+
+def _gather(inputs, target, indices, lengths):
+    """A packed microbatch: the samples at ``indices``, every tensor with a sequence dimension
+    (dim >= 2) cut to the longest of them (the C++ Batch::gather)."""
+    longest = max(lengths[i] for i in indices)
+
+    def pick(t):
+        idx = torch.tensor(indices, dtype=torch.long, device=t.device)
+        return (t[:, :longest] if t.dim() >= 2 else t).index_select(0, idx)
+
+    return tuple(pick(t) for t in inputs), (None if target is None else pick(target)), longest
+
+
 def _slice(inputs, target, start, n):
     return tuple(t[start:start + n] for t in inputs), (None if target is None else target[start:start + n])
 
@@ -285,8 +337,10 @@ class WindowStats:
         return "WindowStats(%s)" % ", ".join("%s=%r" % kv for kv in vars(self).items())
 
 
-def _forward_sum(model, mb_inputs, mb_target, n, loss_kind, loss_fn, norm, ignore_index, autocast, device):
+def _forward_sum(model, mb_inputs, mb_target, n, loss_kind, loss_fn, norm, ignore_index, autocast, device, mask=None):
     args = [t.to(device) if t.device != device else t for t in mb_inputs]
+    if mask is not None:
+        args.append(mask.to(device))
     target = None if mb_target is None else (mb_target.to(device) if mb_target.device != device else mb_target)
     if loss_kind == "model" and target is not None:
         args.append(target)
@@ -301,7 +355,7 @@ def _forward_sum(model, mb_inputs, mb_target, n, loss_kind, loss_fn, norm, ignor
 
 def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss_fn=None, scaler=None,
                  max_grad_norm=None, scheduler=None, autocast=None, normalization=None, ignore_index=None,
-                 oom_recovery=True, group=None, on_oom=None):
+                 oom_recovery=True, group=None, on_oom=None, lengths=None):
     """Trains one window (the per-rank batch, or a shorter last one) and steps the optimizer once.
 
     loss: "cross_entropy" | "mse" | "model" (default: the plan's setup.loss), or ``loss_fn(output,
@@ -314,7 +368,12 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     Under torch.distributed (world size > 1) every rank must call it for every window; the units
     are counted globally, failures are agreed on after every microbatch round, and the gradients
     are exchanged once, after the last microbatch (a DDP module runs every microbatch under
-    ``no_sync()``: a DDP backward cannot be abandoned when a peer runs out of memory)."""
+    ``no_sync()``: a DDP backward cannot be abandoned when a peer runs out of memory).
+    Ragged data under a packed plan (``plan.tokens``): pass ``lengths=`` (each sample's length;
+    ``pad_sequences`` returns them) with inputs and target padded along dim 1; the window is packed
+    longest first under the token budget (``plan.pack``), each microbatch cut to its own longest,
+    with ``padding_mask(...)`` as one more forward argument when the plan's setup asks for it. An
+    out-of-memory lowers the budget below the failing microbatch's padded tokens and replays."""
     t0 = time.perf_counter()
     inputs = _as_tuple(inputs)
     n = _samples(inputs, target)
@@ -338,18 +397,34 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     distributed = world > 1
     cdev = _collective_device(group, params) if distributed else None
 
+    packed = plan.tokens is not None
+    if packed:
+        if lengths is None:
+            raise ValueError("this plan packs ragged data by tokens (plan.tokens): pass lengths=, each sample's "
+                             "length (accumplan.pad_sequences returns them)")
+        lengths = [int(x) for x in (lengths.tolist() if hasattr(lengths, "tolist") else lengths)]
+        if len(lengths) != n:
+            raise ValueError("lengths has %d entries for a window of %d samples" % (len(lengths), n))
+    longest = max(lengths) if packed and lengths else 0
+
     st = WindowStats()
     st.local_samples = n
     units = count_units(target, n, norm, ii) if n > 0 else 0
     rank_samples = [n]
     if distributed:
         rank = dist.get_rank(group)
-        counts = [0] * (2 + world)
+        counts = [0] * (2 + world * (2 if packed else 1))
         counts[0], counts[1], counts[2 + rank] = units, n, n
+        if packed:
+            counts[2 + world + rank] = longest
         counts = _all_reduce_ints(counts, group, cdev)
-        units, st.samples, rank_samples = counts[0], counts[1], counts[2:]
+        units, st.samples, rank_samples = counts[0], counts[1], counts[2:2 + world]
+        if packed:
+            longest = max(counts[2 + world:])
     else:
         st.samples = n
+    if packed and longest > plan.tokens["max_seq_len"]:
+        plan.pack([longest])  # raises PlanError naming the sequence and the fix
     st.units = units
     _zero_grads(params, optimizer)
     if units == 0:
@@ -360,17 +435,35 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     ddp_ctx = model.no_sync if _is_ddp(model) else contextlib.nullcontext
     while True:
         _zero_grads(params, optimizer)
-        sizes = plan.window_sizes(n) if n > 0 else []
-        rounds = max(len(plan.window_sizes(m)) if m > 0 else 0 for m in rank_samples) if distributed else len(sizes)
+        if packed:
+            groups = plan.pack(lengths) if n > 0 else []
+            sizes = [len(g) for g in groups]
+            rounds = len(sizes)
+            if distributed:
+                per_rank = [0] * world
+                per_rank[dist.get_rank(group)] = rounds
+                rounds = max(_all_reduce_ints(per_rank, group, cdev))
+        else:
+            sizes = plan.window_sizes(n) if n > 0 else []
+            rounds = max(len(plan.window_sizes(m)) if m > 0 else 0 for m in rank_samples) if distributed else len(sizes)
         total, failing, start = 0.0, 0, 0
         for i in range(rounds):
             status = 0
             if i < len(sizes):
                 m = sizes[i]
+                padded = 0
                 try:
-                    mb_inputs, mb_target = _slice(inputs, target, start, m)
+                    mask = None
+                    if packed:
+                        mb_inputs, mb_target, mb_longest = _gather(inputs, target, groups[i], lengths)
+                        padded = m * mb_longest
+                        if plan.padding_mask:
+                            mask = padding_mask([lengths[j] for j in groups[i]], mb_longest)
+                    else:
+                        mb_inputs, mb_target = _slice(inputs, target, start, m)
                     with ddp_ctx():
-                        s = _forward_sum(model, mb_inputs, mb_target, m, loss_kind, loss_fn, norm, ii, autocast, device)
+                        s = _forward_sum(model, mb_inputs, mb_target, m, loss_kind, loss_fn, norm, ii, autocast, device,
+                                         mask)
                         total += float(s.detach())
                         obj = s / units
                         (scaler.scale(obj) if scaler is not None else obj).backward()
@@ -382,7 +475,7 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
                         status = -1
                         error = e
                     else:
-                        status = m
+                        status = padded if packed else m
                 start += m
             if distributed:
                 flags = [0] * world
@@ -405,7 +498,10 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
         _zero_grads(params, optimizer)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        note = plan.replan_below(failing)  # raises OutOfMemoryAtOne at size 1
+        if packed:
+            note = plan.repack_below(failing, longest)  # raises OutOfMemoryAtOne below the longest sequence
+        else:
+            note = plan.replan_below(failing)  # raises OutOfMemoryAtOne at size 1
         st.oom_recoveries += 1
         if on_oom is not None:
             on_oom(note)
@@ -444,5 +540,6 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     return st
 
 
-__all__ = ["is_oom", "resolve_normalization", "count_units", "model_output", "loss_sum", "split",
+__all__ = ["is_oom", "resolve_normalization", "count_units", "model_output", "loss_sum", "split", "pad_sequences",
+           "padding_mask",
            "train_window", "all_reduce_gradients", "WindowStats", "OutOfMemoryAtOne"]
