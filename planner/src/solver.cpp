@@ -559,6 +559,21 @@ int64_t climb_candidate(const Profile& profile, const PlanRequest& request, cons
   return c > std::max(ev.measured_max, plan.max_micro_batch) ? c : 0;
 }
 
+int64_t whole_batch_candidate(const Profile& profile, const PlanRequest& request, const Plan& plan) {
+  const int64_t T = plan.per_rank_batch;
+  if (plan.accumulation_steps <= 1 || T < 1) return 0;
+  if (request.max_micro_batch && *request.max_micro_batch < T) return 0;
+  if (request.multiple_of && T % *request.multiple_of != 0) return 0;
+  for (const auto& t : profile.trials) {
+    if (t.window.size() == 1 && t.window.front() == T) return 0;  // ran, fit or not
+    if (!t.fit && !t.window.empty() && *std::max_element(t.window.begin(), t.window.end()) >= T) return 0;
+  }
+  const MemoryModel model = MemoryModel::fit(profile);
+  const MarginModel mm = margin_model(model, profile, request.headroom);
+  const int64_t one = model.predict_window_peak_bytes({T});
+  return one + mm.bytes_at(T, false) <= plan.memory.budget_bytes ? T : 0;
+}
+
 std::string describe_plan(const Plan& p) {
   const MemoryBreakdown& m = p.memory;
   const int64_t persistent = m.weights_bytes + m.gradients_bytes + m.optimizer_state_bytes;

@@ -35,6 +35,7 @@ class CpuCountingProbe final : public MemoryProbe {
   int64_t device_total_bytes() const override;
   void set_budget_bytes(std::optional<int64_t> budget_bytes) override;
   std::optional<int64_t> budget_bytes() const override;
+  bool budget_is_simulated() const override { return true; }
   bool oom_happened() const override;
   void clear_oom() override;
   // n >= 1: the n-th allocation of one byte or more from now fails as an OOM, once (zero-byte

@@ -462,3 +462,37 @@ TEST_CASE("Solver: the largest divisor is found by divisor pairs, for any size",
   CHECK(largest_divisor_at_most(256, 60, 3) == 0);
   CHECK(largest_divisor_at_most(96, 40, 8) == 32);
 }
+
+TEST_CASE("Solver: the whole batch in one microbatch is worth a window when only the first-microbatch line says so",
+          "[solver][climb]") {
+  // vgg11's shape: 800 MiB persistent (weights + gradients), 10 MiB per sample with the gradients
+  // resident, 5 MiB per sample for a first microbatch (no gradient yet, weights only).
+  Profile p = linear_profile(400 * MiB, 0, 10 * MiB);
+  for (auto& pt : p.points) pt.first_microbatch_peak_bytes = 400 * MiB + 5 * MiB * pt.micro_batch;
+  PlanRequest r = request(24, 900 * MiB);
+  p.trials.push_back(window_trial({8, 8}, p.persistent.total() + 80 * MiB));
+  Plan plan = make_plan(p, r);
+  // 24 is 3x the largest probe (8): beyond the reach make_plan trusts the first-microbatch line.
+  REQUIRE(plan.accumulation_steps == 3);
+  CHECK(whole_batch_candidate(p, r, plan) == 24);  // 400 + 5·24 = 520 MiB predicted for [24]
+  // Bounds the request sets, or a line that does not fit, rule it out.
+  PlanRequest bounded = r;
+  bounded.max_micro_batch = 20;
+  CHECK(whole_batch_candidate(p, bounded, make_plan(p, bounded)) == 0);
+  Profile steep = p;  // first microbatches of 25 MiB per sample: [24] needs 1000 MiB
+  for (auto& pt : steep.points) pt.first_microbatch_peak_bytes = 400 * MiB + 25 * MiB * pt.micro_batch;
+  CHECK(whole_batch_candidate(steep, r, make_plan(steep, r)) == 0);
+  // Once [24] ran within the budget, the plan is one microbatch and nothing is left to try.
+  Profile ran = p;
+  ran.trials.push_back(window_trial({24}, 520 * MiB));
+  plan = make_plan(ran, r);
+  CHECK(plan.accumulation_steps == 1);
+  CHECK(plan.microbatch_sizes == std::vector<int64_t>{24});
+  CHECK(whole_batch_candidate(ran, r, plan) == 0);
+  // Once it failed, it is not tried again.
+  Profile failed = p;
+  failed.trials.push_back(window_trial({24}, 0));
+  plan = make_plan(failed, r);
+  CHECK(plan.accumulation_steps > 1);
+  CHECK(whole_batch_candidate(failed, r, plan) == 0);
+}

@@ -85,6 +85,15 @@ Plan make_plan(const Profile& profile, const PlanRequest& request);
 // 0 when that is no larger than the plan's largest measured size (nothing to climb to).
 int64_t climb_candidate(const Profile& profile, const PlanRequest& request, const Plan& plan);
 
+// The whole per-rank batch as one microbatch, worth one real window when the plan accumulates:
+// returns per_rank_batch when the plan has k > 1, no window of the profile ran or failed at [T]
+// (or at T or more), the request's bounds allow T, and the first-microbatch line predicts [T]
+// within the budget less the margin — at ANY distance from the probes (make_plan trusts that line
+// only up to twice the largest probe; one real window settles it). 0 otherwise. vgg11 at 1383 MiB
+// (986 MiB persistent, target 24): windows [4, 4] peaked at 1382 MiB, a window [24] at 1009 MiB,
+// because no gradient is resident while the only microbatch runs.
+int64_t whole_batch_candidate(const Profile& profile, const PlanRequest& request, const Plan& plan);
+
 // The margin's parts in one line, e.g. "fit residual 12.0 KiB + 2% of activations 96.0 KiB".
 std::string describe_margin(const Margin& margin);
 

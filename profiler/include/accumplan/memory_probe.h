@@ -44,6 +44,10 @@ class MemoryProbe {
   // Enforce a budget: allocations beyond it fail with c10::OutOfMemoryError. nullopt removes it.
   virtual void set_budget_bytes(std::optional<int64_t> budget_bytes) = 0;
   virtual std::optional<int64_t> budget_bytes() const = 0;
+  // True when the budget is a simulation over far larger memory (the CPU counting allocator: the
+  // host has gigabytes behind a budget of megabytes), so a probe may be measured past it at no
+  // risk to anything else; false where the budget guards real device memory.
+  virtual bool budget_is_simulated() const { return false; }
 
   // True when an allocation failed for lack of memory since the last clear_oom(). TorchScript
   // rewraps OutOfMemoryError as std::runtime_error, so callers identify OOM by this flag, not by
