@@ -54,18 +54,21 @@ size_t TensorSpec::batch_axis() const {
   return static_cast<size_t>(std::find(dims.begin(), dims.end(), kBatchDim) - dims.begin());
 }
 
-std::vector<int64_t> TensorSpec::shape(int64_t micro_batch) const {
+bool TensorSpec::has_seq_dim() const { return std::find(dims.begin(), dims.end(), kSeqDim) != dims.end(); }
+
+std::vector<int64_t> TensorSpec::shape(int64_t micro_batch, int64_t seq_len) const {
   std::vector<int64_t> out = dims;
   for (auto& d : out) {
     if (d == kBatchDim) d = micro_batch;
+    if (d == kSeqDim) d = seq_len;
   }
   return out;
 }
 
-int64_t TensorSpec::elements_per_sample() const {
+int64_t TensorSpec::elements_per_sample(int64_t seq_len) const {
   int64_t n = 1;
   for (auto d : dims) {
-    if (d != kBatchDim) n = checked_mul(n, d, "elements per sample of " + text);
+    if (d != kBatchDim) n = checked_mul(n, d == kSeqDim ? seq_len : d, "elements per sample of " + text);
   }
   return n;
 }
@@ -74,7 +77,7 @@ std::string TensorSpec::to_string() const {
   std::string s = dtype + "[";
   for (size_t i = 0; i < dims.size(); ++i) {
     if (i) s += ",";
-    s += dims[i] == kBatchDim ? "B" : std::to_string(dims[i]);
+    s += dims[i] == kBatchDim ? "B" : dims[i] == kSeqDim ? "T" : std::to_string(dims[i]);
   }
   s += "]";
   if (high) s += ":" + std::to_string(*high);
@@ -107,6 +110,11 @@ TensorSpec parse_tensor_spec(const std::string& text, const std::string& what) {
     if (tok == "B") {
       spec.dims.push_back(TensorSpec::kBatchDim);
       ++batch_dims;
+    } else if (tok == "T") {
+      if (spec.dims.size() != 1 || spec.dims.front() != TensorSpec::kBatchDim) {
+        return fail("the sequence dimension T must follow B at the front, as in int64[B,T]:50257");
+      }
+      spec.dims.push_back(TensorSpec::kSeqDim);
     } else if (all_digits(tok) && tok.find_first_not_of('0') != std::string::npos) {
       const std::string digits = tok.substr(tok.find_first_not_of('0'));
       if (digits.size() > 10 || std::stoll(digits) > kMaxDim) {
@@ -114,7 +122,7 @@ TensorSpec parse_tensor_spec(const std::string& text, const std::string& what) {
       }
       spec.dims.push_back(std::stoll(digits));
     } else {
-      return fail("dimension '" + cut_for_message(tok) + "' is neither B nor a positive integer");
+      return fail("dimension '" + cut_for_message(tok) + "' is neither B, T nor a positive integer");
     }
     if (spec.dims.size() > kMaxRank) return fail("more than " + std::to_string(kMaxRank) + " dimensions");
     if (comma == std::string::npos) break;
@@ -126,6 +134,7 @@ TensorSpec parse_tensor_spec(const std::string& text, const std::string& what) {
   int64_t per_sample = 1;
   for (auto d : spec.dims) {
     if (d == TensorSpec::kBatchDim) continue;
+    if (d == TensorSpec::kSeqDim) continue;  // per token: the sequence's length multiplies later, checked
     if (__builtin_mul_overflow(per_sample, d, &per_sample) || per_sample > kMaxElementsPerSample) {
       return fail("one sample has more than " + std::to_string(kMaxElementsPerSample) +
                   " elements (2^36); the dimensions multiply past it");
@@ -155,6 +164,37 @@ TensorSpec parse_tensor_spec(const std::string& text, const std::string& what) {
   }
   spec.text = spec.to_string();
   return spec;
+}
+
+std::string SeqLenRange::text() const {
+  return min == max ? std::to_string(min) : std::to_string(min) + ".." + std::to_string(max);
+}
+
+SeqLenRange parse_seq_len(const std::string& text, const std::string& what) {
+  auto fail = [&](const std::string& why) -> SeqLenRange {
+    throw InputError(what + " '" + cut_for_message(text) + "': " + why +
+                     "; expected a length range like 16..1024, or one length like 512");
+  };
+  auto number = [&](const std::string& part) -> int64_t {
+    const std::string t = trim(part);
+    if (!all_digits(t)) fail("'" + cut_for_message(t) + "' is not a whole number of tokens");
+    const size_t nz = t.find_first_not_of('0');
+    if (nz == std::string::npos) fail("a sequence has at least 1 token");
+    if (t.size() - nz > 10 || std::stoll(t.substr(nz)) > kMaxDim) {
+      fail("'" + cut_for_message(t) + "' is out of range [1, " + std::to_string(kMaxDim) + "]");
+    }
+    return std::stoll(t.substr(nz));
+  };
+  SeqLenRange r;
+  const size_t dots = text.find("..");
+  if (dots == std::string::npos) {
+    r.min = r.max = number(text);
+  } else {
+    r.min = number(text.substr(0, dots));
+    r.max = number(text.substr(dots + 2));
+    if (r.min > r.max) fail("the shortest length " + std::to_string(r.min) + " is above the longest " + std::to_string(r.max));
+  }
+  return r;
 }
 
 }  // namespace accumplan

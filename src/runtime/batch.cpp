@@ -40,8 +40,8 @@ std::string dtype_name(at::ScalarType t) {
   }
 }
 
-at::Tensor synthetic_tensor(const TensorSpec& spec, int64_t samples, at::Generator& gen) {
-  const std::vector<int64_t> shape = spec.shape(samples);
+at::Tensor synthetic_tensor(const TensorSpec& spec, int64_t samples, at::Generator& gen, int64_t seq_len = 1) {
+  const std::vector<int64_t> shape = spec.shape(samples, seq_len);
   const at::ScalarType type = scalar_type_of(spec.dtype);
   if (type == at::kBool) return at::randint(2, shape, gen, at::TensorOptions(at::kLong)).to(at::kBool);
   if (spec.is_integer()) {
@@ -56,7 +56,8 @@ void check_tensor(const at::Tensor& t, const TensorSpec& spec, const std::string
   if (t.scalar_type() != scalar_type_of(spec.dtype)) {
     throw InputError(what + ": expected " + spec.dtype + ", found " + dtype_name(t.scalar_type()));
   }
-  const std::vector<int64_t> want = spec.shape(t.dim() > 0 ? t.size(0) : 1);
+  // T (variable-length data) takes the batch's padded length; every other extent is fixed.
+  const std::vector<int64_t> want = spec.shape(t.dim() > 0 ? t.size(0) : 1, t.dim() > 1 ? t.size(1) : 1);
   if (t.dim() == 0 || static_cast<size_t>(t.dim()) != want.size() ||
       !std::equal(want.begin() + 1, want.end(), t.sizes().begin() + 1)) {
     throw InputError(what + ": expected shape " + spec.to_string() + " (dim 0 = samples), found " +
@@ -256,11 +257,55 @@ at::Tensor next_token_targets(const Batch& batch, int64_t ignore_index) {
 
 Batch synthetic_batch(const std::vector<TensorSpec>& inputs, const std::optional<TensorSpec>& target,
                       int64_t samples, uint64_t seed, const at::Device& device) {
+  for (const auto& spec : inputs) {
+    if (spec.has_seq_dim()) {
+      throw InputError("input " + spec.to_string() + " has a sequence dimension T: synthetic samples need their "
+                       "lengths (--seq-len), or give ragged data");
+    }
+  }
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   Batch b;
   for (const auto& spec : inputs) b.inputs.push_back(synthetic_tensor(spec, samples, gen));
   if (target) b.target = synthetic_tensor(*target, samples, gen);
   return device.is_cpu() ? b : b.to(device);
+}
+
+Batch synthetic_ragged_batch(const std::vector<TensorSpec>& inputs, const std::optional<TensorSpec>& target,
+                             const std::vector<int64_t>& lengths, uint64_t seed, int64_t ignore_index) {
+  if (lengths.empty()) throw InternalError("synthetic_ragged_batch without lengths");
+  const int64_t n = static_cast<int64_t>(lengths.size());
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  if (*std::min_element(lengths.begin(), lengths.end()) < 1) throw InternalError("synthetic_ragged_batch: a length below 1");
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  Batch b;
+  b.lengths = at::tensor(lengths, at::TensorOptions(at::kLong));
+  // Positions past each sample's length: input 0, target ignore_index (the layout a ragged file loads to).
+  const at::Tensor pad = at::arange(longest, at::TensorOptions(at::kLong)).unsqueeze(0).ge(b.lengths.unsqueeze(1));
+  auto masked = [&](at::Tensor t, double fill) {
+    at::Tensor m = pad;
+    while (m.dim() < t.dim()) m = m.unsqueeze(-1);
+    return t.masked_fill(m, fill);
+  };
+  for (const auto& spec : inputs) {
+    if (!spec.has_seq_dim()) {
+      throw InputError("input " + spec.to_string() + " has no sequence dimension T; variable-length data needs every "
+                       "input as [B,T,...] (e.g. int64[B,T]:50257)");
+    }
+    b.inputs.push_back(masked(synthetic_tensor(spec, n, gen, longest), 0));
+  }
+  if (target) {
+    // Per-token targets [B,T] are padded; a per-sample target (int64[B]:10, a class per sequence)
+    // has nothing to pad.
+    if (target->has_seq_dim()) {
+      b.target = masked(synthetic_tensor(*target, n, gen, longest), static_cast<double>(ignore_index));
+    } else if (target->dims.size() == 1) {
+      b.target = synthetic_tensor(*target, n, gen);
+    } else {
+      throw InputError("target " + target->to_string() + " of variable-length data is either per token, [B,T,...], "
+                       "or one value per sample, [B]");
+    }
+  }
+  return b;
 }
 
 Batch load_batch_file(const std::string& path, bool has_target, const std::string& option, int64_t ignore_index) {

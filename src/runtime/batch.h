@@ -46,9 +46,16 @@ struct Batch {
 at::Tensor padding_mask(const Batch& batch);
 
 // Random data matching the specs: floats ~ N(0,1), integers uniform in [0, high). The same seed
-// gives the same batch. `target` may be nullopt (loss "model" without a target).
+// gives the same batch. `target` may be nullopt (loss "model" without a target). Specs with a
+// sequence dimension T need synthetic_ragged_batch (InputError here).
 Batch synthetic_batch(const std::vector<TensorSpec>& inputs, const std::optional<TensorSpec>& target,
                       int64_t samples, uint64_t seed, const at::Device& device);
+
+// Synthetic ragged data: one sample per entry of `lengths`, every spec [B,T,...] with T the
+// sample's length, padded to the longest as a ragged file loads (inputs 0, targets
+// `ignore_index`). InputError for a spec without T. The same seed gives the same batch.
+Batch synthetic_ragged_batch(const std::vector<TensorSpec>& inputs, const std::optional<TensorSpec>& target,
+                             const std::vector<int64_t>& lengths, uint64_t seed, int64_t ignore_index = -100);
 
 // Reads `torch.save([inputs..., target], f)` (zip format). `has_target` says whether the last
 // tensor is the target. Throws InputError for a missing or unreadable file, a file that is not a

@@ -22,4 +22,24 @@ inline std::string write_torch_save(const std::string& path, const std::vector<a
   return path;
 }
 
+// Ragged data as Python's `torch.save([list_of_1d_tensors, list_of_targets_or_None], f)` writes
+// it: an empty `targets` saves None.
+inline std::string write_ragged_save(const std::string& path, const std::vector<at::Tensor>& sequences,
+                                     const std::vector<at::Tensor>& targets) {
+  c10::List<at::Tensor> seqs;
+  for (const auto& t : sequences) seqs.push_back(t);
+  c10::impl::GenericList outer(c10::AnyType::get());
+  outer.push_back(c10::IValue(seqs));
+  if (targets.empty()) {
+    outer.push_back(c10::IValue());
+  } else {
+    c10::List<at::Tensor> ts;
+    for (const auto& t : targets) ts.push_back(t);
+    outer.push_back(c10::IValue(ts));
+  }
+  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(outer));
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return path;
+}
+
 }  // namespace accumplan::test

@@ -52,3 +52,36 @@ TEST_CASE("TensorSpec: malformed specs are refused naming the flag and the probl
     }
   }
 }
+
+TEST_CASE("TensorSpec: T is the sequence dimension of variable-length data, right after B", "[spec][token]") {
+  const TensorSpec s = parse_tensor_spec("int64[B,T]:50257", "--input");
+  CHECK(s.has_seq_dim());
+  CHECK(s.dims == std::vector<int64_t>{TensorSpec::kBatchDim, TensorSpec::kSeqDim});
+  CHECK(s.to_string() == "int64[B,T]:50257");
+  CHECK(s.shape(4, 128) == std::vector<int64_t>{4, 128});
+  CHECK(s.elements_per_sample(128) == 128);
+  const TensorSpec f = parse_tensor_spec("float32[B,T,768]", "--input");
+  CHECK(f.shape(2, 10) == std::vector<int64_t>{2, 10, 768});
+  CHECK(f.elements_per_sample(10) == 7680);
+  CHECK_FALSE(parse_tensor_spec("int64[B,128]:7", "--input").has_seq_dim());
+  CHECK_THROWS_WITH(parse_tensor_spec("int64[T,B]:7", "--input"), Catch::Contains("T must follow B at the front"));
+  CHECK_THROWS_WITH(parse_tensor_spec("int64[B,4,T]:7", "--input"), Catch::Contains("T must follow B at the front"));
+  CHECK_THROWS_WITH(parse_tensor_spec("int64[B,T,T]:7", "--input"), Catch::Contains("T must follow B at the front"));
+  CHECK_THROWS_WITH(parse_tensor_spec("int64[B,X]:7", "--input"), Catch::Contains("neither B, T nor a positive integer"));
+}
+
+TEST_CASE("SeqLen: a range or one length, refused with the forms", "[spec][token]") {
+  const SeqLenRange r = parse_seq_len("16..1024");
+  CHECK(r.min == 16);
+  CHECK(r.max == 1024);
+  CHECK(r.text() == "16..1024");
+  CHECK(parse_seq_len(" 512 ").min == 512);
+  CHECK(parse_seq_len("512").text() == "512");
+  CHECK_THROWS_WITH(parse_seq_len("1024..16"), Catch::Contains("--seq-len '1024..16': the shortest length 1024 is above the longest 16"));
+  CHECK_THROWS_WITH(parse_seq_len("0..16"), Catch::Contains("at least 1 token"));
+  CHECK_THROWS_WITH(parse_seq_len("abc"), Catch::Contains("is not a whole number of tokens") &&
+                                             Catch::Contains("expected a length range like 16..1024"));
+  CHECK_THROWS_WITH(parse_seq_len("1..99999999999"), Catch::Contains("out of range [1, 2147483647]"));
+  CHECK_THROWS_AS(parse_seq_len(""), InputError);
+  CHECK_THROWS_AS(parse_seq_len(".."), InputError);
+}

@@ -105,3 +105,58 @@ TEST_CASE("a torch.save list of tensors loads as a batch and tiles to any size",
   test::write_torch_save(dir + "/uneven.pt", {x, at::zeros({2}, at::kLong)});
   CHECK_THROWS_WITH(load_batch_file(dir + "/uneven.pt", true), Catch::Contains("dim 0 must be the samples"));
 }
+
+TEST_CASE("a torch.save of [sequences, targets] loads as ragged data padded to its longest", "[batch][ragged]") {
+  const std::string dir = test::scratch_dir("ragged-file");
+  const std::vector<at::Tensor> seqs{at::tensor({5, 6, 7}, at::kLong), at::tensor({8}, at::kLong),
+                                     at::tensor({1, 2}, at::kLong)};
+  const std::vector<at::Tensor> targets{at::tensor({1, 2, 3}, at::kLong), at::tensor({4}, at::kLong),
+                                        at::tensor({0, 1}, at::kLong)};
+  const Batch b = load_batch_file(test::write_ragged_save(dir + "/tokens.pt", seqs, targets), true);
+  REQUIRE(b.ragged());
+  CHECK(b.sequence_lengths() == std::vector<int64_t>{3, 1, 2});
+  CHECK(b.padded_length() == 3);
+  CHECK(b.inputs[0].equal(at::tensor({5, 6, 7, 8, 0, 0, 1, 2, 0}, at::kLong).reshape({3, 3})));
+  CHECK(b.target.equal(at::tensor({1, 2, 3, 4, -100, -100, 0, 1, -100}, at::kLong).reshape({3, 3})));
+  // The plan's spec with T matches any padded length.
+  check_batch_matches(b, {parse_tensor_spec("int64[B,T]:9", "--input")}, parse_tensor_spec("int64[B,T]:5", "--target"),
+                      "--data");
+  // A packed microbatch: the rows asked for, cut to their own longest.
+  const Batch mb = b.gather({2, 1});
+  CHECK(mb.inputs[0].equal(at::tensor({1, 2, 8, 0}, at::kLong).reshape({2, 2})));
+  CHECK(mb.sequence_lengths() == std::vector<int64_t>{2, 1});
+  CHECK(padding_mask(mb).equal(at::tensor({0, 0, 0, 1}, at::kLong).reshape({2, 2}).to(at::kBool)));
+  // None targets: next-token prediction, the last position of each sequence ignored.
+  const Batch lm = load_batch_file(test::write_ragged_save(dir + "/lm.pt", seqs, {}), true, "--data", -1);
+  CHECK(lm.target.equal(at::tensor({6, 7, -1, -1, -1, -1, 2, -1, -1}, at::kLong).reshape({3, 3})));
+  // Slicing and tiling keep the lengths.
+  CHECK(b.slice(1, 2).sequence_lengths() == std::vector<int64_t>{1, 2});
+  CHECK(tile_batch(b, 5).sequence_lengths() == std::vector<int64_t>{3, 1, 2, 3, 1});
+  // Refusals name the file and what is wrong.
+  CHECK_THROWS_WITH(load_batch_file(test::write_ragged_save(dir + "/short.pt", seqs, {targets[0], targets[1]}), true),
+                    Catch::Contains("has 3 sequences but 2 targets"));
+  CHECK_THROWS_WITH(load_batch_file(test::write_ragged_save(dir + "/mismatch.pt", seqs,
+                                                            {targets[1], targets[1], targets[2]}), true),
+                    Catch::Contains("target 0 has shape [1] but sequence 0 has 3 tokens"));
+  CHECK_THROWS_WITH(load_batch_file(test::write_ragged_save(dir + "/empty.pt", {at::zeros({0}, at::kLong)}, {}), true),
+                    Catch::Contains("sequence 0 is empty"));
+  CHECK_THROWS_WITH(load_batch_file(dir + "/tokens.pt", false), Catch::Contains("the loss takes none"));
+}
+
+TEST_CASE("synthetic ragged data has the given lengths, padded as a file loads", "[batch][ragged]") {
+  const auto in = parse_tensor_spec("int64[B,T]:50", "--input");
+  const auto tg = parse_tensor_spec("int64[B,T]:50", "--target");
+  const Batch b = synthetic_ragged_batch({in}, tg, {4, 1, 3}, 7);
+  CHECK(b.sequence_lengths() == std::vector<int64_t>{4, 1, 3});
+  CHECK(b.inputs[0].sizes() == at::IntArrayRef({3, 4}));
+  CHECK(b.inputs[0].masked_select(padding_mask(b)).eq(0).all().item<bool>());
+  CHECK(b.target.masked_select(padding_mask(b)).eq(-100).all().item<bool>());
+  CHECK(b.target.masked_select(padding_mask(b).logical_not()).ge(0).all().item<bool>());
+  CHECK(synthetic_ragged_batch({in}, tg, {4, 1, 3}, 7).inputs[0].equal(b.inputs[0]));  // seeded
+  // A class per sequence needs no padding; a fixed-shape input cannot be ragged.
+  CHECK(synthetic_ragged_batch({in}, parse_tensor_spec("int64[B]:3", "--target"), {2, 5}, 1).target.sizes() ==
+        at::IntArrayRef({2}));
+  CHECK_THROWS_WITH(synthetic_ragged_batch({parse_tensor_spec("float32[B,4]", "--input")}, tg, {2}, 1),
+                    Catch::Contains("has no sequence dimension T"));
+  CHECK_THROWS_WITH(synthetic_batch({in}, tg, 2, 1, at::kCPU), Catch::Contains("synthetic samples need their lengths"));
+}

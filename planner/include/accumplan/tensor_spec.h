@@ -2,7 +2,8 @@
 //
 // What it is: `float32[B,3,224,224]`, `int64[B,128]:50257` (integers in [0, 50257)),
 // `float32[B,10]` parsed into dtype, dims and an integer range. `B` marks the microbatch dimension
-// and appears exactly once. Specs travel inside profile.json and plan.json as their text, so the
+// and appears exactly once. `T` marks the sequence dimension of variable-length data
+// (`int64[B,T]:50257`): at most once, right after B at the front, its extent given per batch. Specs travel inside profile.json and plan.json as their text, so the
 // executor can rebuild synthetic inputs from a plan alone.
 // What it is not: a tensor factory; src/ turns a spec into a LibTorch tensor.
 #pragma once
@@ -16,6 +17,7 @@ namespace accumplan {
 
 struct TensorSpec {
   static constexpr int64_t kBatchDim = -1;  // the `B` entry of `dims`
+  static constexpr int64_t kSeqDim = -2;    // the `T` entry of `dims` (sequence length, per batch)
 
   std::string dtype;               // float32 float64 float16 bfloat16 int64 int32 int16 int8 uint8 bool
   std::vector<int64_t> dims;       // kBatchDim for B, else a positive extent
@@ -24,10 +26,12 @@ struct TensorSpec {
 
   bool is_integer() const;
   size_t batch_axis() const;       // index of B in dims
-  // Shape with B replaced by `micro_batch`.
-  std::vector<int64_t> shape(int64_t micro_batch) const;
-  // Elements per sample (product of the non-B dims); checked (InputError on overflow).
-  int64_t elements_per_sample() const;
+  bool has_seq_dim() const;        // `T` appears (then dims[0] is B and dims[1] is T)
+  // Shape with B replaced by `micro_batch` and T by `seq_len`.
+  std::vector<int64_t> shape(int64_t micro_batch, int64_t seq_len = 1) const;
+  // Elements per sample (product of the non-B dims, T counted as `seq_len`); checked (InputError
+  // on overflow).
+  int64_t elements_per_sample(int64_t seq_len = 1) const;
   std::string to_string() const;   // canonical text, e.g. "int64[B,128]:50257"
 };
 
@@ -36,5 +40,15 @@ struct TensorSpec {
 // dimensions, `:N` at most the values the dtype holds (int8 128, uint8 256, int16 32768, int32
 // 2^31, bool 2).
 TensorSpec parse_tensor_spec(const std::string& text, const std::string& what);
+
+// `--seq-len`: the sequence lengths of variable-length data, "16..1024" (every length from 16 to
+// 1024) or "512" (one length). Lengths in [1, 2^31 - 1]. The one parser of the value; throws
+// InputError naming `what`, the value and the forms.
+struct SeqLenRange {
+  int64_t min = 0;
+  int64_t max = 0;
+  std::string text() const;  // "16..1024", or "512" when min == max
+};
+SeqLenRange parse_seq_len(const std::string& text, const std::string& what = "--seq-len");
 
 }  // namespace accumplan
