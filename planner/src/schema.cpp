@@ -11,6 +11,7 @@
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
+#include "accumplan/tensor_spec.h"
 #include "accumplan/units.h"
 
 namespace accumplan {
@@ -72,6 +73,7 @@ ojson setup_json(const Setup& s) {
           {"target", s.target},
           {"ignore_index", s.ignore_index}};
   if (s.padding_mask) j["padding_mask"] = true;  // 1.3, only when set: sample setups stay as in 1.2
+  if (!s.seq_len.empty()) j["seq_len"] = s.seq_len;
   return j;
 }
 Setup setup_from(const JsonField& f) {
@@ -99,6 +101,13 @@ Setup setup_from(const JsonField& f) {
   s.target = f.str("target");
   if (auto ii = f.opt_i64("ignore_index")) s.ignore_index = *ii;
   if (f.has("padding_mask")) s.padding_mask = f.boolean("padding_mask");  // 1.3
+  if (auto sl = f.opt_str("seq_len")) {
+    try {
+      s.seq_len = parse_seq_len(*sl, f.path() + ".seq_len").text();
+    } catch (const InputError& e) {
+      throw SchemaError(e.what());
+    }
+  }
   return s;
 }
 
@@ -108,6 +117,7 @@ ojson point_json(const ProfilePoint& p) {
   if (p.optimizer_step_peak_bytes) j["optimizer_step_peak_bytes"] = *p.optimizer_step_peak_bytes;
   if (p.first_microbatch_peak_bytes) j["first_microbatch_peak_bytes"] = *p.first_microbatch_peak_bytes;
   j["step_seconds"] = opt(p.step_seconds);
+  if (p.seq_len) j["seq_len"] = *p.seq_len;  // 1.3
   return j;
 }
 ProfilePoint point_from(const JsonField& f) {
@@ -118,6 +128,7 @@ ProfilePoint point_from(const JsonField& f) {
   p.optimizer_step_peak_bytes = f.opt_i64("optimizer_step_peak_bytes");
   p.first_microbatch_peak_bytes = f.opt_i64("first_microbatch_peak_bytes");
   p.step_seconds = f.opt_f64("step_seconds");
+  p.seq_len = f.opt_i64("seq_len");  // 1.3
   return p;
 }
 ojson points_json(const std::vector<ProfilePoint>& pts) {
@@ -134,12 +145,14 @@ std::vector<ProfilePoint> points_from(const JsonField& f) {
 ojson trials_json(const std::vector<Trial>& trials) {
   ojson a = ojson::array();
   for (const auto& t : trials) {
-    a.push_back(ojson{{"kind", t.kind},
-                      {"micro_batch", t.micro_batch},
-                      {"fit", t.fit},
-                      {"peak_bytes", t.peak_bytes},
-                      {"seconds", t.seconds},
-                      {"window", t.window}});
+    ojson j{{"kind", t.kind},
+            {"micro_batch", t.micro_batch},
+            {"fit", t.fit},
+            {"peak_bytes", t.peak_bytes},
+            {"seconds", t.seconds},
+            {"window", t.window}};
+    if (t.seq_len) j["seq_len"] = *t.seq_len;  // 1.3
+    a.push_back(j);
   }
   return a;
 }
@@ -155,6 +168,7 @@ std::vector<Trial> trials_from(const JsonField& f) {
     if (item.has("window")) {  // 1.2
       for (const auto& n : item.at("window").items()) t.window.push_back(n.as_int());
     }
+    t.seq_len = item.opt_i64("seq_len");  // 1.3
     out.push_back(t);
   }
   return out;
@@ -208,6 +222,7 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       {"ignore_index", {-2147483648.0, 2147483647.0, false, false}},
       {"token_budget", {1, static_cast<double>(int64_t{1} << 40), false, false}},
       {"max_seq_len", {1, static_cast<double>(int64_t{1} << 31), false, false}},
+      {"seq_len", {1, static_cast<double>(int64_t{1} << 31), false, false}},
       {"longest_sequence_alone", {0, static_cast<double>(int64_t{1} << 31), false, false}},
       {"seconds", kSecondsRange},
   };

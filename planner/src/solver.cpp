@@ -13,6 +13,8 @@
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
+#include "accumplan/tensor_spec.h"
+#include "accumplan/token_model.h"
 
 namespace accumplan {
 namespace {
@@ -292,6 +294,7 @@ void check_request(const PlanRequest& request) {
 }
 
 Plan make_plan(const Profile& profile, const PlanRequest& request) {
+  if (is_token_profile(profile)) return make_token_plan(profile, request);
   check_request(request);
   const int64_t B = request.target_batch;
   const int64_t W = request.world_size;
@@ -557,6 +560,153 @@ int64_t climb_candidate(const Profile& profile, const PlanRequest& request, cons
   const int64_t unit = request.multiple_of.value_or(1);
   c = (c / unit) * unit;
   return c > std::max(ev.measured_max, plan.max_micro_batch) ? c : 0;
+}
+
+bool is_token_profile(const Profile& profile) {
+  return std::any_of(profile.points.begin(), profile.points.end(), [](const ProfilePoint& p) { return p.seq_len.has_value(); });
+}
+
+Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
+  check_request(request);
+  const int64_t B = request.target_batch;
+  const int64_t W = request.world_size;
+  const int64_t T = B / W;
+  if (request.multiple_of) {
+    throw InputError("--multiple-of " + std::to_string(*request.multiple_of) +
+                     " applies to sample plans; variable-length data is packed by tokens");
+  }
+  std::vector<TokenPoint> pts;
+  for (const auto& p : profile.points) {
+    if (p.seq_len) pts.push_back({p.micro_batch, *p.seq_len, p.peak_bytes});
+  }
+  const TokenMemoryModel model = TokenMemoryModel::fit(pts);
+  const TokenFit& f = model.summary();
+
+  int64_t budget = 0;
+  if (request.budget.is_set()) {
+    budget = request.budget.resolve_bytes(profile.device.total_bytes);
+  } else if (profile.device.total_bytes > 0) {
+    budget = profile.device.total_bytes;
+  } else {
+    throw InputError("the profile does not record the device's memory; give --memory-budget");
+  }
+  int64_t t_max = 0;
+  if (request.max_seq_len) {
+    t_max = checked_in_range(*request.max_seq_len, 1, TokenMemoryModel::kMaxSeqLen, "--seq-len's longest length");
+  } else if (!profile.setup.seq_len.empty()) {
+    t_max = parse_seq_len(profile.setup.seq_len, "the profile's setup.seq_len").max;
+  } else {
+    throw InputError("the profile measured variable-length data but records no sequence lengths; give --seq-len");
+  }
+
+  // The margin, as for samples (MarginModel), on the activations of the worst microbatch.
+  const double per_token = f.bytes_per_token + f.bytes_per_token_squared * static_cast<double>(t_max);
+  Margin margin;
+  margin.headroom = request.headroom.text();
+  switch (request.headroom.kind) {
+    case HeadroomSpec::Kind::Auto:
+      margin.fit_residual_bytes = ceil_bytes(f.max_abs_residual_bytes);
+      for (const auto& p : profile.points) {
+        if (p.seq_len && p.reserved_peak_bytes) {
+          margin.allocator_fragmentation_bytes = std::max(margin.allocator_fragmentation_bytes, *p.reserved_peak_bytes - p.peak_bytes);
+        }
+      }
+      margin.activation_fraction = kAutoActivationFraction;
+      break;
+    case HeadroomSpec::Kind::Fraction:
+      margin.activation_fraction = request.headroom.fraction;
+      break;
+    case HeadroomSpec::Kind::Bytes:
+      margin.fixed_bytes = request.headroom.bytes;
+      break;
+  }
+  const int64_t extra = margin.fit_residual_bytes + margin.allocator_fragmentation_bytes + margin.fixed_bytes;
+  // c0 + (1 + fraction)·B·per_token + extra <= budget: B from the closed form, then the fraction's
+  // bytes at that B, then the model's own settled budget under what is left.
+  const double room = static_cast<double>(budget - extra) - f.intercept_bytes;
+  const double estimate = room > 0 ? std::floor(room / (per_token * (1.0 + margin.activation_fraction))) : 0.0;
+  margin.activation_bytes = ceil_bytes(margin.activation_fraction * per_token * std::min(estimate, 1e15));
+  const int64_t margin_bytes = extra + margin.activation_bytes;
+  const int64_t usable = budget - margin_bytes;
+  int64_t token_budget = usable > 0 ? model.token_budget(usable, t_max) : 0;
+  // No microbatch holds more than the per-rank window; none at T_max as large as one that failed.
+  token_budget = std::min(token_budget, checked_mul(T, t_max, "the per-rank batch x --seq-len"));
+  for (const auto& t : profile.trials) {
+    if (!t.fit && t.seq_len && *t.seq_len >= t_max && !t.window.empty()) {
+      const int64_t failed = *std::min_element(t.window.begin(), t.window.end());
+      token_budget = std::min(token_budget, failed * t_max - 1);
+    }
+  }
+  if (token_budget < t_max) {
+    const int64_t alone = usable > 0 ? model.longest_sequence(usable) : 0;
+    throw InfeasibleError("one sequence of " + std::to_string(t_max) + " tokens (--seq-len's longest) is predicted to need " +
+                          format_bytes(model.predict_peak_bytes(1, t_max) + margin_bytes) + " with the margin, more than the " +
+                          format_bytes(budget) + " budget; the longest sequence that fits alone has " +
+                          std::to_string(alone) + " tokens. Truncate to that with --seq-len, or raise --memory-budget");
+  }
+  const int64_t m_max = std::min(token_budget / t_max, T);
+  const std::vector<int64_t> sizes = split_samples(T, m_max, request.split, 1);
+
+  Plan plan;
+  plan.target_batch = B;
+  plan.world_size = W;
+  plan.per_rank_batch = T;
+  plan.microbatch_sizes = sizes;
+  plan.micro_batch = *std::max_element(sizes.begin(), sizes.end());
+  plan.accumulation_steps = static_cast<int64_t>(sizes.size());
+  for (auto n : sizes) plan.weights.push_back(static_cast<double>(n) / static_cast<double>(T));
+  plan.max_micro_batch = m_max;
+  plan.split = request.split;
+  plan.uniform.micro_batch = largest_divisor_at_most(T, m_max, 1);
+  plan.uniform.accumulation_steps = T / plan.uniform.micro_batch;
+  plan.tokens = TokenBudget{token_budget, t_max, model.longest_sequence(usable)};
+  // Confirmed by a window at T_max of at least the budget's sequences, within the budget.
+  const Trial* ran = nullptr;
+  for (const auto& t : profile.trials) {
+    if (!t.fit || !t.seq_len || *t.seq_len < t_max || t.window.empty() || t.peak_bytes <= 0) continue;
+    if (*std::min_element(t.window.begin(), t.window.end()) * *t.seq_len < (token_budget / t_max) * t_max) continue;
+    if (t.peak_bytes > budget) continue;
+    if (!ran || t.peak_bytes < ran->peak_bytes) ran = &t;
+  }
+  plan.confirmed = ran != nullptr;
+  if (ran) plan.confirmed_peak_bytes = ran->peak_bytes;
+
+  MemoryBreakdown& mem = plan.memory;
+  mem.budget_bytes = budget;
+  mem.margin = margin;
+  mem.margin.measured = false;  // a token plan keeps its whole margin: short sequences are never measured alone
+  mem.margin_bytes = margin_bytes;
+  mem.usable_bytes = usable;
+  mem.predicted_peak_bytes = ceil_bytes(f.intercept_bytes + static_cast<double>(token_budget) * per_token);
+  mem.weights_bytes = profile.persistent.weights_bytes;
+  mem.gradients_bytes = profile.persistent.gradients_bytes;
+  mem.optimizer_state_bytes = profile.persistent.optimizer_state_bytes;
+  mem.activation_fixed_bytes = ceil_bytes(f.intercept_bytes) - profile.persistent.total();
+  mem.activation_bytes_per_sample = per_token * static_cast<double>(t_max);  // one sequence padded to T_max
+  plan.fit.target = "peak_bytes";
+  plan.fit.intercept_bytes = f.intercept_bytes;
+  plan.fit.slope_bytes_per_sample = mem.activation_bytes_per_sample;
+  plan.fit.residuals_bytes = f.residuals_bytes;
+  plan.fit.max_abs_residual_bytes = f.max_abs_residual_bytes;
+  double squares = 0;
+  for (double r : f.residuals_bytes) squares += r * r;
+  plan.fit.rms_residual_bytes = f.residuals_bytes.empty() ? 0.0 : std::sqrt(squares / static_cast<double>(f.residuals_bytes.size()));
+
+  std::ostringstream why;
+  why << "Sequences of up to " << t_max << " tokens: a token budget of " << token_budget
+      << " padded tokens per microbatch is predicted to fit the " << format_bytes(budget) << " budget less a margin of "
+      << format_bytes(margin_bytes) << " (peak " << format_bytes(mem.predicted_peak_bytes) << " = "
+      << format_bytes(static_cast<int64_t>(f.intercept_bytes)) << " + tokens x " << format_bytes(static_cast<int64_t>(f.bytes_per_token))
+      << (f.quadratic ? " + tokens x T x " + std::to_string(f.bytes_per_token_squared) + " bytes" : std::string()) << ")"
+      << "; each window is packed longest first under it, so short sequences share a microbatch. Padded to " << t_max
+      << " tokens, " << T << " samples per rank would need " << sizes.size() << " microbatches of at most " << m_max << ".";
+  plan.reason = why.str();
+  plan.device = profile.device;
+  plan.model = profile.model;
+  plan.setup = profile.setup;
+  plan.libtorch_version = profile.libtorch_version;
+  plan.profile = profile;
+  return plan;
 }
 
 int64_t whole_batch_candidate(const Profile& profile, const PlanRequest& request, const Plan& plan) {

@@ -65,6 +65,9 @@ struct Setup {
   // 1.3: the padding mask (bool [b, T], true at padding) goes to the model as one more forward
   // argument after the inputs (`--padding-mask`). Written only when true.
   bool padding_mask = false;
+  // 1.3: variable-length data: the sequence lengths the profile measured for (`--seq-len`,
+  // "16..1024"); inputs then have a sequence dimension T. Empty for fixed shapes.
+  std::string seq_len;
 };
 
 struct Persistent {
@@ -87,6 +90,9 @@ struct ProfilePoint {
   std::optional<int64_t> reserved_peak_bytes;        // caching allocators (CUDA) only
   std::optional<int64_t> optimizer_step_peak_bytes;  // peak during optimizer.step()
   std::optional<double> step_seconds;                // one microbatch forward+backward
+  // 1.3, variable-length data: each of the micro_batch sequences is padded to seq_len tokens (a
+  // point of the (b, T) grid, accumplan/token_model.h). Absent for fixed shapes.
+  std::optional<int64_t> seq_len;
 };
 
 // Every real training step the profiler took, and what it cost.
@@ -100,6 +106,7 @@ struct Trial {
   // fits shows that every window of sizes <= b fits (the first microbatch and the later ones
   // measured separately, see MemoryModel), so the planner can count it as a confirmation.
   std::vector<int64_t> window;
+  std::optional<int64_t> seq_len;  // 1.3: the window's sequences were padded to this many tokens
 };
 
 struct Profile {

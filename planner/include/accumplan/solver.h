@@ -58,6 +58,9 @@ struct PlanRequest {
   std::optional<int64_t> max_micro_batch; // user bound, e.g. from a failed step
   std::string split = "balanced";         // balanced | uniform
   bool use_timing = false;                // opt-in: may pick a larger k when predicted >= 10% faster
+  // Variable-length data: the longest sequence to plan the token budget for (default: the
+  // profile's setup.seq_len maximum). Used only for a profile of (b, T) points.
+  std::optional<int64_t> max_seq_len;
 };
 
 // Splits `total` samples into `parts` sizes that differ by at most `unit`, larger ones first, all
@@ -77,7 +80,19 @@ std::vector<int64_t> split_samples(int64_t total, int64_t max_micro_batch, const
 void check_request(const PlanRequest& request);
 
 // Throws InputError/InfeasibleError with a message that names the bad value and the fix.
+// A profile of variable-length data (points with seq_len) is planned by make_token_plan.
 Plan make_plan(const Profile& profile, const PlanRequest& request);
+
+// Variable-length data (schema 1.3): the largest token budget B (padded tokens per microbatch)
+// whose worst microbatch — B tokens in sequences of the longest planned length T_max, the peak
+// c0 + B·(a1 + a2·T_max) of the (b, T) fit (accumplan/token_model.h) — plus the margin fits the
+// budget; bounded by the per-rank window padded to T_max and below any window at T_max that
+// failed. The plan carries `tokens` (B, T_max, the longest sequence that fits alone); its sample
+// fields are the padded plan's (microbatches of B / T_max sequences), what a trainer that does
+// not pack would run. The margin's parts are those of a sample plan, on activations B·(a1 +
+// a2·T_max). Confirmed when a window at T_max of at least B / T_max sequences ran within budget.
+Plan make_token_plan(const Profile& profile, const PlanRequest& request);
+bool is_token_profile(const Profile& profile);  // any point has a seq_len
 
 // The next size worth a real window when climbing from `plan` (made by make_plan from the same
 // profile and request): the largest microbatch the fit predicts within the budget less only the
