@@ -756,6 +756,11 @@ std::string describe_plan(const Plan& p) {
                 100.0 * static_cast<double>(m.predicted_peak_bytes) / static_cast<double>(std::max<int64_t>(1, m.usable_bytes)),
                 format_bytes(static_cast<int64_t>(p.fit.max_abs_residual_bytes)).c_str());
   s << line;
+  if (p.tokens) {
+    s << "  token budget       " << p.tokens->token_budget << " padded tokens per microbatch (sequences up to "
+      << p.tokens->max_seq_len << " tokens; the longest that fits alone: " << p.tokens->longest_sequence_alone
+      << "); windows are packed longest first\n";
+  }
   if (p.timing) {
     s << "  predicted window     " << format_seconds(p.timing->window_seconds) << "\n";
   }

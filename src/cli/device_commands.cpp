@@ -63,6 +63,8 @@ struct DeviceArgs {
   PlanOptionArgs plan;
   std::string out;
   std::string report;  // --report: the plan's picture (accumplan/report.h)
+  std::string seq_len;        // --seq-len: variable-length data
+  bool padding_mask = false;  // --padding-mask
 };
 
 void add_setup_options(CLI::App* app, DeviceArgs& a) {
@@ -81,7 +83,17 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
   app->add_option("--target", a.target, "the target: int64[B]:1000 (class indices), float32[B,10]")->group(model_group);
   app->add_option("--batch-file", a.batch_file,
                   "real samples instead of specs: Python's torch.save([inputs..., target], f), dim 0 = "
-                  "samples, tiled to any microbatch")
+                  "samples, tiled to any microbatch; or ragged token data, torch.save([list_of_1d_tensors, "
+                  "list_of_targets_or_None], f) (None: next-token targets)")
+      ->group(model_group);
+  app->add_option("--seq-len", a.seq_len,
+                  "variable-length sequences: the lengths to plan for, e.g. 16..1024 (inputs then carry the "
+                  "sequence dimension T: --input int64[B,T]:50257); the plan packs each window under a token "
+                  "budget. Default with a ragged --batch-file: its shortest..longest")
+      ->group(model_group);
+  app->add_flag("--padding-mask", a.padding_mask,
+                "variable-length data: pass the padding mask (bool [b, T], true at padding, as "
+                "src_key_padding_mask) as one more forward argument after the inputs")
       ->group(model_group);
   app->add_option("--loss", a.loss,
                   "cross_entropy ([B,C] or [B,T,C] logits), mse, or model (forward takes the target last "
@@ -175,6 +187,8 @@ RunnerOptions runner_options(const DeviceArgs& a) {
   s.ignore_index = a.ignore_index;
   s.amp = to_string(parse_amp_mode(a.amp, "--amp"));
   if (a.max_grad_norm_option->count() > 0) s.max_grad_norm = a.max_grad_norm;
+  if (!a.seq_len.empty()) s.seq_len = parse_seq_len(a.seq_len, "--seq-len").text();
+  s.padding_mask = a.padding_mask;
   if (!a.batch_file.empty()) {
     if (!a.inputs.empty() || !a.target.empty()) {
       throw InputError("give either --batch-file or --input/--target specs, not both");

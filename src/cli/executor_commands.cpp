@@ -26,6 +26,7 @@
 #include <chrono>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -206,7 +207,7 @@ auto naming_data_source(const RunArgs& a, Fn&& fn) -> decltype(fn()) {
 // The samples to train or verify on, on the CPU (microbatches move to the device one at a time).
 Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) {
   if (!a.data.empty()) {
-    const Batch b = load_batch_file(a.data, p.target.has_value(), "--data");
+    const Batch b = load_batch_file(a.data, p.target.has_value(), "--data", p.loss.ignore_index);
     check_batch_matches(b, p.inputs, p.target, "--data '" + a.data + "'");
     const int64_t n = batch_samples(b, "--data '" + a.data + "'");
     if (n < 1) throw InputError("--data '" + a.data + "' has no samples");
@@ -227,11 +228,14 @@ Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) 
     }
     return b;
   }
+  // Variable-length data: lengths drawn uniformly from the plan's setup.seq_len (seeded).
+  std::optional<SeqLenRange> range;
+  if (!p.plan.setup.seq_len.empty()) range = parse_seq_len(p.plan.setup.seq_len, "the plan's setup.seq_len");
   int64_t bytes_per_sample = 0;
   auto add = [&](const TensorSpec& spec) {
     const int64_t item = static_cast<int64_t>(c10::elementSize(scalar_type_of(spec.dtype)));
-    bytes_per_sample = checked_add(bytes_per_sample, checked_mul(spec.elements_per_sample(), item, "bytes per sample"),
-                                   "bytes per sample");
+    const int64_t elements = spec.elements_per_sample(range ? range->max : 1);
+    bytes_per_sample = checked_add(bytes_per_sample, checked_mul(elements, item, "bytes per sample"), "bytes per sample");
   };
   for (const auto& spec : p.inputs) add(spec);
   if (p.target) add(*p.target);
@@ -242,6 +246,13 @@ Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) 
                      format_bytes(bytes) + " of host memory (" + format_bytes(bytes_per_sample) +
                      " per sample), more than " + format_bytes(kMaxSyntheticBytes) +
                      "; give fewer --synthetic-samples or real samples with --data");
+  }
+  if (range) {
+    std::mt19937_64 rng(a.seed);
+    std::uniform_int_distribution<int64_t> length(range->min, range->max);
+    std::vector<int64_t> lengths(static_cast<size_t>(synthetic_samples));
+    for (auto& l : lengths) l = length(rng);
+    return synthetic_ragged_batch(p.inputs, p.target, lengths, a.seed, p.loss.ignore_index);
   }
   return synthetic_batch(p.inputs, p.target, synthetic_samples, a.seed, at::kCPU);
 }
@@ -353,6 +364,7 @@ int run_command(const RunArgs& a) {
     eo.max_grad_norm = setup.max_grad_norm;
   }
   eo.oom_recovery = !a.no_recovery;
+  eo.padding_mask = setup.padding_mask;
   eo.probe = p.probe.get();
   eo.plan_out = rank_path(a.plan_out, rank);
   eo.communicator = comm.get();
@@ -398,8 +410,13 @@ int run_command(const RunArgs& a) {
       std::cerr << " on " << world << " ranks (" << comm->backend() << "; rank r takes samples r, r+" << world
                 << ", ... of each window: up to " << T << " per rank)";
     }
-    std::cerr << ", microbatches " << p.plan.accumulation_steps << " x up to " << p.plan.micro_batch
-              << ", normalization " << to_string(p.loss.normalization) << ", amp " << to_string(amp);
+    if (p.plan.tokens) {
+      std::cerr << ", each window packed longest first under a token budget of " << p.plan.tokens->token_budget
+                << " padded tokens (sequences up to " << p.plan.tokens->max_seq_len << ")";
+    } else {
+      std::cerr << ", microbatches " << p.plan.accumulation_steps << " x up to " << p.plan.micro_batch;
+    }
+    std::cerr << ", normalization " << to_string(p.loss.normalization) << ", amp " << to_string(amp);
     if (budget_bytes) {
       std::cerr << ", budget " << format_bytes(*budget_bytes);
       if (host_data_bytes > 0) std::cerr << " (+" << format_bytes(host_data_bytes) << " of host data)";
@@ -423,6 +440,7 @@ int run_command(const RunArgs& a) {
     samples_done += st.samples;
     series.push_back({{"window", w},
                       {"samples", st.samples},
+                      {"valid_tokens", st.valid_tokens},
                       {"loss", st.loss},
                       {"peak_bytes", peak ? nlohmann::ordered_json(*peak) : nlohmann::ordered_json(nullptr)},
                       {"oom_recoveries", st.oom_recoveries},
@@ -522,8 +540,12 @@ int run_command(const RunArgs& a) {
             << ", " << t.optimizer_steps << " optimizer steps ("
             << t.skipped_steps << " skipped), " << t.samples_seen << " samples"
             << (t.tokens_seen ? ", " + std::to_string(t.tokens_seen) + " tokens" : std::string()) << ", "
-            << t.oom_recoveries << " OOM recoveries; microbatches " << final_plan.accumulation_steps << " ("
-            << join_sizes(final_plan.microbatch_sizes) << ")";
+            << t.oom_recoveries << " OOM recoveries; ";
+  if (final_plan.tokens) {
+    std::cerr << "token budget " << final_plan.tokens->token_budget << " padded tokens";
+  } else {
+    std::cerr << "microbatches " << final_plan.accumulation_steps << " (" << join_sizes(final_plan.microbatch_sizes) << ")";
+  }
   if (t.peak_bytes) {
     std::cerr << "; measured peak " << format_bytes(measured) << " vs predicted "
               << format_bytes(p.plan.memory.predicted_peak_bytes);

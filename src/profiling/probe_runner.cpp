@@ -20,6 +20,7 @@
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
 #include "accumplan/tensor_spec.h"
+#include "accumplan/token_model.h"
 #include "executor/executor.h"
 #include "runtime/loss.h"
 #include "runtime/optim.h"
@@ -54,13 +55,45 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
   }
   check_optimizer_values(setup);  // --lr 1e308, --momentum nan: refused with the option's range
   if (options_.batch_file) {
-    file_batch_ = load_batch_file(*options_.batch_file, /*has_target=*/true);
+    file_batch_ = load_batch_file(*options_.batch_file, /*has_target=*/true, "--batch-file", setup.ignore_index);
     setup.inputs.clear();
-    for (const auto& t : file_batch_->inputs) setup.inputs.push_back(spec_text_of(t));
-    setup.target = spec_text_of(file_batch_->target);
+    // Ragged data: the padded dimension is the sequence dimension T ("int64[B,T]:50257"), and the
+    // file's own lengths are the range planned for unless --seq-len says otherwise.
+    auto spec_of = [&](const at::Tensor& t) {
+      std::string text = spec_text_of(t);
+      if (file_batch_->ragged() && t.dim() >= 2) {
+        const size_t comma = text.find(',');
+        const size_t end = text.find_first_of(",]", comma + 1);
+        text = text.substr(0, comma + 1) + "T" + text.substr(end);
+      }
+      return text;
+    };
+    for (const auto& t : file_batch_->inputs) setup.inputs.push_back(spec_of(t));
+    setup.target = spec_of(file_batch_->target);
+    if (file_batch_->ragged() && setup.seq_len.empty()) {
+      const std::vector<int64_t> lengths = file_batch_->sequence_lengths();
+      setup.seq_len = SeqLenRange{*std::min_element(lengths.begin(), lengths.end()),
+                                  *std::max_element(lengths.begin(), lengths.end())}.text();
+    }
   }
   for (const auto& text : setup.inputs) input_specs_.push_back(parse_tensor_spec(text, "--input"));
   if (!setup.target.empty()) target_spec_ = parse_tensor_spec(setup.target, "--target");
+  const bool sequences = std::any_of(input_specs_.begin(), input_specs_.end(), [](const TensorSpec& t) { return t.has_seq_dim(); });
+  if (sequences) {
+    if (setup.seq_len.empty()) {
+      throw InputError("--input " + setup.inputs.front() + " has a sequence dimension T: give the lengths to plan for "
+                       "with --seq-len, e.g. --seq-len 16..1024");
+    }
+    seq_range_ = parse_seq_len(setup.seq_len, "--seq-len");
+    setup.seq_len = seq_range_->text();
+    seq_len_ = seq_range_->min;  // the persistent-memory step: one shortest sequence
+  } else if (!setup.seq_len.empty()) {
+    throw InputError("--seq-len " + setup.seq_len + " needs variable-length inputs: give every --input a sequence "
+                     "dimension T after B, e.g. --input int64[B,T]:50257");
+  }
+  if (setup.padding_mask && !sequences) {
+    throw InputError("--padding-mask needs variable-length inputs (an --input with T, or a ragged --batch-file)");
+  }
   if (input_specs_.empty()) {
     throw InputError("the model needs at least one --input spec (one per forward argument), e.g. "
                      "--input float32[B,3,224,224], or a --batch-file");
@@ -116,6 +149,10 @@ bool ProbeRunner::is_oom(const std::exception& e) const {
 Batch ProbeRunner::window_data(int64_t samples) {
   // On the host, as `accumplan run` keeps its data: the executor moves each microbatch to the
   // device. (On the CPU device the host IS the device; window() subtracts these bytes.)
+  if (seq_range_) {
+    return synthetic_ragged_batch(input_specs_, target_spec_, std::vector<int64_t>(static_cast<size_t>(samples), seq_len_),
+                                  next_seed_++, options_.setup.ignore_index);
+  }
   return file_batch_ ? tile_batch(*file_batch_, samples)
                      : synthetic_batch(input_specs_, target_spec_, samples, next_seed_++, at::kCPU);
 }
@@ -126,6 +163,7 @@ ExecutorOptions ProbeRunner::executor_options() {
   eo.amp = amp_;
   eo.max_grad_norm = options_.setup.max_grad_norm;
   eo.oom_recovery = false;  // an OOM is a measurement here, reported, not recovered from
+  eo.padding_mask = options_.setup.padding_mask;
   eo.probe = &probe_;
   eo.log = [](const std::string&) {};
   return eo;
@@ -319,6 +357,11 @@ Profile ProbeRunner::profile() {
   p.budget_bytes = budget_bytes_;
   p.persistent = persistent_;
 
+  if (seq_range_) {
+    profile_tokens(p);
+    p.trials = trials_;
+    return p;
+  }
   std::set<int64_t> sizes;
   for (int64_t b : options_.probe_sizes) {
     if (b < 1) throw InputError("probe sizes must be at least 1, got " + std::to_string(b));
@@ -434,8 +477,97 @@ void ProbeRunner::extend_linear_tail(Profile& p, int64_t largest_scheduled,
   }
 }
 
+WindowMeasurement ProbeRunner::measure_tokens(int64_t micro_batch, int64_t seq_len, bool past_budget) {
+  seq_len_ = seq_len;
+  const bool past = past_budget && probe_.budget_is_simulated() && budget_bytes_.has_value();
+  if (past) probe_.set_budget_bytes(checked_mul(*budget_bytes_, int64_t{2}, "twice the budget"));
+  WindowMeasurement s = measure(micro_batch);
+  if (past) probe_.set_budget_bytes(budget_bytes_);
+  return s;
+}
+
+void ProbeRunner::profile_tokens(Profile& p) {
+  const int64_t t_max = seq_range_->max;
+  std::set<int64_t> lengths;
+  for (int64_t t : {t_max / 4, t_max / 2, t_max}) lengths.insert(std::max({t, seq_range_->min, int64_t{1}}));
+  auto record = [&](const WindowMeasurement& s, int64_t t, const std::string& kind) {
+    Trial trial{kind, s.micro_batch, s.fit, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes};
+    trial.seq_len = t;
+    trials_.push_back(trial);
+    if (s.oom) {
+      say(kind + " b=" + std::to_string(s.micro_batch) + " x T=" + std::to_string(t) + ": out of memory");
+      return;
+    }
+    ProfilePoint pt;
+    pt.micro_batch = s.micro_batch;
+    pt.seq_len = t;
+    pt.peak_bytes = s.peak_bytes;
+    pt.first_microbatch_peak_bytes = s.first_microbatch_peak_bytes;
+    pt.optimizer_step_peak_bytes = s.optimizer_step_peak_bytes;
+    pt.reserved_peak_bytes = s.reserved_peak_bytes;
+    pt.step_seconds = s.step_seconds;
+    p.points.push_back(pt);
+    say(kind + " b=" + std::to_string(s.micro_batch) + " x T=" + std::to_string(t) + ": peak " + format_bytes(s.peak_bytes) +
+        ", " + format_seconds(s.step_seconds) + (s.fit ? "" : " (over the budget)"));
+  };
+  // The grid: two sequence counts at up to three lengths — enough to tell b·T from b·T² and to
+  // leave residuals. Measured past a simulated budget, so a point over it still teaches the fit.
+  for (int64_t b : {1, 2}) {
+    for (int64_t t : lengths) record(measure_tokens(b, t, true), t, "probe");
+  }
+  // Far more sequences predicted at T_max than measured: one window at half that, as for samples.
+  try {
+    std::vector<TokenPoint> pts;
+    for (const auto& pt : p.points) pts.push_back({pt.micro_batch, *pt.seq_len, pt.peak_bytes});
+    const TokenMemoryModel model = TokenMemoryModel::fit(pts);
+    const int64_t cap = budget_bytes_ ? model.largest_micro_batch(t_max, *budget_bytes_) : 0;
+    int64_t bound = options_.max_probe_micro_batch > 0 ? options_.max_probe_micro_batch : cap;
+    if (cap > 8 && bound > 4) {
+      const int64_t b = std::min(cap / 2, bound);
+      say("the fit predicts up to " + std::to_string(cap) + " sequences of " + std::to_string(t_max) +
+          " tokens; probing b=" + std::to_string(b) + " to check it there");
+      record(measure_tokens(b, t_max, true), t_max, "probe");
+    }
+  } catch (const InputError&) {
+    // Too few points for a fit: the planner says what is missing.
+  }
+}
+
+Plan ProbeRunner::plan_and_confirm_tokens(Profile& profile, PlanRequest request) {
+  constexpr int kMaxWindows = 4;
+  for (int windows = 0;; ++windows) {
+    Plan plan = make_plan(profile, request);
+    if (plan.confirmed || windows >= kMaxWindows) return plan;
+    const int64_t t = plan.tokens->max_seq_len;
+    const int64_t b = std::max<int64_t>(1, plan.tokens->token_budget / t);
+    WindowMeasurement s = measure_tokens(b, t, true);
+    s.micro_batch = b;
+    Trial trial{"confirm", b, s.fit, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes};
+    trial.seq_len = t;
+    trials_.push_back(trial);
+    profile.trials.push_back(trial);
+    if (!s.oom) {
+      ProfilePoint pt;
+      pt.micro_batch = b;
+      pt.seq_len = t;
+      pt.peak_bytes = s.peak_bytes;
+      pt.first_microbatch_peak_bytes = s.first_microbatch_peak_bytes;
+      pt.optimizer_step_peak_bytes = s.optimizer_step_peak_bytes;
+      pt.reserved_peak_bytes = s.reserved_peak_bytes;
+      pt.step_seconds = s.step_seconds;
+      profile.points.push_back(pt);
+    }
+    say("confirm b=" + std::to_string(b) + " x T=" + std::to_string(t) + " (token budget " +
+        std::to_string(plan.tokens->token_budget) + "): " +
+        (s.oom ? std::string("out of memory") : "peak " + format_bytes(s.max_peak_bytes)) + " of " +
+        format_bytes(plan.memory.budget_bytes) + " budget (predicted " + format_bytes(plan.memory.predicted_peak_bytes) +
+        ")" + (s.fit ? ", fits" : "; lowering the budget"));
+  }
+}
+
 Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request) {
   if (!request.budget.is_set() && budget_bytes_) request.budget.bytes = budget_bytes_;
+  if (seq_range_) return plan_and_confirm_tokens(profile, request);
   const std::optional<int64_t> user_bound = request.max_micro_batch;
   auto bounded = [&](int64_t b) { return user_bound ? std::min(*user_bound, b) : b; };
   // Climbing runs at most two windows past the first confirmation and none after any window

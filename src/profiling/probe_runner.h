@@ -14,6 +14,11 @@
 //   profile()           measure(b) for b = 2, 4 (bounded by the per-rank target), then, while the
 //                       fit predicts more than 4x the largest size measured, half that prediction
 //                       → Profile
+// Variable-length data (an input spec with T, --seq-len): profile() measures a (b, T) grid —
+// b = 1, 2 at T = T_max/4, T_max/2, T_max — plus, when the fit predicts far more sequences at
+// T_max, one window at half that; plan_and_confirm() confirms the token plan with a window of
+// token_budget / T_max sequences of T_max tokens (re-planning below a failure, four windows at
+// most). Every window's sequences are synthetic, exactly T long.
 //   plan_and_confirm()  make_plan; a plan no real window covers is confirmed by a window at its
 //                       largest allowed size (on failure: bisect between the largest size that
 //                       ran and the smallest that failed); then climb: while the refit predicts a
@@ -38,6 +43,7 @@
 #include "accumplan/memory_probe.h"
 #include "accumplan/schema.h"
 #include "accumplan/solver.h"
+#include "accumplan/tensor_spec.h"
 #include "accumplan/units.h"
 #include "executor/executor.h"
 #include "runtime/amp.h"
@@ -140,6 +146,13 @@ class ProbeRunner {
   void extend_linear_tail(Profile& p, int64_t largest_scheduled,
                           const std::function<void(const WindowMeasurement&)>& record);
   int64_t probe_peak() const;
+  // Variable-length data (inputs with T): the (b, T) grid and the confirmation at the planned
+  // token budget with the longest sequence.
+  void profile_tokens(Profile& p);
+  Plan plan_and_confirm_tokens(Profile& profile, PlanRequest request);
+  // One window of two microbatches of b sequences of exactly t tokens; past the budget (twice it)
+  // where the budget is only simulated, judged against the budget.
+  WindowMeasurement measure_tokens(int64_t micro_batch, int64_t seq_len, bool past_budget);
 
   MemoryProbe& probe_;
   RunnerOptions options_;
@@ -159,6 +172,9 @@ class ProbeRunner {
   int64_t declared_weight_bytes_ = 0;
   uint64_t next_seed_ = 0;
   std::vector<Trial> trials_;
+  // Variable-length data: the lengths planned for, and the length of the windows being run.
+  std::optional<SeqLenRange> seq_range_;
+  int64_t seq_len_ = 0;
 };
 
 }  // namespace accumplan

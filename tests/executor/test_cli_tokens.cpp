@@ -1,0 +1,101 @@
+// test_cli_tokens.cpp — variable-length sequences end to end through the real binary: profile a
+// (b, T) grid with --seq-len, plan a token budget, confirm it, then `accumplan run` the plan on
+// synthetic lengths and on a ragged torch.save file under the same budget, packed, without OOM.
+//
+// What it is not: the packing arithmetic (tests/planner/test_token_model.cpp), the gradient
+// equality (test_packing.cpp) or a benchmark; no timing.
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+#include "torch_save_file.h"
+
+// Last: torch/torch.h brings glog's CHECK macro, which would shadow Catch's.
+#undef CHECK
+#include <catch2/catch.hpp>
+
+using namespace accumplan::test;
+using nlohmann::json;
+
+namespace {
+
+const std::vector<std::string> kModel{"--model", "builtin:tinylm", "--input", "int64[B,T]:1000", "--target",
+                                      "int64[B,T]:1000", "--device", "cpu", "--threads", "2"};
+
+std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+}  // namespace
+
+TEST_CASE("CLI tokens: --seq-len plans a confirmed token budget that run packs under, without OOM",
+          "[cli][tokens]") {
+  const std::string dir = scratch_dir("cli-tokens-" + std::to_string(::getpid()));
+  const std::string plan_path = dir + "/plan.json";
+  const CliResult planned = run_cli(with(kModel, {"--seq-len", "16..128", "--target-batch", "48", "--memory-budget",
+                                                  "40MiB", "--out", plan_path}));
+  INFO(planned.err);
+  REQUIRE(planned.exit_code == 0);
+  CHECK_THAT(planned.err, Catch::Contains("probe b=2 x T=128"));
+  CHECK_THAT(planned.err, Catch::Contains("token budget"));
+  const json plan = json::parse(slurp(plan_path));
+  CHECK(plan["schema_version"] == "1.3");
+  REQUIRE(plan.contains("tokens"));
+  const int64_t budget_tokens = plan["tokens"]["token_budget"].get<int64_t>();
+  CHECK(plan["tokens"]["max_seq_len"] == 128);
+  CHECK(budget_tokens >= 128);
+  CHECK(plan["confirmed"] == true);
+  CHECK(plan["setup"]["seq_len"] == "16..128");
+  CHECK(plan["setup"]["inputs"][0] == "int64[B,T]:1000");
+
+  // Synthetic lengths (uniform in 16..128, seeded): packed windows, fewer microbatches than padded.
+  const std::string stats_path = dir + "/stats.json";
+  const CliResult ran = run_cli({"run", "--model", "builtin:tinylm", "--plan", plan_path, "--device", "cpu",
+                                 "--memory-budget", "40MiB", "--threads", "2", "--epochs", "2", "--stats", stats_path});
+  INFO(ran.err);
+  REQUIRE(ran.exit_code == 0);
+  CHECK_THAT(ran.err, Catch::Contains("packed longest first under a token budget of " + std::to_string(budget_tokens)));
+  const json stats = json::parse(slurp(stats_path));
+  CHECK(stats["oom_recoveries"] == 0);
+  CHECK(stats["measured_peak_bytes"].get<int64_t>() <= 40 * 1024 * 1024);
+  const int64_t padded_k = plan["accumulation_steps"].get<int64_t>();
+  int64_t fewer = 0;
+  for (const auto& w : stats["window_series"]) {
+    CHECK(w["valid_tokens"].get<int64_t>() > 0);
+    if (static_cast<int64_t>(w["microbatch_sizes"].size()) < padded_k) ++fewer;
+  }
+  CHECK(fewer > 0);  // short sequences share microbatches
+
+  // A ragged file as Python's torch.save([sequences, None]) writes it: next-token targets.
+  std::vector<at::Tensor> seqs;
+  torch::manual_seed(3);
+  for (int64_t i = 0; i < 48; ++i) seqs.push_back(torch::randint(0, 1000, {16 + (i * 37) % 113}, torch::kLong));
+  const std::string data = write_ragged_save(dir + "/tokens.pt", seqs, {});
+  const CliResult on_file = run_cli({"run", "--model", "builtin:tinylm", "--plan", plan_path, "--data", data, "--device",
+                                     "cpu", "--memory-budget", "40MiB", "--threads", "2", "--stats", stats_path});
+  INFO(on_file.err);
+  REQUIRE(on_file.exit_code == 0);
+  const json file_stats = json::parse(slurp(stats_path));
+  CHECK(file_stats["oom_recoveries"] == 0);
+  int64_t tokens = 0;
+  for (const auto& s : seqs) tokens += s.numel() - 1;  // next-token targets: the last position has none
+  CHECK(file_stats["tokens_seen"] == tokens);
+}
+
+TEST_CASE("CLI tokens: sequence options without sequences, or sequences without lengths, are refused", "[cli][tokens][errors]") {
+  const CliResult no_len = run_cli(with(kModel, {"--target-batch", "8", "--memory-budget", "40MiB"}));
+  CHECK(no_len.exit_code == 2);
+  CHECK_THAT(no_len.err, Catch::Contains("has a sequence dimension T: give the lengths to plan for with --seq-len"));
+  const CliResult no_t = run_cli({"--model", "builtin:tinylm", "--seq-len", "16..64", "--target-batch", "8", "--device",
+                                  "cpu", "--memory-budget", "40MiB"});
+  CHECK(no_t.exit_code == 2);
+  CHECK_THAT(no_t.err, Catch::Contains("--seq-len 16..64 needs variable-length inputs"));
+  const CliResult bad = run_cli(with(kModel, {"--seq-len", "64..16", "--target-batch", "8", "--memory-budget", "40MiB"}));
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("--seq-len '64..16': the shortest length 64 is above the longest 16"));
+}
