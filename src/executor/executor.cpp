@@ -37,6 +37,12 @@ std::string first_line(const std::string& s) {
   return nl == std::string::npos ? s : s.substr(0, nl);
 }
 
+std::vector<int64_t> range_indices(int64_t start, int64_t count) {
+  std::vector<int64_t> v(static_cast<size_t>(count));
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+
 bool token_shaped(const at::Tensor& target, const LossConfig& cfg) {
   return cfg.kind == "cross_entropy" && target.defined() && target.dim() >= 2 && !at::isFloatingType(target.scalar_type());
 }
@@ -400,7 +406,11 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
         try {
           if (options_.before_microbatch) options_.before_microbatch(where);
           if (!step_thread_) step_thread_ = std::make_unique<StepThread>(device_);
-          const Batch microbatch = packed ? window.gather(groups[static_cast<size_t>(i)]) : window.slice(start, where.size);
+          // Ragged data under a sample plan: the slice, cut to its own longest sequence (samples
+          // sorted by length within a window then pad little, as Hugging Face's group_by_length).
+          const Batch microbatch = packed          ? window.gather(groups[static_cast<size_t>(i)])
+                                   : window.ragged() ? window.gather(range_indices(start, where.size))
+                                                     : window.slice(start, where.size);
           const at::Tensor scale = scaler_ ? scaler_->scale_tensor() : no_scale;
           at::Tensor loss_sum;
           step_thread_->run([&] { loss_sum = microbatch_step(module_, microbatch, step, units, scale); });

@@ -57,7 +57,8 @@
 // (padding targets are ignore_index), globally over ranks. An out-of-memory lowers the token
 // budget below the failing microbatch's padded tokens, re-packs and replays; a sequence longer
 // than the new budget on any rank ends the run (ExecutorOomError), since nothing can split it.
-// With W > 1, each rank packs its own share; every rank's longest sequence travels in the counts
+// Ragged data under a sample plan: the plan's sizes, each microbatch cut to its own longest
+// sequence. With W > 1, each rank packs its own share; every rank's longest sequence travels in the counts
 // collective and every attempt adds one collective of the ranks' microbatch counts.
 // What it is not: a data loader (callers hand it windows and shard them), or a checkpointer.
 #pragma once

@@ -174,6 +174,33 @@ TEST_CASE("Packing: the accumulated gradient equals the unpadded per-token gradi
   CHECK(compare_tensors(whole.grads, o.grads).max_rel <= 1e-5);
 }
 
+TEST_CASE("Packing: a sample plan on ragged data cuts each microbatch to its own longest sequence", "[packing]") {
+  // Token ids 1..6, so 0 is padding only; the model refuses a last column that is all padding,
+  // which a slice padded to the window's longest would have.
+  torch::manual_seed(2);
+  torch::jit::Module strict("StrictLm");
+  strict.register_parameter("emb", (torch::randn({kVocab, 5}) * 0.7).requires_grad_(), false);
+  strict.register_parameter("out", (torch::randn({5, kVocab}) * 0.7).requires_grad_(), false);
+  strict.define(R"(
+def forward(self, x):
+    assert not bool((x[:, -1] == 0).all()), "padded past the microbatch's longest sequence"
+    return torch.matmul(torch.tanh(torch.embedding(self.emb, x)), self.out)
+)");
+  Ragged data = make_ragged(12, 20, 23);
+  for (auto& seq : data.sequences) seq = seq.remainder(kVocab - 1) + 1;
+  const Batch window = ragged_batch(data.sequences, data.targets);
+  const std::vector<int64_t> lengths = window.sequence_lengths();
+  int64_t shorter = 0;  // slices whose own longest is below the window's
+  for (int64_t start = 0; start < 12; start += 4) {
+    shorter += *std::max_element(lengths.begin() + start, lengths.begin() + start + 4) < window.padded_length() ? 1 : 0;
+  }
+  REQUIRE(shorter > 0);
+  const Outcome o = run_packed(strict, make_plan_with({4, 4, 4}), window, nullptr);
+  CHECK(o.stats.microbatch_sizes == std::vector<int64_t>{4, 4, 4});
+  const double rel = compare_tensors(o.grads, unpadded_reference(clone_module(strict), data, false)).max_rel;
+  CHECK(rel <= 1e-5);
+}
+
 TEST_CASE("Packing: an out-of-memory at any microbatch re-packs under a lower budget and gives the same gradient",
           "[packing][oom]") {
   auto probe_owner = make_memory_probe({"cpu", "cpu-counting", std::nullopt});
