@@ -677,7 +677,9 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   mem.margin.measured = false;  // a token plan keeps its whole margin: short sequences are never measured alone
   mem.margin_bytes = margin_bytes;
   mem.usable_bytes = usable;
-  mem.predicted_peak_bytes = ceil_bytes(f.intercept_bytes + static_cast<double>(token_budget) * per_token);
+  // The worst microbatch the packing can form: whole sequences, so at T_max the budget holds
+  // floor(B / T_max) of them (the bound c0 + B·per_token is for fractional sequences).
+  mem.predicted_peak_bytes = model.worst_packed_peak_bytes(token_budget, t_max);
   mem.weights_bytes = profile.persistent.weights_bytes;
   mem.gradients_bytes = profile.persistent.gradients_bytes;
   mem.optimizer_state_bytes = profile.persistent.optimizer_state_bytes;

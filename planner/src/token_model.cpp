@@ -170,6 +170,20 @@ int64_t TokenMemoryModel::token_budget(int64_t usable_bytes, int64_t max_seq_len
   return static_cast<int64_t>(budget);
 }
 
+int64_t TokenMemoryModel::worst_packed_peak_bytes(int64_t token_budget, int64_t max_seq_len) const {
+  checked_in_range(token_budget, 1, kMaxSequences, "the token budget");
+  checked_in_range(max_seq_len, 1, kMaxSeqLen, "the longest sequence");
+  int64_t worst = 0;
+  // For a fixed b = floor(budget / L) the peak grows with L: the largest L of each b's range.
+  for (int64_t l = 1; l <= std::min(max_seq_len, token_budget);) {
+    const int64_t b = token_budget / l;
+    const int64_t last = std::min(max_seq_len, token_budget / b);
+    worst = std::max(worst, predict_peak_bytes(b, last));
+    l = last + 1;
+  }
+  return worst;
+}
+
 std::vector<std::vector<int64_t>> pack_by_token_budget(const std::vector<int64_t>& lengths, int64_t token_budget) {
   checked_in_range(token_budget, 1, TokenMemoryModel::kMaxSequences, "the token budget");
   for (size_t i = 0; i < lengths.size(); ++i) {

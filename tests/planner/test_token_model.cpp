@@ -114,6 +114,24 @@ TEST_CASE("Token model: the token budget fits every length up to the longest all
   CHECK_THROWS_AS(m.token_budget(usable, 0), InputError);
 }
 
+TEST_CASE("Token model: the worst packed microbatch matches a brute force over every length", "[token][capacity]") {
+  const TokenMemoryModel m = TokenMemoryModel::fit(grid(100.0 * MiB, 4096, 48));
+  for (int64_t budget : {1000, 4404, 65536}) {
+    for (int64_t t_max : {1, 17, 1024}) {
+      if (t_max > budget) continue;
+      int64_t brute = 0;
+      for (int64_t l = 1; l <= t_max; ++l) brute = std::max(brute, m.predict_peak_bytes(budget / l, l));
+      INFO("budget " << budget << ", T_max " << t_max);
+      CHECK(m.worst_packed_peak_bytes(budget, t_max) == brute);
+    }
+  }
+  // 4404 tokens at 1024 are 4 whole sequences: below the fractional bound.
+  const TokenFit& f = m.summary();
+  const double fractional = f.intercept_bytes + 4404.0 * (f.bytes_per_token + f.bytes_per_token_squared * 1024.0);
+  CHECK(m.worst_packed_peak_bytes(4404, 1024) == m.predict_peak_bytes(4, 1024));
+  CHECK(static_cast<double>(m.worst_packed_peak_bytes(4404, 1024)) < fractional);
+}
+
 TEST_CASE("Token packing: every sequence once, within the budget, in the fewest microbatches", "[token][pack]") {
   const int64_t budget = 4096;
   // A long-tailed length distribution (log-normal, 16..1024 tokens), as in language modelling.

@@ -58,6 +58,11 @@ class TokenMemoryModel {
   // peak c0 + b·T·(a1 + a2·T) grows with T at fixed b·T, so the bound is taken at max_seq_len
   // (conservative for shorter sequences when a2 > 0). 0 when not even one max_seq_len sequence fits.
   int64_t token_budget(int64_t usable_bytes, int64_t max_seq_len) const;
+  // The highest peak any microbatch packed under `token_budget` can reach with sequences of at most
+  // max_seq_len tokens: b = floor(budget / L) sequences padded to L, over every L <= max_seq_len
+  // (whole sequences: 4404 tokens at L = 1024 hold 4, i.e. 4096 tokens, not 4404). Enumerates the
+  // O(sqrt(budget)) distinct values of floor(budget / L), at the largest L of each.
+  int64_t worst_packed_peak_bytes(int64_t token_budget, int64_t max_seq_len) const;
 
   static constexpr int64_t kMaxSequences = int64_t{1} << 40;  // as MemoryModel::kMaxMicroBatch
   static constexpr int64_t kMaxSeqLen = int64_t{1} << 31;     // a tensor spec's dimension bound
