@@ -55,7 +55,12 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
   }
   check_optimizer_values(setup);  // --lr 1e308, --momentum nan: refused with the option's range
   if (options_.batch_file) {
+    // The file is the data set, held on the host like `accumplan run --data` holds it: on the CPU
+    // device its bytes are outside every peak and the budget (as run subtracts its host data). A
+    // 1600-sequence file (26 MB) once inflated every probe of a token plan by 25 MiB.
+    const int64_t before_file = probe_.current_bytes();
     file_batch_ = load_batch_file(*options_.batch_file, /*has_target=*/true, "--batch-file", setup.ignore_index);
+    host_bytes_ = std::max<int64_t>(0, probe_.current_bytes() - before_file);
     setup.inputs.clear();
     // Ragged data: the padded dimension is the sequence dimension T ("int64[B,T]:50257"), and the
     // file's own lengths are the range planned for unless --seq-len says otherwise.
@@ -87,6 +92,10 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
     seq_range_ = parse_seq_len(setup.seq_len, "--seq-len");
     setup.seq_len = seq_range_->text();
     seq_len_ = seq_range_->min;  // the persistent-memory step: one shortest sequence
+    // Windows of variable-length data are synthetic (exactly T tokens each): a ragged file gave
+    // its specs and lengths and is not needed further.
+    file_batch_.reset();
+    host_bytes_ = 0;
   } else if (!setup.seq_len.empty()) {
     throw InputError("--seq-len " + setup.seq_len + " needs variable-length inputs: give every --input a sequence "
                      "dimension T after B, e.g. --input int64[B,T]:50257");
@@ -120,11 +129,16 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
     budget_bytes_ = options_.budget.resolve_bytes(probe_.device_total_bytes());
   }
   probe_.clear_oom();
-  probe_.set_budget_bytes(budget_bytes_);
+  enforce(budget_bytes_);
   load_and_measure_persistent();
 }
 
 ProbeRunner::~ProbeRunner() = default;
+
+void ProbeRunner::enforce(std::optional<int64_t> budget) {
+  probe_.set_budget_bytes(budget ? std::optional<int64_t>(checked_add(*budget, host_bytes_, "the budget plus host data"))
+                                 : std::nullopt);
+}
 
 int64_t ProbeRunner::declared_optimizer_state_bytes() const {
   return optimizer_ ? optimizer_state_bytes(*optimizer_) : 0;
@@ -135,7 +149,7 @@ void ProbeRunner::say(const std::string& line) const {
 }
 
 void ProbeRunner::name_the_inputs(const ModelRejectedInputError& e) const {
-  const std::string source = file_batch_ ? "--batch-file " + *options_.batch_file
+  const std::string source = options_.batch_file ? "--batch-file " + *options_.batch_file
                                          : "--input " + options_.setup.inputs.front() +
                                                (options_.setup.inputs.size() > 1 ? " ..." : "");
   throw ModelRejectedInputError(e.shapes(), e.model_error(), source);
@@ -227,6 +241,7 @@ WindowMeasurement ProbeRunner::window(const std::vector<int64_t>& sizes) {
     }
     probe_.reset_peak();
     executor.apply(st);
+    data_bytes += host_bytes_;  // the --batch-file's bytes are host data too
     m.optimizer_step_peak_bytes = probe_.peak_bytes() - data_bytes;
     reserved = std::max(reserved, probe_.reserved_peak_bytes().value_or(0));
     m.peak_bytes = *std::max_element(peaks.begin(), peaks.end()) - data_bytes;
@@ -294,7 +309,7 @@ void ProbeRunner::load_and_measure_persistent() {
       persistent_.gradients_bytes = probe_.current_bytes() - with_data;
       executor.apply(st);  // steps the optimizer, then sets the gradients to none
       persistent_.optimizer_state_bytes = (after_construct - before_optimizer) + (probe_.current_bytes() - with_data);
-      const int64_t peak = probe_peak() - (with_data - after_construct);
+      const int64_t peak = probe_peak() - (with_data - after_construct) - host_bytes_;
       trials_.push_back({"probe", 1, !budget_bytes_ || peak <= *budget_bytes_, peak, seconds_since(t0), {1}});
       say("measured persistent memory: weights " + format_bytes(persistent_.weights_bytes) + ", gradients " +
           format_bytes(persistent_.gradients_bytes) + ", optimizer state " +
@@ -409,7 +424,7 @@ Profile ProbeRunner::profile() {
     if (!s.fit && p.points.size() >= 2) break;
   }
   if (!lifted) extend_linear_tail(p, sizes.empty() ? 1 : *sizes.rbegin(), record);
-  probe_.set_budget_bytes(budget_bytes_);
+  enforce(budget_bytes_);
   p.device.total_bytes = probe_.device_total_bytes();  // CPU: the budget when one is enforced
   p.trials = trials_;
   if (p.points.size() < 2) {
@@ -465,9 +480,9 @@ void ProbeRunner::extend_linear_tail(Profile& p, int64_t largest_scheduled,
     // predicted 98 samples, the truth is 13; the OOM at 49 said only "less than 49" and four more
     // windows bisected down to 9.
     const bool past = probe_.budget_is_simulated() && budget_bytes_.has_value();
-    if (past) probe_.set_budget_bytes(checked_mul(*budget_bytes_, int64_t{2}, "twice the budget"));
+    if (past) enforce(checked_mul(*budget_bytes_, int64_t{2}, "twice the budget"));
     const WindowMeasurement s = measure(next);
-    if (past) probe_.set_budget_bytes(budget_bytes_);
+    if (past) enforce(budget_bytes_);
     record(s);
     if (s.oom && past && unmeasured == 0) {
       unmeasured = next;  // one more try, between the largest measured size and this one
@@ -480,9 +495,9 @@ void ProbeRunner::extend_linear_tail(Profile& p, int64_t largest_scheduled,
 WindowMeasurement ProbeRunner::measure_tokens(int64_t micro_batch, int64_t seq_len, bool past_budget) {
   seq_len_ = seq_len;
   const bool past = past_budget && probe_.budget_is_simulated() && budget_bytes_.has_value();
-  if (past) probe_.set_budget_bytes(checked_mul(*budget_bytes_, int64_t{2}, "twice the budget"));
+  if (past) enforce(checked_mul(*budget_bytes_, int64_t{2}, "twice the budget"));
   WindowMeasurement s = measure(micro_batch);
-  if (past) probe_.set_budget_bytes(budget_bytes_);
+  if (past) enforce(budget_bytes_);
   return s;
 }
 
@@ -618,9 +633,9 @@ Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request) {
     // window over the budget is then measured, and the refit interpolates instead of bisecting
     // blind. lstm_classifier under 35 MiB: confirm 42 failed, the midpoint 29 fit, true max 40.
     const bool past = probe_.budget_is_simulated() && budget_bytes_.has_value();
-    if (past) probe_.set_budget_bytes(checked_mul(*budget_bytes_, int64_t{2}, "twice the budget"));
+    if (past) enforce(checked_mul(*budget_bytes_, int64_t{2}, "twice the budget"));
     WindowMeasurement s = whole ? window({next}) : measure(next);
-    if (past) probe_.set_budget_bytes(budget_bytes_);
+    if (past) enforce(budget_bytes_);
     s.micro_batch = next;
     ++windows;
     // Within the budget less the margin's parts a measured size keeps (as make_plan counts it).

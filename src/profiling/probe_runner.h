@@ -146,6 +146,8 @@ class ProbeRunner {
   void extend_linear_tail(Profile& p, int64_t largest_scheduled,
                           const std::function<void(const WindowMeasurement&)>& record);
   int64_t probe_peak() const;
+  // Enforces `budget` on the probe, plus the host data (the --batch-file) it must not count.
+  void enforce(std::optional<int64_t> budget);
   // Variable-length data (inputs with T): the (b, T) grid and the confirmation at the planned
   // token budget with the longest sequence.
   void profile_tokens(Profile& p);
@@ -173,6 +175,7 @@ class ProbeRunner {
   uint64_t next_seed_ = 0;
   std::vector<Trial> trials_;
   // Variable-length data: the lengths planned for, and the length of the windows being run.
+  int64_t host_bytes_ = 0;  // the --batch-file's bytes held through the probe (CPU), outside every peak
   std::optional<SeqLenRange> seq_range_;
   int64_t seq_len_ = 0;
 };
