@@ -571,9 +571,11 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   const int64_t B = request.target_batch;
   const int64_t W = request.world_size;
   const int64_t T = B / W;
-  if (request.multiple_of) {
-    throw InputError("--multiple-of " + std::to_string(*request.multiple_of) +
-                     " applies to sample plans; variable-length data is packed by tokens");
+  if (request.multiple_of || request.max_micro_batch || request.use_timing) {
+    const std::string option = request.multiple_of ? "--multiple-of " + std::to_string(*request.multiple_of)
+                               : request.max_micro_batch ? "--max-micro-batch " + std::to_string(*request.max_micro_batch)
+                                                         : std::string("--use-timing");
+    throw InputError(option + " applies to sample plans; variable-length data is packed by tokens");
   }
   std::vector<TokenPoint> pts;
   for (const auto& p : profile.points) {
@@ -634,7 +636,7 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   for (const auto& t : profile.trials) {
     if (!t.fit && t.seq_len && *t.seq_len >= t_max && !t.window.empty()) {
       const int64_t failed = *std::min_element(t.window.begin(), t.window.end());
-      token_budget = std::min(token_budget, failed * t_max - 1);
+      token_budget = std::min(token_budget, checked_mul(failed, t_max, "a failed window's tokens") - 1);
     }
   }
   if (token_budget < t_max) {
@@ -645,6 +647,12 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
                           std::to_string(alone) + " tokens. Truncate to that with --seq-len, or raise --memory-budget");
   }
   const int64_t m_max = std::min(token_budget / t_max, T);
+  if (T / m_max + (T % m_max != 0 ? 1 : 0) > kMaxAccumulationSteps) {
+    throw InfeasibleError("--target-batch " + std::to_string(B) + ": " + std::to_string(T) + " samples per rank padded to " +
+                          std::to_string(t_max) + " tokens at " + std::to_string(m_max) + " per microbatch need more than " +
+                          std::to_string(kMaxAccumulationSteps) + " microbatches per window. Lower --target-batch or raise "
+                          "--memory-budget");
+  }
   const std::vector<int64_t> sizes = split_samples(T, m_max, request.split, 1);
 
   Plan plan;
@@ -665,7 +673,8 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   for (const auto& t : profile.trials) {
     if (!t.fit || !t.seq_len || *t.seq_len < t_max || t.window.empty() || t.peak_bytes <= 0) continue;
     if (*std::min_element(t.window.begin(), t.window.end()) * *t.seq_len < (token_budget / t_max) * t_max) continue;
-    if (t.peak_bytes > budget) continue;
+    // Within the budget less what the margin keeps even for a measured size, as covering_trial.
+    if (t.peak_bytes + margin.fixed_bytes + margin.allocator_fragmentation_bytes > budget) continue;
     if (!ran || t.peak_bytes < ran->peak_bytes) ran = &t;
   }
   plan.confirmed = ran != nullptr;

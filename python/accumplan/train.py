@@ -451,12 +451,12 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
             status = 0
             if i < len(sizes):
                 m = sizes[i]
-                padded = 0
+                # Before the try: an out-of-memory while gathering must still report this size.
+                padded = m * max(lengths[j] for j in groups[i]) if packed else 0
                 try:
                     mask = None
                     if packed:
                         mb_inputs, mb_target, mb_longest = _gather(inputs, target, groups[i], lengths)
-                        padded = m * mb_longest
                         if plan.padding_mask:
                             mask = padding_mask([lengths[j] for j in groups[i]], mb_longest)
                     else:

@@ -135,6 +135,12 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
 
 ProbeRunner::~ProbeRunner() = default;
 
+int64_t ProbeRunner::device_total_bytes() const {
+  // CPU: the enforced budget, which carries the host data's bytes on top (enforce()).
+  const int64_t total = probe_.device_total_bytes();
+  return probe_.budget_bytes() ? std::max<int64_t>(0, total - host_bytes_) : total;
+}
+
 void ProbeRunner::enforce(std::optional<int64_t> budget) {
   probe_.set_budget_bytes(budget ? std::optional<int64_t>(checked_add(*budget, host_bytes_, "the budget plus host data"))
                                  : std::nullopt);
@@ -374,6 +380,8 @@ Profile ProbeRunner::profile() {
 
   if (seq_range_) {
     profile_tokens(p);
+    enforce(budget_bytes_);
+    p.device.total_bytes = device_total_bytes();
     p.trials = trials_;
     return p;
   }
@@ -425,7 +433,7 @@ Profile ProbeRunner::profile() {
   }
   if (!lifted) extend_linear_tail(p, sizes.empty() ? 1 : *sizes.rbegin(), record);
   enforce(budget_bytes_);
-  p.device.total_bytes = probe_.device_total_bytes();  // CPU: the budget when one is enforced
+  p.device.total_bytes = device_total_bytes();
   p.trials = trials_;
   if (p.points.size() < 2) {
     throw InfeasibleError("only " + std::to_string(p.points.size()) + " probe size(s) ran on " + probe_.device_name() +
@@ -458,7 +466,7 @@ void ProbeRunner::extend_linear_tail(Profile& p, int64_t largest_scheduled,
     if (unmeasured == 0 && !trials_.empty() && !trials_.back().fit) break;  // the last probe already failed the budget
     int64_t predicted_max = 0;
     try {
-      predicted_max = MemoryModel::fit(p).largest_fitting(probe_.device_total_bytes(), bound);
+      predicted_max = MemoryModel::fit(p).largest_fitting(device_total_bytes(), bound);
     } catch (const InputError&) {
       break;  // the planner will say what is wrong with these points
     }

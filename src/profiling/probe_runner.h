@@ -148,6 +148,8 @@ class ProbeRunner {
   int64_t probe_peak() const;
   // Enforces `budget` on the probe, plus the host data (the --batch-file) it must not count.
   void enforce(std::optional<int64_t> budget);
+  // The device's memory as a profile records it: on CPU the budget, without the host data.
+  int64_t device_total_bytes() const;
   // Variable-length data (inputs with T): the (b, T) grid and the confirmation at the planned
   // token budget with the longest sequence.
   void profile_tokens(Profile& p);

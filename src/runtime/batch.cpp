@@ -177,7 +177,10 @@ Batch Batch::gather(const std::vector<int64_t>& indices) const {
   }
   const at::Tensor index = at::tensor(indices, at::TensorOptions(at::kLong));
   // Cut to the longest first, then pick the rows: the copy holds only this microbatch's tokens.
-  auto pick = [&](const at::Tensor& t) { return t.narrow(1, 0, longest).index_select(0, index.to(t.device())); };
+  // Only tensors with a sequence dimension are cut: a target of one label per sequence ([B]) is not.
+  auto pick = [&](const at::Tensor& t) {
+    return (t.dim() >= 2 ? t.narrow(1, 0, longest) : t).index_select(0, index.to(t.device()));
+  };
   Batch out;
   for (const auto& t : inputs) out.inputs.push_back(pick(t));
   if (target.defined()) out.target = pick(target);

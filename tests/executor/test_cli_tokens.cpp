@@ -87,6 +87,23 @@ TEST_CASE("CLI tokens: --seq-len plans a confirmed token budget that run packs u
   CHECK(file_stats["tokens_seen"] == tokens);
 }
 
+TEST_CASE("CLI tokens: a saved token profile records the budget and re-plans without --memory-budget", "[cli][tokens]") {
+  const std::string dir = scratch_dir("cli-tokens-profile-" + std::to_string(::getpid()));
+  const std::string profile_path = dir + "/profile.json";
+  const CliResult profiled = run_cli(with({"profile"}, with(kModel, {"--seq-len", "16..128", "--memory-budget", "40MiB",
+                                                                      "--out", profile_path})));
+  INFO(profiled.err);
+  REQUIRE(profiled.exit_code == 0);
+  const json profile = json::parse(slurp(profile_path));
+  CHECK(profile["device"]["total_bytes"] == 40 * 1024 * 1024);
+  const CliResult planned = run_cli({"plan", "--profile", profile_path, "--target-batch", "48"});
+  INFO(planned.err);
+  REQUIRE(planned.exit_code == 0);
+  const json plan = json::parse(planned.out);
+  CHECK(plan["tokens"]["max_seq_len"] == 128);
+  CHECK(plan["memory"]["budget_bytes"] == 40 * 1024 * 1024);
+}
+
 TEST_CASE("CLI tokens: sequence options without sequences, or sequences without lengths, are refused", "[cli][tokens][errors]") {
   const CliResult no_len = run_cli(with(kModel, {"--target-batch", "8", "--memory-budget", "40MiB"}));
   CHECK(no_len.exit_code == 2);

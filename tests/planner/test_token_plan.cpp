@@ -121,6 +121,11 @@ TEST_CASE("Token plan: what cannot be planned is refused with the fix", "[token]
   PlanRequest multiple = token_request(256, 612 * MiB);
   multiple.multiple_of = 8;
   CHECK_THROWS_WITH(make_plan(p, multiple), Catch::Contains("--multiple-of 8 applies to sample plans"));
+  PlanRequest bounded = token_request(256, 612 * MiB);
+  bounded.max_micro_batch = 4;
+  CHECK_THROWS_WITH(make_plan(p, bounded), Catch::Contains("--max-micro-batch 4 applies to sample plans"));
+  // More than 2^20 microbatches of the padded split is refused, not allocated.
+  CHECK_THROWS_WITH(make_plan(p, token_request(int64_t{1} << 40, 120 * MiB)), Catch::Contains("microbatches per window"));
   Profile no_lengths = p;
   no_lengths.setup.seq_len.clear();
   CHECK_THROWS_WITH(make_plan(no_lengths, token_request(256, 612 * MiB)), Catch::Contains("give --seq-len"));

@@ -154,8 +154,13 @@ TEST_CASE("synthetic ragged data has the given lengths, padded as a file loads",
   CHECK(b.target.masked_select(padding_mask(b).logical_not()).ge(0).all().item<bool>());
   CHECK(synthetic_ragged_batch({in}, tg, {4, 1, 3}, 7).inputs[0].equal(b.inputs[0]));  // seeded
   // A class per sequence needs no padding; a fixed-shape input cannot be ragged.
-  CHECK(synthetic_ragged_batch({in}, parse_tensor_spec("int64[B]:3", "--target"), {2, 5}, 1).target.sizes() ==
-        at::IntArrayRef({2}));
+  const Batch classes = synthetic_ragged_batch({in}, parse_tensor_spec("int64[B]:3", "--target"), {2, 5}, 1);
+  CHECK(classes.target.sizes() == at::IntArrayRef({2}));
+  // A microbatch of it keeps one label per sequence (only [B,T,...] tensors are cut).
+  const Batch one = classes.gather({1});
+  CHECK(one.target.sizes() == at::IntArrayRef({1}));
+  CHECK(one.target.equal(classes.target.narrow(0, 1, 1)));
+  CHECK(one.inputs[0].sizes() == at::IntArrayRef({1, 5}));
   CHECK_THROWS_WITH(synthetic_ragged_batch({parse_tensor_spec("float32[B,4]", "--input")}, tg, {2}, 1),
                     Catch::Contains("has no sequence dimension T"));
   CHECK_THROWS_WITH(synthetic_batch({in}, tg, 2, 1, at::kCPU), Catch::Contains("synthetic samples need their lengths"));
