@@ -35,6 +35,21 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// A profile point from a measured window: the peaks, the step time, and `peak_bytes` — the window's
+// peak for a probe, the steady-state one for a confirmation (its first microbatch has its own line).
+ProfilePoint point_of(const WindowMeasurement& s, int64_t micro_batch, int64_t peak_bytes,
+                      std::optional<int64_t> seq_len = std::nullopt) {
+  ProfilePoint pt;
+  pt.micro_batch = micro_batch;
+  pt.seq_len = seq_len;
+  pt.peak_bytes = peak_bytes;
+  pt.first_microbatch_peak_bytes = s.first_microbatch_peak_bytes;
+  pt.optimizer_step_peak_bytes = s.optimizer_step_peak_bytes;
+  pt.reserved_peak_bytes = s.reserved_peak_bytes;
+  pt.step_seconds = s.step_seconds;
+  return pt;
+}
+
 }  // namespace
 
 ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
@@ -404,14 +419,7 @@ Profile ProbeRunner::profile() {
           format_bytes(budget_bytes_.value_or(0)));
       return;
     }
-    ProfilePoint pt;
-    pt.micro_batch = s.micro_batch;
-    pt.peak_bytes = s.peak_bytes;
-    pt.reserved_peak_bytes = s.reserved_peak_bytes;
-    pt.optimizer_step_peak_bytes = s.optimizer_step_peak_bytes;
-    pt.first_microbatch_peak_bytes = s.first_microbatch_peak_bytes;
-    pt.step_seconds = s.step_seconds;
-    p.points.push_back(pt);
+    p.points.push_back(point_of(s, s.micro_batch, s.peak_bytes));
     say("probe b=" + std::to_string(s.micro_batch) + ": peak " + format_bytes(s.peak_bytes) + ", " +
         format_seconds(s.step_seconds) + (s.fit ? "" : " (over the budget)") + (lifted ? " [measured without the budget]" : ""));
   };
@@ -521,15 +529,7 @@ void ProbeRunner::profile_tokens(Profile& p) {
       say(kind + " b=" + std::to_string(s.micro_batch) + " x T=" + std::to_string(t) + ": out of memory");
       return;
     }
-    ProfilePoint pt;
-    pt.micro_batch = s.micro_batch;
-    pt.seq_len = t;
-    pt.peak_bytes = s.peak_bytes;
-    pt.first_microbatch_peak_bytes = s.first_microbatch_peak_bytes;
-    pt.optimizer_step_peak_bytes = s.optimizer_step_peak_bytes;
-    pt.reserved_peak_bytes = s.reserved_peak_bytes;
-    pt.step_seconds = s.step_seconds;
-    p.points.push_back(pt);
+    p.points.push_back(point_of(s, s.micro_batch, s.peak_bytes, t));
     say(kind + " b=" + std::to_string(s.micro_batch) + " x T=" + std::to_string(t) + ": peak " + format_bytes(s.peak_bytes) +
         ", " + format_seconds(s.step_seconds) + (s.fit ? "" : " (over the budget)"));
   };
@@ -569,17 +569,7 @@ Plan ProbeRunner::plan_and_confirm_tokens(Profile& profile, PlanRequest request)
     trial.seq_len = t;
     trials_.push_back(trial);
     profile.trials.push_back(trial);
-    if (!s.oom) {
-      ProfilePoint pt;
-      pt.micro_batch = b;
-      pt.seq_len = t;
-      pt.peak_bytes = s.peak_bytes;
-      pt.first_microbatch_peak_bytes = s.first_microbatch_peak_bytes;
-      pt.optimizer_step_peak_bytes = s.optimizer_step_peak_bytes;
-      pt.reserved_peak_bytes = s.reserved_peak_bytes;
-      pt.step_seconds = s.step_seconds;
-      profile.points.push_back(pt);
-    }
+    if (!s.oom) profile.points.push_back(point_of(s, b, s.peak_bytes, t));
     say("confirm b=" + std::to_string(b) + " x T=" + std::to_string(t) + " (token budget " +
         std::to_string(plan.tokens->token_budget) + "): " +
         (s.oom ? std::string("out of memory") : "peak " + format_bytes(s.max_peak_bytes)) + " of " +
@@ -660,14 +650,7 @@ Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request) {
     // folds it in.
     const bool measured_point = !whole && !s.oom && s.steady_peak_bytes > 0;
     if (measured_point) {
-      ProfilePoint pt;
-      pt.micro_batch = next;
-      pt.peak_bytes = s.steady_peak_bytes;
-      pt.first_microbatch_peak_bytes = s.first_microbatch_peak_bytes;
-      pt.optimizer_step_peak_bytes = s.optimizer_step_peak_bytes;
-      pt.reserved_peak_bytes = s.reserved_peak_bytes;
-      pt.step_seconds = s.step_seconds;
-      profile.points.push_back(pt);
+      profile.points.push_back(point_of(s, next, s.steady_peak_bytes));
     }
     if (ok) {
       say(kind + " b=" + std::to_string(next) + ": peak " + format_bytes(s.max_peak_bytes) + " of " +
