@@ -87,10 +87,10 @@ void require_regular_file(const std::string& path, const std::string& what, cons
   open_regular_file(path, what, noun, st);
 }
 
-std::string read_text_file(const std::string& path, const std::string& what) {
+std::string read_text_file(const std::string& path, const std::string& what, const std::string& noun) {
   const std::string where = what + " " + quoted(path);
   struct stat st {};
-  const Fd f = open_regular_file(path, what, "a JSON file written by accumplan", st);
+  const Fd f = open_regular_file(path, what, noun, st);
   if (st.st_size > kMaxInputFileBytes) {
     throw InputError(where + " is " + std::to_string(static_cast<long long>(st.st_size)) +
                      " bytes, more than any accumplan document (at most " +

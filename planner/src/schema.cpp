@@ -224,6 +224,7 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       {"max_seq_len", {1, static_cast<double>(int64_t{1} << 31), false, false}},
       {"seq_len", {1, static_cast<double>(int64_t{1} << 31), false, false}},
       {"longest_sequence_alone", {0, static_cast<double>(int64_t{1} << 31), false, false}},
+      {"target_tokens", {1, static_cast<double>(int64_t{1} << 50), false, false}},
       {"seconds", kSecondsRange},
   };
   if (in_hyperparameters) return &kHyperparameterRange;
@@ -409,6 +410,7 @@ ojson to_json(const Plan& p) {
     j["tokens"] = ojson{{"token_budget", p.tokens->token_budget},
                         {"max_seq_len", p.tokens->max_seq_len},
                         {"longest_sequence_alone", p.tokens->longest_sequence_alone}};
+    if (p.tokens->target_tokens) j["tokens"]["target_tokens"] = *p.tokens->target_tokens;  // 1.4
   }
   const MemoryBreakdown& m = p.memory;
   j["memory"] = ojson{{"budget_bytes", m.budget_bytes},
@@ -474,6 +476,7 @@ Plan plan_from_json(const json& doc) {
     tb.token_budget = tk.i64("token_budget");
     tb.max_seq_len = tk.i64("max_seq_len");
     tb.longest_sequence_alone = tk.i64("longest_sequence_alone");
+    tb.target_tokens = tk.opt_i64("target_tokens");  // 1.4
     if (tb.token_budget < 1 || tb.max_seq_len < 1 || tb.max_seq_len > tb.token_budget) {
       throw SchemaError("$.tokens: token_budget " + std::to_string(tb.token_budget) + " must hold at least one sequence of max_seq_len " +
                         std::to_string(tb.max_seq_len) + " tokens (both >= 1)");

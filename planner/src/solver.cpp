@@ -35,10 +35,18 @@ std::string pct(double f) {
 }
 
 void validate(const PlanRequest& r) {
-  if (r.target_batch < 1) {
+  if (r.target_tokens) {
+    if (r.target_batch != 0) {
+      throw InputError("give --target-batch (samples per update) or --target-tokens (valid tokens per update), not both");
+    }
+    if (*r.target_tokens < 1) {
+      throw InputError("--target-tokens must be at least 1 (valid tokens per update), got " + std::to_string(*r.target_tokens));
+    }
+    checked_in_range(*r.target_tokens, 1, kMaxTargetTokens, "--target-tokens");
+  } else if (r.target_batch < 1) {
     throw InputError("--target-batch must be at least 1, got " + std::to_string(r.target_batch));
   }
-  checked_in_range(r.target_batch, 1, kMaxSamples, "--target-batch");
+  if (!r.target_tokens) checked_in_range(r.target_batch, 1, kMaxSamples, "--target-batch");
   if (r.world_size < 1) {
     throw InputError("--world-size must be at least 1, got " + std::to_string(r.world_size));
   }
@@ -131,27 +139,28 @@ struct MarginModel {
   }
 };
 
-MarginModel margin_model(const MemoryModel& model, const Profile& profile, const HeadroomSpec& spec) {
+// A caching allocator rounds and fragments: what it reserved beyond what was allocated in the
+// probes is memory training will also hold and cannot use.
+int64_t fragmentation_bytes(const Profile& profile) {
+  int64_t bytes = 0;
+  for (const auto& p : profile.points) {
+    if (p.reserved_peak_bytes) bytes = std::max(bytes, *p.reserved_peak_bytes - p.peak_bytes);
+  }
+  return bytes;
+}
+
+// The one margin rule of sample and token plans: `residual_bytes` is the fit's largest residual,
+// `slope` its bytes per unit (a sample; a token for token plans).
+MarginModel margin_model(const HeadroomSpec& spec, double residual_bytes, const Profile& profile, double slope) {
   MarginModel mm;
   mm.spec = spec;
-  mm.slope = model.summary().slope_bytes_per_sample;
+  mm.slope = slope;
   switch (spec.kind) {
-    case HeadroomSpec::Kind::Auto: {
-      const FitSummary& fit = model.summary();
-      double residual = 0;
-      for (size_t i = 0; i < profile.points.size() && i < fit.residuals_bytes.size(); ++i) {
-        if (profile.points[i].micro_batch < fit.fitted_from_micro_batch) continue;  // shown, not fitted
-        residual = std::max(residual, std::fabs(fit.residuals_bytes[i]));
-      }
-      mm.residual_bytes = ceil_bytes(residual);
-      // A caching allocator rounds and fragments: what it reserved beyond what was allocated in
-      // the probes is memory training will also hold and cannot use.
-      for (const auto& p : profile.points) {
-        if (p.reserved_peak_bytes) mm.fragmentation_bytes = std::max(mm.fragmentation_bytes, *p.reserved_peak_bytes - p.peak_bytes);
-      }
+    case HeadroomSpec::Kind::Auto:
+      mm.residual_bytes = ceil_bytes(residual_bytes);
+      mm.fragmentation_bytes = fragmentation_bytes(profile);
       mm.fraction = kAutoActivationFraction;
       break;
-    }
     case HeadroomSpec::Kind::Fraction:
       mm.fraction = spec.fraction;
       break;
@@ -160,6 +169,43 @@ MarginModel margin_model(const MemoryModel& model, const Profile& profile, const
       break;
   }
   return mm;
+}
+
+MarginModel margin_model(const MemoryModel& model, const Profile& profile, const HeadroomSpec& spec) {
+  const FitSummary& fit = model.summary();
+  double residual = 0;
+  for (size_t i = 0; i < profile.points.size() && i < fit.residuals_bytes.size(); ++i) {
+    if (profile.points[i].micro_batch < fit.fitted_from_micro_batch) continue;  // shown, not fitted
+    residual = std::max(residual, std::fabs(fit.residuals_bytes[i]));
+  }
+  return margin_model(spec, residual, profile, fit.slope_bytes_per_sample);
+}
+
+// The budget a request plans for: --memory-budget, else the device's memory as profiled.
+int64_t resolve_budget(const Profile& profile, const PlanRequest& request) {
+  if (request.budget.is_set()) return request.budget.resolve_bytes(profile.device.total_bytes);
+  if (profile.device.total_bytes > 0) return profile.device.total_bytes;
+  throw InputError("the profile does not record the device's memory; give --memory-budget");
+}
+
+// The sample fields every plan carries: B over W ranks split as `sizes`, at most m_max per
+// microbatch, and the uniform alternative.
+void fill_window(Plan& plan, int64_t B, int64_t W, const std::vector<int64_t>& sizes, int64_t m_max,
+                 const PlanRequest& request) {
+  const int64_t T = B / W;
+  const int64_t unit = request.multiple_of.value_or(1);
+  plan.target_batch = B;
+  plan.world_size = W;
+  plan.per_rank_batch = T;
+  plan.microbatch_sizes = sizes;
+  plan.micro_batch = *std::max_element(sizes.begin(), sizes.end());
+  plan.accumulation_steps = static_cast<int64_t>(sizes.size());
+  for (auto n : sizes) plan.weights.push_back(static_cast<double>(n) / static_cast<double>(T));
+  plan.max_micro_batch = m_max;
+  plan.split = request.split;
+  plan.multiple_of = request.multiple_of;
+  plan.uniform.micro_batch = largest_divisor_at_most(T, m_max, unit);
+  plan.uniform.accumulation_steps = T / plan.uniform.micro_batch;
 }
 
 // What the profile's real windows show under this budget and margin.
@@ -286,6 +332,7 @@ std::vector<int64_t> split_samples(int64_t total, int64_t max_micro_batch, const
 
 void check_request(const PlanRequest& request) {
   validate(request);
+  if (request.target_tokens) return;  // the window in samples is known only with the longest length
   const int64_t B = request.target_batch;
   const int64_t W = request.world_size;
   check_divisible(B, W, "--world-size");
@@ -301,16 +348,14 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   const int64_t T = B / W;
   const int64_t unit = request.multiple_of.value_or(1);
 
+  if (request.target_tokens) {
+    throw InputError("--target-tokens " + std::to_string(*request.target_tokens) + " needs variable-length data "
+                     "(inputs with a sequence dimension T and --seq-len, or a ragged --batch-file); this profile "
+                     "measured fixed shapes: give --target-batch");
+  }
   const MemoryModel model = MemoryModel::fit(profile);
 
-  int64_t budget = 0;
-  if (request.budget.is_set()) {
-    budget = request.budget.resolve_bytes(profile.device.total_bytes);
-  } else if (profile.device.total_bytes > 0) {
-    budget = profile.device.total_bytes;
-  } else {
-    throw InputError("the profile does not record the device's memory; give --memory-budget");
-  }
+  const int64_t budget = resolve_budget(profile, request);
   const MarginModel mm = margin_model(model, profile, request.headroom);
   const Evidence ev = evidence(profile, budget, mm);
 
@@ -396,18 +441,7 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   }
 
   Plan plan;
-  plan.target_batch = B;
-  plan.world_size = W;
-  plan.per_rank_batch = T;
-  plan.microbatch_sizes = sizes;
-  plan.micro_batch = *std::max_element(sizes.begin(), sizes.end());
-  plan.accumulation_steps = static_cast<int64_t>(sizes.size());
-  for (auto n : sizes) plan.weights.push_back(static_cast<double>(n) / static_cast<double>(T));
-  plan.max_micro_batch = m_max;
-  plan.split = request.split;
-  plan.multiple_of = request.multiple_of;
-  plan.uniform.micro_batch = largest_divisor_at_most(T, m_max, unit);
-  plan.uniform.accumulation_steps = T / plan.uniform.micro_batch;
+  fill_window(plan, B, W, sizes, m_max, request);
 
   // Confirmed when a real window of the profile covers the plan's (its first two microbatches:
   // later ones are no larger) within the budget less the kept margin.
@@ -568,9 +602,7 @@ bool is_token_profile(const Profile& profile) {
 
 Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   check_request(request);
-  const int64_t B = request.target_batch;
   const int64_t W = request.world_size;
-  const int64_t T = B / W;
   if (request.multiple_of || request.max_micro_batch || request.use_timing) {
     const std::string option = request.multiple_of ? "--multiple-of " + std::to_string(*request.multiple_of)
                                : request.max_micro_batch ? "--max-micro-batch " + std::to_string(*request.max_micro_batch)
@@ -584,14 +616,7 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   const TokenMemoryModel model = TokenMemoryModel::fit(pts);
   const TokenFit& f = model.summary();
 
-  int64_t budget = 0;
-  if (request.budget.is_set()) {
-    budget = request.budget.resolve_bytes(profile.device.total_bytes);
-  } else if (profile.device.total_bytes > 0) {
-    budget = profile.device.total_bytes;
-  } else {
-    throw InputError("the profile does not record the device's memory; give --memory-budget");
-  }
+  const int64_t budget = resolve_budget(profile, request);
   int64_t t_max = 0;
   if (request.max_seq_len) {
     t_max = checked_in_range(*request.max_seq_len, 1, TokenMemoryModel::kMaxSeqLen, "--seq-len's longest length");
@@ -600,35 +625,27 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   } else {
     throw InputError("the profile measured variable-length data but records no sequence lengths; give --seq-len");
   }
-
-  // The margin, as for samples (MarginModel), on the activations of the worst microbatch.
-  const double per_token = f.bytes_per_token + f.bytes_per_token_squared * static_cast<double>(t_max);
-  Margin margin;
-  margin.headroom = request.headroom.text();
-  switch (request.headroom.kind) {
-    case HeadroomSpec::Kind::Auto:
-      margin.fit_residual_bytes = ceil_bytes(f.max_abs_residual_bytes);
-      for (const auto& p : profile.points) {
-        if (p.seq_len && p.reserved_peak_bytes) {
-          margin.allocator_fragmentation_bytes = std::max(margin.allocator_fragmentation_bytes, *p.reserved_peak_bytes - p.peak_bytes);
-        }
-      }
-      margin.activation_fraction = kAutoActivationFraction;
-      break;
-    case HeadroomSpec::Kind::Fraction:
-      margin.activation_fraction = request.headroom.fraction;
-      break;
-    case HeadroomSpec::Kind::Bytes:
-      margin.fixed_bytes = request.headroom.bytes;
-      break;
+  // --target-tokens N: the sample fields describe the window at T_max, ceil(N / T_max) sequences
+  // rounded up to a multiple of W (windows themselves are cut by token_windows).
+  int64_t B = request.target_batch;
+  if (request.target_tokens) {
+    const int64_t sequences = *request.target_tokens / t_max + (*request.target_tokens % t_max != 0 ? 1 : 0);
+    B = checked_in_range(checked_mul((sequences + W - 1) / W, W, "--target-tokens' sequences"), 1, kMaxSamples,
+                         "--target-tokens / --seq-len's longest, in sequences");
   }
-  const int64_t extra = margin.fit_residual_bytes + margin.allocator_fragmentation_bytes + margin.fixed_bytes;
+  const int64_t T = B / W;
+
+  // The margin, by the sample plans' rule (margin_model), on the activations of the worst
+  // microbatch: per padded token at T_max.
+  const double per_token = f.bytes_per_token + f.bytes_per_token_squared * static_cast<double>(t_max);
+  const MarginModel mm = margin_model(request.headroom, f.max_abs_residual_bytes, profile, per_token);
   // c0 + (1 + fraction)·B·per_token + extra <= budget: B from the closed form, then the fraction's
   // bytes at that B, then the model's own settled budget under what is left.
-  const double room = static_cast<double>(budget - extra) - f.intercept_bytes;
-  const double estimate = room > 0 ? std::floor(room / (per_token * (1.0 + margin.activation_fraction))) : 0.0;
-  margin.activation_bytes = ceil_bytes(margin.activation_fraction * per_token * std::min(estimate, 1e15));
-  const int64_t margin_bytes = extra + margin.activation_bytes;
+  const double room = static_cast<double>(budget - mm.predicted_extra()) - f.intercept_bytes;
+  const double estimate = room > 0 ? std::floor(room / (per_token * (1.0 + mm.fraction))) : 0.0;
+  const int64_t estimate_tokens = static_cast<int64_t>(std::min(estimate, 1e15));
+  const Margin margin = mm.describe(estimate_tokens, false);
+  const int64_t margin_bytes = mm.bytes_at(estimate_tokens, false);
   const int64_t usable = budget - margin_bytes;
   int64_t token_budget = usable > 0 ? model.token_budget(usable, t_max) : 0;
   // No microbatch holds more than the per-rank window; none at T_max as large as one that failed.
@@ -648,7 +665,8 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   }
   const int64_t m_max = std::min(token_budget / t_max, T);
   if (T / m_max + (T % m_max != 0 ? 1 : 0) > kMaxAccumulationSteps) {
-    throw InfeasibleError("--target-batch " + std::to_string(B) + ": " + std::to_string(T) + " samples per rank padded to " +
+    throw InfeasibleError(std::string(request.target_tokens ? "--target-tokens" : "--target-batch") + " " +
+                          std::to_string(request.target_tokens.value_or(B)) + ": " + std::to_string(T) + " samples per rank padded to " +
                           std::to_string(t_max) + " tokens at " + std::to_string(m_max) + " per microbatch need more than " +
                           std::to_string(kMaxAccumulationSteps) + " microbatches per window. Lower --target-batch or raise "
                           "--memory-budget");
@@ -656,18 +674,8 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   const std::vector<int64_t> sizes = split_samples(T, m_max, request.split, 1);
 
   Plan plan;
-  plan.target_batch = B;
-  plan.world_size = W;
-  plan.per_rank_batch = T;
-  plan.microbatch_sizes = sizes;
-  plan.micro_batch = *std::max_element(sizes.begin(), sizes.end());
-  plan.accumulation_steps = static_cast<int64_t>(sizes.size());
-  for (auto n : sizes) plan.weights.push_back(static_cast<double>(n) / static_cast<double>(T));
-  plan.max_micro_batch = m_max;
-  plan.split = request.split;
-  plan.uniform.micro_batch = largest_divisor_at_most(T, m_max, 1);
-  plan.uniform.accumulation_steps = T / plan.uniform.micro_batch;
-  plan.tokens = TokenBudget{token_budget, t_max, model.longest_sequence(usable)};
+  fill_window(plan, B, W, sizes, m_max, request);
+  plan.tokens = TokenBudget{token_budget, t_max, model.longest_sequence(usable), request.target_tokens};
   // Confirmed by a window at T_max of at least the budget's sequences, within the budget.
   const Trial* ran = nullptr;
   for (const auto& t : profile.trials) {
@@ -699,9 +707,7 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   plan.fit.slope_bytes_per_sample = mem.activation_bytes_per_sample;
   plan.fit.residuals_bytes = f.residuals_bytes;
   plan.fit.max_abs_residual_bytes = f.max_abs_residual_bytes;
-  double squares = 0;
-  for (double r : f.residuals_bytes) squares += r * r;
-  plan.fit.rms_residual_bytes = f.residuals_bytes.empty() ? 0.0 : std::sqrt(squares / static_cast<double>(f.residuals_bytes.size()));
+  plan.fit.rms_residual_bytes = f.rms_residual_bytes;
 
   std::ostringstream why;
   why << "Sequences of up to " << t_max << " tokens: a token budget of " << token_budget
@@ -711,6 +717,11 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
       << (f.quadratic ? " + tokens x T x " + std::to_string(f.bytes_per_token_squared) + " bytes" : std::string()) << ")"
       << "; each window is packed longest first under it, so short sequences share a microbatch. Padded to " << t_max
       << " tokens, " << T << " samples per rank would need " << sizes.size() << " microbatches of at most " << m_max << ".";
+  if (request.target_tokens) {
+    why << " Each update is a window of consecutive sequences holding at least " << *request.target_tokens
+        << " valid tokens over all ranks (--target-tokens); at " << t_max << " tokens a sequence that is " << B
+        << " sequences.";
+  }
   plan.reason = why.str();
   plan.device = profile.device;
   plan.model = profile.model;

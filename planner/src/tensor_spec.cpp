@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cctype>
 #include <limits>
+#include <sstream>
+#include <string>
 
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
@@ -170,21 +172,29 @@ std::string SeqLenRange::text() const {
   return min == max ? std::to_string(min) : std::to_string(min) + ".." + std::to_string(max);
 }
 
+namespace {
+
+// One sequence length: a whole number of tokens in [1, kMaxDim]; `fail` throws with the reason.
+template <class Fail>
+int64_t parse_length(const std::string& part, Fail fail) {
+  const std::string t = trim(part);
+  if (!all_digits(t)) fail("'" + cut_for_message(t) + "' is not a whole number of tokens");
+  const size_t nz = t.find_first_not_of('0');
+  if (nz == std::string::npos) fail("a sequence has at least 1 token");
+  if (t.size() - nz > 10 || std::stoll(t.substr(nz)) > kMaxDim) {
+    fail("'" + cut_for_message(t) + "' is out of range [1, " + std::to_string(kMaxDim) + "]");
+  }
+  return std::stoll(t.substr(nz));
+}
+
+}  // namespace
+
 SeqLenRange parse_seq_len(const std::string& text, const std::string& what) {
   auto fail = [&](const std::string& why) -> SeqLenRange {
     throw InputError(what + " '" + cut_for_message(text) + "': " + why +
                      "; expected a length range like 16..1024, or one length like 512");
   };
-  auto number = [&](const std::string& part) -> int64_t {
-    const std::string t = trim(part);
-    if (!all_digits(t)) fail("'" + cut_for_message(t) + "' is not a whole number of tokens");
-    const size_t nz = t.find_first_not_of('0');
-    if (nz == std::string::npos) fail("a sequence has at least 1 token");
-    if (t.size() - nz > 10 || std::stoll(t.substr(nz)) > kMaxDim) {
-      fail("'" + cut_for_message(t) + "' is out of range [1, " + std::to_string(kMaxDim) + "]");
-    }
-    return std::stoll(t.substr(nz));
-  };
+  auto number = [&](const std::string& part) { return parse_length(part, fail); };
   SeqLenRange r;
   const size_t dots = text.find("..");
   if (dots == std::string::npos) {
@@ -195,6 +205,32 @@ SeqLenRange parse_seq_len(const std::string& text, const std::string& what) {
     if (r.min > r.max) fail("the shortest length " + std::to_string(r.min) + " is above the longest " + std::to_string(r.max));
   }
   return r;
+}
+
+std::vector<int64_t> parse_seq_len_list(const std::string& text, const std::string& what) {
+  std::vector<int64_t> lengths;
+  std::istringstream in(text);
+  std::string line;
+  for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
+    const size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    for (char& c : line) {
+      if (c == ',' || c == '\t' || c == '\r') c = ' ';
+    }
+    std::istringstream words(line);
+    std::string word;
+    while (words >> word) {
+      lengths.push_back(parse_length(word, [&](const std::string& why) -> int64_t {
+        throw InputError(what + " line " + std::to_string(line_no) + ": " + why +
+                         "; expected sequence lengths in tokens, one or more per line (whitespace or commas between "
+                         "them, # starts a comment)");
+      }));
+    }
+  }
+  if (lengths.empty()) {
+    throw InputError(what + " holds no sequence lengths; write the observed lengths in tokens, e.g. one per line");
+  }
+  return lengths;
 }
 
 }  // namespace accumplan

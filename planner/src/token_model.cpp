@@ -20,6 +20,7 @@ struct Solved {
   std::vector<double> coef;  // c0, a1[, a2]
   std::vector<double> residuals;
   double max_abs = 0;
+  double rms = 0;
 };
 
 // Weighted least squares over the columns given by `features(point)`, each point weighted by its
@@ -65,7 +66,9 @@ Solved solve(const std::vector<TokenPoint>& pts, size_t columns) {
     for (size_t j = 0; j < columns; ++j) predicted += s.coef[j] * feature(p, j);
     s.residuals.push_back(static_cast<double>(p.peak_bytes) - predicted);
     s.max_abs = std::max(s.max_abs, std::fabs(s.residuals.back()));
+    s.rms += s.residuals.back() * s.residuals.back();
   }
+  s.rms = std::sqrt(s.rms / static_cast<double>(std::max<size_t>(1, pts.size())));
   return s;
 }
 
@@ -97,6 +100,7 @@ TokenMemoryModel TokenMemoryModel::fit(const std::vector<TokenPoint>& points) {
   m.fit_.bytes_per_token = line.coef[1];
   m.fit_.residuals_bytes = line.residuals;
   m.fit_.max_abs_residual_bytes = line.max_abs;
+  m.fit_.rms_residual_bytes = line.rms;
   m.fit_.line_max_abs_residual_bytes = line.max_abs;
   // The T² term needs two sequence lengths to be told apart from the line, and four points to
   // leave a residual worth comparing; it must cost memory (a2 > 0, per-token cost still > 0) and
@@ -110,6 +114,7 @@ TokenMemoryModel TokenMemoryModel::fit(const std::vector<TokenPoint>& points) {
       m.fit_.quadratic = true;
       m.fit_.residuals_bytes = quad.residuals;
       m.fit_.max_abs_residual_bytes = quad.max_abs;
+      m.fit_.rms_residual_bytes = quad.rms;
     }
   }
   return m;
@@ -210,6 +215,27 @@ std::vector<std::vector<int64_t>> pack_by_token_budget(const std::vector<int64_t
     next += take;
   }
   return out;
+}
+
+std::vector<std::pair<int64_t, int64_t>> token_windows(const std::vector<int64_t>& valid_tokens, int64_t target_tokens) {
+  if (target_tokens < 1) {
+    throw InputError("--target-tokens must be at least 1 (valid tokens per update), got " + std::to_string(target_tokens));
+  }
+  std::vector<std::pair<int64_t, int64_t>> windows;
+  int64_t start = 0, tokens = 0;
+  const int64_t n = static_cast<int64_t>(valid_tokens.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = valid_tokens[static_cast<size_t>(i)];
+    if (v < 0) throw InputError("sequence " + std::to_string(i) + " has " + std::to_string(v) + " valid tokens; counts are >= 0");
+    tokens += std::min(v, target_tokens);  // saturates: the window closes here either way
+    if (tokens >= target_tokens) {
+      windows.emplace_back(start, i + 1 - start);
+      start = i + 1;
+      tokens = 0;
+    }
+  }
+  if (start < n) windows.emplace_back(start, n - start);
+  return windows;
 }
 
 }  // namespace accumplan

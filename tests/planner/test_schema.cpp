@@ -63,7 +63,7 @@ TEST_CASE("Schema: plan round-trips and matches its golden file", "[schema][gold
   const Plan plan = golden_plan();
   const auto once = to_json(plan);
   CHECK(once["schema"] == "accumplan.plan");
-  CHECK(once["schema_version"] == "1.3");
+  CHECK(once["schema_version"] == "1.4");
   const auto twice = to_json(plan_from_json(json::parse(once.dump())));
   CHECK(once == twice);
   check_golden("tests/golden/plan.json", once.dump(2) + "\n");
@@ -206,9 +206,9 @@ TEST_CASE("Schema: a 1.0 plan still reads, its flattened profile nested as 1.1 w
   CHECK(old_plan.memory.margin.fixed_bytes == old_plan.memory.budget_bytes - old_plan.memory.usable_bytes);
   r.headroom = headroom_of(old_plan.memory.margin);
   CHECK(make_plan(old_plan.profile, r).microbatch_sizes == old_plan.microbatch_sizes);
-  // Written again, it is a 1.3 plan with the profile nested.
+  // Written again, it is a 1.4 plan with the profile nested.
   const json again = json::parse(to_json(old_plan).dump());
-  CHECK(again["schema_version"] == "1.3");
+  CHECK(again["schema_version"] == "1.4");
   CHECK(again.contains("profile"));
   CHECK_FALSE(again.contains("profile_points"));
 }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "accumplan/errors.h"
+#include "accumplan/json_io.h"
 #include "accumplan/schema.h"
 #include "accumplan/solver.h"
 #include "accumplan/tensor_spec.h"
@@ -130,4 +131,90 @@ TEST_CASE("Token plan: what cannot be planned is refused with the fix", "[token]
   no_lengths.setup.seq_len.clear();
   CHECK_THROWS_WITH(make_plan(no_lengths, token_request(256, 612 * MiB)), Catch::Contains("give --seq-len"));
   CHECK_THROWS_WITH(parse_seq_len("16..x"), Catch::Contains("--seq-len '16..x'"));
+}
+
+TEST_CASE("Token plan: --target-tokens sets the window at the longest length and is kept in the plan",
+          "[token][solver][target-tokens]") {
+  const Profile p = token_profile();
+  PlanRequest r = token_request(0, 612 * MiB);
+  r.target_tokens = 100000;
+  r.world_size = 2;
+  const Plan plan = make_plan(p, r);
+  REQUIRE(plan.tokens.has_value());
+  REQUIRE(plan.tokens->target_tokens == 100000);
+  // ceil(100000 / 1024) = 98 sequences at T_max, already a multiple of 2 ranks.
+  CHECK(plan.target_batch == 98);
+  CHECK(plan.per_rank_batch == 49);
+  // The budget is memory's, as with --target-batch of the same window.
+  CHECK(plan.tokens->token_budget == make_plan(p, [&] {
+          PlanRequest s = token_request(98, 612 * MiB);
+          s.world_size = 2;
+          return s;
+        }()).tokens->token_budget);
+  CHECK_THAT(plan.reason, Catch::Contains("at least 100000 valid tokens"));
+  const Plan back = plan_from_json(nlohmann::json::parse(to_json(plan).dump()));
+  REQUIRE(back.tokens.has_value());
+  CHECK(back.tokens->target_tokens == 100000);
+  // Rounded up to a multiple of the world size: ceil(3000 / 1024) = 3 sequences, 4 on 2 ranks.
+  r.target_tokens = 3000;
+  CHECK(make_plan(p, r).target_batch == 4);
+}
+
+TEST_CASE("Token plan: --target-tokens is refused where it cannot apply", "[token][solver][target-tokens][errors]") {
+  PlanRequest both = token_request(256, 612 * MiB);
+  both.target_tokens = 1000;
+  CHECK_THROWS_WITH(make_plan(token_profile(), both), Catch::Contains("not both"));
+  PlanRequest zero = token_request(0, 612 * MiB);
+  zero.target_tokens = 0;
+  CHECK_THROWS_WITH(check_request(zero), Catch::Contains("--target-tokens must be at least 1"));
+  PlanRequest huge = token_request(0, 612 * MiB);
+  huge.target_tokens = kMaxTargetTokens + 1;
+  CHECK_THROWS_AS(check_request(huge), InputError);
+  // A profile of fixed shapes has no tokens to count.
+  PlanRequest tokens = token_request(0, 612 * MiB);
+  tokens.target_tokens = 1000;
+  CHECK_THROWS_WITH(make_plan(test::linear_profile(40 * MiB, 10 * MiB, MiB), tokens),
+                    Catch::Contains("needs variable-length data") && Catch::Contains("--target-batch"));
+}
+
+TEST_CASE("Token windows: consecutive windows close at the sequence that reaches the target", "[token][windows]") {
+  using W = std::vector<std::pair<int64_t, int64_t>>;
+  CHECK(token_windows({5, 5, 5, 5, 5}, 10) == W{{0, 2}, {2, 2}, {4, 1}});
+  CHECK(token_windows({12, 1, 1}, 10) == W{{0, 1}, {1, 2}});
+  CHECK(token_windows({0, 0, 3}, 2) == W{{0, 3}});
+  CHECK(token_windows({}, 10).empty());
+  CHECK(token_windows({1, 1, 1}, 1) == W{{0, 1}, {1, 1}, {2, 1}});
+  // No sequence lost or repeated, whatever the counts: the windows tile 0..n-1 in order.
+  const std::vector<int64_t> counts = {7, 0, 300, 2, 2, 2, 2, 999, 1, 64, 64, 3};
+  int64_t next = 0;
+  for (const auto& [start, count] : token_windows(counts, 64)) {
+    CHECK(start == next);
+    CHECK(count >= 1);
+    next = start + count;
+  }
+  CHECK(next == static_cast<int64_t>(counts.size()));
+  CHECK_THROWS_WITH(token_windows({1}, 0), Catch::Contains("--target-tokens must be at least 1"));
+  CHECK_THROWS_WITH(token_windows({1, -2}, 4), Catch::Contains("sequence 1 has -2 valid tokens"));
+}
+
+TEST_CASE("Token windows: the C++ rule and the Python reader agree on the shared cases", "[token][windows][python]") {
+  // tests/python/token_windows_cases.json is read by tests/python/test_packing.py as well.
+  const std::string path = std::string(ACCUMPLAN_SOURCE_DIR) + "/tests/python/token_windows_cases.json";
+  const nlohmann::json cases = nlohmann::json::parse(read_text_file(path, "the shared token-window cases")).at("cases");
+  REQUIRE(cases.size() >= 5);
+  for (const auto& c : cases) {
+    std::vector<std::pair<int64_t, int64_t>> expected;
+    for (const auto& w : c.at("windows")) expected.emplace_back(w.at(0).get<int64_t>(), w.at(1).get<int64_t>());
+    INFO(c.dump());
+    CHECK(token_windows(c.at("valid_tokens").get<std::vector<int64_t>>(), c.at("target_tokens").get<int64_t>()) == expected);
+  }
+}
+
+TEST_CASE("Sequence length lists: --seq-len-file's one parser", "[token][seq-len]") {
+  CHECK(parse_seq_len_list("16\n1024\n  300 # a comment\n\n5, 6\t7\r\n") == std::vector<int64_t>{16, 1024, 300, 5, 6, 7});
+  CHECK_THROWS_WITH(parse_seq_len_list("16\n0\n", "--seq-len-file 'l.txt'"),
+                    Catch::Contains("--seq-len-file 'l.txt' line 2") && Catch::Contains("at least 1 token"));
+  CHECK_THROWS_WITH(parse_seq_len_list("16\n12.5\n"), Catch::Contains("line 2") && Catch::Contains("not a whole number"));
+  CHECK_THROWS_WITH(parse_seq_len_list("# only a comment\n"), Catch::Contains("holds no sequence lengths"));
+  CHECK_THROWS_WITH(parse_seq_len_list("99999999999\n"), Catch::Contains("out of range"));
 }

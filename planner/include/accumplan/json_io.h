@@ -33,7 +33,8 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what);
 // The same refusals for any input file (a batch file, a model): InputError unless `path` opens as
 // a regular file; `noun` says what to give instead ("a file written by torch.save").
 void require_regular_file(const std::string& path, const std::string& what, const std::string& noun);
-std::string read_text_file(const std::string& path, const std::string& what);
+std::string read_text_file(const std::string& path, const std::string& what,
+                           const std::string& noun = "a JSON file written by accumplan");
 // Parses `text` as read_json_file does; `where` prefixes messages (e.g. "--plan 'p.json'").
 nlohmann::json parse_json_text(const std::string& text, const std::string& where);
 

@@ -32,8 +32,11 @@ inline constexpr int kSchemaMajor = 1;
 // 1.3: ragged data (sequences of different lengths): a plan may carry `tokens`, the token budget
 // its microbatches are packed under, and setup `padding_mask`. Both are absent from sample plans,
 // which read and mean what they did in 1.2.
-inline constexpr int kSchemaMinor = 3;
-const std::string& schema_version_string();  // "1.3"
+// 1.4: a packed plan may carry `tokens.target_tokens`: each update is a window of consecutive
+// sequences holding at least that many valid tokens (token_windows in token_model.h) instead of
+// target_batch samples. Plans without it read and mean what they did in 1.3.
+inline constexpr int kSchemaMinor = 4;
+const std::string& schema_version_string();  // "1.4"
 
 struct DeviceInfo {
   std::string type;          // "cpu" or "cuda"
@@ -175,6 +178,11 @@ struct TokenBudget {
   int64_t token_budget = 0;            // padded tokens per microbatch
   int64_t max_seq_len = 0;             // the longest sequence the budget was planned (and confirmed) for
   int64_t longest_sequence_alone = 0;  // the longest one sequence the memory model says fits alone
+  // 1.4, --target-tokens: valid tokens per update (over all ranks). Windows are then cut by
+  // token_windows, not by target_batch, and may hold any number of samples; target_batch is the
+  // window at max_seq_len (ceil(target_tokens / max_seq_len) sequences, rounded up to a multiple
+  // of the world size), what the sample fields describe.
+  std::optional<int64_t> target_tokens;
 };
 
 struct UniformSplit {

@@ -42,6 +42,8 @@ HeadroomSpec headroom_of(const Margin& margin);
 
 // No window holds more microbatches than this (2^20); make_plan refuses a request that needs more.
 inline constexpr int64_t kMaxAccumulationSteps = int64_t{1} << 20;
+// --target-tokens at most 2^50 valid tokens per update (2^40 samples of up to 2^10 tokens).
+inline constexpr int64_t kMaxTargetTokens = int64_t{1} << 50;
 
 // The default margin's activation part: this fraction of the batch-dependent activations (a1·b).
 // 2%: about one sample in fifty, so a planned microbatch of 48 keeps one sample's bytes for what
@@ -61,6 +63,10 @@ struct PlanRequest {
   // Variable-length data: the longest sequence to plan the token budget for (default: the
   // profile's setup.seq_len maximum). Used only for a profile of (b, T) points.
   std::optional<int64_t> max_seq_len;
+  // Variable-length data, --target-tokens: valid tokens per update over all ranks, instead of
+  // target_batch (which must then be 0). make_token_plan sets the plan's target_batch to the
+  // window at the longest length (TokenBudget::target_tokens).
+  std::optional<int64_t> target_tokens;
 };
 
 // Splits `total` samples into `parts` sizes that differ by at most `unit`, larger ones first, all

@@ -50,5 +50,9 @@ struct SeqLenRange {
   std::string text() const;  // "16..1024", or "512" when min == max
 };
 SeqLenRange parse_seq_len(const std::string& text, const std::string& what = "--seq-len");
+// The one parser of --seq-len-file's contents: observed sequence lengths in tokens, whitespace or
+// commas between them, '#' to the end of a line a comment. InputError naming `what` and the line
+// for a value that is not a length in [1, 2^31], or for no lengths at all.
+std::vector<int64_t> parse_seq_len_list(const std::string& text, const std::string& what = "--seq-len-file");
 
 }  // namespace accumplan

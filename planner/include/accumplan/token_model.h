@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace accumplan {
@@ -35,6 +36,7 @@ struct TokenFit {
   bool quadratic = false;               // whether a2 was kept
   std::vector<double> residuals_bytes;  // measured − predicted, per point, in input order
   double max_abs_residual_bytes = 0;
+  double rms_residual_bytes = 0;
   double line_max_abs_residual_bytes = 0;  // the line's (a2 = 0) largest residual, for comparison
 };
 
@@ -80,5 +82,15 @@ class TokenMemoryModel {
 // with nothing but the budget. Returns indices into `lengths`; every index appears once. Throws
 // InfeasibleError naming the first sequence longer than the budget.
 std::vector<std::vector<int64_t>> pack_by_token_budget(const std::vector<int64_t>& lengths, int64_t token_budget);
+
+// The windows of a --target-tokens plan (plan.tokens.target_tokens): [start, count) pairs that
+// cut the sequences, in order, into consecutive windows; a window closes at the first sequence
+// that brings its valid tokens to at least `target_tokens`, and the last window holds what is left
+// (it may be short). `valid_tokens` holds each sequence's valid tokens (targets that are not
+// ignore_index), each >= 0. So every full window holds N <= tokens < N + one sequence's, and no
+// sequence is lost or repeated. [5,5,5,5,5] at 10: (0,2) (2,2) (4,1). Empty input: no windows.
+// The Python reader's token_windows follows the same rule (tests/python/token_windows_cases.json
+// holds cases both sides check). Throws InputError for target_tokens < 1 or a negative count.
+std::vector<std::pair<int64_t, int64_t>> token_windows(const std::vector<int64_t>& valid_tokens, int64_t target_tokens);
 
 }  // namespace accumplan
