@@ -120,6 +120,12 @@ ojson provenance(const Plan& plan, const ExportOptions& o, const std::string& no
   a["departs_from_plan"] = departs(plan);
   a["predicted_slowdown"] = departs(plan) ? ojson(std::round(slowdown * 1000.0) / 1000.0) : ojson(1.0);
   a["note"] = note.empty() ? "the uniform split is the plan's own split" : note;
+  if (plan.tokens) {
+    a["tokens"] = ojson{{"token_budget", plan.tokens->token_budget},
+                        {"max_seq_len", plan.tokens->max_seq_len},
+                        {"exported_as", "fixed microbatches padded to at most max_seq_len; packing runs only in accumplan "
+                                        "run and the Python reader"}};
+  }
   return a;
 }
 
@@ -200,12 +206,31 @@ std::string export_plan(const Plan& plan, const std::string& target, std::string
                      "; re-plan it with `accumplan plan`");
   }
   if (note) note->clear();
+  // A packed plan's windows by tokens cannot be expressed as a trainer's batch size: exporting
+  // the sample fields would change the objective (windows of samples), not just the speed.
+  if (plan.tokens && plan.tokens->target_tokens && target != "torchrun") {
+    throw InputError("this plan's windows hold " + std::to_string(*plan.tokens->target_tokens) +
+                     " valid tokens each (--target-tokens), which " + target + " cannot express: it cuts windows by "
+                     "samples. Run the plan itself (accumplan run, `--to torchrun`, or the Python package's "
+                     "token_windows), or re-plan with --target-batch");
+  }
 
   if (target == "torchrun") {
     // accumplan runs the plan itself, balanced split and all: nothing departs from it.
     std::ostringstream s;
-    s << "# accumplan export torchrun: " << plan.target_batch << " samples per step = " << W << " rank(s) x "
-      << plan.per_rank_batch << ", microbatches [" << join_sizes(plan.microbatch_sizes) << "] per rank\n"
+    s << "# accumplan export torchrun: ";
+    if (plan.tokens && plan.tokens->target_tokens) {
+      s << "windows of at least " << *plan.tokens->target_tokens << " valid tokens over " << W << " rank(s)";
+    } else {
+      s << plan.target_batch << " samples per step = " << W << " rank(s) x " << plan.per_rank_batch;
+    }
+    if (plan.tokens) {
+      s << ", each window packed under a token budget of " << plan.tokens->token_budget
+        << " padded tokens (sequences up to " << plan.tokens->max_seq_len << ")\n";
+    } else {
+      s << ", microbatches [" << join_sizes(plan.microbatch_sizes) << "] per rank\n";
+    }
+    s
       << "# add --data FILE and --steps N or --epochs E; on several nodes set --nnodes, --node_rank, "
          "--master_addr, --master_port\n"
       << "# --redirects=1 --tee=1: torchrun 1.13 under Python 3.11 (Debian 12) fails on their default 0; "
@@ -219,7 +244,15 @@ std::string export_plan(const Plan& plan, const std::string& target, std::string
 
   bool by_time = false;
   const double slowdown = uniform_slowdown(plan, &by_time);
-  const std::string what = departure(plan, target, slowdown, by_time);
+  std::string what = departure(plan, target, slowdown, by_time);
+  if (plan.tokens) {
+    // The sample fields are the padded plan: they fit, but every microbatch pads to max_seq_len.
+    what = "this plan packs each window under a token budget of " + std::to_string(plan.tokens->token_budget) +
+           " padded tokens; " + target + " does not pack, so it gets the plan's padded split: microbatches of " +
+           std::to_string(u) + " sequences, each padded to at most " + std::to_string(plan.tokens->max_seq_len) +
+           " tokens (they fit, but pad; packing runs only in accumplan run and the Python reader)" +
+           (what.empty() ? std::string() : "; " + what);
+  }
   if (slowdown > 1.0 + kSlowerBy && !options.allow_slow) {
     const auto [below, above] = nearest_even_targets(plan);
     std::string nearest;

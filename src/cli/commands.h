@@ -7,6 +7,7 @@
 // the device commands come from device_commands.cpp (LibTorch) or no_torch_commands.cpp.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -39,6 +40,12 @@ inline constexpr int kMaxThreads = 1024;
 void add_threads_option(CLI::App* app, int& threads, const std::string& group);
 // at::set_num_threads(threads) when given (threads > 0); LibTorch's default otherwise.
 void apply_threads(int threads);
+
+// --seq-len-file, declared once for the commands that take observed sequence lengths (the main
+// job and `profile`: the lengths to plan for; `run`: synthetic data drawn from them).
+void add_seq_len_file_option(CLI::App* app, std::string& path, const std::string& help, const std::string& group);
+// The lengths in `path` (parse_seq_len_list); InputError naming the file.
+std::vector<int64_t> read_seq_len_file(const std::string& path);
 
 // Writes `text` to `path` atomically, or to stdout when `path` is empty or "-".
 void emit_output(const std::string& path, const std::string& text);

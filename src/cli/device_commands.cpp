@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -20,6 +21,8 @@
 
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
+#include "accumplan/json_io.h"
+#include "accumplan/tensor_spec.h"
 #include "accumplan/memory_probe.h"
 #include "accumplan/report.h"
 #include "accumplan/schema.h"
@@ -64,6 +67,7 @@ struct DeviceArgs {
   std::string out;
   std::string report;  // --report: the plan's picture (accumplan/report.h)
   std::string seq_len;        // --seq-len: variable-length data
+  std::string seq_len_file;   // --seq-len-file: observed lengths, their range planned for
   bool padding_mask = false;  // --padding-mask
 };
 
@@ -91,6 +95,10 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
                   "sequence dimension T: --input int64[B,T]:50257); the plan packs each window under a token "
                   "budget. Default with a ragged --batch-file: its shortest..longest")
       ->group(model_group);
+  add_seq_len_file_option(app, a.seq_len_file,
+                          "variable-length sequences, instead of --seq-len: a text file of observed lengths in tokens "
+                          "(one or more per line); their shortest..longest is planned for",
+                          model_group);
   app->add_flag("--padding-mask", a.padding_mask,
                 "variable-length data: pass the padding mask (bool [b, T], true at padding, as "
                 "src_key_padding_mask) as one more forward argument after the inputs")
@@ -187,7 +195,15 @@ RunnerOptions runner_options(const DeviceArgs& a) {
   s.ignore_index = a.ignore_index;
   s.amp = to_string(parse_amp_mode(a.amp, "--amp"));
   if (a.max_grad_norm_option->count() > 0) s.max_grad_norm = a.max_grad_norm;
+  if (!a.seq_len.empty() && !a.seq_len_file.empty()) {
+    throw InputError("give --seq-len (a range) or --seq-len-file (observed lengths), not both");
+  }
   if (!a.seq_len.empty()) s.seq_len = parse_seq_len(a.seq_len, "--seq-len").text();
+  if (!a.seq_len_file.empty()) {
+    const std::vector<int64_t> lengths = read_seq_len_file(a.seq_len_file);
+    s.seq_len = SeqLenRange{*std::min_element(lengths.begin(), lengths.end()),
+                            *std::max_element(lengths.begin(), lengths.end())}.text();
+  }
   s.padding_mask = a.padding_mask;
   if (!a.batch_file.empty()) {
     if (!a.inputs.empty() || !a.target.empty()) {
@@ -251,6 +267,14 @@ void apply_threads(int threads) {
   if (threads > 0) at::set_num_threads(threads);
 }
 
+void add_seq_len_file_option(CLI::App* app, std::string& path, const std::string& help, const std::string& group) {
+  app->add_option("--seq-len-file", path, help)->group(group);
+}
+
+std::vector<int64_t> read_seq_len_file(const std::string& path) {
+  return parse_seq_len_list(read_text_file(path, "--seq-len-file", "a text file of sequence lengths"), "--seq-len-file '" + cut_for_message(path) + "'");
+}
+
 Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
   // --- the root job: profile, plan, confirm ---------------------------------------------------
   auto args = std::make_shared<DeviceArgs>();
@@ -302,22 +326,30 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
 
   add_executor_commands(root, commands);
   return {&root, [args, &root]() -> int {
-            if (args->model.empty() && args->plan.target_batch == 0) {
+            const bool by_tokens = args->plan.target_tokens_option->count() > 0;
+            if (args->model.empty() && args->plan.target_batch == 0 && !by_tokens) {
               throw InputError("nothing to do: give --model and --target-batch (e.g. accumplan --model "
                                "builtin:convnet --target-batch 256 --device cpu --memory-budget 256MiB), or a "
                                "subcommand; run `accumplan --help`");
             }
             (void)root;
-            if (args->plan.target_batch < 1) {
+            if (args->plan.target_batch < 1 && !by_tokens) {
               throw InputError("--target-batch is required and must be at least 1 (the effective batch per optimizer "
-                               "step), got " + std::to_string(args->plan.target_batch));
+                               "step), got " + std::to_string(args->plan.target_batch) +
+                               "; for variable-length data --target-tokens N may be given instead");
             }
             PlanRequest req = plan_request_from(args->plan);
             check_request(req);  // the planner's own checks, before the device is touched
             RunnerOptions o = runner_options(*args);
+            if (by_tokens && o.setup.seq_len.empty() && !o.batch_file) {
+              throw InputError("--target-tokens " + std::to_string(args->plan.target_tokens) + " counts the tokens of "
+                               "variable-length data: give inputs with a sequence dimension and --seq-len (--input "
+                               "int64[B,T]:50257 --seq-len 16..1024), or a ragged --batch-file; otherwise use --target-batch");
+            }
             const std::shared_ptr<Progress> progress = make_stderr_progress(args->progress, "step", 0);
             o.progress = step_callback(progress);
-            o.max_probe_micro_batch = args->plan.target_batch / args->plan.world_size;
+            // With --target-tokens the window in sequences depends on the lengths: probes are bounded by memory alone.
+            o.max_probe_micro_batch = by_tokens ? 0 : args->plan.target_batch / args->plan.world_size;
             auto probe = open_probe(*args, o);
             ProbeRunner runner(*probe, o);
             Profile profile = runner.profile();

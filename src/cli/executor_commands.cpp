@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <iostream>
 #include <memory>
 #include <random>
@@ -89,6 +90,7 @@ struct RunArgs {
   bool no_recovery = false;
   int64_t synthetic_samples = 0;
   CLI::Option* synthetic_option = nullptr;
+  std::string seq_len_file;  // run: synthetic lengths drawn from these observed ones
   uint64_t seed = 1234;
   int threads = 0;
   int dist_timeout_s = 120;
@@ -204,6 +206,59 @@ auto naming_data_source(const RunArgs& a, Fn&& fn) -> decltype(fn()) {
   }
 }
 
+// Variable-length data without --data: the lengths synthetic sequences are drawn from — the plan's
+// setup.seq_len, no longer than the longest sequence its token budget holds (a re-planned plan
+// after an OOM lowers tokens.max_seq_len). nullopt for fixed shapes.
+std::optional<SeqLenRange> synthetic_range(const Plan& plan) {
+  if (plan.setup.seq_len.empty()) return std::nullopt;
+  SeqLenRange r = parse_seq_len(plan.setup.seq_len, "the plan's setup.seq_len");
+  if (plan.tokens) {
+    r.max = std::min(r.max, plan.tokens->max_seq_len);
+    r.min = std::min(r.min, r.max);
+  }
+  return r;
+}
+
+// `samples` synthetic lengths, seeded: drawn from --seq-len-file's observed lengths when given
+// (each must lie in `range`), else uniformly from `range`.
+std::vector<int64_t> synthetic_lengths(const RunArgs& a, const SeqLenRange& range, int64_t samples) {
+  std::mt19937_64 rng(a.seed);
+  std::vector<int64_t> lengths(static_cast<size_t>(samples));
+  if (a.seq_len_file.empty()) {
+    std::uniform_int_distribution<int64_t> length(range.min, range.max);
+    for (auto& l : lengths) l = length(rng);
+    return lengths;
+  }
+  const std::vector<int64_t> observed = read_seq_len_file(a.seq_len_file);
+  for (size_t i = 0; i < observed.size(); ++i) {
+    if (observed[i] > range.max) {
+      throw InputError("--seq-len-file '" + cut_for_message(a.seq_len_file) + "': length " + std::to_string(observed[i]) +
+                       " (entry " + std::to_string(i + 1) + ") is longer than the " + std::to_string(range.max) +
+                       " tokens the plan's token budget holds; re-plan with these lengths (--seq-len-file) or truncate");
+    }
+  }
+  std::uniform_int_distribution<size_t> pick(0, observed.size() - 1);
+  for (auto& l : lengths) l = observed[pick(rng)];
+  return lengths;
+}
+
+// Synthetic samples for about `windows` global windows: windows x B, or for a --target-tokens
+// plan windows x target_tokens over the mean length less one (next-token targets have one valid
+// token fewer than the sequence), so the data holds at least that many windows.
+int64_t default_synthetic_samples(const RunArgs& a, const Plan& plan, int64_t windows) {
+  const int64_t B = checked_mul(plan.per_rank_batch, plan.world_size, "the global window");
+  if (!plan.tokens || !plan.tokens->target_tokens) return checked_mul(windows, B, "the default synthetic samples");
+  const std::optional<SeqLenRange> range = synthetic_range(plan);
+  double mean = range ? 0.5 * static_cast<double>(range->min + range->max) : 1.0;
+  if (range && !a.seq_len_file.empty()) {
+    const std::vector<int64_t> observed = read_seq_len_file(a.seq_len_file);
+    mean = 0;
+    for (int64_t l : observed) mean += static_cast<double>(l) / static_cast<double>(observed.size());
+  }
+  const double tokens = static_cast<double>(windows) * static_cast<double>(*plan.tokens->target_tokens);
+  return static_cast<int64_t>(std::min(static_cast<double>(kMaxSyntheticSamples), std::ceil(tokens / std::max(1.0, mean - 1.0))));
+}
+
 // The samples to train or verify on, on the CPU (microbatches move to the device one at a time).
 Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) {
   if (!a.data.empty()) {
@@ -228,9 +283,7 @@ Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) 
     }
     return b;
   }
-  // Variable-length data: lengths drawn uniformly from the plan's setup.seq_len (seeded).
-  std::optional<SeqLenRange> range;
-  if (!p.plan.setup.seq_len.empty()) range = parse_seq_len(p.plan.setup.seq_len, "the plan's setup.seq_len");
+  const std::optional<SeqLenRange> range = synthetic_range(p.plan);
   int64_t bytes_per_sample = 0;
   auto add = [&](const TensorSpec& spec) {
     const int64_t item = static_cast<int64_t>(c10::elementSize(scalar_type_of(spec.dtype)));
@@ -248,11 +301,8 @@ Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) 
                      "; give fewer --synthetic-samples or real samples with --data");
   }
   if (range) {
-    std::mt19937_64 rng(a.seed);
-    std::uniform_int_distribution<int64_t> length(range->min, range->max);
-    std::vector<int64_t> lengths(static_cast<size_t>(synthetic_samples));
-    for (auto& l : lengths) l = length(rng);
-    return synthetic_ragged_batch(p.inputs, p.target, lengths, a.seed, p.loss.ignore_index);
+    return synthetic_ragged_batch(p.inputs, p.target, synthetic_lengths(a, *range, synthetic_samples), a.seed,
+                                  p.loss.ignore_index);
   }
   return synthetic_batch(p.inputs, p.target, synthetic_samples, a.seed, at::kCPU);
 }
@@ -333,14 +383,22 @@ int run_command(const RunArgs& a) {
   }
   setup.amp = to_string(amp);
   const int64_t T = p.plan.per_rank_batch;
-  const int64_t B = T * world;  // a global window
+  const int64_t B = T * world;  // a global window (of a --target-tokens plan: the window at its longest length)
+  const std::optional<int64_t> target_tokens = p.plan.tokens ? p.plan.tokens->target_tokens : std::nullopt;
+  if (!a.seq_len_file.empty() && !a.data.empty()) {
+    throw InputError("--seq-len-file draws the lengths of synthetic data; with --data the lengths are the data's own");
+  }
+  if (!a.seq_len_file.empty() && p.plan.setup.seq_len.empty()) {
+    throw InputError("--seq-len-file applies to plans for variable-length data (setup.seq_len); this plan is for fixed shapes");
+  }
+  const int64_t default_samples = default_synthetic_samples(a, p.plan, 4);
 
   // Host data sits in the same allocator as the "device" on CPU; it would sit in host memory on
   // a GPU. Count its bytes so the budget below can exclude them.
   const int64_t before_data_bytes = p.probe->current_bytes();
   // Every rank loads the whole data set (synthetic samples come from the same seed) and takes its
   // share of each window; a sharded loader is the trainer's business, not the plan's.
-  const Batch data = load_data(a, p, a.synthetic_samples > 0 ? a.synthetic_samples : 4 * B);
+  const Batch data = load_data(a, p, a.synthetic_samples > 0 ? a.synthetic_samples : default_samples);
   const int64_t host_data_bytes = p.device.is_cpu() ? std::max<int64_t>(0, p.probe->current_bytes() - before_data_bytes) : 0;
   const int64_t samples = batch_samples(data, "the data");
 
@@ -369,7 +427,7 @@ int run_command(const RunArgs& a) {
   eo.plan_out = rank_path(a.plan_out, rank);
   eo.communicator = comm.get();
 
-  const auto windows = epoch_windows(samples, B);
+  const auto windows = plan_windows(data, p.plan, p.loss.ignore_index);
   const int64_t total = a.steps_option->count() > 0
                             ? a.steps
                             : checked_mul(static_cast<int64_t>(windows.size()), a.epochs_option->count() > 0 ? a.epochs : 1,
@@ -404,11 +462,14 @@ int run_command(const RunArgs& a) {
   }
   Executor ex(p.model.module, *optimizer, p.plan, eo);
   if (lead && parse_progress_mode(a.progress) != ProgressMode::None) {  // --progress none: errors only
-    std::cerr << "accumplan: run: " << total << " windows of up to " << B << " samples (" << samples << " samples in "
-              << windows.size() << " windows per epoch, " << (a.data.empty() ? "synthetic" : a.data) << ")";
+    std::cerr << "accumplan: run: " << total << " windows of "
+              << (target_tokens ? "at least " + std::to_string(*target_tokens) + " valid tokens"
+                                : "up to " + std::to_string(B) + " samples")
+              << " (" << samples << " samples in " << windows.size() << " windows per epoch, "
+              << (a.data.empty() ? "synthetic" : a.data) << ")";
     if (comm) {
       std::cerr << " on " << world << " ranks (" << comm->backend() << "; rank r takes samples r, r+" << world
-                << ", ... of each window: up to " << T << " per rank)";
+                << ", ... of each window" << (target_tokens ? ")" : ": up to " + std::to_string(T) + " per rank)");
     }
     if (p.plan.tokens) {
       std::cerr << ", each window packed longest first under a token budget of " << p.plan.tokens->token_budget
@@ -558,13 +619,20 @@ int verify_command(const RunArgs& a) {
   if (!(a.rtol > 0)) throw InputError("--rtol must be positive, got " + std::to_string(a.rtol));
   Prepared p = prepare(a, "verify");
   const int64_t T = p.plan.per_rank_batch;
-  Batch data = load_data(a, p, T);
+  Batch data = load_data(a, p, default_synthetic_samples(a, p.plan, 1));
   const int64_t n = batch_samples(data, "the data");
-  if (n < T) {
-    std::cerr << "accumplan: note: --data holds " << n << " samples, fewer than the plan's per-rank batch " << T
-              << "; verifying on a window of " << n << "\n";
+  Batch window;
+  if (p.plan.tokens && p.plan.tokens->target_tokens) {
+    // The plan's first window: the sequences that first reach target_tokens valid tokens.
+    const auto [start, count] = plan_windows(data, p.plan, p.loss.ignore_index).front();
+    window = data.slice(start, count);
+  } else {
+    if (n < T) {
+      std::cerr << "accumplan: note: --data holds " << n << " samples, fewer than the plan's per-rank batch " << T
+                << "; verifying on a window of " << n << "\n";
+    }
+    window = data.slice(0, std::min(n, T));
   }
-  const Batch window = data.slice(0, std::min(n, T));
   VerifyOptions vo;
   vo.loss = p.loss;
   vo.rtol = a.rtol;
@@ -639,6 +707,10 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
       run->add_option("--synthetic-samples", args->synthetic_samples,
                       "samples in the synthetic data set when --data is absent, 1.." +
                           std::to_string(kMaxSyntheticSamples) + " (default 4 global windows); held in host memory");
+  add_seq_len_file_option(run, args->seq_len_file,
+                          "variable-length plans without --data: draw the synthetic sequences' lengths from this text "
+                          "file of observed lengths (default: uniform over the plan's setup.seq_len)",
+                          "Options");
   run->add_option("--dist-timeout", args->dist_timeout_s,
                   "seconds a rank waits for its peers (rendezvous and every collective) before failing")
       ->capture_default_str();

@@ -3,11 +3,19 @@
 
 #include <CLI/CLI.hpp>
 
+#include "accumplan/errors.h"
+
 namespace accumplan::cli {
 
-CLI::Option* add_plan_options(CLI::App* app, PlanOptionArgs& a, const std::string& group) {
-  CLI::Option* target =
+void add_plan_options(CLI::App* app, PlanOptionArgs& a, const std::string& group) {
+  CLI::Option* target = a.target_batch_option =
       app->add_option("--target-batch", a.target_batch, "effective batch B per optimizer step, over all ranks")
+          ->group(group);
+  a.target_tokens_option =
+      app->add_option("--target-tokens", a.target_tokens,
+                      "variable-length data, instead of --target-batch: valid tokens per optimizer step, over all "
+                      "ranks; each window is the consecutive sequences that first reach this many")
+          ->excludes(target)
           ->group(group);
   app->add_option("--headroom", a.headroom,
                   "memory kept free below the budget: auto (from what was measured: the fit's largest residual, "
@@ -30,12 +38,18 @@ CLI::Option* add_plan_options(CLI::App* app, PlanOptionArgs& a, const std::strin
                 "off by default: also weigh the measured step times, taking more, smaller microbatches when a "
                 "balanced split is predicted at least 10% faster per window")
       ->group(group);
-  return target;
 }
 
 PlanRequest plan_request_from(const PlanOptionArgs& a) {
   PlanRequest req;
+  const bool tokens = a.target_tokens_option && a.target_tokens_option->count() > 0;
+  const bool batch = a.target_batch_option && a.target_batch_option->count() > 0;
+  if (!tokens && !batch) {
+    throw InputError("give --target-batch N (samples per optimizer step) or, for variable-length data, "
+                     "--target-tokens N (valid tokens per optimizer step)");
+  }
   req.target_batch = a.target_batch;
+  if (tokens) req.target_tokens = a.target_tokens;  // the solver checks the range
   req.world_size = a.world_size;
   req.headroom = parse_headroom(a.headroom, "--headroom");
   // Given means given: the solver refuses K < 1 and M < 1 with their own messages.

@@ -1,6 +1,6 @@
 // cli/plan_options.h — the planning options, declared once for every command that plans.
 //
-// What it is: `--target-batch`, `--headroom`, `--world-size`, `--multiple-of`,
+// What it is: `--target-batch` (or `--target-tokens`), `--headroom`, `--world-size`, `--multiple-of`,
 // `--max-micro-batch`, `--split` and `--use-timing`, with their help text, for `accumplan plan`
 // and the main job (`accumplan --model ... --target-batch ...`), and their conversion into a
 // PlanRequest (solver.h), so the two commands cannot drift apart.
@@ -23,6 +23,9 @@ namespace accumplan::cli {
 
 struct PlanOptionArgs {
   int64_t target_batch = 0;
+  CLI::Option* target_batch_option = nullptr;
+  int64_t target_tokens = 0;
+  CLI::Option* target_tokens_option = nullptr;
   std::string headroom = "auto";
   int64_t world_size = 1;
   int64_t multiple_of = 0;
@@ -33,11 +36,11 @@ struct PlanOptionArgs {
   bool use_timing = false;
 };
 
-// Adds the options to `app` in `group`; returns --target-batch's option (callers mark it required).
-CLI::Option* add_plan_options(CLI::App* app, PlanOptionArgs& args, const std::string& group);
+// Adds the options to `app` in `group`.
+void add_plan_options(CLI::App* app, PlanOptionArgs& args, const std::string& group);
 
 // The request the options describe (budget left unset: the caller's). Throws InputError for a bad
-// --headroom.
+// --headroom, or when neither --target-batch nor --target-tokens was given.
 PlanRequest plan_request_from(const PlanOptionArgs& args);
 
 }  // namespace accumplan::cli

@@ -49,7 +49,7 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
   CLI::App* plan = root.add_subcommand(
       "plan", "Plan from a saved profile (no device needed): microbatch, accumulation, weights.");
   plan->add_option("--profile", args->profile, "profile.json written by `accumplan profile`")->required();
-  add_plan_options(plan, args->plan, "Plan")->required();
+  add_plan_options(plan, args->plan, "Plan");
   plan->add_option("--memory-budget", args->budget,
                    "device memory to plan for: 512MiB, 12GiB, 1.5GB, bytes, or 90% (default: the "
                    "profiled device's total)")

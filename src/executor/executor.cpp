@@ -14,6 +14,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
 #include "accumplan/token_model.h"
@@ -93,6 +94,24 @@ int64_t batch_samples(const Batch& batch, const std::string& what) {
   check(batch.target, "the target");
   if (!n) throw InputError(what + " holds no tensors");
   return *n;
+}
+
+std::vector<int64_t> valid_tokens_per_sample(const Batch& data, int64_t ignore_index) {
+  if (!data.ragged()) {
+    throw InputError("windows by tokens (--target-tokens) need ragged data: a torch.save([list_of_1d_token_tensors, "
+                     "targets]) file, or synthetic lengths from the plan's setup.seq_len");
+  }
+  const at::Tensor& t = data.target;
+  if (!t.defined() || t.dim() < 2 || at::isFloatingType(t.scalar_type())) return data.sequence_lengths();
+  const at::Tensor counts = t.ne(ignore_index).reshape({t.size(0), -1}).sum(1).to(at::kLong).contiguous();
+  return std::vector<int64_t>(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
+}
+
+std::vector<std::pair<int64_t, int64_t>> plan_windows(const Batch& data, const Plan& plan, int64_t ignore_index) {
+  if (plan.tokens && plan.tokens->target_tokens) {
+    return token_windows(valid_tokens_per_sample(data, ignore_index), *plan.tokens->target_tokens);
+  }
+  return epoch_windows(batch_samples(data, "the data"), checked_mul(plan.per_rank_batch, plan.world_size, "the global window"));
 }
 
 Batch shard_window(const Batch& window, int rank, int world_size) {
@@ -227,8 +246,7 @@ void Executor::recover_packed(int64_t failing_tokens, int64_t longest_sequence, 
         " tokens, and one sequence cannot be split. Truncate the sequences to fewer tokens, or raise the budget" +
         (limit ? " (enforced: " + format_bytes(*limit) + ")" : std::string()) + " (" + first_line(what) + ")");
   }
-  plan_.tokens->token_budget = budget;
-  plan_.tokens->max_seq_len = std::min(plan_.tokens->max_seq_len, budget);
+  plan_ = repack_below(plan_, failing_tokens);
   ++totals_.oom_recoveries;
   log("out of memory in window " + std::to_string(where.window) + " at microbatch " + std::to_string(where.index + 1) +
       " of " + std::to_string(where.count) + " (" + std::to_string(failing_tokens) +
@@ -318,12 +336,14 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
   st.samples = global[1];
   st.valid_tokens = global[2];
   // Every rank sees the same numbers, so every rank throws the same error: nobody is left waiting.
-  if (world == 1 && (n < 1 || n > plan_.per_rank_batch)) {
+  // A --target-tokens plan's windows are cut by tokens (token_windows) and hold any number of samples.
+  const bool by_tokens = packed && plan_.tokens->target_tokens.has_value();
+  if (world == 1 && (n < 1 || (n > plan_.per_rank_batch && !by_tokens))) {
     throw InputError("a window holds 1.." + std::to_string(plan_.per_rank_batch) +
                      " samples (the plan's per-rank batch); got " + std::to_string(n));
   }
   if (st.samples < 1) throw InputError("window " + std::to_string(window_index_) + " holds no samples on any rank");
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < world && !by_tokens; ++r) {
     if (rank_samples[static_cast<size_t>(r)] > plan_.per_rank_batch) {
       throw InputError("rank " + std::to_string(r) + " was handed " + std::to_string(rank_samples[static_cast<size_t>(r)]) +
                        " samples of a global window of " + std::to_string(st.samples) + ", more than the plan's per-rank "

@@ -239,6 +239,16 @@ class Executor {
 // in order, the last one short when per_rank_batch does not divide samples.
 std::vector<std::pair<int64_t, int64_t>> epoch_windows(int64_t samples, int64_t per_rank_batch);
 
+// The valid tokens of each sample of ragged data, what --target-tokens windows are cut by: its
+// positions whose integer target is not `ignore_index` ([B,T] class targets), else its length
+// (float per-token targets, or no target). InputError for data that is not ragged.
+std::vector<int64_t> valid_tokens_per_sample(const Batch& data, int64_t ignore_index);
+
+// The global windows of one epoch of `data` under `plan`, [start, count) in order: for a
+// --target-tokens plan token_windows (accumplan/token_model.h) over valid_tokens_per_sample, else
+// epoch_windows of plan.per_rank_batch × world_size samples.
+std::vector<std::pair<int64_t, int64_t>> plan_windows(const Batch& data, const Plan& plan, int64_t ignore_index);
+
 // Rank `rank`'s share of a global window under the strided rule: samples rank, rank+world,
 // rank+2·world, ... (views, no copy). A window of 7 on 2 ranks: 4 and 3 samples; of 1: 1 and 0.
 // Every rank can compute every share, which is why the rule is strided rather than blocks.

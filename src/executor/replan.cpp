@@ -8,6 +8,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/solver.h"
+#include "accumplan/token_model.h"
 #include "accumplan/units.h"
 
 namespace accumplan {
@@ -127,6 +128,34 @@ Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* no
                 " ran out of memory: " + std::to_string(next.accumulation_steps) + " microbatches (" +
                 join_sizes(next.microbatch_sizes) + ").";
   if (note) *note = how.str();
+  return next;
+}
+
+Plan repack_below(const Plan& plan, int64_t failing_tokens) {
+  if (!plan.tokens) throw InputError("repack_below needs a packed plan (plan.tokens)");
+  if (failing_tokens <= 1) {
+    throw InfeasibleError("out of memory at a microbatch of 1 padded token: nothing smaller can be tried; raise the "
+                          "budget or free device memory");
+  }
+  Plan next = plan;
+  TokenBudget& tb = *next.tokens;
+  tb.token_budget = std::min(tb.token_budget, failing_tokens - 1);
+  tb.max_seq_len = std::min(tb.max_seq_len, tb.token_budget);
+  const int64_t m_max = std::max<int64_t>(1, tb.token_budget / tb.max_seq_len);
+  set_sizes(next, split_samples(plan.per_rank_batch, m_max, plan.split == "uniform" ? "uniform" : "balanced", 1), m_max, 1);
+  std::vector<TokenPoint> pts;
+  for (const auto& p : plan.profile.points) {
+    if (p.seq_len) pts.push_back({p.micro_batch, *p.seq_len, p.peak_bytes});
+  }
+  try {
+    next.memory.predicted_peak_bytes = TokenMemoryModel::fit(pts).worst_packed_peak_bytes(tb.token_budget, tb.max_seq_len);
+  } catch (const InputError&) {
+    // No token profile to predict from (a plan written by hand): the old prediction stays, an upper bound.
+  }
+  next.confirmed = false;
+  next.confirmed_peak_bytes.reset();
+  next.reason = plan.reason + " Re-packed during training after a microbatch of " + std::to_string(failing_tokens) +
+                " padded tokens ran out of memory: token budget " + std::to_string(tb.token_budget) + ".";
   return next;
 }
 

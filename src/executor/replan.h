@@ -23,6 +23,13 @@ namespace accumplan {
 // problem, not something to retry. `note` (optional) receives how the new plan was made.
 Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* note = nullptr);
 
+// A packed plan (plan.tokens) after a microbatch of `failing_tokens` padded tokens ran out of
+// memory: the token budget drops below it (and max_seq_len to at most the budget), the sample
+// fields are re-split at budget / max_seq_len sequences, and the predicted peak is the worst
+// packed microbatch under the new budget (the token model of the plan's profile, when it has one).
+// Unconfirmed; `reason` says why. InfeasibleError when failing_tokens <= 1.
+Plan repack_below(const Plan& plan, int64_t failing_tokens);
+
 // Microbatch sizes for a window of `samples` (== per_rank_batch: the plan's own sizes; fewer: a
 // short last window split with split_samples under the plan's largest microbatch, which was
 // confirmed or survived training, so the short window never uses a size the full one did not).

@@ -11,6 +11,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/solver.h"
+#include "accumplan/token_model.h"
 #include "accumplan/units.h"
 #include "executor/executor.h"
 #include "runtime/model.h"
@@ -27,9 +28,10 @@ void clear_grads(const torch::jit::Module& module) {
 
 // One forward in float32 (no autocast: verification compares at float32 precision) through the
 // runtime's one step (runtime/step.h), on the device the module's parameters live on.
-LossSum forward_loss(torch::jit::Module& module, const Batch& batch, const LossConfig& loss) {
+LossSum forward_loss(torch::jit::Module& module, const Batch& batch, const LossConfig& loss, bool padding_mask) {
   const auto params = trainable_parameters(module);
-  const StepConfig config{loss, AmpMode::None, params.empty() ? at::Device(at::kCPU) : params.front().device(), nullptr};
+  StepConfig config{loss, AmpMode::None, params.empty() ? at::Device(at::kCPU) : params.front().device(), nullptr};
+  config.padding_mask = padding_mask;
   return accumplan::forward_loss(module, batch, config);
 }
 
@@ -116,10 +118,10 @@ std::vector<at::Tensor> gradients_of(const torch::jit::Module& module) {
 }
 
 std::vector<at::Tensor> combined_gradients(torch::jit::Module module, const Batch& window, const LossConfig& loss,
-                                           double* loss_out) {
+                                           double* loss_out, bool padding_mask) {
   module.train();
   clear_grads(module);
-  const LossSum ls = forward_loss(module, window, loss);
+  const LossSum ls = forward_loss(module, window, loss, padding_mask);
   if (ls.units == 0) throw InputError("the window has no valid units to compute a loss over");
   const at::Tensor mean = ls.sum / static_cast<double>(ls.units);
   if (loss_out) *loss_out = mean.detach().item<double>();
@@ -131,13 +133,13 @@ std::vector<at::Tensor> combined_gradients(torch::jit::Module module, const Batc
 
 std::vector<at::Tensor> naive_accumulated_gradients(torch::jit::Module module, const Batch& window,
                                                     const std::vector<int64_t>& sizes, const LossConfig& loss,
-                                                    NaiveWeighting weighting, int64_t k) {
+                                                    NaiveWeighting weighting, int64_t k, bool padding_mask) {
   (void)weighting;  // one recipe so far: MeanOverK
   module.train();
   clear_grads(module);
   int64_t start = 0;
   for (const int64_t n : sizes) {
-    const LossSum ls = forward_loss(module, window.slice(start, n), loss);
+    const LossSum ls = forward_loss(module, window.slice(start, n), loss, padding_mask);
     start += n;
     if (ls.units == 0) continue;
     // "loss = criterion(out, y) / accum_iter": the microbatch MEAN over k.
@@ -150,14 +152,24 @@ std::vector<at::Tensor> naive_accumulated_gradients(torch::jit::Module module, c
 
 namespace {
 
+// `sizes` empty: a packed plan, whose executor packs the window under plan.tokens itself.
 VerifyScenario run_scenario(const torch::jit::Module& module, const Batch& window, const std::vector<int64_t>& sizes,
                             int64_t naive_k, const Plan& plan, const VerifyOptions& options) {
   VerifyScenario sc;
   sc.ran = true;
   sc.samples = batch_samples(window);
-  sc.sizes = sizes;
-  for (int64_t start = 0, i = 0; i < static_cast<int64_t>(sizes.size()); start += sizes[i], ++i) {
-    sc.units_per_microbatch.push_back(count_units(window.slice(start, sizes[i]).target, sizes[i], options.loss));
+  const bool mask = plan.setup.padding_mask;
+  if (sizes.empty()) {
+    for (const auto& group : pack_by_token_budget(window.sequence_lengths(), plan.tokens->token_budget)) {
+      sc.sizes.push_back(static_cast<int64_t>(group.size()));
+      sc.units_per_microbatch.push_back(
+          count_units(window.gather(group).target, static_cast<int64_t>(group.size()), options.loss));
+    }
+  } else {
+    sc.sizes = sizes;
+    for (int64_t start = 0, i = 0; i < static_cast<int64_t>(sizes.size()); start += sizes[i], ++i) {
+      sc.units_per_microbatch.push_back(count_units(window.slice(start, sizes[i]).target, sizes[i], options.loss));
+    }
   }
   const auto names = parameter_names(module);
 
@@ -168,6 +180,7 @@ VerifyScenario run_scenario(const torch::jit::Module& module, const Batch& windo
   ExecutorOptions eo;
   eo.loss = options.loss;
   eo.oom_recovery = false;
+  eo.padding_mask = mask;
   eo.log = [](const std::string&) {};
   Executor ex(acc, acc_opt, plan, eo);
   at::manual_seed(options.seed);
@@ -185,7 +198,7 @@ VerifyScenario run_scenario(const torch::jit::Module& module, const Batch& windo
   torch::optim::SGD comb_opt(comb_params, torch::optim::SGDOptions(options.sgd_lr));
   at::manual_seed(options.seed);
   double comb_loss = 0;
-  const auto comb_grads = combined_gradients(comb, window, options.loss, &comb_loss);
+  const auto comb_grads = combined_gradients(comb, window, options.loss, &comb_loss, mask);
   for (size_t i = 0; i < comb_params.size(); ++i) comb_params[i].mutable_grad() = comb_grads[i].clone();
   comb_opt.step();
   sc.combined_optimizer_steps = 1;
@@ -196,10 +209,10 @@ VerifyScenario run_scenario(const torch::jit::Module& module, const Batch& windo
   sc.gradients = compare_tensors(acc_grads, comb_grads, names);
   sc.updates = compare_tensors(acc_after, comb_after, names);
   sc.loss_rel_diff = std::abs(sc.loss_accumulated - sc.loss_combined) / std::max(std::abs(sc.loss_combined), 1e-30);
-  if (naive_k > 0) {
+  if (naive_k > 0 && !sizes.empty()) {
     at::manual_seed(options.seed);
     const auto naive = naive_accumulated_gradients(clone_module(module), window, sizes, options.loss,
-                                                   NaiveWeighting::MeanOverK, naive_k);
+                                                   NaiveWeighting::MeanOverK, naive_k, mask);
     sc.naive_max_rel = compare_tensors(naive, comb_grads, names).max_rel;
   }
   sc.pass = sc.gradients.within(options.rtol) && sc.updates.within(options.rtol) && sc.loss_rel_diff <= options.rtol &&
@@ -236,65 +249,93 @@ VerifyReport verify_accumulation(const torch::jit::Module& module, const Batch& 
         "weighting; use a larger microbatch, GroupNorm/LayerNorm, or accept the difference knowingly");
   }
 
-  // equal: k >= 2 equal microbatches of at most the plan's microbatch.
-  {
-    int64_t d = largest_divisor_at_most(T, m);
-    if (d == T && T > 1) d = largest_divisor_at_most(T, T / 2);
-    const std::vector<int64_t> sizes(static_cast<size_t>(T / d), d);
-    auto sc = run_scenario(module, window, sizes, static_cast<int64_t>(sizes.size()), plan, options);
-    sc.name = "equal";
-    sc.description = std::to_string(sizes.size()) + " equal microbatches of " + std::to_string(d);
-    rep.scenarios.push_back(std::move(sc));
-  }
-  // unequal: the plan's sizes when they differ, else the fewest balanced parts that are unequal.
-  std::vector<int64_t> unequal;
-  if (!all_equal(plan.microbatch_sizes) && plan.per_rank_batch == T) {
-    unequal = plan.microbatch_sizes;
-  } else {
-    for (int64_t k = std::max<int64_t>(2, (T + m - 1) / m); k <= T && unequal.empty(); ++k) {
-      if (T % k != 0) unequal = balanced_split(T, k);
+  if (plan.tokens) {
+    if (!window.ragged()) {
+      throw InputError("this plan packs ragged data by tokens (plan.tokens) but the samples have no sequence lengths; "
+                       "verify with --data holding torch.save([list_of_1d_token_tensors, targets]) or without --data");
     }
-  }
-  if (unequal.empty()) {
-    rep.scenarios.push_back(not_run("unequal", "every split of " + std::to_string(T) + " samples is equal"));
+    const std::vector<int64_t> lengths = window.sequence_lengths();
+    const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+    auto packed = [&](const std::string& name, const Batch& w, const Plan& p, const std::string& how) {
+      auto sc = run_scenario(module, w, {}, 0, p, options);
+      sc.name = name;
+      sc.description = how + ": " + std::to_string(sc.sizes.size()) + " microbatches of " + join_sizes(sc.sizes) +
+                       " sequences, " + join_sizes(sc.units_per_microbatch) + " units";
+      rep.scenarios.push_back(std::move(sc));
+    };
+    packed("packed", window, plan, "packed under the plan's token budget of " + std::to_string(plan.tokens->token_budget));
+    Plan tight = plan;
+    tight.tokens->token_budget = longest;
+    tight.tokens->max_seq_len = std::min(tight.tokens->max_seq_len, longest);
+    packed("packed-tight", window, tight, "packed under a token budget of " + std::to_string(longest) + " (the longest sequence)");
+    if (T < 2) {
+      rep.scenarios.push_back(not_run("partial", "a window of " + std::to_string(T) + " sequence is too small to shorten"));
+    } else {
+      const int64_t n = T - std::max<int64_t>(1, T / 4);
+      packed("partial", window.slice(0, n), tight, "a short window of " + std::to_string(n) + " of " + std::to_string(T) +
+                                                      " sequences, packed under " + std::to_string(longest));
+    }
   } else {
-    auto sc = run_scenario(module, window, unequal, static_cast<int64_t>(unequal.size()), plan, options);
-    sc.name = "unequal";
-    sc.description = "unequal microbatches " + join_sizes(unequal) + " (the mean of microbatch means would differ)";
-    rep.scenarios.push_back(std::move(sc));
-  }
-  // partial: the last window of an epoch, shorter than the plan's per-rank batch, with its own N.
-  if (T < 3) {
-    rep.scenarios.push_back(not_run("partial", "a window of " + std::to_string(T) + " samples is too small to shorten"));
-  } else {
-    const int64_t n = T - std::max<int64_t>(1, T / 4);
-    const int64_t cap = std::max<int64_t>(1, std::min(m, (n + 1) / 2));
-    const auto sizes = split_samples(n, cap, "balanced");
-    auto sc = run_scenario(module, window.slice(0, n), sizes, std::max<int64_t>(1, plan.accumulation_steps), plan,
-                           options);
-    sc.name = "partial";
-    sc.description = "a short last window of " + std::to_string(n) + " of " + std::to_string(T) + " samples as " +
-                     join_sizes(sizes) + " (dividing by the plan's k = " + std::to_string(plan.accumulation_steps) +
-                     " would differ)";
-    rep.scenarios.push_back(std::move(sc));
-  }
-  // token masks: a different number of valid tokens in every microbatch.
-  const at::Tensor& target = window.target;
-  const bool token_target = options.loss.kind == "cross_entropy" && target.defined() && target.dim() == 2 &&
-                            !at::isFloatingType(target.scalar_type()) && target.size(1) >= 2;
-  if (!token_target) {
-    rep.scenarios.push_back(not_run("token-masks", "the target is not per-token (cross_entropy over [B,T] targets)"));
-  } else {
-    std::vector<int64_t> sizes = unequal.empty() ? std::vector<int64_t>(static_cast<size_t>(T), 1) : unequal;
-    if (sizes.size() < 2) sizes = {T};
-    Batch masked = window;
-    masked.target = masked_target(target, sizes, options.loss.ignore_index);
-    auto sc = run_scenario(module, masked, sizes, static_cast<int64_t>(sizes.size()), plan, options);
-    sc.name = "token-masks";
-    sc.description = "microbatches " + join_sizes(sizes) + " with " + join_sizes(sc.units_per_microbatch) +
-                     " units (" + rep.normalization + " normalization)";
-    rep.scenarios.push_back(std::move(sc));
-  }
+    // equal: k >= 2 equal microbatches of at most the plan's microbatch.
+    {
+      int64_t d = largest_divisor_at_most(T, m);
+      if (d == T && T > 1) d = largest_divisor_at_most(T, T / 2);
+      const std::vector<int64_t> sizes(static_cast<size_t>(T / d), d);
+      auto sc = run_scenario(module, window, sizes, static_cast<int64_t>(sizes.size()), plan, options);
+      sc.name = "equal";
+      sc.description = std::to_string(sizes.size()) + " equal microbatches of " + std::to_string(d);
+      rep.scenarios.push_back(std::move(sc));
+    }
+    // unequal: the plan's sizes when they differ, else the fewest balanced parts that are unequal.
+    std::vector<int64_t> unequal;
+    if (!all_equal(plan.microbatch_sizes) && plan.per_rank_batch == T) {
+      unequal = plan.microbatch_sizes;
+    } else {
+      for (int64_t k = std::max<int64_t>(2, (T + m - 1) / m); k <= T && unequal.empty(); ++k) {
+        if (T % k != 0) unequal = balanced_split(T, k);
+      }
+    }
+    if (unequal.empty()) {
+      rep.scenarios.push_back(not_run("unequal", "every split of " + std::to_string(T) + " samples is equal"));
+    } else {
+      auto sc = run_scenario(module, window, unequal, static_cast<int64_t>(unequal.size()), plan, options);
+      sc.name = "unequal";
+      sc.description = "unequal microbatches " + join_sizes(unequal) + " (the mean of microbatch means would differ)";
+      rep.scenarios.push_back(std::move(sc));
+    }
+    // partial: the last window of an epoch, shorter than the plan's per-rank batch, with its own N.
+    if (T < 3) {
+      rep.scenarios.push_back(not_run("partial", "a window of " + std::to_string(T) + " samples is too small to shorten"));
+    } else {
+      const int64_t n = T - std::max<int64_t>(1, T / 4);
+      const int64_t cap = std::max<int64_t>(1, std::min(m, (n + 1) / 2));
+      const auto sizes = split_samples(n, cap, "balanced");
+      auto sc = run_scenario(module, window.slice(0, n), sizes, std::max<int64_t>(1, plan.accumulation_steps), plan,
+                             options);
+      sc.name = "partial";
+      sc.description = "a short last window of " + std::to_string(n) + " of " + std::to_string(T) + " samples as " +
+                       join_sizes(sizes) + " (dividing by the plan's k = " + std::to_string(plan.accumulation_steps) +
+                       " would differ)";
+      rep.scenarios.push_back(std::move(sc));
+    }
+    // token masks: a different number of valid tokens in every microbatch.
+    const at::Tensor& target = window.target;
+    const bool token_target = options.loss.kind == "cross_entropy" && target.defined() && target.dim() == 2 &&
+                              !at::isFloatingType(target.scalar_type()) && target.size(1) >= 2;
+    if (!token_target) {
+      rep.scenarios.push_back(not_run("token-masks", "the target is not per-token (cross_entropy over [B,T] targets)"));
+    } else {
+      std::vector<int64_t> sizes = unequal.empty() ? std::vector<int64_t>(static_cast<size_t>(T), 1) : unequal;
+      if (sizes.size() < 2) sizes = {T};
+      Batch masked = window;
+      masked.target = masked_target(target, sizes, options.loss.ignore_index);
+      auto sc = run_scenario(module, masked, sizes, static_cast<int64_t>(sizes.size()), plan, options);
+      sc.name = "token-masks";
+      sc.description = "microbatches " + join_sizes(sizes) + " with " + join_sizes(sc.units_per_microbatch) +
+                       " units (" + rep.normalization + " normalization)";
+      rep.scenarios.push_back(std::move(sc));
+    }
+  }  // sample plans
 
   rep.pass = std::all_of(rep.scenarios.begin(), rep.scenarios.end(), [](const VerifyScenario& s) { return s.pass; });
   if (!rep.pass) {

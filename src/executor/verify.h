@@ -50,8 +50,9 @@ GradientComparison compare_tensors(const std::vector<at::Tensor>& a, const std::
 // Gradients of the combined window's mean loss (one forward/backward of all samples), computed on
 // `module` itself (callers pass a clone): sum of unit losses / units, float32, no autocast.
 // `loss_out` receives that mean loss.
+// `padding_mask`: ragged data, the mask goes in as one more forward argument (StepConfig).
 std::vector<at::Tensor> combined_gradients(torch::jit::Module module, const Batch& window, const LossConfig& loss,
-                                           double* loss_out = nullptr);
+                                           double* loss_out = nullptr, bool padding_mask = false);
 
 // The weightings public trainers have shipped, for demonstrating that a check catches them:
 //   MeanOverK   each microbatch's MEAN loss divided by `k` (the "loss / accum_iter" recipe):
@@ -61,7 +62,7 @@ std::vector<at::Tensor> combined_gradients(torch::jit::Module module, const Batc
 enum class NaiveWeighting { MeanOverK };
 std::vector<at::Tensor> naive_accumulated_gradients(torch::jit::Module module, const Batch& window,
                                                     const std::vector<int64_t>& sizes, const LossConfig& loss,
-                                                    NaiveWeighting weighting, int64_t k);
+                                                    NaiveWeighting weighting, int64_t k, bool padding_mask = false);
 
 // A deep copy whose parameters are fresh leaf tensors with the same requires_grad. (Module::
 // deepcopy clones under autograd, so its parameters would be non-leaf CloneBackward outputs that
@@ -109,7 +110,13 @@ struct VerifyOptions {
 };
 
 // Runs every scenario that applies to `window` (the plan's per-rank batch of samples). The
-// module is cloned for each run, so it is left unchanged.
+// module is cloned for each run, so it is left unchanged. Ragged data passes the padding mask as
+// the plan's setup.padding_mask says, in both updates. A packed plan (plan.tokens) is checked as it
+// trains: "packed" — the window packed under the plan's token budget; "packed-tight" — under a
+// budget of the window's longest sequence, the most microbatches of the most different lengths;
+// "partial" — a short window packed; the combined update is one forward of the whole window
+// padded to its longest (padding must not change the valid tokens' outputs: with attention, that
+// needs the mask).
 VerifyReport verify_accumulation(const torch::jit::Module& module, const Batch& window, const Plan& plan,
                                  const VerifyOptions& options);
 

@@ -224,6 +224,15 @@ inline Scenario make_scenario(const std::string& name) {
     s.loss.kind = "cross_entropy";
     s.loss.normalization = Normalization::Tokens;
     s.reference_kind = "ce_tokens";  // ATen's mean over the valid tokens of the padded window
+  } else if (name == "token-windows") {
+    // The same 14 sequences under a --target-tokens plan of 60 valid tokens per update (every
+    // target valid: a sequence's valid tokens are its length): windows of 16+3+12+7+9+15 = 62
+    // tokens (6 sequences, 3 per rank) and the 8 that remain (59, 4 per rank), each share larger
+    // than the sample fields' per-rank batch of 2.
+    s = make_scenario("packed");
+    s.plan = per_rank_plan({2}, kWorld, "cross_entropy");
+    s.plan.tokens = TokenBudget{24, 16, 16, 60};
+    s.windows = {{0, 6}, {6, 8}};
   } else {
     throw std::runtime_error("unknown scenario " + name);
   }

@@ -311,6 +311,25 @@ TEST_CASE("2 ranks, packed ragged windows with an OOM on rank 1: both re-pack un
   check_matches_reference(runs[0], runs[0], ref, 1, "dist packed, second window");
 }
 
+TEST_CASE("2 ranks, windows by tokens (--target-tokens): shares above the per-rank batch, weighted by the global "
+          "valid tokens, match the full-window update", "[dist][packing][target-tokens]") {
+  const Scenario s = make_scenario("token-windows");
+  // The windows the scenario hands out are the plan's own (token_windows over each sequence's valid tokens).
+  CHECK(plan_windows(s.data, s.plan, -100) == s.windows);
+  const auto& runs = run_scenario("token-windows");
+  const Reference ref = reference_updates(s);
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r);
+    const json& st = runs[static_cast<size_t>(r)].stats;
+    CHECK(st["windows"][0]["local_samples"] == 3);
+    CHECK(st["windows"][1]["local_samples"] == 4);
+    CHECK(st["windows"][0]["units"] == 62);
+    CHECK(st["windows"][1]["units"] == 59);
+    CHECK(st["samples_seen"] == 14);
+  }
+  for (size_t w = 0; w < 2; ++w) check_matches_reference(runs[0], runs[1], ref, w, "dist token windows");
+}
+
 TEST_CASE("2 ranks: one gradient exchange per window, one counter reduce per microbatch round plus one for the counts",
           "[dist][counts]") {
   const auto& runs = run_scenario("samples");

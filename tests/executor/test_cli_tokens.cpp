@@ -9,6 +9,8 @@
 
 #include <unistd.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
@@ -44,7 +46,7 @@ TEST_CASE("CLI tokens: --seq-len plans a confirmed token budget that run packs u
   CHECK_THAT(planned.err, Catch::Contains("probe b=2 x T=128"));
   CHECK_THAT(planned.err, Catch::Contains("token budget"));
   const json plan = json::parse(slurp(plan_path));
-  CHECK(plan["schema_version"] == "1.3");
+  CHECK(plan["schema_version"] == "1.4");
   REQUIRE(plan.contains("tokens"));
   const int64_t budget_tokens = plan["tokens"]["token_budget"].get<int64_t>();
   CHECK(plan["tokens"]["max_seq_len"] == 128);
@@ -102,6 +104,14 @@ TEST_CASE("CLI tokens: a saved token profile records the budget and re-plans wit
   const json plan = json::parse(planned.out);
   CHECK(plan["tokens"]["max_seq_len"] == 128);
   CHECK(plan["memory"]["budget_bytes"] == 40 * 1024 * 1024);
+  // --target-tokens is a planning option of `plan` too; neither target is an error naming both.
+  const CliResult by_tokens = run_cli({"plan", "--profile", profile_path, "--target-tokens", "1000"});
+  INFO(by_tokens.err);
+  REQUIRE(by_tokens.exit_code == 0);
+  CHECK(json::parse(by_tokens.out)["tokens"]["target_tokens"] == 1000);
+  const CliResult neither = run_cli({"plan", "--profile", profile_path});
+  CHECK(neither.exit_code == 2);
+  CHECK_THAT(neither.err, Catch::Contains("--target-batch N") && Catch::Contains("--target-tokens N"));
 }
 
 TEST_CASE("CLI tokens: sequence options without sequences, or sequences without lengths, are refused", "[cli][tokens][errors]") {
@@ -115,4 +125,93 @@ TEST_CASE("CLI tokens: sequence options without sequences, or sequences without 
   const CliResult bad = run_cli(with(kModel, {"--seq-len", "64..16", "--target-batch", "8", "--memory-budget", "40MiB"}));
   CHECK(bad.exit_code == 2);
   CHECK_THAT(bad.err, Catch::Contains("--seq-len '64..16': the shortest length 64 is above the longest 16"));
+}
+
+TEST_CASE("CLI tokens: --target-tokens windows hold the tokens asked for, each sequence once; verify and export follow",
+          "[cli][tokens][target-tokens]") {
+  const std::string dir = scratch_dir("cli-target-tokens-" + std::to_string(::getpid()));
+  const std::string lengths_path = dir + "/lengths.txt";
+  std::ofstream(lengths_path) << "# observed lengths\n16\n40, 64\n128\n90\n";
+  const std::string plan_path = dir + "/plan.json";
+  const CliResult planned = run_cli(with(kModel, {"--seq-len-file", lengths_path, "--target-tokens", "600",
+                                                  "--memory-budget", "40MiB", "--out", plan_path}));
+  INFO(planned.err);
+  REQUIRE(planned.exit_code == 0);
+  const json plan = json::parse(slurp(plan_path));
+  CHECK(plan["setup"]["seq_len"] == "16..128");  // the file's shortest..longest
+  CHECK(plan["tokens"]["target_tokens"] == 600);
+  CHECK(plan["target_batch"] == 5);  // ceil(600 / 128) sequences at the longest length
+
+  // run: synthetic lengths drawn from the file; every window but the last holds >= 600 valid
+  // tokens and fewer than 600 + 128; the windows tile the data.
+  const std::string stats_path = dir + "/stats.json";
+  const CliResult ran = run_cli({"run", "--model", "builtin:tinylm", "--plan", plan_path, "--device", "cpu",
+                                 "--memory-budget", "40MiB", "--threads", "2", "--seq-len-file", lengths_path,
+                                 "--synthetic-samples", "40", "--stats", stats_path});
+  INFO(ran.err);
+  REQUIRE(ran.exit_code == 0);
+  CHECK_THAT(ran.err, Catch::Contains("windows of at least 600 valid tokens"));
+  const json stats = json::parse(slurp(stats_path));
+  CHECK(stats["oom_recoveries"] == 0);
+  CHECK(stats["samples_seen"] == 40);
+  const auto& series = stats["window_series"];
+  REQUIRE(series.size() >= 2);
+  int64_t samples = 0;
+  for (size_t i = 0; i < series.size(); ++i) {
+    samples += series[i]["samples"].get<int64_t>();
+    if (i + 1 < series.size()) {
+      CHECK(series[i]["valid_tokens"].get<int64_t>() >= 600);
+      CHECK(series[i]["valid_tokens"].get<int64_t>() < 600 + 128);
+    }
+  }
+  CHECK(samples == 40);
+
+  // verify: the packed window against one combined forward, as it trains.
+  const CliResult verified = run_cli({"verify", "--model", "builtin:tinylm", "--plan", plan_path, "--device", "cpu",
+                                      "--threads", "2"});
+  INFO(verified.out);
+  CHECK(verified.exit_code == 0);
+  CHECK_THAT(verified.out, Catch::Contains("packed-tight"));
+
+  // export: a trainer that cuts windows by samples cannot express tokens; torchrun runs the plan.
+  const CliResult hf = run_cli({"export", "--plan", plan_path, "--to", "hf"});
+  CHECK(hf.exit_code == 2);
+  CHECK_THAT(hf.err, Catch::Contains("600 valid tokens") && Catch::Contains("cuts windows by samples"));
+  const CliResult torchrun = run_cli({"export", "--plan", plan_path, "--to", "torchrun"});
+  CHECK(torchrun.exit_code == 0);
+  CHECK_THAT(torchrun.out, Catch::Contains("windows of at least 600 valid tokens"));
+
+  const CliResult both = run_cli(with(kModel, {"--seq-len", "16..64", "--seq-len-file", lengths_path, "--target-batch",
+                                               "8", "--memory-budget", "40MiB"}));
+  CHECK(both.exit_code == 2);
+  CHECK_THAT(both.err, Catch::Contains("not both"));
+  const CliResult fixed = run_cli({"--model", "builtin:tinylm", "--target-tokens", "600", "--device", "cpu",
+                                   "--memory-budget", "40MiB"});
+  CHECK(fixed.exit_code == 2);
+  CHECK_THAT(fixed.err, Catch::Contains("--target-tokens 600 counts the tokens of variable-length data"));
+}
+
+TEST_CASE("CLI tokens: after an OOM re-pack, the written plan is the re-packed one", "[cli][tokens][oom]") {
+  const std::string dir = scratch_dir("cli-tokens-repack-" + std::to_string(::getpid()));
+  const std::string plan_path = dir + "/plan.json";
+  const CliResult planned = run_cli(with(kModel, {"--seq-len", "64..128", "--target-batch", "48", "--memory-budget",
+                                                  "40MiB", "--out", plan_path}));
+  INFO(planned.err);
+  REQUIRE(planned.exit_code == 0);
+  const json plan = json::parse(slurp(plan_path));
+  // Run under less memory than planned: the executor lowers the token budget and replays.
+  const std::string out_path = dir + "/replanned.json";
+  const CliResult ran = run_cli({"run", "--model", "builtin:tinylm", "--plan", plan_path, "--device", "cpu",
+                                 "--memory-budget", "30MiB", "--threads", "2", "--plan-out", out_path});
+  INFO(ran.err);
+  REQUIRE(ran.exit_code == 0);
+  REQUIRE_THAT(ran.err, Catch::Contains("token budget lowered"));
+  const json after = json::parse(slurp(out_path));
+  const int64_t budget = after["tokens"]["token_budget"].get<int64_t>();
+  CHECK(budget < plan["tokens"]["token_budget"].get<int64_t>());
+  CHECK(after["tokens"]["max_seq_len"].get<int64_t>() <= budget);
+  // The sample fields and the prediction follow the new budget, not the old one.
+  CHECK(after["micro_batch"].get<int64_t>() <= budget / after["tokens"]["max_seq_len"].get<int64_t>());
+  CHECK(after["memory"]["predicted_peak_bytes"].get<int64_t>() < plan["memory"]["predicted_peak_bytes"].get<int64_t>());
+  CHECK_THAT(after["reason"].get<std::string>(), Catch::Contains("Re-packed during training"));
 }
