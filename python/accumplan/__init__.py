@@ -15,7 +15,7 @@ Reading plans needs only the standard library; training needs torch. docs/python
 """
 
 from .plan import (OutOfMemoryAtOne, Plan, PlanError, balanced_split, file_sha256, largest_divisor_at_most,
-                   load_plan, pack_by_token_budget, split_samples)
+                   load_plan, pack_by_token_budget, split_samples, token_windows)
 
 __version__ = "0.1.0"
 
@@ -32,5 +32,6 @@ def __getattr__(name):
 
 
 __all__ = ["load_plan", "Plan", "PlanError", "OutOfMemoryAtOne", "balanced_split", "split_samples",
-           "largest_divisor_at_most", "file_sha256", "pack_by_token_budget", "pad_sequences", "padding_mask", "is_oom", "loss_sum", "count_units", "model_output",
+           "largest_divisor_at_most", "file_sha256", "pack_by_token_budget", "token_windows", "pad_sequences",
+           "padding_mask", "valid_token_counts", "is_oom", "loss_sum", "count_units", "model_output",
            "resolve_normalization", "split", "train_window", "all_reduce_gradients", "WindowStats"]

@@ -1,7 +1,8 @@
 """accumplan.plan — read, validate and re-split a plan.json; no torch needed here.
 
 The arithmetic mirrors the C++ planner and executor (planner/src/solver.cpp ``balanced_split``,
-``split_samples``; src/executor/replan.cpp ``window_sizes``, ``replan_below``) so that a Python
+``split_samples``; planner/src/token_model.cpp ``pack_by_token_budget``, ``token_windows``;
+src/executor/replan.cpp ``window_sizes``, ``replan_below``) so that a Python
 trainer splits, weights and re-plans exactly as ``accumplan run`` does. docs/plan-format.md
 describes every field; docs/oom-contract.md the re-planning rule.
 """
@@ -10,6 +11,7 @@ import copy
 import hashlib
 import json
 import math
+import operator
 
 SCHEMA = "accumplan.plan"
 SUPPORTED_MAJOR = 1
@@ -91,6 +93,45 @@ def pack_by_token_budget(lengths, token_budget):
     return out
 
 
+def _as_count(value):
+    """``value`` as a Python int when it is an integer (int, numpy or 0-d torch integer), else None;
+    bool is not a count."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def token_windows(valid_tokens, target_tokens):
+    """The optimizer windows of a packed plan with ``tokens.target_tokens`` (schema 1.4), the rule of
+    the C++ executor: ``valid_tokens`` holds each sequence's valid tokens, in data order; returns
+    ``(start, count)`` pairs of consecutive windows covering every sequence once, in order. A window
+    closes at the first sequence that brings its running sum to >= ``target_tokens``; the last
+    window holds what remains (it may be short). Every window holds at least one sequence.
+
+    token_windows([5, 5, 5, 5, 5], 10) == [(0, 2), (2, 2), (4, 1)]; [] gives []."""
+    target = _as_count(target_tokens)
+    if target is None or target < 1:
+        raise ValueError("target_tokens must be an integer >= 1, got %r" % (target_tokens,))
+    counts = []
+    for i, v in enumerate(valid_tokens):
+        c = _as_count(v)
+        if c is None or c < 0:
+            raise ValueError("valid_tokens[%d] must be an integer >= 0 (the sequence's valid tokens), got %r" % (i, v))
+        counts.append(c)
+    out, start, running = [], 0, 0
+    for i, c in enumerate(counts):
+        running += c
+        if running >= target:
+            out.append((start, i + 1 - start))
+            start, running = i + 1, 0
+    if start < len(counts):
+        out.append((start, len(counts) - start))
+    return out
+
+
 def _field(obj, key, path, kinds, required=True, default=None):
     if not isinstance(obj, dict):
         raise PlanError("%s must be an object" % path)
@@ -139,7 +180,10 @@ class Plan:
     ``split`` is the method), ``multiple_of``, ``normalization``, ``loss``, ``ignore_index``,
     ``memory``, ``fit``, ``setup``, ``model``, ``device``, ``profile`` (1.1 plans; None in 1.0),
     ``tokens`` (1.3 packed plans for ragged data: ``token_budget``, ``max_seq_len``,
-    ``longest_sequence_alone``; None for sample plans), ``padding_mask``, ``raw`` (the whole document). ``replans`` lists the re-plans made after out-of-memory errors.
+    ``longest_sequence_alone``; None for sample plans), ``target_tokens`` (1.4 packed plans whose
+    optimizer windows hold a number of valid tokens, see ``token_windows``; None otherwise),
+    ``padding_mask``, ``raw`` (the whole document). ``replans`` lists the re-plans made after
+    out-of-memory errors.
 
     The training methods (``split``, ``train_window``) need torch; see accumplan.train.
     """
@@ -219,6 +263,9 @@ class Plan:
                 raise PlanError("%s: $.tokens: token_budget %d must hold at least one sequence of max_seq_len %d tokens"
                                 % (self.source, tokens["token_budget"], tokens["max_seq_len"]))
         self.tokens = tokens
+        # 1.4: each optimizer window holds at least this many valid tokens (over all ranks), not a
+        # fixed number of samples; token_windows() cuts them. None: windows of per_rank_batch samples.
+        self.target_tokens = _positive_int(tokens, "target_tokens", "$.tokens", required=False) if tokens else None
         self.confirmed = bool(d.get("confirmed", False))
         self.reason = d.get("reason", "")
 
@@ -246,13 +293,20 @@ class Plan:
         return digest
 
     # ---- splitting and re-planning ----
+    @property
+    def windows_by_tokens(self):
+        """True for a packed plan with ``tokens.target_tokens``: a window holds any number of samples
+        (as many as its valid tokens need), not at most ``per_rank_batch``."""
+        return self.tokens is not None and self.target_tokens is not None
+
     def window_sizes(self, samples):
         """Microbatch sizes of a window of ``samples`` on this rank: the plan's own sizes for a full
         window; a short window is re-split under the plan's largest microbatch (a size the full
-        window already ran), as the C++ executor does."""
+        window already ran), as the C++ executor does. A plan with ``target_tokens`` splits a window
+        of any size >= 1 under that largest microbatch."""
         if samples == self.per_rank_batch:
             return list(self.microbatch_sizes)
-        if samples < 1 or samples > self.per_rank_batch:
+        if samples < 1 or (samples > self.per_rank_batch and not self.windows_by_tokens):
             raise ValueError("a window holds 1..%d samples (the plan's per-rank batch); got %d"
                              % (self.per_rank_batch, samples))
         return split_samples(samples, max(self.microbatch_sizes), self.split_kind, self.multiple_of or 1)
@@ -334,6 +388,13 @@ class Plan:
                 "tokens, or raise the budget" % (failing_tokens, longest_sequence))
         self.tokens["token_budget"] = budget
         self.tokens["max_seq_len"] = min(self.tokens["max_seq_len"], budget)
+        # The sample fields follow the new budget, as the C++ repack_below: the window padded to
+        # max_seq_len, budget // max_seq_len sequences per microbatch. (The plan's predicted peak
+        # stays: made for the larger budget, it still bounds this one; the reader fits no model.)
+        m = max(1, budget // self.tokens["max_seq_len"])
+        self.microbatch_sizes = split_samples(self.per_rank_batch, m, self.split_kind, 1)
+        self.max_micro_batch = m
+        self.multiple_of = None
         self.confirmed = False
         note = ("out of memory at %d padded tokens: token budget lowered to %d padded tokens per microbatch"
                 % (failing_tokens, budget))
@@ -360,6 +421,10 @@ class Plan:
             d["uniform"] = {"micro_batch": u, "accumulation_steps": self.per_rank_batch // u}
         if self.tokens is not None:
             d["tokens"] = dict(self.tokens)
+            if self.target_tokens is not None:
+                d["tokens"]["target_tokens"] = self.target_tokens
+            else:
+                d["tokens"].pop("target_tokens", None)
         d["reason"] = self.reason
         return d
 
@@ -418,7 +483,7 @@ def load_plan(path_or_doc, model=None, force=False):
     """Reads and validates a plan: a path to plan.json, or the already parsed dict.
 
     ``model`` (a path) also checks the model file's SHA-256 against the plan's (``force=True``
-    accepts a different one). Accepts schema_version 1.x (1.0 to 1.3); refuses other majors."""
+    accepts a different one). Accepts schema_version 1.x (1.0 to 1.4); refuses other majors."""
     if isinstance(path_or_doc, dict):
         plan = Plan(path_or_doc, source="plan")
     else:

@@ -154,8 +154,9 @@ def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
     """Ragged data as accumplan holds it (the layout `accumplan run --data` reads from
     ``torch.save([sequences, targets_or_None], f)``): returns ``(inputs, target, lengths)`` with
     inputs int64 [n, T] padded with 0, target [n, T] padded with ``ignore_index`` (per-token
-    ``targets``; or, with ``next_token=True`` and no targets, the inputs shifted left by one, the
-    last position ignored; else None) and lengths int64 [n]."""
+    ``targets``, in their own dtype — int64 class indices, or float values for mse — which every
+    target must share; or, with ``next_token=True`` and no targets, the inputs shifted left by one,
+    int64, the last position ignored; else None) and lengths int64 [n]."""
     n = len(sequences)
     if n == 0:
         raise ValueError("no sequences")
@@ -170,7 +171,17 @@ def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
     if targets is not None:
         if len(targets) != n:
             raise ValueError("%d sequences but %d targets" % (n, len(targets)))
-        target = torch.full((n, longest), ignore_index, dtype=torch.long)
+        dtype = targets[0].dtype
+        for i, t in enumerate(targets):
+            if t.dtype != dtype:
+                raise ValueError("target %d is %s but target 0 is %s; give every target the same dtype (class indices "
+                                 "as int64, values for mse as float)" % (i, t.dtype, dtype))
+        if not dtype.is_floating_point and dtype != torch.bool:
+            info = torch.iinfo(dtype)
+            if not info.min <= ignore_index <= info.max:
+                raise ValueError("the targets are %s, which cannot hold the padding ignore_index %d; convert them to "
+                                 "int64 or pass an ignore_index in %d..%d" % (dtype, ignore_index, info.min, info.max))
+        target = torch.full((n, longest), ignore_index, dtype=dtype)
         for i, t in enumerate(targets):
             if t.numel() != int(lengths[i]):
                 raise ValueError("target %d has %d entries but sequence %d has %d tokens"
@@ -182,6 +193,29 @@ def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
         positions = torch.arange(longest).unsqueeze(0)
         target[positions >= (lengths.unsqueeze(1) - 1)] = ignore_index
     return inputs, target, lengths
+
+
+def valid_token_counts(lengths, target=None, ignore_index=-100):
+    """Each sequence's valid tokens, a list of ints in data order (what ``token_windows`` takes),
+    the rule of the C++ executor (valid_tokens_per_sample): with an integer per-token target
+    [n, T] (``pad_sequences``), the positions whose target is not ``ignore_index`` (next-token
+    targets give length - 1; padding is ``ignore_index``); with ``target=None``, a float target
+    (mse values) or one target per sequence, the lengths themselves."""
+    lengths = [int(x) for x in (lengths.tolist() if hasattr(lengths, "tolist") else lengths)]
+    for i, n in enumerate(lengths):
+        if n < 0:
+            raise ValueError("lengths[%d] is %d; a sequence's length is >= 0" % (i, n))
+    if target is None:
+        return lengths
+    if not isinstance(target, torch.Tensor):
+        raise ValueError("the target must be a tensor (the padded [n, T] target pad_sequences returns) or None, got %s"
+                         % type(target).__name__)
+    if target.dim() < 1 or target.shape[0] != len(lengths):
+        raise ValueError("the target has %s sequences (dim 0) but lengths has %d entries"
+                         % (target.shape[0] if target.dim() else "no", len(lengths)))
+    if target.dim() < 2 or target.is_floating_point():
+        return lengths
+    return [int(v) for v in target.ne(ignore_index).reshape(target.shape[0], -1).sum(1).tolist()]
 
 
 def padding_mask(lengths, padded_length):
@@ -210,6 +244,26 @@ def _all_reduce_ints(values, group, device):
     t = torch.tensor(values, dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return [int(v) for v in t.tolist()]
+
+
+def _raise_if_a_rank_failed(slots, local_error, rank, during):
+    """After the counts collective: ``slots[r]`` is -1 when rank r could not check its share (the
+    C++ executor's throw_if_a_rank_failed). Every rank raises, so none waits in a collective its
+    peer will never join: the failing rank its own error (a ValueError names the rank), every other
+    rank a ValueError naming the failing rank."""
+    failed = [r for r, v in enumerate(slots) if v < 0]
+    if not failed:
+        return
+    if local_error is not None:
+        if isinstance(local_error, ValueError):
+            try:
+                named = type(local_error)("rank %d: %s" % (rank, local_error))
+            except Exception:  # noqa: BLE001 - a subclass with another constructor
+                named = ValueError("rank %d: %s" % (rank, local_error))
+            raise named from local_error
+        raise local_error
+    raise ValueError("rank%s %s failed %s (its own error says why); this rank stops with it"
+                     % ("s" if len(failed) > 1 else "", ", ".join(map(str, failed)), during))
 
 
 def _collective_device(group, params):
@@ -291,21 +345,39 @@ def split(plan, inputs, target=None, *, ignore_index=None, normalization=None, l
     ``all_reduce_gradients(params)`` once after the loop. Yields nothing for a window without
     valid tokens. No OOM recovery here: use ``train_window`` for that."""
     inputs = _as_tuple(inputs)
-    n = _samples(inputs, target)
-    sizes = plan.window_sizes(n) if n > 0 else []
     loss_kind = loss if loss is not None else plan.loss
-    norm = resolve_normalization(normalization or plan.normalization, loss_kind, target)
     ii = plan.ignore_index if ignore_index is None else ignore_index
-    units = count_units(target, n, norm, ii) if n > 0 else 0
     world = _world(group)
+    # This rank's share is checked before the collective; under torch.distributed a bad share is
+    # reported in the collective (a slot of -1) and every rank raises after it, so none hangs.
+    n, sizes, units, local_error = 0, [], 0, None
+    try:
+        n = _samples(inputs, target)
+        sizes = plan.window_sizes(n) if n > 0 else []
+        norm = resolve_normalization(normalization or plan.normalization, loss_kind, target)
+        units = count_units(target, n, norm, ii) if n > 0 else 0
+    except Exception as e:  # noqa: BLE001 - re-raised below, on every rank
+        if world == 1:
+            raise
+        local_error = e
+    rank_samples = [n]
     if world > 1:
-        units = _all_reduce_ints([units], group, _collective_device(group, _parameters(model) if model else []))[0]
+        rank = dist.get_rank(group)
+        counts = [0] * (1 + world)  # [units, samples of rank 0 .. W-1 (-1: that rank failed)]
+        if local_error is None:
+            counts[0], counts[1 + rank] = units, n
+        else:
+            counts[1 + rank] = -1
+        model_params = _parameters(model.module if _is_ddp(model) else model) if model is not None else []
+        counts = _all_reduce_ints(counts, group, _collective_device(group, model_params))
+        units, rank_samples = counts[0], counts[1:]
+        _raise_if_a_rank_failed(rank_samples, local_error, rank, "while checking its share of the window")
     if units == 0:
         return
     ddp = model is not None and _is_ddp(model)
-    if ddp and not sizes:
-        raise ValueError("this rank has no samples in the window, so it cannot join DDP's gradient all-reduce; "
-                         "use plan.train_window, which exchanges gradients itself")
+    if ddp and min(rank_samples) == 0:
+        raise ValueError("rank %d has no samples in the window, so it cannot join DDP's gradient all-reduce; "
+                         "use plan.train_window, which exchanges gradients itself" % rank_samples.index(0))
     scale = (world if ddp else 1) / units
     start = 0
     for i, m in enumerate(sizes):
@@ -373,21 +445,21 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     ``pad_sequences`` returns them) with inputs and target padded along dim 1; the window is packed
     longest first under the token budget (``plan.pack``), each microbatch cut to its own longest,
     with ``padding_mask(...)`` as one more forward argument when the plan's setup asks for it. An
-    out-of-memory lowers the budget below the failing microbatch's padded tokens and replays."""
+    out-of-memory lowers the budget below the failing microbatch's padded tokens and replays. A
+    packed plan with ``tokens.target_tokens`` (schema 1.4) windows by valid tokens (``token_windows``
+    over ``valid_token_counts``): its window holds any number of samples, a rank's share too (under
+    torch.distributed a rank may hold none). Under torch.distributed a rank whose share is bad
+    (``lengths=`` missing or of the wrong count, mismatched tensors) reports it in the counts
+    all-reduce and every rank raises a ValueError naming it, instead of its peers hanging."""
     t0 = time.perf_counter()
     inputs = _as_tuple(inputs)
-    n = _samples(inputs, target)
     world = _world(group)
     if world != plan.world_size and world > 1:
         raise ValueError("the plan is for world size %d but the process group has %d ranks; re-plan with "
                          "--world-size %d" % (plan.world_size, world, world))
-    if n > plan.per_rank_batch:
-        raise ValueError("a window holds at most the plan's per-rank batch of %d samples; got %d"
-                         % (plan.per_rank_batch, n))
     loss_kind = loss if loss is not None else plan.loss
     if loss_fn is None and loss_kind not in LOSSES:
         raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss_kind,))
-    norm = resolve_normalization(normalization or plan.normalization, None if loss_fn else loss_kind, target)
     ii = plan.ignore_index if ignore_index is None else ignore_index
     inner = model.module if _is_ddp(model) else model
     params = _parameters(inner)
@@ -396,33 +468,69 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     device = params[0].device
     distributed = world > 1
     cdev = _collective_device(group, params) if distributed else None
-
     packed = plan.tokens is not None
-    if packed:
-        if lengths is None:
-            raise ValueError("this plan packs ragged data by tokens (plan.tokens): pass lengths=, each sample's "
-                             "length (accumplan.pad_sequences returns them)")
-        lengths = [int(x) for x in (lengths.tolist() if hasattr(lengths, "tolist") else lengths)]
-        if len(lengths) != n:
-            raise ValueError("lengths has %d entries for a window of %d samples" % (len(lengths), n))
-    longest = max(lengths) if packed and lengths else 0
+
+    # This rank's share (its samples, lengths and units), checked before the first collective.
+    # Under torch.distributed a rank whose share is bad must not raise here (its peers would wait
+    # in the counts all-reduce forever): it reports -1 in its slot and every rank raises after it.
+    n, units, longest, norm, local_error = 0, 0, 0, None, None
+    try:
+        n = _samples(inputs, target)
+        norm = resolve_normalization(normalization or plan.normalization, None if loss_fn else loss_kind, target)
+        if packed:
+            if lengths is None:
+                raise ValueError("this plan packs ragged data by tokens (plan.tokens): pass lengths=, each sample's "
+                                 "length (accumplan.pad_sequences returns them)")
+            lengths = [int(x) for x in (lengths.tolist() if hasattr(lengths, "tolist") else lengths)]
+            if len(lengths) != n:
+                raise ValueError("lengths has %d entries for a window of %d samples" % (len(lengths), n))
+            for i, length in enumerate(lengths):
+                if length < 1:
+                    raise ValueError("lengths[%d] is %d; every sequence needs at least one token" % (i, length))
+            longest = max(lengths) if lengths else 0
+            for i, t in enumerate(list(inputs) + ([target] if target is not None else [])):
+                if t.dim() >= 2 and longest > t.shape[1]:
+                    raise ValueError("lengths says sequence %d has %d tokens but tensor %d of the window holds %d "
+                                     "positions (dim 1); pass the lengths of these padded sequences"
+                                     % (lengths.index(longest), longest, i, t.shape[1]))
+        units = count_units(target, n, norm, ii) if n > 0 else 0
+    except Exception as e:  # noqa: BLE001 - re-raised after the collective, on every rank
+        if not distributed:
+            raise
+        local_error = e
 
     st = WindowStats()
     st.local_samples = n
-    units = count_units(target, n, norm, ii) if n > 0 else 0
     rank_samples = [n]
     if distributed:
         rank = dist.get_rank(group)
+        # [units, samples, samples of rank 0 .. W-1 (-1: that rank failed), longest of rank 0 .. W-1]
         counts = [0] * (2 + world * (2 if packed else 1))
-        counts[0], counts[1], counts[2 + rank] = units, n, n
-        if packed:
-            counts[2 + world + rank] = longest
+        if local_error is None:
+            counts[0], counts[1], counts[2 + rank] = units, n, n
+            if packed:
+                counts[2 + world + rank] = longest
+        else:
+            counts[2 + rank] = -1
         counts = _all_reduce_ints(counts, group, cdev)
         units, st.samples, rank_samples = counts[0], counts[1], counts[2:2 + world]
+        _raise_if_a_rank_failed(rank_samples, local_error, rank, "while checking its share of the window")
         if packed:
             longest = max(counts[2 + world:])
     else:
         st.samples = n
+    # Every rank sees every rank's count, so every rank raises the same error. A plan with
+    # target_tokens windows by valid tokens: a window (and a rank's share) holds any number of samples.
+    if not plan.windows_by_tokens:
+        for r, m in enumerate(rank_samples):
+            if m > plan.per_rank_batch and distributed:
+                raise ValueError("rank %d was handed %d samples of a global window of %d, more than the plan's "
+                                 "per-rank batch of %d; shard each global window of at most target_batch %d samples "
+                                 "over the %d ranks"
+                                 % (r, m, st.samples, plan.per_rank_batch, plan.target_batch, world))
+            if m > plan.per_rank_batch:
+                raise ValueError("a window holds at most the plan's per-rank batch of %d samples; got %d"
+                                 % (plan.per_rank_batch, m))
     if packed and longest > plan.tokens["max_seq_len"]:
         plan.pack([longest])  # raises PlanError naming the sequence and the fix
     st.units = units
@@ -541,5 +649,5 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
 
 
 __all__ = ["is_oom", "resolve_normalization", "count_units", "model_output", "loss_sum", "split", "pad_sequences",
-           "padding_mask",
+           "padding_mask", "valid_token_counts",
            "train_window", "all_reduce_gradients", "WindowStats", "OutOfMemoryAtOne"]

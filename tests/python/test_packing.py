@@ -1,24 +1,54 @@
 """Packed plans (schema 1.3, ragged data) in the Python reader: the same packing rule as the C++
 executor, the window's gradient equal to the unpadded per-token gradient (also after an
-out-of-memory at any microbatch), and a TransformerEncoder kept off the padding by the mask."""
+out-of-memory at any microbatch), and a TransformerEncoder kept off the padding by the mask.
+Token windows (schema 1.4, tokens.target_tokens): the window rule against the cases the C++ side
+checks too (token_windows_cases.json), windows of any number of samples, and pad_sequences
+keeping the targets' dtype. Not here: two ranks (test_dist_validation.py)."""
+import json
+import os
 import unittest
 
 import torch
 
-from helpers import FailingAt, TinyLM, golden_doc, params_of, plan_doc
+from helpers import HERE, FailingAt, TinyLM, golden_doc, params_of, plan_doc
 
 import accumplan
 
 VOCAB = 10
 
 
-def packed_plan(samples, token_budget, max_seq_len, padding_mask=False):
-    d = plan_doc([samples], normalization="tokens")
-    d["schema_version"] = "1.3"
+CASES = os.path.join(HERE, "token_windows_cases.json")
+
+
+def packed_doc(samples, token_budget, max_seq_len, padding_mask=False, target_tokens=None, world_size=1):
+    d = plan_doc([samples], world_size=world_size, normalization="tokens")
+    d["schema_version"] = "1.3" if target_tokens is None else "1.4"
     d["tokens"] = {"token_budget": token_budget, "max_seq_len": max_seq_len, "longest_sequence_alone": max_seq_len}
+    if target_tokens is not None:
+        d["tokens"]["target_tokens"] = target_tokens
     if padding_mask:
         d["setup"]["padding_mask"] = True
-    return accumplan.load_plan(d)
+    return d
+
+
+def packed_plan(*args, **kwargs):
+    return accumplan.load_plan(packed_doc(*args, **kwargs))
+
+
+def grads_seen_by_step(plan, model, *args, **kwargs):
+    """The gradient the optimizer step saw (lr 0), and the window's stats."""
+    grads = {}
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    orig_step = opt.step
+
+    def step(*a, **k):
+        for i, p in enumerate(model.parameters()):
+            grads[i] = p.grad.clone()
+        return orig_step(*a, **k)
+
+    opt.step = step
+    stats = plan.train_window(model, opt, *args, **kwargs)
+    return [grads[i] for i in range(len(grads))], stats
 
 
 def ragged(n, max_len, seed):
@@ -38,7 +68,7 @@ def unpadded_reference(model, seqs, targets, mask=False):
         out = model(*args)
         logits = out["logits"] if isinstance(out, dict) else out
         total = total + torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), t, reduction="sum")
-        tokens += s.numel()
+        tokens += int(t.ne(-100).sum())  # the valid tokens (ignore_index -100 is the default)
     (total / tokens).backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
@@ -128,6 +158,10 @@ class Packing(unittest.TestCase):
                 failing = len(g) * max(int(lengths[i]) for i in g)
                 self.assertEqual(stats.oom_recoveries, 1)
                 self.assertEqual(plan.tokens["token_budget"], min(60, failing - 1))
+                # The sample fields follow the new budget (the C++ repack_below does the same).
+                per = max(1, plan.tokens["token_budget"] // plan.tokens["max_seq_len"])
+                self.assertEqual(plan.microbatch_sizes, accumplan.split_samples(17, per))
+                self.assertEqual(plan.to_dict()["max_micro_batch"], per)
                 self.assertIn("%d padded tokens" % failing, notes[0])
                 self.assertEqual(sum(model.sizes[position + 1:]), 17)  # the replay: every sequence once
                 for got, want in zip(params_of(model.inner), params_of(ref)):
@@ -171,6 +205,144 @@ class Packing(unittest.TestCase):
                 self.assertLess(worst, 1e-5)
             else:
                 self.assertGreater(worst, 1e-3)  # without the mask, valid tokens attend to padding
+
+
+class TokenWindows(unittest.TestCase):
+    def test_the_window_rule(self):
+        self.assertEqual(accumplan.token_windows([5, 5, 5, 5, 5], 10), [(0, 2), (2, 2), (4, 1)])
+        self.assertEqual(accumplan.token_windows([12, 1, 1], 10), [(0, 1), (1, 2)])
+        self.assertEqual(accumplan.token_windows([0, 0, 3], 2), [(0, 3)])
+        self.assertEqual(accumplan.token_windows([], 10), [])
+        self.assertEqual(accumplan.token_windows(torch.tensor([3, 4]).tolist(), 3), [(0, 1), (1, 1)])
+
+    def test_every_shared_case(self):
+        # The same file is read by the C++ token_windows test: the two sides keep one rule.
+        with open(CASES) as f:
+            cases = json.load(f)["cases"]
+        self.assertGreaterEqual(len(cases), 8)
+        for case in cases:
+            with self.subTest(case=case):
+                got = accumplan.token_windows(case["valid_tokens"], case["target_tokens"])
+                self.assertEqual([list(w) for w in got], case["windows"])
+                # a partition of 0..n-1 in order, every window non-empty
+                self.assertEqual([i for s, c in got for i in range(s, s + c)], list(range(len(case["valid_tokens"]))))
+                self.assertTrue(all(c >= 1 for _, c in got))
+                # every window but the last reaches the target
+                for s, c in got[:-1]:
+                    self.assertGreaterEqual(sum(case["valid_tokens"][s:s + c]), case["target_tokens"])
+
+    def test_bad_arguments_are_named(self):
+        with self.assertRaisesRegex(ValueError, "target_tokens must be an integer >= 1, got 0"):
+            accumplan.token_windows([1, 2], 0)
+        with self.assertRaisesRegex(ValueError, "target_tokens must be an integer >= 1, got 2.5"):
+            accumplan.token_windows([1, 2], 2.5)
+        with self.assertRaisesRegex(ValueError, r"valid_tokens\[2\] must be an integer >= 0.*got -1"):
+            accumplan.token_windows([1, 2, -1], 3)
+        with self.assertRaisesRegex(ValueError, r"valid_tokens\[1\] must be an integer >= 0.*got 1.5"):
+            accumplan.token_windows([1, 1.5], 3)
+        with self.assertRaisesRegex(ValueError, r"valid_tokens\[0\].*got True"):
+            accumplan.token_windows([True], 3)
+
+    def test_valid_token_counts(self):
+        seqs = [torch.tensor([1, 2, 3]), torch.tensor([4]), torch.tensor([5, 6])]
+        x, y, lengths = accumplan.pad_sequences(seqs, next_token=True)
+        self.assertEqual(accumplan.valid_token_counts(lengths, y), [2, 0, 1])  # length - 1
+        self.assertEqual(accumplan.valid_token_counts(lengths), [3, 1, 2])
+        self.assertEqual(accumplan.valid_token_counts([3, 1, 2], None), [3, 1, 2])
+        targets = [torch.tensor([0, -100, 1]), torch.tensor([-100]), torch.tensor([2, 3])]
+        _, y, lengths = accumplan.pad_sequences(seqs, targets)
+        self.assertEqual(accumplan.valid_token_counts(lengths, y), [2, 0, 2])
+        _, y0, _ = accumplan.pad_sequences(seqs, targets, ignore_index=0)  # padded with the ignore_index counted by
+        self.assertEqual(accumplan.valid_token_counts(lengths, y0, ignore_index=0), [2, 1, 2])
+        # float per-token targets (mse) and one target per sequence count every token, as the C++ executor
+        _, yf, _ = accumplan.pad_sequences(seqs, [t.float() for t in targets])
+        self.assertEqual(accumplan.valid_token_counts(lengths, yf), [3, 1, 2])
+        self.assertEqual(accumplan.valid_token_counts(lengths, torch.tensor([0, 1, 2])), [3, 1, 2])
+        with self.assertRaisesRegex(ValueError, "the target has 3 sequences .* lengths has 2 entries"):
+            accumplan.valid_token_counts([3, 1], y)
+
+    def test_target_tokens_is_read_checked_and_written_back(self):
+        self.assertIsNone(packed_plan(4, 40, 20).target_tokens)
+        self.assertIsNone(accumplan.load_plan(golden_doc()).target_tokens)
+        plan = packed_plan(4, 40, 20, target_tokens=64)
+        self.assertEqual((plan.schema_version, plan.target_tokens), ("1.4", 64))
+        self.assertEqual(plan.to_dict()["tokens"]["target_tokens"], 64)
+        self.assertEqual(accumplan.load_plan(plan.to_dict()).target_tokens, 64)
+        plan.target_tokens = None
+        self.assertNotIn("target_tokens", plan.to_dict()["tokens"])
+        for bad, message in ((0, r"\$\.tokens\.target_tokens must be at least 1, got 0"),
+                             (-3, r"\$\.tokens\.target_tokens must be at least 1, got -3"),
+                             (2.5, r"\$\.tokens\.target_tokens must be an integer, got 2.5"),
+                             (True, r"\$\.tokens\.target_tokens must be an integer, got True"),
+                             ("64", r"\$\.tokens\.target_tokens must be an integer, got '64'")):
+            with self.subTest(bad=bad), self.assertRaisesRegex(accumplan.PlanError, message):
+                accumplan.load_plan(packed_doc(4, 40, 20, target_tokens=bad))
+
+    def test_only_token_windows_exceed_the_per_rank_batch(self):
+        # balanced under the plan's largest microbatch, 4
+        self.assertEqual(packed_plan(4, 40, 20, target_tokens=30).window_sizes(9), [3, 3, 3])
+        with self.assertRaisesRegex(ValueError, "a window holds 1..4 samples"):
+            packed_plan(4, 40, 20).window_sizes(9)
+        seqs, targets = ragged(6, 8, 3)
+        x, y, lengths = accumplan.pad_sequences(seqs, targets)
+        with self.assertRaisesRegex(ValueError, "at most the plan's per-rank batch of 4 samples; got 6"):
+            packed_plan(4, 40, 8).train_window(TinyLM(), torch.optim.SGD(TinyLM().parameters(), lr=0.1), (x,), y,
+                                               lengths=lengths)
+        stats = packed_plan(4, 40, 8, target_tokens=10).train_window(
+            TinyLM(), torch.optim.SGD(TinyLM().parameters(), lr=0.1), (x,), y, lengths=lengths)
+        self.assertEqual((stats.samples, stats.units, stats.stepped), (6, int(lengths.sum()), True))
+        # the low-level split takes such a window too
+        plan = packed_plan(4, 40, 8, target_tokens=10)
+        self.assertEqual(sum(t.shape[0] for (inputs, _), _ in plan.split((x,), y) for t in inputs), 6)
+
+    def test_token_windows_give_the_unpadded_per_token_gradient(self):
+        seqs, targets = ragged(23, 12, 13)
+        g = torch.Generator().manual_seed(14)
+        for t in targets:  # about one target in five ignored: valid tokens != lengths
+            t[torch.rand(t.shape, generator=g) < 0.2] = -100
+        targets[4][:] = -100  # a sequence without a valid token
+        x, y, lengths = accumplan.pad_sequences(seqs, targets)
+        valid = accumplan.valid_token_counts(lengths, y)
+        self.assertNotEqual(valid, lengths.tolist())
+        plan = packed_plan(4, 40, 12, target_tokens=30)
+        windows = accumplan.token_windows(valid, plan.target_tokens)
+        self.assertGreater(max(c for _, c in windows), plan.per_rank_batch)  # windows the sample plan would refuse
+        self.assertEqual(sum(c for _, c in windows), 23)
+        for start, count in windows:
+            with self.subTest(window=(start, count)):
+                w = slice(start, start + count)
+                got, stats = grads_seen_by_step(plan, TinyLM(), (x[w],), y[w], lengths=lengths[w])
+                self.assertEqual((stats.samples, stats.stepped), (count, True))
+                self.assertEqual(stats.units, sum(valid[w]))
+                self.assertEqual(len(got), len(list(TinyLM().parameters())))
+                self.assertEqual(sum(stats.microbatch_sizes), count)
+                want = unpadded_reference(TinyLM(), seqs[w], targets[w])
+                for a, b in zip(got, want):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+class PadSequencesDtype(unittest.TestCase):
+    def test_targets_keep_their_dtype(self):
+        seqs = [torch.tensor([1, 2, 3]), torch.tensor([4])]
+        for dtype in (torch.float32, torch.float64, torch.int32, torch.int64):
+            with self.subTest(dtype=dtype):
+                targets = [torch.tensor([1, 2, 3], dtype=dtype), torch.tensor([4], dtype=dtype)]
+                _, y, _ = accumplan.pad_sequences(seqs, targets)
+                self.assertEqual(y.dtype, dtype)
+                self.assertEqual(y.tolist(), [[1, 2, 3], [4, -100, -100]])
+        _, y, _ = accumplan.pad_sequences(seqs, [torch.tensor([0.5, 1.5, 2.5]), torch.tensor([-1.25])])
+        self.assertEqual(y.tolist(), [[0.5, 1.5, 2.5], [-1.25, -100.0, -100.0]])  # mse values kept, not truncated
+        _, y, _ = accumplan.pad_sequences(seqs, next_token=True)
+        self.assertEqual(y.dtype, torch.int64)
+
+    def test_mixed_or_unpaddable_dtypes_are_refused(self):
+        seqs = [torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([4])]
+        with self.assertRaisesRegex(ValueError, "target 2 is torch.float32 but target 0 is torch.int64"):
+            accumplan.pad_sequences(seqs, [torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([4.0])])
+        with self.assertRaisesRegex(ValueError, "torch.uint8, which cannot hold the padding ignore_index -100"):
+            accumplan.pad_sequences(seqs, [t.to(torch.uint8) for t in seqs])
+        _, y, _ = accumplan.pad_sequences(seqs, [t.to(torch.uint8) for t in seqs], ignore_index=255)
+        self.assertEqual((y.dtype, y[1].tolist()), (torch.uint8, [3, 255]))
 
 
 if __name__ == "__main__":

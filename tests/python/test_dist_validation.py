@@ -1,0 +1,88 @@
+"""Two gloo processes on the CPU: a bad share of a window on ONE rank (lengths= missing or of the
+wrong count, more samples than the per-rank batch, mismatched tensors in split) makes EVERY rank
+raise a ValueError naming that rank after the first collective, instead of leaving its peer in the
+all-reduce; and token windows (schema 1.4) whose shares exceed the per-rank batch or are empty
+train as one process does. The worker is dist_validation_worker.py; a watchdog kills a hang."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import torch
+
+from helpers import HERE, TinyLM, params_of
+
+import accumplan
+import dist_validation_worker as worker
+
+TIMEOUT_S = 120  # watchdog: a hung collective fails the test instead of the suite
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BadShareOnOneRank(unittest.TestCase):
+    def test_every_rank_raises_and_token_windows_match_one_process(self):
+        with tempfile.TemporaryDirectory() as out:
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                       WORLD_SIZE="2", OMP_NUM_THREADS="1")
+            procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "dist_validation_worker.py"), out],
+                                      cwd=HERE, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                     for r in range(2)]
+            logs = ["", ""]
+            try:
+                for r, p in enumerate(procs):
+                    logs[r] = p.communicate(timeout=TIMEOUT_S)[0].decode(errors="replace")
+            except subprocess.TimeoutExpired:
+                self.fail("the ranks did not finish within %d s: a collective hangs" % TIMEOUT_S)
+            finally:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+            for r, p in enumerate(procs):
+                self.assertEqual(p.returncode, 0, "rank %d failed:\n%s" % (r, logs[r]))
+            got = []
+            for r in range(2):
+                with open(os.path.join(out, "rank%d.json" % r)) as f:
+                    got.append(json.load(f))
+            tokens = [torch.load(os.path.join(out, "rank%d-tokens.pt" % r)) for r in range(2)]
+
+        peer = r"^rank 1 failed while checking its share of the window \(its own error says why\)"
+        want = {
+            "lengths_count": (peer, r"^rank 1: lengths has 1 entries for a window of 2 samples"),
+            "lengths_missing": (peer, r"^rank 1: this plan packs ragged data by tokens .*pass lengths="),
+            "samples_over_batch": (r"^rank 1 was handed 3 samples of a global window of 5, more than the plan's "
+                                   r"per-rank batch of 2",) * 2,
+            "split_mismatch": (peer, r"^rank 1: tensor 1 of the window has 1 samples"),
+        }
+        for case, patterns in want.items():
+            for r in range(2):
+                with self.subTest(case=case, rank=r):
+                    self.assertRegex(got[r][case], patterns[r])
+
+        # one process, the whole global windows: the reference
+        plan = worker.token_plan(1)
+        x, y, lengths = accumplan.pad_sequences(*worker.token_window_data())
+        model = TinyLM()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        windows = accumplan.token_windows(accumplan.valid_token_counts(lengths, y), plan.target_tokens)
+        self.assertEqual(windows, [(0, 5), (5, 1), (6, 1)])
+        for start, count in windows:
+            w = slice(start, start + count)
+            plan.train_window(model, opt, (x[w],), y[w], lengths=lengths[w])
+        self.assertEqual([t["shares"] for t in tokens], [[3, 1, 1], [2, 0, 0]])  # 3 > the per-rank batch; 0
+        for r in range(2):
+            for g, w in zip(tokens[r]["params"], params_of(model)):
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=lambda m: "rank %d: %s" % (r, m))
+
+
+if __name__ == "__main__":
+    unittest.main()
