@@ -225,6 +225,9 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       {"seq_len", {1, static_cast<double>(int64_t{1} << 31), false, false}},
       {"longest_sequence_alone", {0, static_cast<double>(int64_t{1} << 31), false, false}},
       {"target_tokens", {1, static_cast<double>(int64_t{1} << 50), false, false}},
+      {"per_microbatch", {0, static_cast<double>(int64_t{1} << 50), false, false}},
+      {"per_token", {1, static_cast<double>(int64_t{1} << 16), false, false}},
+      {"per_token_squared", {0, static_cast<double>(int64_t{1} << 30), false, false}},
       {"seconds", kSecondsRange},
   };
   if (in_hyperparameters) return &kHyperparameterRange;
@@ -411,6 +414,11 @@ ojson to_json(const Plan& p) {
                         {"max_seq_len", p.tokens->max_seq_len},
                         {"longest_sequence_alone", p.tokens->longest_sequence_alone}};
     if (p.tokens->target_tokens) j["tokens"]["target_tokens"] = *p.tokens->target_tokens;  // 1.4
+    if (p.tokens->step_cost) {  // 1.4
+      j["tokens"]["step_cost"] = ojson{{"per_microbatch", p.tokens->step_cost->per_microbatch},
+                                       {"per_token", p.tokens->step_cost->per_token},
+                                       {"per_token_squared", p.tokens->step_cost->per_token_squared}};
+    }
   }
   const MemoryBreakdown& m = p.memory;
   j["memory"] = ojson{{"budget_bytes", m.budget_bytes},
@@ -477,6 +485,10 @@ Plan plan_from_json(const json& doc) {
     tb.max_seq_len = tk.i64("max_seq_len");
     tb.longest_sequence_alone = tk.i64("longest_sequence_alone");
     tb.target_tokens = tk.opt_i64("target_tokens");  // 1.4
+    if (tk.has("step_cost") && !tk.at("step_cost").raw().is_null()) {  // 1.4
+      const JsonField sc = tk.at("step_cost");
+      tb.step_cost = TokenStepCost{sc.i64("per_microbatch"), sc.i64("per_token"), sc.i64("per_token_squared")};
+    }
     if (tb.token_budget < 1 || tb.max_seq_len < 1 || tb.max_seq_len > tb.token_budget) {
       throw SchemaError("$.tokens: token_budget " + std::to_string(tb.token_budget) + " must hold at least one sequence of max_seq_len " +
                         std::to_string(tb.max_seq_len) + " tokens (both >= 1)");

@@ -676,6 +676,14 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   Plan plan;
   fill_window(plan, B, W, sizes, m_max, request);
   plan.tokens = TokenBudget{token_budget, t_max, model.longest_sequence(usable), request.target_tokens};
+  // What packing trades: the profile's step times, fitted as the memory is (nanoseconds).
+  std::vector<TokenPoint> timed;
+  for (const auto& p : profile.points) {
+    if (p.seq_len && p.step_seconds && *p.step_seconds > 0) {
+      timed.push_back({p.micro_batch, *p.seq_len, static_cast<int64_t>(std::llround(std::min(*p.step_seconds, 1e6) * 1e9))});
+    }
+  }
+  plan.tokens->step_cost = fit_step_cost(timed);
   // Confirmed by a window at T_max of at least the budget's sequences, within the budget.
   const Trial* ran = nullptr;
   for (const auto& t : profile.trials) {
@@ -715,7 +723,14 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
       << format_bytes(margin_bytes) << " (peak " << format_bytes(mem.predicted_peak_bytes) << " = "
       << format_bytes(static_cast<int64_t>(f.intercept_bytes)) << " + tokens x " << format_bytes(static_cast<int64_t>(f.bytes_per_token))
       << (f.quadratic ? " + tokens x T x " + std::to_string(f.bytes_per_token_squared) + " bytes" : std::string()) << ")"
-      << "; each window is packed longest first under it, so short sequences share a microbatch. Padded to " << t_max
+      << "; each window is packed longest first under it, so short sequences share a microbatch"
+      << (plan.tokens->step_cost
+              ? ", cut where the measured step times predict the least time (a microbatch costs as much as " +
+                    std::to_string(std::llround(static_cast<double>(plan.tokens->step_cost->per_microbatch) /
+                                                   static_cast<double>(kStepCostPerToken))) +
+                    " padded tokens)"
+              : std::string(", as few microbatches as the budget allows (no step times to weigh padding against)"))
+      << ". Padded to " << t_max
       << " tokens, " << T << " samples per rank would need " << sizes.size() << " microbatches of at most " << m_max << ".";
   if (request.target_tokens) {
     why << " Each update is a window of consecutive sequences holding at least " << *request.target_tokens

@@ -189,7 +189,26 @@ int64_t TokenMemoryModel::worst_packed_peak_bytes(int64_t token_budget, int64_t 
   return worst;
 }
 
-std::vector<std::vector<int64_t>> pack_by_token_budget(const std::vector<int64_t>& lengths, int64_t token_budget) {
+std::optional<TokenStepCost> fit_step_cost(const std::vector<TokenPoint>& points_ns) {
+  TokenFit f;
+  try {
+    f = TokenMemoryModel::fit(points_ns).summary();
+  } catch (const InputError&) {
+    return std::nullopt;  // too few timed sizes, or times that do not grow with the tokens
+  }
+  if (!(f.bytes_per_token > 0) || !(f.intercept_bytes > 0)) return std::nullopt;
+  const double unit = static_cast<double>(kStepCostPerToken) / f.bytes_per_token;
+  auto scaled = [&](double v, double ceiling) { return static_cast<int64_t>(std::llround(std::min(v * unit, ceiling))); };
+  TokenStepCost c;
+  c.per_token = kStepCostPerToken;
+  c.per_microbatch = scaled(f.intercept_bytes, static_cast<double>(int64_t{1} << 50));
+  c.per_token_squared = scaled(f.bytes_per_token_squared, static_cast<double>(int64_t{1} << 30));
+  if (c.per_microbatch < 1) return std::nullopt;  // below a 65536th of a token's time: nothing to trade
+  return c;
+}
+
+std::vector<std::vector<int64_t>> pack_by_token_budget(const std::vector<int64_t>& lengths, int64_t token_budget,
+                                                       const std::optional<TokenStepCost>& cost) {
   checked_in_range(token_budget, 1, TokenMemoryModel::kMaxSequences, "the token budget");
   for (size_t i = 0; i < lengths.size(); ++i) {
     checked_in_range(lengths[i], 1, TokenMemoryModel::kMaxSeqLen, "sequence " + std::to_string(i) + "'s length");
@@ -198,21 +217,39 @@ std::vector<std::vector<int64_t>> pack_by_token_budget(const std::vector<int64_t
   std::iota(order.begin(), order.end(), int64_t{0});
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t x, int64_t y) { return lengths[static_cast<size_t>(x)] > lengths[static_cast<size_t>(y)]; });
-  std::vector<std::vector<int64_t>> out;
-  size_t next = 0;
-  while (next < order.size()) {
-    const int64_t longest = lengths[static_cast<size_t>(order[next])];
-    const int64_t capacity = token_budget / longest;
-    if (capacity < 1) {
-      throw InfeasibleError("sequence " + std::to_string(order[next]) + " has " + std::to_string(longest) +
-                            " tokens, more than the token budget of " + std::to_string(token_budget) +
-                            " padded tokens per microbatch; truncate the sequences to at most " +
-                            std::to_string(token_budget) + " tokens or raise the budget");
+  if (!order.empty() && lengths[static_cast<size_t>(order.front())] > token_budget) {
+    const int64_t longest = lengths[static_cast<size_t>(order.front())];
+    throw InfeasibleError("sequence " + std::to_string(order.front()) + " has " + std::to_string(longest) +
+                          " tokens, more than the token budget of " + std::to_string(token_budget) +
+                          " padded tokens per microbatch; truncate the sequences to at most " +
+                          std::to_string(token_budget) + " tokens or raise the budget");
+  }
+  // Without a measured cost every microbatch costs the same: the fewest microbatches.
+  const TokenStepCost c = cost.value_or(TokenStepCost{1, 0, 0});
+  // best[i]: the least cost of packing order[i..n); end[i]: where its first microbatch ends.
+  // 128-bit sums: b·L² · per_token_squared reaches 2^40 · 2^31 · 2^30 for the largest inputs
+  // the ranges allow, and the Python reader's integers are exact too.
+  const size_t n = order.size();
+  std::vector<__int128> best(n + 1, 0);
+  std::vector<size_t> end(n + 1, n);
+  for (size_t i = n; i-- > 0;) {
+    const __int128 len = lengths[static_cast<size_t>(order[i])];
+    const size_t capacity = static_cast<size_t>(token_budget / static_cast<int64_t>(len));
+    const size_t last = std::min(n, i + capacity);
+    const __int128 per_sequence = c.per_token * len + c.per_token_squared * len * len;
+    bool first = true;
+    for (size_t j = i + 1; j <= last; ++j) {
+      const __int128 total = c.per_microbatch + per_sequence * static_cast<__int128>(j - i) + best[j];
+      if (first || total <= best[i]) {  // <=: ties go to the larger first microbatch
+        best[i] = total;
+        end[i] = j;
+        first = false;
+      }
     }
-    const size_t take = static_cast<size_t>(std::min<int64_t>(capacity, static_cast<int64_t>(order.size() - next)));
-    out.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(next),
-                     order.begin() + static_cast<std::ptrdiff_t>(next + take));
-    next += take;
+  }
+  std::vector<std::vector<int64_t>> out;
+  for (size_t i = 0; i < n; i = end[i]) {
+    out.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(i), order.begin() + static_cast<std::ptrdiff_t>(end[i]));
   }
   return out;
 }

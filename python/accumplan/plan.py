@@ -67,12 +67,16 @@ def split_samples(total, max_micro_batch, split="balanced", unit=1):
 
 # --- validation helpers ----------------------------------------------------------------------
 
-def pack_by_token_budget(lengths, token_budget):
+def pack_by_token_budget(lengths, token_budget, step_cost=None):
     """Packs sequences of ``lengths`` (tokens, each >= 1) into microbatches under a token budget,
     the rule of the C++ executor (accumplan/token_model.h): indices sorted by length, longest
-    first (ties in index order), each microbatch padded to its first (longest) member L and
-    holding at most ``token_budget // L`` sequences. Returns lists of indices; every index once.
-    Raises PlanError for a sequence longer than the budget."""
+    first (ties in index order), cut into consecutive runs, each padded to its first (longest)
+    member L and holding at most ``token_budget // L`` sequences; of all such cuts the one of least
+    total ``step_cost`` (the plan's ``tokens.step_cost``: ``per_microbatch + per_token*b*L +
+    per_token_squared*b*L*L`` per microbatch, exact integers, ties to the larger first microbatch).
+    Without a step cost: the fewest microbatches, each as full as the budget allows. Returns lists
+    of indices; every index once. Raises PlanError for a sequence longer than the budget.
+    O(n * token_budget / shortest length) steps."""
     if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
         raise PlanError("the token budget must be an integer >= 1, got %r" % (token_budget,))
     lengths = [int(n) for n in lengths]
@@ -80,16 +84,31 @@ def pack_by_token_budget(lengths, token_budget):
         if n < 1:
             raise PlanError("sequence %d's length must be >= 1, got %d" % (i, n))
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: ties keep index order
-    out, nxt = [], 0
-    while nxt < len(order):
-        longest = lengths[order[nxt]]
-        capacity = token_budget // longest
-        if capacity < 1:
-            raise PlanError("sequence %d has %d tokens, more than the token budget of %d padded tokens per "
-                            "microbatch; truncate the sequences to at most %d tokens or raise the budget"
-                            % (order[nxt], longest, token_budget, token_budget))
-        out.append(order[nxt:nxt + capacity])
-        nxt += capacity
+    if order and lengths[order[0]] > token_budget:
+        raise PlanError("sequence %d has %d tokens, more than the token budget of %d padded tokens per "
+                        "microbatch; truncate the sequences to at most %d tokens or raise the budget"
+                        % (order[0], lengths[order[0]], token_budget, token_budget))
+    if step_cost is None:
+        per_mb, per_tok, per_sq = 1, 0, 0  # every microbatch costs the same: the fewest
+    else:
+        per_mb, per_tok, per_sq = (int(step_cost[k]) for k in ("per_microbatch", "per_token", "per_token_squared"))
+    n = len(order)
+    best = [0] * (n + 1)  # best[i]: least cost of packing order[i:]; end[i]: its first microbatch's end
+    end = [n] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        length = lengths[order[i]]
+        per_sequence = per_tok * length + per_sq * length * length
+        last = min(n, i + token_budget // length)
+        best_i, end_i = None, None
+        for j in range(i + 1, last + 1):
+            total = per_mb + per_sequence * (j - i) + best[j]
+            if best_i is None or total <= best_i:  # <=: ties go to the larger first microbatch
+                best_i, end_i = total, j
+        best[i], end[i] = best_i, end_i
+    out, i = [], 0
+    while i < n:
+        out.append(order[i:end[i]])
+        i = end[i]
     return out
 
 
@@ -266,6 +285,17 @@ class Plan:
         # 1.4: each optimizer window holds at least this many valid tokens (over all ranks), not a
         # fixed number of samples; token_windows() cuts them. None: windows of per_rank_batch samples.
         self.target_tokens = _positive_int(tokens, "target_tokens", "$.tokens", required=False) if tokens else None
+        # 1.4: what packing minimises (pack_by_token_budget); None: the fewest microbatches.
+        self.step_cost = None
+        if tokens and tokens.get("step_cost") is not None:
+            cost = _field(tokens, "step_cost", "$.tokens", (dict,))
+            limits = {"per_microbatch": (0, 1 << 50), "per_token": (1, 1 << 16), "per_token_squared": (0, 1 << 30)}
+            for key, (lo, hi) in limits.items():
+                v = _field(cost, key, "$.tokens.step_cost", (int,))
+                if isinstance(v, bool) or not lo <= v <= hi:
+                    raise PlanError("%s: $.tokens.step_cost.%s must be an integer in [%d, %d], got %r"
+                                    % (self.source, key, lo, hi, v))
+            self.step_cost = {k: cost[k] for k in limits}
         self.confirmed = bool(d.get("confirmed", False))
         self.reason = d.get("reason", "")
 
@@ -374,7 +404,7 @@ class Plan:
             raise PlanError("the window holds a sequence of %d tokens, longer than the %d tokens the plan's token "
                             "budget was planned for ($.tokens.max_seq_len); truncate the sequences or plan again "
                             "with a longer --seq-len" % (longest, self.tokens["max_seq_len"]))
-        return pack_by_token_budget(lengths, self.tokens["token_budget"])
+        return pack_by_token_budget(lengths, self.tokens["token_budget"], self.step_cost)
 
     def repack_below(self, failing_tokens, longest_sequence):
         """Lowers the token budget in place below ``failing_tokens`` (the padded tokens of a

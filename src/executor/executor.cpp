@@ -257,7 +257,9 @@ void Executor::recover_packed(int64_t failing_tokens, int64_t longest_sequence, 
   if (options_.on_replan) {
     std::vector<int64_t> sizes;
     if (!lengths.empty()) {
-      for (const auto& g : pack_by_token_budget(lengths, budget)) sizes.push_back(static_cast<int64_t>(g.size()));
+      for (const auto& g : pack_by_token_budget(lengths, budget, plan_.tokens->step_cost)) {
+        sizes.push_back(static_cast<int64_t>(g.size()));
+      }
     }
     options_.on_replan(ReplanEvent{where.window, failing_tokens, sizes, "token budget " + std::to_string(budget)});
   }
@@ -362,7 +364,7 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
   }
   auto pack = [&]() {
     std::vector<std::vector<int64_t>> groups;
-    if (!lengths.empty()) groups = pack_by_token_budget(lengths, plan_.tokens->token_budget);
+    if (!lengths.empty()) groups = pack_by_token_budget(lengths, plan_.tokens->token_budget, plan_.tokens->step_cost);
     return groups;
   };
   auto sizes_of = [](const std::vector<std::vector<int64_t>>& groups) {

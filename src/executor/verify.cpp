@@ -160,7 +160,7 @@ VerifyScenario run_scenario(const torch::jit::Module& module, const Batch& windo
   sc.samples = batch_samples(window);
   const bool mask = plan.setup.padding_mask;
   if (sizes.empty()) {
-    for (const auto& group : pack_by_token_budget(window.sequence_lengths(), plan.tokens->token_budget)) {
+    for (const auto& group : pack_by_token_budget(window.sequence_lengths(), plan.tokens->token_budget, plan.tokens->step_cost)) {
       sc.sizes.push_back(static_cast<int64_t>(group.size()));
       sc.units_per_microbatch.push_back(
           count_units(window.gather(group).target, static_cast<int64_t>(group.size()), options.loss));

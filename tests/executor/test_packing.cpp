@@ -174,6 +174,32 @@ TEST_CASE("Packing: the accumulated gradient equals the unpadded per-token gradi
   CHECK(compare_tensors(whole.grads, o.grads).max_rel <= 1e-5);
 }
 
+TEST_CASE("Packing: with a step cost the executor cuts where it is cheapest, and the gradient is unchanged",
+          "[packing][step-cost]") {
+  const auto model = make_tiny_lm(2, kVocab, 5);
+  const Ragged data = make_ragged(13, 20, 21);
+  const Batch window = ragged_batch(data.sequences, data.targets);
+  const std::vector<int64_t> lengths = window.sequence_lengths();
+  Plan plan = packed_plan(13, 40, 20);
+  // A microbatch costs as much as 2 padded tokens: padding weighs more than filling the budget.
+  plan.tokens->step_cost = TokenStepCost{2 * kStepCostPerToken, kStepCostPerToken, 0};
+  const Outcome o = run_packed(model, plan, window, nullptr);
+  const auto groups = pack_by_token_budget(lengths, 40, plan.tokens->step_cost);
+  CHECK(groups != pack_by_token_budget(lengths, 40));  // not the fill
+  REQUIRE(o.events.size() == groups.size());
+  int64_t padded = 0, filled = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    CHECK(o.events[i].size == static_cast<int64_t>(groups[i].size()));
+    CHECK(o.events[i].padded_tokens <= 40);
+    padded += o.events[i].padded_tokens;
+  }
+  for (const auto& g : pack_by_token_budget(lengths, 40)) filled += int64_t(g.size()) * lengths[size_t(g.front())];
+  CHECK(padded < filled);  // fewer padded tokens than the fill, at more microbatches
+  const double rel = compare_tensors(o.grads, unpadded_reference(clone_module(model), data, false)).max_rel;
+  report("packed by step cost vs unpadded reference, tiny LM, max rel", rel);
+  CHECK(rel <= 1e-5);
+}
+
 TEST_CASE("Packing: a sample plan on ragged data cuts each microbatch to its own longest sequence", "[packing]") {
   // Token ids 1..6, so 0 is padding only; the model refuses a last column that is all padding,
   // which a slice padded to the window's longest would have.

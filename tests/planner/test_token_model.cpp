@@ -7,10 +7,16 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "accumplan/errors.h"
+#include "accumplan/json_io.h"
 #include "accumplan/token_model.h"
 
 using namespace accumplan;
@@ -193,4 +199,99 @@ TEST_CASE("Token packing: a sequence longer than the budget is named", "[token][
   CHECK_THROWS_WITH(pack_by_token_budget({16, 0}, 100), Catch::Contains("sequence 1's length: 0 is out of range"));
   CHECK_THROWS_AS(pack_by_token_budget({16}, 0), InputError);
   CHECK(pack_by_token_budget({}, 100).empty());
+}
+
+namespace {
+
+// The greedy fill packing made before step costs (1.3): each microbatch as full as the budget allows.
+std::vector<std::vector<int64_t>> greedy_fill(const std::vector<int64_t>& lengths, int64_t budget) {
+  std::vector<int64_t> order(lengths.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return lengths[size_t(x)] > lengths[size_t(y)]; });
+  std::vector<std::vector<int64_t>> out;
+  for (size_t next = 0; next < order.size();) {
+    const size_t take = std::min(order.size() - next, size_t(budget / lengths[size_t(order[next])]));
+    out.emplace_back(order.begin() + std::ptrdiff_t(next), order.begin() + std::ptrdiff_t(next + take));
+    next += take;
+  }
+  return out;
+}
+
+double packing_cost(const std::vector<std::vector<int64_t>>& groups, const std::vector<int64_t>& lengths,
+                    const TokenStepCost& c) {
+  double total = 0;
+  for (const auto& g : groups) {
+    const double b = double(g.size()), l = double(lengths[size_t(g.front())]);
+    total += double(c.per_microbatch) + double(c.per_token) * b * l + double(c.per_token_squared) * b * l * l;
+  }
+  return total;
+}
+
+}  // namespace
+
+TEST_CASE("Token packing: without a step cost it is the greedy fill, with one the cheapest cut of all",
+          "[token][pack][step-cost]") {
+  std::mt19937 rng(11);
+  std::lognormal_distribution<double> dist(4.0, 1.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t n = 1 + rng() % 12;
+    std::vector<int64_t> lengths;
+    for (size_t i = 0; i < n; ++i) lengths.push_back(std::clamp<int64_t>(int64_t(dist(rng)), 1, 300));
+    const int64_t budget = *std::max_element(lengths.begin(), lengths.end()) * int64_t(1 + rng() % 6);
+    INFO("trial " << trial);
+    CHECK(pack_by_token_budget(lengths, budget) == greedy_fill(lengths, budget));
+    const TokenStepCost cost{int64_t(rng() % 4) * 4000, 1 + int64_t(rng() % 3), int64_t(rng() % 3)};
+    const auto packed = pack_by_token_budget(lengths, budget, cost);
+    // Brute force: every cut of the sorted order into runs (2^(n-1) of them) that fits the budget.
+    const auto order = greedy_fill(lengths, int64_t{1} << 40).front();  // the sorted order, longest first
+    double cheapest = 1e300;
+    for (uint32_t cuts = 0; cuts < (1u << (n - 1)); ++cuts) {
+      std::vector<std::vector<int64_t>> groups{{order[0]}};
+      for (size_t i = 1; i < n; ++i) {
+        if (cuts & (1u << (i - 1))) groups.emplace_back();
+        groups.back().push_back(order[i]);
+      }
+      bool fits = true;
+      for (const auto& g : groups) fits = fits && int64_t(g.size()) * lengths[size_t(g.front())] <= budget;
+      if (fits) cheapest = std::min(cheapest, packing_cost(groups, lengths, cost));
+    }
+    CHECK(packing_cost(packed, lengths, cost) == cheapest);
+    for (const auto& g : packed) CHECK(int64_t(g.size()) * lengths[size_t(g.front())] <= budget);
+  }
+}
+
+TEST_CASE("Token packing: the C++ rule and the Python reader agree on the shared cases", "[token][pack][python]") {
+  const std::string path = std::string(ACCUMPLAN_SOURCE_DIR) + "/tests/python/packing_cases.json";
+  const nlohmann::json cases = nlohmann::json::parse(read_text_file(path, "the shared packing cases")).at("cases");
+  REQUIRE(cases.size() >= 8);
+  for (const auto& c : cases) {
+    INFO(c.at("note").get<std::string>());
+    std::optional<TokenStepCost> cost;
+    if (!c.at("step_cost").is_null()) {
+      const auto& s = c.at("step_cost");
+      cost = TokenStepCost{s.at("per_microbatch").get<int64_t>(), s.at("per_token").get<int64_t>(),
+                           s.at("per_token_squared").get<int64_t>()};
+    }
+    CHECK(pack_by_token_budget(c.at("lengths").get<std::vector<int64_t>>(), c.at("token_budget").get<int64_t>(), cost) ==
+          c.at("groups").get<std::vector<std::vector<int64_t>>>());
+  }
+}
+
+TEST_CASE("Token step cost: fitted from step times, in per-token units; none without a microbatch cost",
+          "[token][step-cost]") {
+  // seconds(b, T) = 2 ms + 1 µs·b·T + 1 ns·b·T², in nanoseconds.
+  std::vector<TokenPoint> pts;
+  for (int64_t b : {1, 2, 4}) {
+    for (int64_t t : {64, 256, 1024}) pts.push_back({b, t, 2000000 + 1000 * b * t + b * t * t});
+  }
+  const std::optional<TokenStepCost> c = fit_step_cost(pts);
+  REQUIRE(c.has_value());
+  CHECK(c->per_token == kStepCostPerToken);
+  CHECK(c->per_microbatch == Approx(2000.0 * kStepCostPerToken).epsilon(1e-3));  // 2 ms = 2000 tokens' time
+  CHECK(c->per_token_squared == Approx(kStepCostPerToken / 1000.0).epsilon(1e-2));
+  // Times that fall to zero or below at no tokens leave nothing to trade padding against.
+  std::vector<TokenPoint> free_microbatches;
+  for (const auto& p : pts) free_microbatches.push_back({p.micro_batch, p.seq_len, 1000 * p.micro_batch * p.seq_len});
+  CHECK_FALSE(fit_step_cost(free_microbatches).has_value());
+  CHECK_FALSE(fit_step_cost({pts.front()}).has_value());
 }

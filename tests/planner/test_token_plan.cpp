@@ -218,3 +218,19 @@ TEST_CASE("Sequence length lists: --seq-len-file's one parser", "[token][seq-len
   CHECK_THROWS_WITH(parse_seq_len_list("# only a comment\n"), Catch::Contains("holds no sequence lengths"));
   CHECK_THROWS_WITH(parse_seq_len_list("99999999999\n"), Catch::Contains("out of range"));
 }
+
+TEST_CASE("Token plan: step times give the packing's step cost, kept in the plan; none without them",
+          "[token][solver][step-cost]") {
+  Profile p = token_profile();
+  CHECK_FALSE(make_plan(p, token_request(256, 612 * MiB)).tokens->step_cost.has_value());
+  for (auto& pt : p.points) pt.step_seconds = 0.002 + 1e-6 * static_cast<double>(pt.micro_batch * *pt.seq_len);
+  const Plan plan = make_plan(p, token_request(256, 612 * MiB));
+  REQUIRE(plan.tokens->step_cost.has_value());
+  CHECK(plan.tokens->step_cost->per_microbatch == Approx(2000.0 * kStepCostPerToken).epsilon(1e-3));
+  CHECK(plan.tokens->step_cost->per_token_squared == 0);
+  CHECK_THAT(plan.reason, Catch::Contains("a microbatch costs as much as 2000 padded tokens"));
+  const Plan back = plan_from_json(nlohmann::json::parse(to_json(plan).dump()));
+  REQUIRE(back.tokens->step_cost.has_value());
+  CHECK(back.tokens->step_cost->per_microbatch == plan.tokens->step_cost->per_microbatch);
+  CHECK(back.tokens->step_cost->per_token == kStepCostPerToken);
+}

@@ -90,7 +90,32 @@ class Encoder(torch.nn.Module):
         return self.out(self.encoder(self.emb(x), src_key_padding_mask=mask))
 
 
+PACKING_CASES = os.path.join(HERE, "packing_cases.json")
+
+
 class Packing(unittest.TestCase):
+    def test_the_packing_rule_agrees_with_the_cpp_one_on_the_shared_cases(self):
+        # tests/planner/test_token_model.cpp reads the same file; the first case is worked by hand.
+        with open(PACKING_CASES) as f:
+            cases = json.load(f)["cases"]
+        self.assertGreaterEqual(len(cases), 8)
+        for c in cases:
+            with self.subTest(note=c["note"]):
+                self.assertEqual(accumplan.pack_by_token_budget(c["lengths"], c["token_budget"], c["step_cost"]),
+                                 c["groups"])
+
+    def test_a_plans_step_cost_is_read_validated_written_and_packs(self):
+        d = packed_doc(6, 400, 100)
+        d["tokens"]["step_cost"] = {"per_microbatch": 50, "per_token": 1, "per_token_squared": 0}
+        plan = accumplan.load_plan(d)
+        self.assertEqual(plan.step_cost["per_microbatch"], 50)
+        self.assertEqual(plan.pack([100, 90, 10, 10, 10, 10]), [[0, 1], [2, 3, 4, 5]])  # the fill would be 4 + 2
+        self.assertEqual(plan.to_dict()["tokens"]["step_cost"], d["tokens"]["step_cost"])
+        self.assertEqual(packed_plan(6, 400, 100).pack([100, 90, 10, 10, 10, 10]), [[0, 1, 2, 3], [4, 5]])
+        d["tokens"]["step_cost"]["per_token"] = 0
+        with self.assertRaisesRegex(accumplan.PlanError, r"\$\.tokens\.step_cost\.per_token must be an integer in \[1, 65536\], got 0"):
+            accumplan.load_plan(d)
+
     def test_the_packing_rule_is_the_executors(self):
         # Longest first, ties in index order, floor(budget / longest) per microbatch
         # (tests/planner/test_token_model.cpp checks the same case in C++).

@@ -34,7 +34,9 @@ inline constexpr int kSchemaMajor = 1;
 // which read and mean what they did in 1.2.
 // 1.4: a packed plan may carry `tokens.target_tokens`: each update is a window of consecutive
 // sequences holding at least that many valid tokens (token_windows in token_model.h) instead of
-// target_batch samples. Plans without it read and mean what they did in 1.3.
+// target_batch samples; and `tokens.step_cost`, the measured cost packing minimises (padded
+// tokens against microbatches) instead of filling each microbatch. Plans without them read and
+// mean what they did in 1.3.
 inline constexpr int kSchemaMinor = 4;
 const std::string& schema_version_string();  // "1.4"
 
@@ -174,6 +176,16 @@ struct Timing {
 // most token_budget padded tokens (b sequences padded to the microbatch's longest L: b·L <=
 // token_budget; accumplan/token_model.h, pack_by_token_budget). The sample fields still hold
 // the window (per_rank_batch samples); microbatch_sizes is then the plan's split at max_seq_len.
+// 1.4: what packing minimises, the relative time of one microbatch of b sequences padded to L
+// tokens, in integer units: per_microbatch + per_token·b·L + per_token_squared·b·L², with
+// per_token = kStepCostPerToken (accumplan/token_model.h). Fitted from the profile's step times;
+// absent, packing makes the fewest microbatches (as 1.3 did).
+struct TokenStepCost {
+  int64_t per_microbatch = 0;
+  int64_t per_token = 0;
+  int64_t per_token_squared = 0;
+};
+
 struct TokenBudget {
   int64_t token_budget = 0;            // padded tokens per microbatch
   int64_t max_seq_len = 0;             // the longest sequence the budget was planned (and confirmed) for
@@ -183,6 +195,7 @@ struct TokenBudget {
   // window at max_seq_len (ceil(target_tokens / max_seq_len) sequences, rounded up to a multiple
   // of the world size), what the sample fields describe.
   std::optional<int64_t> target_tokens;
+  std::optional<TokenStepCost> step_cost;  // 1.4: packing minimises this; absent: fewest microbatches
 };
 
 struct UniformSplit {

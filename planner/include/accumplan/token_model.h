@@ -10,15 +10,20 @@
 // largest number of sequences of length T that fit a usable budget, the longest sequence that fits
 // alone, the token budget (padded tokens per microbatch) that fits at the longest allowed length,
 // and `pack_by_token_budget`, which packs a window's sequences (longest first, each microbatch
-// padded to its own longest) into as few microbatches as that budget allows.
-// What it is not: wired to the profiler, the plan schema or the executor yet (the (b, T) probe
-// grid, the plan's token budget and the executor's packing are the rest of issue 16), and not a
-// guarantee: like the sample model it is a prediction that a real window confirms.
+// padded to its own longest) under that budget at the least measured cost (`TokenStepCost`:
+// microbatches against padded tokens), and `token_windows`, which cuts data into windows of a
+// number of valid tokens (--target-tokens).
+// What it is not: a guarantee: like the sample model it is a prediction that a real window
+// confirms (the profiler, src/profiling/probe_runner.h). Nor torch-aware: the executor and the
+// Python reader call these with nothing but lengths, a budget and the plan's step cost.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
+
+#include "accumplan/schema.h"
 
 namespace accumplan {
 
@@ -73,15 +78,33 @@ class TokenMemoryModel {
   TokenFit fit_;
 };
 
+// The integer unit of TokenStepCost: one padded token costs this much (2^16, so a per-token cost
+// 1/2^16 of a token's is still told from zero).
+inline constexpr int64_t kStepCostPerToken = int64_t{1} << 16;
+
+// A microbatch's measured time, seconds(b, T) ≈ t0 + t1·b·T + t2·b·T², fitted as the memory is
+// (TokenMemoryModel's weighted least squares, on step times in nanoseconds) from `points` whose
+// peak_bytes hold nanoseconds, then put in kStepCostPerToken units. nullopt when the times cannot
+// say what a microbatch costs against a token: fewer than two token counts, a per-token time that
+// is not positive, or no positive per-microbatch time (then packing fills each microbatch).
+std::optional<TokenStepCost> fit_step_cost(const std::vector<TokenPoint>& points_ns);
+
 // Packs sequences of `lengths` (tokens, each >= 1) into microbatches under a token budget: indices
-// sorted by length, longest first (ties in index order), each microbatch padded to its first
-// (longest) member L and holding at most floor(token_budget / L) sequences, so no microbatch holds
-// more than token_budget padded tokens. Greedy on the sorted order is optimal: capacity only grows
-// as the lengths shrink, so filling each microbatch never forces an extra one later. Model-free on
-// purpose: the executor, its out-of-memory re-pack and the Python reader all follow this one rule
-// with nothing but the budget. Returns indices into `lengths`; every index appears once. Throws
-// InfeasibleError naming the first sequence longer than the budget.
-std::vector<std::vector<int64_t>> pack_by_token_budget(const std::vector<int64_t>& lengths, int64_t token_budget);
+// sorted by length, longest first (ties in index order), cut into consecutive runs of that order,
+// each padded to its first (longest) member L and holding at most floor(token_budget / L)
+// sequences, so no microbatch holds more than token_budget padded tokens. Of all such cuts, the
+// one of least total `cost` (a dynamic programme over the sorted order, from its end; exact
+// integer arithmetic, ties to the larger first microbatch). Without a cost: the fewest
+// microbatches, which the ties make exactly the greedy fill (each microbatch as full as the budget
+// allows). Runs of the sorted order lose nothing: moving a longer sequence into the microbatch
+// padded longer keeps that one's length and never lengthens the other's. O(n · budget /
+// shortest length) steps: 32
+// sequences take about a thousand. Model-free on purpose: the executor, its out-of-memory re-pack
+// and the Python reader all follow this one rule with nothing but the budget and the plan's cost.
+// Returns indices into `lengths`; every index appears once. Throws InfeasibleError naming the
+// longest sequence when it is longer than the budget.
+std::vector<std::vector<int64_t>> pack_by_token_budget(const std::vector<int64_t>& lengths, int64_t token_budget,
+                                                       const std::optional<TokenStepCost>& cost = std::nullopt);
 
 // The windows of a --target-tokens plan (plan.tokens.target_tokens): [start, count) pairs that
 // cut the sequences, in order, into consecutive windows; a window closes at the first sequence
