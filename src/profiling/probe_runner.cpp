@@ -79,15 +79,7 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
     setup.inputs.clear();
     // Ragged data: the padded dimension is the sequence dimension T ("int64[B,T]:50257"), and the
     // file's own lengths are the range planned for unless --seq-len says otherwise.
-    auto spec_of = [&](const at::Tensor& t) {
-      std::string text = spec_text_of(t);
-      if (file_batch_->ragged() && t.dim() >= 2) {
-        const size_t comma = text.find(',');
-        const size_t end = text.find_first_of(",]", comma + 1);
-        text = text.substr(0, comma + 1) + "T" + text.substr(end);
-      }
-      return text;
-    };
+    auto spec_of = [&](const at::Tensor& t) { return spec_text_of(t, file_batch_->ragged()); };
     for (const auto& t : file_batch_->inputs) setup.inputs.push_back(spec_of(t));
     setup.target = spec_of(file_batch_->target);
     if (file_batch_->ragged() && setup.seq_len.empty()) {
@@ -159,6 +151,18 @@ int64_t ProbeRunner::device_total_bytes() const {
 void ProbeRunner::enforce(std::optional<int64_t> budget) {
   probe_.set_budget_bytes(budget ? std::optional<int64_t>(checked_add(*budget, host_bytes_, "the budget plus host data"))
                                  : std::nullopt);
+}
+
+bool ProbeRunner::can_pass_budget() const { return probe_.budget_is_simulated() && budget_bytes_.has_value(); }
+
+WindowMeasurement ProbeRunner::past_the_budget(const std::function<WindowMeasurement()>& window) {
+  if (!can_pass_budget()) return window();
+  struct Restore {
+    ProbeRunner& runner;
+    ~Restore() { runner.enforce(runner.budget_bytes_); }
+  } restore{*this};
+  enforce(checked_mul(*budget_bytes_, int64_t{2}, "twice the budget"));
+  return window();
 }
 
 int64_t ProbeRunner::declared_optimizer_state_bytes() const {
@@ -495,10 +499,8 @@ void ProbeRunner::extend_linear_tail(Profile& p, int64_t largest_scheduled,
     // learns the slope it got wrong. lstm_classifier under 21 MiB: from b = 2 and 4 the line
     // predicted 98 samples, the truth is 13; the OOM at 49 said only "less than 49" and four more
     // windows bisected down to 9.
-    const bool past = probe_.budget_is_simulated() && budget_bytes_.has_value();
-    if (past) enforce(checked_mul(*budget_bytes_, int64_t{2}, "twice the budget"));
-    const WindowMeasurement s = measure(next);
-    if (past) enforce(budget_bytes_);
+    const bool past = can_pass_budget();
+    const WindowMeasurement s = past_the_budget([&] { return measure(next); });
     record(s);
     if (s.oom && past && unmeasured == 0) {
       unmeasured = next;  // one more try, between the largest measured size and this one
@@ -510,11 +512,7 @@ void ProbeRunner::extend_linear_tail(Profile& p, int64_t largest_scheduled,
 
 WindowMeasurement ProbeRunner::measure_tokens(int64_t micro_batch, int64_t seq_len, bool past_budget) {
   seq_len_ = seq_len;
-  const bool past = past_budget && probe_.budget_is_simulated() && budget_bytes_.has_value();
-  if (past) enforce(checked_mul(*budget_bytes_, int64_t{2}, "twice the budget"));
-  WindowMeasurement s = measure(micro_batch);
-  if (past) enforce(budget_bytes_);
-  return s;
+  return past_budget ? past_the_budget([&] { return measure(micro_batch); }) : measure(micro_batch);
 }
 
 void ProbeRunner::profile_tokens(Profile& p) {
@@ -630,10 +628,7 @@ Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request) {
     // A simulated budget is raised to twice itself for the window (as for the tail probes): a
     // window over the budget is then measured, and the refit interpolates instead of bisecting
     // blind. lstm_classifier under 35 MiB: confirm 42 failed, the midpoint 29 fit, true max 40.
-    const bool past = probe_.budget_is_simulated() && budget_bytes_.has_value();
-    if (past) enforce(checked_mul(*budget_bytes_, int64_t{2}, "twice the budget"));
-    WindowMeasurement s = whole ? window({next}) : measure(next);
-    if (past) enforce(budget_bytes_);
+    WindowMeasurement s = past_the_budget([&] { return whole ? window({next}) : measure(next); });
     s.micro_batch = next;
     ++windows;
     // Within the budget less the margin's parts a measured size keeps (as make_plan counts it).

@@ -148,6 +148,13 @@ class ProbeRunner {
   int64_t probe_peak() const;
   // Enforces `budget` on the probe, plus the host data (the --batch-file) it must not count.
   void enforce(std::optional<int64_t> budget);
+  // Whether windows may run past the budget: only a simulated one (MemoryProbe::
+  // budget_is_simulated), and only when set. On a real device the budget is never raised.
+  bool can_pass_budget() const;
+  // Runs `window` under twice the budget where can_pass_budget(), and restores the budget after,
+  // also when it throws: a window past the budget is then a measured point the fit learns from,
+  // not just an out-of-memory (numbers at the callers). Elsewhere it runs under the budget.
+  WindowMeasurement past_the_budget(const std::function<WindowMeasurement()>& window);
   // The device's memory as a profile records it: on CPU the budget, without the host data.
   int64_t device_total_bytes() const;
   // Variable-length data (inputs with T): the (b, T) grid and the confirmation at the planned

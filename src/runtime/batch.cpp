@@ -398,16 +398,17 @@ void check_batch_matches(const Batch& batch, const std::vector<TensorSpec>& inpu
   if (target) check_tensor(batch.target, *target, what + " target");
 }
 
-std::string spec_text_of(const at::Tensor& samples) {
-  std::string s = dtype_name(samples.scalar_type()) + "[B";
-  for (int64_t i = 1; i < samples.dim(); ++i) s += "," + std::to_string(samples.size(i));
-  s += "]";
-  const bool integer = at::isIntegralType(samples.scalar_type(), /*includeBool=*/false);
-  if (integer) {
-    const int64_t high = samples.numel() > 0 ? samples.max().item<int64_t>() + 1 : 1;
-    s += ":" + std::to_string(std::max<int64_t>(1, high));
+std::string spec_text_of(const at::Tensor& samples, bool sequence_dim) {
+  TensorSpec spec;
+  spec.dtype = dtype_name(samples.scalar_type());
+  spec.dims.push_back(TensorSpec::kBatchDim);
+  for (int64_t i = 1; i < samples.dim(); ++i) {
+    spec.dims.push_back(i == 1 && sequence_dim ? TensorSpec::kSeqDim : samples.size(i));
   }
-  return s;
+  if (at::isIntegralType(samples.scalar_type(), /*includeBool=*/false)) {
+    spec.high = std::max<int64_t>(1, samples.numel() > 0 ? samples.max().item<int64_t>() + 1 : 1);
+  }
+  return spec.to_string();
 }
 
 }  // namespace accumplan

@@ -86,8 +86,10 @@ void check_batch_matches(const Batch& batch, const std::vector<TensorSpec>& inpu
                          const std::optional<TensorSpec>& target, const std::string& what);
 
 // The spec text describing `samples` (dim 0 = samples): "float32[B,3,32,32]"; integer tensors get
-// ":high" with high = max + 1, so a plan made from a batch file can rebuild synthetic data.
-std::string spec_text_of(const at::Tensor& samples);
+// ":high" with high = max + 1, so a plan made from a batch file can rebuild synthetic data. With
+// `sequence_dim` (ragged data, padded along dim 1), dim 1 is the sequence dimension T:
+// "int64[B,T]:50257". Written by TensorSpec::to_string, the spec's one canonical form.
+std::string spec_text_of(const at::Tensor& samples, bool sequence_dim = false);
 
 // at::ScalarType for a spec dtype name ("float32" → kFloat); InternalError for an unknown one
 // (parse_tensor_spec has already refused those).
