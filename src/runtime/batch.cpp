@@ -165,16 +165,30 @@ Batch Batch::slice(int64_t start, int64_t count) const {
   return out;
 }
 
-Batch Batch::gather(const std::vector<int64_t>& indices) const {
-  if (!ragged()) throw InternalError("gather() of a batch that is not ragged");
-  const std::vector<int64_t> all = sequence_lengths();
+namespace {
+
+// The longest of the sequences at `indices`, read in place (a strided shard's lengths too): no
+// copy of the window's lengths per microbatch.
+int64_t longest_of(const at::Tensor& lengths, const std::vector<int64_t>& indices) {
+  const at::Tensor l = lengths.scalar_type() == at::kLong ? lengths : lengths.to(at::kLong);
+  const auto acc = l.accessor<int64_t, 1>();
   int64_t longest = 0;
   for (int64_t i : indices) {
-    if (i < 0 || i >= static_cast<int64_t>(all.size())) {
-      throw InternalError("gather: index " + std::to_string(i) + " outside a batch of " + std::to_string(all.size()));
+    if (i < 0 || i >= acc.size(0)) {
+      throw InternalError("gather: index " + std::to_string(i) + " outside a batch of " + std::to_string(acc.size(0)));
     }
-    longest = std::max(longest, all[static_cast<size_t>(i)]);
+    longest = std::max(longest, acc[i]);
   }
+  return longest;
+}
+
+}  // namespace
+
+Batch Batch::gather(const std::vector<int64_t>& indices) const {
+  if (!ragged()) throw InternalError("gather() of a batch that is not ragged");
+  const int64_t longest = longest_of(lengths, indices);
+  // A copy, not a view, also for a contiguous run (a sample plan's microbatch): models may .view()
+  // their inputs, which a narrowed view refuses; the copy is the microbatch's tokens only.
   const at::Tensor index = at::tensor(indices, at::TensorOptions(at::kLong));
   // Cut to the longest first, then pick the rows: the copy holds only this microbatch's tokens.
   // Only tensors with a sequence dimension are cut: a target of one label per sequence ([B]) is not.
