@@ -190,19 +190,30 @@ int64_t TokenMemoryModel::worst_packed_peak_bytes(int64_t token_budget, int64_t 
 }
 
 std::optional<TokenStepCost> fit_step_cost(const std::vector<TokenPoint>& points_ns) {
-  TokenFit f;
-  try {
-    f = TokenMemoryModel::fit(points_ns).summary();
-  } catch (const InputError&) {
-    return std::nullopt;  // too few timed sizes, or times that do not grow with the tokens
+  std::set<double> tokens;
+  for (const auto& p : points_ns) {
+    if (p.micro_batch < 1 || p.seq_len < 1 || p.peak_bytes <= 0) return std::nullopt;
+    tokens.insert(static_cast<double>(p.micro_batch) * static_cast<double>(p.seq_len));
   }
-  if (!(f.bytes_per_token > 0) || !(f.intercept_bytes > 0)) return std::nullopt;
-  const double unit = static_cast<double>(kStepCostPerToken) / f.bytes_per_token;
+  if (tokens.size() < 3 || points_ns.size() < 4) return std::nullopt;
+  // Time has an attention term whenever the model attends, so T² is kept whenever it is positive
+  // (not only when it halves the line's miss, as for memory); else the line.
+  Solved fit = solve(points_ns, 3);
+  if (!(fit.coef[2] > 0) || !(fit.coef[1] > 0)) fit = solve(points_ns, 2);
+  const double t0 = fit.coef[0], t1 = fit.coef[1], t2 = fit.coef.size() > 2 ? fit.coef[2] : 0.0;
+  if (!(t1 > 0) || !(t0 > 0)) return std::nullopt;
+  // Step times of a few probe steps are noisy (on 2 busy CPU cores one b=1 x 1024 step took 1.41 s
+  // where b=2 x 1024 took 1.90 s and the fit's intercept came out at -0.1 s): a cost the times do not
+  // bear out would cut windows worse than filling them, so every point must lie within 25% of it.
+  for (size_t i = 0; i < points_ns.size(); ++i) {
+    if (std::fabs(fit.residuals[i]) > 0.25 * static_cast<double>(points_ns[i].peak_bytes)) return std::nullopt;
+  }
+  const double unit = static_cast<double>(kStepCostPerToken) / t1;
   auto scaled = [&](double v, double ceiling) { return static_cast<int64_t>(std::llround(std::min(v * unit, ceiling))); };
   TokenStepCost c;
   c.per_token = kStepCostPerToken;
-  c.per_microbatch = scaled(f.intercept_bytes, static_cast<double>(int64_t{1} << 50));
-  c.per_token_squared = scaled(f.bytes_per_token_squared, static_cast<double>(int64_t{1} << 30));
+  c.per_microbatch = scaled(t0, static_cast<double>(int64_t{1} << 50));
+  c.per_token_squared = scaled(t2, static_cast<double>(int64_t{1} << 30));
   if (c.per_microbatch < 1) return std::nullopt;  // below a 65536th of a token's time: nothing to trade
   return c;
 }

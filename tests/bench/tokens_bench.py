@@ -5,14 +5,17 @@ people run today, on a decoder LM and a long-tailed length distribution (issue 1
 What it does: exports a GPT-style decoder (examples/export_models.py's CausalLM, context 1024),
 draws sequence lengths from a log-normal clipped to 16..1024 (the first sample is 1024 long, so
 every plan must hold the longest), and plans it with `accumplan --batch-file` under a CPU budget:
-a token plan. Then three `accumplan run`s of the same windows, same samples per window, same
+a token plan. Then four `accumplan run`s of the same windows, same samples per window, same
 budget, in their own processes:
-  packed   the token plan: each window packed longest first under the token budget;
+  packed   the token plan: each window sorted longest first and cut under the token budget where
+           the plan's step cost (fitted from the profile's step times) predicts the least time;
+  filled   the same token plan without its step cost: each microbatch filled to the budget (the
+           packing before step costs);
   padded   the same plan without its token budget: its sample split (the largest microbatch that
            fits at 1024 tokens), every microbatch padded to 1024 — fixed-shape batches;
   sorted   that sample split on the samples sorted by length within each window, each microbatch
            cut to its own longest (Hugging Face's group_by_length).
-The updates are the same in all three (next-token targets, padding ignored, causal attention):
+The updates are the same in all four (next-token targets, padding ignored, causal attention):
 the script reports the largest difference of any window's loss. Truth for memory is each run's
 own measured peak (the counting allocator), for speed its valid tokens per second of window time.
 What it is not: a GPU benchmark; CPU throughput on 2 cores is what it measures.
@@ -104,6 +107,11 @@ def main():
          str(a.batch), "--out", plan_path] + common, "plan")
     with open(plan_path) as f:
         plan = json.load(f)
+    filled_plan = copy.deepcopy(plan)
+    filled_plan["tokens"].pop("step_cost", None)
+    filled_plan_path = os.path.join(a.scratch, "plan-filled.json")
+    with open(filled_plan_path, "w") as f:
+        json.dump(filled_plan, f, indent=2)
     padded_plan = copy.deepcopy(plan)
     padded_plan.pop("tokens")
     padded_plan_path = os.path.join(a.scratch, "plan-padded.json")
@@ -111,7 +119,8 @@ def main():
         json.dump(padded_plan, f, indent=2)
 
     results = {}
-    for name, plan_file, data in (("packed", plan_path, ragged), ("sorted", padded_plan_path, sorted_path),
+    for name, plan_file, data in (("packed", plan_path, ragged), ("filled", filled_plan_path, ragged),
+                                  ("sorted", padded_plan_path, sorted_path),
                                   ("padded", padded_plan_path, padded_path)):
         stats_path = os.path.join(a.scratch, "stats-%s.json" % name)
         run([a.accumplan, "run", "--model", model_path, "--plan", plan_file, "--data", data, "--stats", stats_path]
@@ -141,13 +150,15 @@ def main():
                     "max": max(lengths), "min": min(lengths)},
         "windows": a.windows, "batch": a.batch, "budget": a.budget,
         "plan": {"token_budget": plan["tokens"]["token_budget"], "max_seq_len": plan["tokens"]["max_seq_len"],
+                 "step_cost": plan["tokens"].get("step_cost"),
                  "padded_micro_batch": plan["max_micro_batch"], "padded_microbatches": plan["accumulation_steps"],
                  "predicted_peak_bytes": predicted, "confirmed": plan["confirmed"]},
         "runs": results,
         "packed_vs_padded_tokens_per_second": packed["tokens_per_second"] / results["padded"]["tokens_per_second"],
         "packed_vs_sorted_tokens_per_second": packed["tokens_per_second"] / results["sorted"]["tokens_per_second"],
+        "packed_vs_filled_tokens_per_second": packed["tokens_per_second"] / results["filled"]["tokens_per_second"],
         "packed_prediction_error": (predicted - packed["measured_peak_bytes"]) / packed["measured_peak_bytes"],
-        "max_loss_difference": max(abs(p - q) for name in ("sorted", "padded")
+        "max_loss_difference": max(abs(p - q) for name in ("filled", "sorted", "padded")
                                    for p, q in zip(packed["losses"], results[name]["losses"])),
     }
     with open(a.out + ".tmp", "w") as f:
@@ -171,7 +182,10 @@ def main():
         "| run | valid tokens/s | vs packed | microbatches per window | measured peak MiB | OOM recoveries |",
         "|---|---|---|---|---|---|",
     ]
-    for name, desc in (("packed", "packed (token plan)"), ("sorted", "sample split, sorted by length, cut to own longest"),
+    cost = out["plan"]["step_cost"]
+    for name, desc in (("packed", "packed (token plan, cut by its step cost)"),
+                       ("filled", "packed, each microbatch filled to the budget (no step cost)"),
+                       ("sorted", "sample split, sorted by length, cut to own longest"),
                        ("padded", "sample split, padded to 1024")):
         r = results[name]
         lines.append("| %s | %.0f | %.2f | %.1f | %.1f | %d |" % (
@@ -179,8 +193,13 @@ def main():
             r["measured_peak_bytes"] / mib, r["oom_recoveries"]))
     lines += [
         "",
-        "- packed / padded tokens per second: **%.2f**; packed / sorted: %.2f"
-        % (out["packed_vs_padded_tokens_per_second"], out["packed_vs_sorted_tokens_per_second"]),
+        "- packed / padded tokens per second: **%.2f**; packed / sorted: %.2f; packed / filled: %.2f"
+        % (out["packed_vs_padded_tokens_per_second"], out["packed_vs_sorted_tokens_per_second"],
+           out["packed_vs_filled_tokens_per_second"]),
+        "- the plan's step cost (from the profile's step times): %s"
+        % ("a microbatch costs as much as %.0f padded tokens; per token and token of length %.4f"
+           % (cost["per_microbatch"] / cost["per_token"], cost["per_token_squared"] / cost["per_token"])
+           if cost else "none (each microbatch filled)"),
         "- packed run: predicted peak %.1f MiB vs measured %.1f MiB: error %+.2f%% (positive = conservative)"
         % (predicted / mib, packed["measured_peak_bytes"] / mib, 100 * out["packed_prediction_error"]),
         "- identical updates: the largest difference of a window's loss between the runs is %.2e"

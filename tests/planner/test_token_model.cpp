@@ -294,4 +294,16 @@ TEST_CASE("Token step cost: fitted from step times, in per-token units; none wit
   for (const auto& p : pts) free_microbatches.push_back({p.micro_batch, p.seq_len, 1000 * p.micro_batch * p.seq_len});
   CHECK_FALSE(fit_step_cost(free_microbatches).has_value());
   CHECK_FALSE(fit_step_cost({pts.front()}).has_value());
+  // Step times as the token benchmark's profile measured them on 2 CPU cores (ns): too noisy to
+  // bear a per-microbatch cost (the fit's intercept is below zero), so none.
+  const std::vector<TokenPoint> measured{{1, 256, 249735848},  {1, 512, 412569692},  {1, 1024, 1410061492},
+                                         {2, 256, 351998805},  {2, 512, 816758761},  {2, 1024, 1896460744},
+                                         {4, 1024, 4559658383}};
+  CHECK_FALSE(fit_step_cost(measured).has_value());
+  // One point of the exact times at twice its time: refused as well; 10% off: kept.
+  std::vector<TokenPoint> noisy = pts;
+  noisy[4].peak_bytes = noisy[4].peak_bytes * 2;
+  CHECK_FALSE(fit_step_cost(noisy).has_value());
+  noisy[4].peak_bytes = pts[4].peak_bytes * 11 / 10;
+  CHECK(fit_step_cost(noisy).has_value());
 }

@@ -20,12 +20,15 @@ VOCAB = 10
 CASES = os.path.join(HERE, "token_windows_cases.json")
 
 
-def packed_doc(samples, token_budget, max_seq_len, padding_mask=False, target_tokens=None, world_size=1):
+def packed_doc(samples, token_budget, max_seq_len, padding_mask=False, target_tokens=None, world_size=1,
+               step_cost=None):
     d = plan_doc([samples], world_size=world_size, normalization="tokens")
-    d["schema_version"] = "1.3" if target_tokens is None else "1.4"
+    d["schema_version"] = "1.3" if target_tokens is None and step_cost is None else "1.4"
     d["tokens"] = {"token_budget": token_budget, "max_seq_len": max_seq_len, "longest_sequence_alone": max_seq_len}
     if target_tokens is not None:
         d["tokens"]["target_tokens"] = target_tokens
+    if step_cost is not None:
+        d["tokens"]["step_cost"] = step_cost
     if padding_mask:
         d["setup"]["padding_mask"] = True
     return d
@@ -168,19 +171,33 @@ class Packing(unittest.TestCase):
             torch.testing.assert_close(grads[i], w, rtol=1e-5, atol=1e-7)
 
     def test_an_oom_at_any_microbatch_repacks_below_it_and_gives_the_same_update(self):
+        # Filled to the budget, and cut by a step cost (a microbatch worth 3 padded tokens).
+        for cost in (None, {"per_microbatch": 3, "per_token": 1, "per_token_squared": 0}):
+            with self.subTest(step_cost=cost):
+                self._oom_at_any_microbatch(cost)
+
+    def _oom_at_any_microbatch(self, cost):
         seqs, targets = ragged(17, 24, 7)
         x, y, lengths = accumplan.pad_sequences(seqs, targets)
-        groups = accumplan.pack_by_token_budget(lengths.tolist(), 60)
+        groups = accumplan.pack_by_token_budget(lengths.tolist(), 60, cost)
         ref = TinyLM()
-        packed_plan(17, 60, 24).train_window(ref, torch.optim.SGD(ref.parameters(), lr=0.5), (x,), y, lengths=lengths)
+        packed_plan(17, 60, 24, step_cost=cost).train_window(ref, torch.optim.SGD(ref.parameters(), lr=0.5), (x,), y,
+                                                             lengths=lengths)
         for position, g in enumerate(groups):
             with self.subTest(position=position):
-                plan = packed_plan(17, 60, 24)
+                plan = packed_plan(17, 60, 24, step_cost=cost)
                 model = FailingAt(TinyLM(), position=position)
                 notes = []
+                failing = len(g) * max(int(lengths[i]) for i in g)
+                if min(60, failing - 1) < int(lengths.max()):
+                    # A microbatch smaller than the window's longest sequence ran out of memory: no
+                    # budget below it holds that sequence, so this is the end, said as such.
+                    with self.assertRaisesRegex(accumplan.OutOfMemoryAtOne, "cannot hold the window's longest"):
+                        plan.train_window(model, torch.optim.SGD(model.parameters(), lr=0.5), (x,), y,
+                                          lengths=lengths, on_oom=notes.append)
+                    continue
                 stats = plan.train_window(model, torch.optim.SGD(model.parameters(), lr=0.5), (x,), y,
                                           lengths=lengths, on_oom=notes.append)
-                failing = len(g) * max(int(lengths[i]) for i in g)
                 self.assertEqual(stats.oom_recoveries, 1)
                 self.assertEqual(plan.tokens["token_budget"], min(60, failing - 1))
                 # The sample fields follow the new budget (the C++ repack_below does the same).

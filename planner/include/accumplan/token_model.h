@@ -82,11 +82,12 @@ class TokenMemoryModel {
 // 1/2^16 of a token's is still told from zero).
 inline constexpr int64_t kStepCostPerToken = int64_t{1} << 16;
 
-// A microbatch's measured time, seconds(b, T) ≈ t0 + t1·b·T + t2·b·T², fitted as the memory is
-// (TokenMemoryModel's weighted least squares, on step times in nanoseconds) from `points` whose
-// peak_bytes hold nanoseconds, then put in kStepCostPerToken units. nullopt when the times cannot
-// say what a microbatch costs against a token: fewer than two token counts, a per-token time that
-// is not positive, or no positive per-microbatch time (then packing fills each microbatch).
+// A microbatch's measured time, seconds(b, T) ≈ t0 + t1·b·T + t2·b·T², fitted by the memory fit's
+// weighted least squares (on step times in nanoseconds, held in `points_ns`' peak_bytes; the T²
+// term kept whenever positive), then put in kStepCostPerToken units. nullopt when the times cannot
+// say what a microbatch costs against a token: fewer than four points at three token counts, a
+// per-token or per-microbatch time that is not positive, or a point more than 25% off the fit
+// (then packing fills each microbatch, as without step times).
 std::optional<TokenStepCost> fit_step_cost(const std::vector<TokenPoint>& points_ns);
 
 // Packs sequences of `lengths` (tokens, each >= 1) into microbatches under a token budget: indices
