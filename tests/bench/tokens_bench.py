@@ -183,7 +183,8 @@ def main():
         "|---|---|---|---|---|---|",
     ]
     cost = out["plan"]["step_cost"]
-    for name, desc in (("packed", "packed (token plan, cut by its step cost)"),
+    for name, desc in (("packed", "packed (token plan, %s)" % ("cut by its step cost" if cost else
+                                                               "no step cost from the profile: filled")),
                        ("filled", "packed, each microbatch filled to the budget (no step cost)"),
                        ("sorted", "sample split, sorted by length, cut to own longest"),
                        ("padded", "sample split, padded to 1024")):
