@@ -728,7 +728,8 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
               ? ", cut where the measured step times predict the least time (a microbatch costs as much as " +
                     std::to_string(std::llround(static_cast<double>(plan.tokens->step_cost->per_microbatch) /
                                                    static_cast<double>(kStepCostPerToken))) +
-                    " padded tokens)"
+                    " padded tokens), so microbatches may stay well below the budget and the predicted peak, "
+                    "the worst the budget allows"
               : std::string(", as few microbatches as the budget allows (no step times to weigh padding against)"))
       << ". Padded to " << t_max
       << " tokens, " << T << " samples per rank would need " << sizes.size() << " microbatches of at most " << m_max << ".";

@@ -167,3 +167,35 @@ class FailingAt(torch.nn.Module):
             _ = self.inner(x)
             raise oom_error(self.kind)
         return self.inner(x)
+
+
+DIST_TIMEOUT_S = 120  # watchdog: a hung collective fails the test instead of the suite
+
+
+def run_two_gloo_ranks(worker_script, out):
+    """Runs ``worker_script out`` as ranks 0 and 1 of a gloo group on 127.0.0.1 (one thread each);
+    returns (return codes, logs). A rank still running after DIST_TIMEOUT_S is killed and its
+    return code is None, so a hung collective fails the caller's test rather than the suite."""
+    import socket
+    import subprocess
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, worker_script), out], cwd=HERE,
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in range(2)]
+    logs, killed = ["", ""], [False, False]
+    try:
+        for r, p in enumerate(procs):
+            logs[r] = p.communicate(timeout=DIST_TIMEOUT_S)[0].decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for r, p in enumerate(procs):
+            if p.poll() is None:
+                killed[r] = True
+                p.kill()
+                p.wait()
+    return [None if killed[r] else p.returncode for r, p in enumerate(procs)], logs

@@ -5,50 +5,24 @@ all-reduce; and token windows (schema 1.4) whose shares exceed the per-rank batc
 train as one process does. The worker is dist_validation_worker.py; a watchdog kills a hang."""
 import json
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import unittest
 
 import torch
 
-from helpers import HERE, TinyLM, params_of
+from helpers import DIST_TIMEOUT_S, TinyLM, params_of, run_two_gloo_ranks
 
 import accumplan
 import dist_validation_worker as worker
-
-TIMEOUT_S = 120  # watchdog: a hung collective fails the test instead of the suite
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class BadShareOnOneRank(unittest.TestCase):
     def test_every_rank_raises_and_token_windows_match_one_process(self):
         with tempfile.TemporaryDirectory() as out:
-            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                       WORLD_SIZE="2", OMP_NUM_THREADS="1")
-            procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "dist_validation_worker.py"), out],
-                                      cwd=HERE, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                     for r in range(2)]
-            logs = ["", ""]
-            try:
-                for r, p in enumerate(procs):
-                    logs[r] = p.communicate(timeout=TIMEOUT_S)[0].decode(errors="replace")
-            except subprocess.TimeoutExpired:
-                self.fail("the ranks did not finish within %d s: a collective hangs" % TIMEOUT_S)
-            finally:
-                for p in procs:
-                    if p.poll() is None:
-                        p.kill()
-                        p.wait()
-            for r, p in enumerate(procs):
-                self.assertEqual(p.returncode, 0, "rank %d failed:\n%s" % (r, logs[r]))
+            codes, logs = run_two_gloo_ranks("dist_validation_worker.py", out)
+            for r in range(2):
+                self.assertEqual(codes[r], 0, "rank %d failed (None: killed after %d s, a collective hangs):\n%s"
+                                 % (r, DIST_TIMEOUT_S, logs[r]))
             got = []
             for r in range(2):
                 with open(os.path.join(out, "rank%d.json" % r)) as f:

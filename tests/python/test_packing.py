@@ -154,21 +154,10 @@ class Packing(unittest.TestCase):
             seen.append(size)
         self.assertEqual(seen, [len(g) for g in groups])
         want = unpadded_reference(TinyLM(), seqs, targets)
-        # lr 0: the parameters are unchanged; compare the gradient the step saw through a hook.
-        model2 = TinyLM()
-        grads = {}
-        opt = torch.optim.SGD(model2.parameters(), lr=0.0)
-        orig_step = opt.step
-
-        def step(*a, **k):
-            for i, p in enumerate(model2.parameters()):
-                grads[i] = p.grad.clone()
-            return orig_step(*a, **k)
-
-        opt.step = step
-        plan.train_window(model2, opt, (x,), y, lengths=lengths)
-        for i, w in enumerate(want):
-            torch.testing.assert_close(grads[i], w, rtol=1e-5, atol=1e-7)
+        # lr 0: the parameters are unchanged; compare the gradient the step saw.
+        grads, _ = grads_seen_by_step(plan, TinyLM(), (x,), y, lengths=lengths)
+        for got, w in zip(grads, want):
+            torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-7)
 
     def test_an_oom_at_any_microbatch_repacks_below_it_and_gives_the_same_update(self):
         # Filled to the budget, and cut by a step cost (a microbatch worth 3 padded tokens).
