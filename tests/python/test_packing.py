@@ -219,18 +219,8 @@ class Packing(unittest.TestCase):
         x, y, lengths = accumplan.pad_sequences(seqs, targets)
         want = unpadded_reference(Encoder(), seqs, targets, mask=True)
         for masked in (True, False):
-            model = Encoder()
-            grads = {}
-            opt = torch.optim.SGD(model.parameters(), lr=0.0)
-            orig_step = opt.step
-
-            def step(*a, **k):
-                for i, p in enumerate(model.parameters()):
-                    grads[i] = p.grad.clone()
-                return orig_step(*a, **k)
-
-            opt.step = step
-            packed_plan(9, 30, 12, padding_mask=masked).train_window(model, opt, (x,), y, lengths=lengths)
+            grads, _ = grads_seen_by_step(packed_plan(9, 30, 12, padding_mask=masked), Encoder(), (x,), y,
+                                          lengths=lengths)
             worst = max(float(((grads[i] - w).abs().max() / w.abs().max().clamp_min(1e-12))) for i, w in enumerate(want))
             if masked:
                 self.assertLess(worst, 1e-5)
