@@ -28,7 +28,8 @@
 namespace accumplan {
 namespace {
 
-std::string quoted(const std::string& path) { return "'" + cut_for_message(path) + "'"; }
+// How every message here names a file: path_for_message keeps its end (the file and its directory).
+std::string quoted(const std::string& path) { return "'" + path_for_message(path) + "'"; }
 
 std::string errno_text(int err) { return std::strerror(err); }
 
@@ -429,7 +430,7 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   const bool exists = ::stat(path.c_str(), &st) == 0;  // follows links, /proc magic links too
   if (exists && S_ISDIR(st.st_mode)) {
     throw InputError("cannot write " + quoted(path) + ": it is a directory; give a file name, e.g. " +
-                     cut_for_message(path) + "/plan.json");
+                     path_for_message(path + "/plan.json"));
   }
   if (exists && S_ISSOCK(st.st_mode)) throw InputError("cannot write " + quoted(path) + ": it is a socket");
   bool via_proc = false;

@@ -609,7 +609,7 @@ Profile read_profile_file(const std::string& path, const std::string& what) {
   try {
     return profile_from_json(doc);
   } catch (const SchemaError& e) {
-    throw SchemaError(what + " '" + cut_for_message(path) + "': " + e.what());
+    throw SchemaError(what + " '" + path_for_message(path) + "': " + e.what());
   }
 }
 
@@ -618,7 +618,7 @@ Plan read_plan_file(const std::string& path, const std::string& what) {
   try {
     return plan_from_json(doc);
   } catch (const SchemaError& e) {
-    throw SchemaError(what + " '" + cut_for_message(path) + "': " + e.what());
+    throw SchemaError(what + " '" + path_for_message(path) + "': " + e.what());
   }
 }
 

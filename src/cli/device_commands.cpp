@@ -272,7 +272,7 @@ void add_seq_len_file_option(CLI::App* app, std::string& path, const std::string
 }
 
 std::vector<int64_t> read_seq_len_file(const std::string& path) {
-  return parse_seq_len_list(read_text_file(path, "--seq-len-file", "a text file of sequence lengths"), "--seq-len-file '" + cut_for_message(path) + "'");
+  return parse_seq_len_list(read_text_file(path, "--seq-len-file", "a text file of sequence lengths"), "--seq-len-file '" + path_for_message(path) + "'");
 }
 
 Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {

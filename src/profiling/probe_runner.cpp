@@ -123,7 +123,7 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
   loss_.ignore_index = setup.ignore_index;
   if (target_spec_ && target_spec_->is_integer()) {
     loss_.target_classes = target_spec_->high;
-    loss_.target_source = options_.batch_file ? "--batch-file '" + cut_for_message(*options_.batch_file) + "'"
+    loss_.target_source = options_.batch_file ? "--batch-file '" + path_for_message(*options_.batch_file) + "'"
                                               : "--target " + cut_for_message(setup.target);
   }
   loss_.normalization =

@@ -326,7 +326,7 @@ Batch synthetic_ragged_batch(const std::vector<TensorSpec>& inputs, const std::o
 }
 
 Batch load_batch_file(const std::string& path, bool has_target, const std::string& option, int64_t ignore_index) {
-  const std::string file = option + " '" + cut_for_message(path) + "'";  // how every message names the file
+  const std::string file = option + " '" + path_for_message(path) + "'";  // how every message names the file
   require_regular_file(path, option, "a file written by torch.save([inputs..., target], f)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError("cannot open " + file);

@@ -206,18 +206,18 @@ LoadedModel load_model(const std::string& path_or_builtin, const torch::Device& 
     namespace fs = std::filesystem;
     std::error_code ec;
     if (!fs::exists(path_or_builtin, ec)) {
-      throw InputError("cannot open model file '" + path_or_builtin +
+      throw InputError("cannot open model file '" + path_for_message(path_or_builtin) +
                        "': no such file. Give a TorchScript file (torch.jit.script(model).save(path)) or one of "
                        "the built-in examples, e.g. builtin:convnet");
     }
     if (fs::is_directory(path_or_builtin, ec)) {
-      throw InputError("--model '" + path_or_builtin + "' is a directory, not a TorchScript file");
+      throw InputError("--model '" + path_for_message(path_or_builtin) + "' is a directory, not a TorchScript file");
     }
     out.info.sha256 = sha256_of_file(path_or_builtin);
     try {
       out.module = torch::jit::load(path_or_builtin, device);
     } catch (const std::exception& e) {
-      throw InputError("'" + path_or_builtin + "' is not a TorchScript model (torch::jit::load: " +
+      throw InputError("'" + path_for_message(path_or_builtin) + "' is not a TorchScript model (torch::jit::load: " +
                        first_line(e.what()) +
                        "). Save one from Python with torch.jit.script(model).save(path) or "
                        "torch.jit.trace(model, example).save(path)");
@@ -237,7 +237,7 @@ void save_builtin_model(const std::string& name, const std::string& path) {
   try {
     m.save(path);
   } catch (const std::exception& e) {
-    throw InputError("cannot write model to '" + path + "': " + first_line(e.what()));
+    throw InputError("cannot write model to '" + path_for_message(path) + "': " + first_line(e.what()));
   }
 }
 

@@ -103,7 +103,7 @@ std::string sha256_hex(const std::string& bytes) {
 
 std::string sha256_of_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open '" + path + "' to hash it");
+  if (!in) throw InputError("cannot open '" + path_for_message(path) + "' to hash it");
   Sha256 s;
   std::vector<char> chunk(1 << 20);
   while (in) {

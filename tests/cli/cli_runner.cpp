@@ -25,7 +25,7 @@ std::string slurp(const std::string& path) {
 std::string source_path(const std::string& rel) { return std::string(ACCUMPLAN_SOURCE_DIR) + "/" + rel; }
 
 std::string scratch_dir(const std::string& name) {
-  const std::filesystem::path dir = std::filesystem::path(ACCUMPLAN_BINARY_DIR) / "scratch" / name;
+  const std::filesystem::path dir = std::filesystem::path(ACCUMPLAN_SCRATCH_DIR) / name;  // 160+ characters deep (tests/CMakeLists.txt)
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();

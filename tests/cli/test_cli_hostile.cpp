@@ -18,9 +18,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli_expect.h"  // after Catch
+#include "accumplan/errors.h"  // path_for_message: how messages show a path
+#include "cli_expect.h"        // after Catch
 #include "cli_runner.h"
 
+using accumplan::path_for_message;
 using namespace accumplan::test;
 using nlohmann::json;
 namespace fs = std::filesystem;
@@ -149,9 +151,9 @@ TEST_CASE("CLI hostile: report refuses special and overflowing files", "[cli][ho
   // A field error names the file it is in, for the stats as for the plan.
   const std::string stats = in + "/stats.json";
   std::ofstream(stats) << R"({"schema": "accumplan.run_stats", "schema_version": "1.0"})";
-  expect_refusal(out, {"report", kPlan, "--stats", stats, "--out", o}, "--stats '" + stats + "': $.");
+  expect_refusal(out, {"report", kPlan, "--stats", stats, "--out", o}, "--stats '" + path_for_message(stats) + "': $.");
   const std::string plan = variant(in, "no-fit.json", kPlan, [](json& d) { d["fit"] = 5; });
-  expect_refusal(out, {"report", plan, "--out", o}, "report input '" + plan + "': $.fit");
+  expect_refusal(out, {"report", plan, "--out", o}, "report input '" + path_for_message(plan) + "': $.fit");
 }
 
 TEST_CASE("CLI hostile: --out onto a directory, a FIFO without a reader, a missing directory or a full device",

@@ -71,15 +71,59 @@ TEST_CASE("Checked: NaN, infinities and values beyond int64 are refused, never c
   CHECK_THROWS_WITH(checked_to_int64(std::nan(""), "slope"), Catch::Contains("slope: nan is not a finite number"));
 }
 
-TEST_CASE("Checked: a long quantity name is cut to 80 characters", "[checked][errors]") {
+TEST_CASE("Checked: a long quantity name is cut to 160 characters", "[checked][errors]") {
   const std::string name(5000, 'n');
   try {
     checked_add(kMax, kMax, name);
     FAIL("no error");
   } catch (const InputError& e) {
-    CHECK(std::string(e.what()).size() < 300);
-    CHECK(std::string(e.what()).find("(5000 characters)") != std::string::npos);
+    CHECK(std::string(e.what()).size() < 400);
+    CHECK(std::string(e.what()).find(std::string(160, 'n') + "... (5000 characters)") != std::string::npos);
   }
   CHECK(cut_for_message("line one\nline two") == "line one?line two");
   CHECK(cut_for_message(std::string(80, 'a')) == std::string(80, 'a'));
+}
+
+TEST_CASE("Errors: a long path keeps its file name and its directory, elided in the middle", "[errors][paths]") {
+  const std::string deep = "/home/me/" + std::string(150, 'p') + "/build/tests/scratch/no-such-dir/plan.json";
+  const std::string shown = path_for_message(deep);
+  CHECK(shown.size() <= 82);  // 80 bytes, the ellipsis counted as its three UTF-8 bytes
+  CHECK(shown == "/home/me/\xE2\x80\xA6/no-such-dir/plan.json");
+  // As much of the start as fits, cut at a '/'.
+  const std::string wide = "/home/me/projects/a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/q/r/s/t/u/v/w/x/y/z/no-such-dir/plan.json";
+  CHECK(path_for_message(wide) == "/home/me/projects/a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/q/r/s/\xE2\x80\xA6/no-such-dir/plan.json");
+}
+
+TEST_CASE("Errors: a short path is shown whole, control characters as '?'", "[errors][paths]") {
+  CHECK(path_for_message("runs/plan.json") == "runs/plan.json");
+  CHECK(path_for_message("a\nb/plan\x7f.json") == "a?b/plan?.json");
+  const std::string exact(80, 'x');
+  CHECK(path_for_message(exact) == exact);
+}
+
+TEST_CASE("Errors: a file name longer than the limit keeps its start and its end", "[errors][paths]") {
+  const std::string name = "/data/" + std::string(100, 'n') + "-END.pt";
+  const std::string shown = path_for_message(name);
+  CHECK(shown.size() <= 82);
+  CHECK(shown.rfind("-END.pt") == shown.size() - 7);
+  CHECK(shown.rfind("/data/", 0) == 0);
+  // A directory too long to keep beside the name gives way to the name.
+  const std::string dir = "/" + std::string(100, 'd') + "/plan.json";
+  CHECK(path_for_message(dir) == "/\xE2\x80\xA6/plan.json");
+}
+
+TEST_CASE("Errors: a path is never cut inside a UTF-8 character", "[errors][paths]") {
+  std::string utf;
+  for (int i = 0; i < 60; ++i) utf += "\xC3\xA9";  // "é", two bytes
+  for (const std::string& path : {"/" + utf + "/f.json", "/a" + utf + ".json", "/ab/" + utf + "/" + utf + ".json"}) {
+    const std::string shown = path_for_message(path);
+    // Every "é" is whole: 0xC3 is followed by 0xA9 and 0xA9 follows 0xC3.
+    for (size_t i = 0; i < shown.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(shown[i]);
+      if (c == 0xC3) CHECK((i + 1 < shown.size() && static_cast<unsigned char>(shown[i + 1]) == 0xA9));
+      if (c == 0xA9) CHECK((i > 0 && static_cast<unsigned char>(shown[i - 1]) == 0xC3));
+    }
+    CHECK(shown.size() <= 82);
+    CHECK(shown.find(".json") != std::string::npos);
+  }
 }

@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(ACCUMPLAN_BINARY_DIR) / "scratch-files" / name;
+  const fs::path dir = fs::path(ACCUMPLAN_SCRATCH_DIR) / "files" / name;  // 160+ characters deep (tests/CMakeLists.txt)
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();

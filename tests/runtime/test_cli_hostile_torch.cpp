@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "accumplan/errors.h"  // path_for_message: how messages show a path
 #include "cli_runner.h"
 #include "torch_save_file.h"
 
@@ -184,7 +185,7 @@ TEST_CASE("CLI hostile torch: run and verify refuse bad numbers, bad data and a 
   expect_refusal(out, {"run", "--plan", f.plan, "--model", "builtin:mlp", "--synthetic-samples", "2000000000"},
                  "--synthetic-samples: 2000000000 is out of range [1, 1073741824]");
   expect_refusal(out, run({"--threads", "1000000"}), "--threads: Value 1000000 not in range");
-  expect_refusal(out, run({"--data", f.dir}), "--data '" + f.dir + "' is a directory");
+  expect_refusal(out, run({"--data", f.dir}), "--data '" + accumplan::path_for_message(f.dir) + "' is a directory");
   const std::string classes =
       write_torch_save(f.dir + "/run-classes.pt", {torch::randn({4, 64}), torch::tensor({1, 2, 50, 3}, torch::kLong)});
   expect_refusal(out, run({"--data", classes}), "its targets range over [1, 50]");

@@ -25,6 +25,10 @@
 
 namespace accumplan {
 
+// `what` names the quantity and may hold a file already shortened by path_for_message (80
+// characters) behind its option ("--data '…/d.pt'"), so it is cut later than a raw value.
+constexpr size_t kMaxWhatChars = 160;
+
 // 1 PiB: no device has more memory, and 2^50 leaves room for sums of thousands of byte counts.
 inline constexpr int64_t kMaxBytes = int64_t{1} << 50;
 // Samples in a batch, a microbatch or a target batch: 2^40 (about 1.1e12).
@@ -42,7 +46,7 @@ inline std::string num(double v) {
   return buf;
 }
 [[noreturn]] inline void overflow(const std::string& what, const std::string& expr) {
-  throw InputError(cut_for_message(what) + ": " + expr + " does not fit in a 64-bit integer (range " +
+  throw InputError(cut_for_message(what, kMaxWhatChars) + ": " + expr + " does not fit in a 64-bit integer (range " +
                    range_text(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()) +
                    "); use smaller values");
 }
@@ -76,7 +80,7 @@ inline int64_t checked_sum(const std::vector<int64_t>& values, const std::string
 // ceil(a / b) for a >= 0 and b >= 1 without forming a + b - 1; InputError naming `what` otherwise.
 inline int64_t checked_ceil_div(int64_t a, int64_t b, const std::string& what) {
   if (b < 1 || a < 0) {
-    throw InputError(cut_for_message(what) + ": ceil(" + std::to_string(a) + " / " + std::to_string(b) +
+    throw InputError(cut_for_message(what, kMaxWhatChars) + ": ceil(" + std::to_string(a) + " / " + std::to_string(b) +
                      ") needs a numerator >= 0 and a denominator >= 1");
   }
   return a / b + (a % b != 0 ? 1 : 0);
@@ -86,7 +90,7 @@ inline int64_t checked_ceil_div(int64_t a, int64_t b, const std::string& what) {
 // range.
 inline int64_t checked_in_range(int64_t value, int64_t lo, int64_t hi, const std::string& what) {
   if (value < lo || value > hi) {
-    throw InputError(cut_for_message(what) + ": " + std::to_string(value) + " is out of range " +
+    throw InputError(cut_for_message(what, kMaxWhatChars) + ": " + std::to_string(value) + " is out of range " +
                      checked_detail::range_text(lo, hi));
   }
   return value;
@@ -101,12 +105,12 @@ inline int64_t checked_to_int64(double value, const std::string& what,
   // 2^63 as a double is exact; every double strictly below it and at or above -2^63 converts.
   constexpr double kTwo63 = 9223372036854775808.0;
   if (std::isnan(value) || std::isinf(value) || value >= kTwo63 || value < -kTwo63) {
-    throw InputError(cut_for_message(what) + ": " + checked_detail::num(value) +
+    throw InputError(cut_for_message(what, kMaxWhatChars) + ": " + checked_detail::num(value) +
                      " is not a finite number in range " + checked_detail::range_text(lo, hi));
   }
   const int64_t r = static_cast<int64_t>(value);
   if (r < lo || r > hi) {
-    throw InputError(cut_for_message(what) + ": " + checked_detail::num(value) + " is out of range " +
+    throw InputError(cut_for_message(what, kMaxWhatChars) + ": " + checked_detail::num(value) + " is out of range " +
                      checked_detail::range_text(lo, hi));
   }
   return r;

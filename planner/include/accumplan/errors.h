@@ -74,6 +74,51 @@ inline std::string cut_for_message(const std::string& text, size_t max_chars = 8
   return out;
 }
 
+// A file path for an error message: the one rule for every message that echoes a path. Control
+// characters show as '?' (as in cut_for_message); a path longer than `max_chars` bytes keeps its
+// END — the file name and its directory always — and as much of its start as fits, elided in the
+// middle at a '/' ("/home/me/…/no-such-dir/plan.json"). Why the end: in a deep project folder the
+// part that names the problem (the missing directory, the file) is the last part; cutting the end
+// told users about "/home/me/.../no-such-..." (issue 28). A last component longer than the limit
+// on its own keeps its start and its end.
+inline std::string path_for_message(const std::string& path, size_t max_chars = 80) {
+  static const std::string kEllipsis = "\xE2\x80\xA6";  // "…": one character, three UTF-8 bytes
+  std::string s;
+  s.reserve(path.size());
+  for (const char ch : path) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    s += (c < 0x20 || c == 0x7f) ? '?' : ch;
+  }
+  if (s.size() <= max_chars) return s;
+  if (max_chars < 8) max_chars = 8;
+  // Byte offsets moved onto the start of a UTF-8 character (never inside a multi-byte sequence).
+  const auto back_to_char = [&s](size_t i) {
+    while (i > 0 && i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+    return i;
+  };
+  const auto forward_to_char = [&s](size_t i) {
+    while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) ++i;
+    return i;
+  };
+  size_t end = s.size();
+  while (end > 1 && s[end - 1] == '/') --end;  // "dir/sub/" names "sub"
+  const size_t name_slash = end == 0 ? std::string::npos : s.rfind('/', end - 1);
+  size_t tail = name_slash == std::string::npos || name_slash == 0 ? 0 : name_slash;
+  if (tail > 0) {
+    const size_t dir_slash = s.rfind('/', tail - 1);
+    if (dir_slash != std::string::npos && dir_slash > 0 && s.size() - dir_slash + 1 < max_chars) tail = dir_slash;
+  }
+  if (tail == 0 || s.size() - tail + 1 >= max_chars) {
+    // No directory to elide, or the file name alone is too long: its start and its end.
+    const size_t keep = max_chars - 1, first = back_to_char(keep / 2);
+    return s.substr(0, first) + kEllipsis + s.substr(forward_to_char(s.size() - (keep - first)));
+  }
+  size_t head = back_to_char(max_chars - 1 - (s.size() - tail));
+  const size_t head_slash = head == 0 ? std::string::npos : s.rfind('/', head - 1);
+  if (head_slash != std::string::npos) head = head_slash + 1;  // "/home/me/", not "/home/m"
+  return s.substr(0, head) + kEllipsis + s.substr(tail);
+}
+
 // An invariant broke: always a bug in accumplan. Exit code 1.
 class InternalError : public Error {
  public:
