@@ -449,7 +449,8 @@ double draw_breakdown(SvgWriter& w, const Plan& plan, double top) {
 std::vector<std::string> stats_lines(const RunStats& s) {
   std::vector<std::string> out;
   std::string peak = s.measured_peak_bytes ? format_bytes(*s.measured_peak_bytes) : std::string("not measured");
-  std::string line = "accumplan run: " + std::to_string(s.windows) + " window(s), peak " + peak + " against " +
+  std::string line = "accumplan run: " + std::to_string(s.windows) + " window(s), " +
+                     (s.peak_is_reserved ? "reserved peak " : "peak ") + peak + " against " +
                      format_bytes(s.predicted_peak_bytes) + " predicted";
   if (s.measured_peak_bytes) {
     const int64_t diff = *s.measured_peak_bytes - s.predicted_peak_bytes;
@@ -700,7 +701,9 @@ RunStats run_stats_from_json(const nlohmann::json& j) {
                   : s.microbatch_sizes.empty()
                       ? 0
                       : *std::max_element(s.microbatch_sizes.begin(), s.microbatch_sizes.end());
-  s.measured_peak_bytes = root.opt_i64("measured_peak_bytes");
+  s.measured_peak_bytes = root.opt_i64("measured_reserved_peak_bytes");
+  s.peak_is_reserved = s.measured_peak_bytes.has_value();
+  if (!s.peak_is_reserved) s.measured_peak_bytes = root.opt_i64("measured_peak_bytes");
   s.predicted_peak_bytes = root.i64("predicted_peak_bytes");
   s.budget_bytes = root.opt_i64("budget_bytes");
   s.final_loss = root.opt_f64("final_loss");
@@ -726,7 +729,7 @@ RunStats read_run_stats_file(const std::string& path, const std::string& what) {
   try {
     return run_stats_from_json(j);
   } catch (const SchemaError& e) {
-    throw SchemaError(what + " '" + cut_for_message(path) + "': " + e.what());  // which file, as the plan readers say
+    throw SchemaError(what + " '" + path_for_message(path) + "': " + e.what());  // which file, as the plan readers say
   }
 }
 
@@ -751,9 +754,9 @@ ReportInput read_report_input(const std::string& path, const std::string& what) 
       return in;
     }
   } catch (const SchemaError& e) {
-    throw SchemaError(what + " '" + cut_for_message(path) + "': " + e.what());
+    throw SchemaError(what + " '" + path_for_message(path) + "': " + e.what());
   }
-  throw SchemaError(what + " '" + path + "': $.schema is \"" + schema + "\"; a report reads \"" + kPlanSchema +
+  throw SchemaError(what + " '" + path_for_message(path) + "': $.schema is \"" + cut_for_message(schema) + "\"; a report reads \"" + kPlanSchema +
                     "\" (plan.json) or \"" + kProfileSchema + "\" (profile.json)");
 }
 

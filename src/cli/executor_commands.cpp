@@ -201,7 +201,7 @@ auto naming_data_source(const RunArgs& a, Fn&& fn) -> decltype(fn()) {
     return fn();
   } catch (const ModelRejectedInputError& e) {
     const std::string source =
-        a.data.empty() ? "synthetic samples of the plan's setup.inputs" : "--data '" + cut_for_message(a.data) + "'";
+        a.data.empty() ? "synthetic samples of the plan's setup.inputs" : "--data '" + path_for_message(a.data) + "'";
     throw ModelRejectedInputError(e.shapes(), e.model_error(), source);
   }
 }
@@ -232,7 +232,7 @@ std::vector<int64_t> synthetic_lengths(const RunArgs& a, const SeqLenRange& rang
   const std::vector<int64_t> observed = read_seq_len_file(a.seq_len_file);
   for (size_t i = 0; i < observed.size(); ++i) {
     if (observed[i] > range.max) {
-      throw InputError("--seq-len-file '" + cut_for_message(a.seq_len_file) + "': length " + std::to_string(observed[i]) +
+      throw InputError("--seq-len-file '" + path_for_message(a.seq_len_file) + "': length " + std::to_string(observed[i]) +
                        " (entry " + std::to_string(i + 1) + ") is longer than the " + std::to_string(range.max) +
                        " tokens the plan's token budget holds; re-plan with these lengths (--seq-len-file) or truncate");
     }
@@ -263,9 +263,9 @@ int64_t default_synthetic_samples(const RunArgs& a, const Plan& plan, int64_t wi
 Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) {
   if (!a.data.empty()) {
     const Batch b = load_batch_file(a.data, p.target.has_value(), "--data", p.loss.ignore_index);
-    check_batch_matches(b, p.inputs, p.target, "--data '" + a.data + "'");
-    const int64_t n = batch_samples(b, "--data '" + a.data + "'");
-    if (n < 1) throw InputError("--data '" + a.data + "' has no samples");
+    check_batch_matches(b, p.inputs, p.target, "--data '" + path_for_message(a.data) + "'");
+    const int64_t n = batch_samples(b, "--data '" + path_for_message(a.data) + "'");
+    if (n < 1) throw InputError("--data '" + path_for_message(a.data) + "' has no samples");
     if (p.target && p.target->is_integer() && p.target->high && b.target.numel() > 0) {
       // Once, on the host: class indices the plan's target spec does not allow would reach the
       // loss (on a GPU, a device-side assert). ignore_index positions are allowed.
@@ -274,7 +274,7 @@ Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) 
       if (named.numel() > 0) {
         const int64_t lo = named.min().item<int64_t>(), hi = named.max().item<int64_t>();
         if (lo < 0 || hi >= *p.target->high) {
-          throw InputError("--data '" + cut_for_message(a.data) + "': its targets range over [" + std::to_string(lo) +
+          throw InputError("--data '" + path_for_message(a.data) + "': its targets range over [" + std::to_string(lo) +
                            ", " + std::to_string(hi) + "] but the plan's target spec " + p.target->to_string() +
                            " allows [0, " + std::to_string(*p.target->high - 1) + "] (and " +
                            std::to_string(p.loss.ignore_index) + " to ignore); re-plan with this data (--batch-file)");
@@ -314,7 +314,7 @@ void save_module_atomic(torch::jit::Module& module, const std::string& path) {
   try {
     module.save(bytes);
   } catch (const c10::Error& e) {
-    throw InputError("--save '" + path + "': cannot serialize the model (" + std::string(e.what_without_backtrace()) + ")");
+    throw InputError("--save '" + path_for_message(path) + "': cannot serialize the model (" + std::string(e.what_without_backtrace()) + ")");
   }
   write_text_atomic(path, bytes.str());
 }
@@ -578,6 +578,9 @@ int run_command(const RunArgs& a) {
   j["normalization"] = to_string(p.loss.normalization);
   j["amp"] = to_string(amp);
   j["measured_peak_bytes"] = t.peak_bytes ? nlohmann::ordered_json(measured) : nlohmann::ordered_json(nullptr);
+  // On CUDA the plan predicts reserved bytes (the fit's target): this is the figure to compare.
+  // Host data is never on the device, so nothing is subtracted. Absent where the probe has none.
+  if (t.reserved_peak_bytes) j["measured_reserved_peak_bytes"] = *t.reserved_peak_bytes;
   j["predicted_peak_bytes"] = p.plan.memory.predicted_peak_bytes;
   j["final_predicted_peak_bytes"] = final_plan.memory.predicted_peak_bytes;
   j["budget_bytes"] = budget_bytes ? nlohmann::ordered_json(*budget_bytes) : nlohmann::ordered_json(nullptr);

@@ -515,7 +515,10 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
   // The one host sync of the window.
   st.loss = loss_total.item<double>() / units;
   finish_gradient(st);  // on the global gradient: every rank decides skip/clip identically
-  if (options_.probe) st.peak_bytes = options_.probe->peak_bytes();
+  if (options_.probe) {
+    st.peak_bytes = options_.probe->peak_bytes();
+    st.reserved_peak_bytes = options_.probe->reserved_peak_bytes();
+  }
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
 }
@@ -598,6 +601,10 @@ void Executor::apply(WindowStats& st) {
     const int64_t peak = std::max(st.peak_bytes.value_or(0), options_.probe->peak_bytes());
     st.peak_bytes = peak;
     totals_.peak_bytes = std::max(totals_.peak_bytes.value_or(0), peak);
+    if (const std::optional<int64_t> reserved = options_.probe->reserved_peak_bytes()) {
+      st.reserved_peak_bytes = std::max(st.reserved_peak_bytes.value_or(0), *reserved);
+      totals_.reserved_peak_bytes = std::max(totals_.reserved_peak_bytes.value_or(0), *st.reserved_peak_bytes);
+    }
   }
   ++totals_.windows;
   totals_.samples_seen += st.samples;

@@ -165,6 +165,9 @@ struct WindowStats {
   double loss_scale = 1;                 // fp16: the scale used through this window
   double seconds = 0;
   std::optional<int64_t> peak_bytes;     // probe's peak during the window
+  // The caching allocator's reserved peak (CUDA: what a GPU runs out on, and what a CUDA plan's
+  // fit predicts); nullopt where the probe has no reserved figure (the CPU counting allocator).
+  std::optional<int64_t> reserved_peak_bytes;
 };
 
 struct ExecutorTotals {
@@ -176,6 +179,7 @@ struct ExecutorTotals {
   int64_t oom_recoveries = 0;
   double seconds = 0;
   std::optional<int64_t> peak_bytes;     // max over windows
+  std::optional<int64_t> reserved_peak_bytes;  // max over windows, where the probe has one
 };
 
 // An out-of-memory the executor could not (recovery off) or must not (during the optimizer step,

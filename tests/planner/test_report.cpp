@@ -465,6 +465,24 @@ TEST_CASE("report: bad formats and documents are refused by name", "[report][err
   CHECK_FALSE(s.measured_peak_bytes);
 }
 
+TEST_CASE("report: a CUDA run's reserved peak is the one compared with the plan's prediction", "[report][cuda]") {
+  // On CUDA the plan's fit predicts reserved bytes (what a GPU runs out on); the allocated peak
+  // below it would read as a conservative error that is not there.
+  const RunStats cuda = run_stats_from_json(nlohmann::json::parse(
+      R"({"schema":"accumplan.run_stats","windows":3,"oom_recoveries":0,"microbatch_sizes":[8],
+          "measured_peak_bytes":700,"measured_reserved_peak_bytes":1000,"predicted_peak_bytes":1000})"));
+  CHECK(cuda.measured_peak_bytes == std::optional<int64_t>(1000));
+  CHECK(cuda.peak_is_reserved);
+  ReportInput in = report_input_from_plan(read_plan_file(source_path("tests/golden/plan.json")));
+  in.stats = cuda;
+  CHECK_THAT(render_report(in, "svg"), Catch::Contains("reserved peak 1000 B against 1000 B predicted"));
+  const RunStats cpu = run_stats_from_json(nlohmann::json::parse(
+      R"({"schema":"accumplan.run_stats","windows":3,"oom_recoveries":0,"microbatch_sizes":[8],
+          "measured_peak_bytes":700,"predicted_peak_bytes":1000})"));
+  CHECK(cpu.measured_peak_bytes == std::optional<int64_t>(700));
+  CHECK_FALSE(cpu.peak_is_reserved);
+}
+
 namespace {
 
 // A run of 12 windows: peaks around the prediction, the loss falling, an OOM recovery (and its

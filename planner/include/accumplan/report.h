@@ -41,7 +41,10 @@ struct RunStats {
   int64_t oom_recoveries = 0;
   std::vector<int64_t> microbatch_sizes;   // after any re-plan
   int64_t micro_batch = 0;                 // the largest of them
+  // The run's peak as the plan predicts it: the reserved peak where the run measured one (CUDA:
+  // the caching allocator's reserved bytes, the fit's target there), else the allocated peak.
   std::optional<int64_t> measured_peak_bytes;
+  bool peak_is_reserved = false;           // measured_peak_bytes is measured_reserved_peak_bytes
   int64_t predicted_peak_bytes = 0;        // the plan's prediction the run started from
   std::optional<int64_t> budget_bytes;     // enforced during the run, if any
   std::optional<double> final_loss;
