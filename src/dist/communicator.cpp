@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <map>
+#include <type_traits>
 #include <string>
 #include <utility>
 
@@ -13,6 +14,9 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #if defined(USE_C10D_NCCL)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <torch/version.h>
+// ProcessGroupNCCL::shutdown() is public from LibTorch 2.4 on (the version shim for NCCL groups).
+#define ACCUMPLAN_NCCL_HAS_SHUTDOWN (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
 #endif
 
 #include "accumplan/errors.h"
@@ -80,6 +84,22 @@ class C10dCommunicator final : public Communicator {
                    c10::intrusive_ptr<Group> group, at::Device device, int64_t bucket_bytes)
       : backend_(std::move(backend)), env_(env), bucket_bytes_(bucket_bytes), device_(device),
         store_(std::move(store)), group_(std::move(group)) {}
+
+  // An NCCL group must be shut down before it is destroyed: LibTorch 2.4 and later warn "process
+  // group has NOT been destroyed" otherwise, and a peer can block at exit. Gloo needs nothing.
+  ~C10dCommunicator() override {
+#if defined(USE_C10D_NCCL) && ACCUMPLAN_NCCL_HAS_SHUTDOWN
+    if constexpr (std::is_same_v<Group, c10d::ProcessGroupNCCL>) {
+      try {
+        group_->shutdown();
+      } catch (...) {
+        // Destructors must not throw; the process is ending its use of the group either way.
+      }
+    }
+#endif
+  }
+  C10dCommunicator(const C10dCommunicator&) = delete;
+  C10dCommunicator& operator=(const C10dCommunicator&) = delete;
 
   std::string backend() const override { return backend_; }
   int rank() const override { return env_.rank; }
