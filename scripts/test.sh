@@ -77,6 +77,14 @@ python="${PYTHON:-/usr/bin/python3}"
 ACCUMPLAN_BIN="$PWD/${BUILD_DIR:-build}/accumplan" OMP_NUM_THREADS=1 \
   "$python" -m unittest discover -s tests/python -t tests/python
 
+# The GPU check's rehearsal (issue 27): scripts/gpu-check.sh as the GPU machine will run it, here
+# against Debian's LibTorch on the CPU device with tiny sizes, reusing the build above. It proves
+# that .gpu-deps configures, and that the build, the probe tests and the benchmark run end to end
+# and write every output, so a 15-minute GPU lease is spent on the GPU. About 2 minutes.
+bash scripts/gpu-prepare.sh
+OUT="$PWD/${BUILD_DIR:-build}/gpu-check-rehearsal" BUILD_DIR="${BUILD_DIR:-build}" PYTHON="$python" \
+  bash scripts/gpu-check.sh --rehearse
+
 # The installed package: `cmake --install` into scratch prefixes, then the out-of-tree consumer
 # (examples/consumer) configured with find_package(accumplan) against each: the LibTorch build
 # (accumplan::planner and accumplan::runtime; the consumer's trainer is compiled, not run: ctest

@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh — the GPU check in one command: configure against PyTorch's own LibTorch
+# (CUDA) and CUPTI, build with every core, run the CUDA/CUPTI probe tests, then the GPU benchmark
+# (tests/bench/gpu_bench.py: accumplan's plan and `run` against the largest size that fits and
+# against the real Accelerate and Lightning batch-size finders, same model and budget), writing
+# everything under one folder.
+#
+# What it is not: part of the normal build. It runs on the lent GPU machine (an H200 with nvcc 13,
+# CMake, ninja, Python 3.12 + PyTorch 2.11+cu130, Accelerate, Lightning; no nlohmann/json, CLI11
+# or Catch2, and no network), and, as a rehearsal, here.
+#
+# How to send it (from the CPU machine, in the repository root):
+#   1. bash scripts/gpu-prepare.sh        # fills the git-ignored .gpu-deps/ from Debian's packages
+#   2. the device tool's run with  carry: [".gpu-deps"],  timeout_s: 600,
+#      command: "bash scripts/gpu-check.sh"
+#   The results come back from $OUT (at most 8 files): RESULTS-gpu.md, results-gpu.json,
+#   build.log, test.log, bench.log, steps.log. Copy RESULTS-gpu.md to tests/bench/ and commit it.
+#   Sized for one 10-minute command: configure ~0.5 min, the build of the binary and the probe
+#   tests 2-3 min on 16 cores, tests < 0.5 min, then the benchmark gets the rest of 9 minutes
+#   (rows not started by then are recorded as skipped). If rows were skipped, a second call on
+#   the still-warm machine, "bash scripts/gpu-check.sh --bench-only", reruns only the benchmark on
+#   the build the first one left (BENCH_SECONDS=540 there): two commands at most.
+#
+# Rehearsal: bash scripts/gpu-check.sh --rehearse — the same sequence here, against Debian's
+# LibTorch 1.13 (CPU), with the CPU device and tiny sizes: it proves that .gpu-deps configures,
+# that the build, the tests and the benchmark run end to end and that every output is written;
+# only the CUDA steps are left for the GPU. CI runs it (scripts/test.sh) after the main build,
+# which it reuses (BUILD_DIR, default build/), so it costs no second build there.
+#
+# Exit status: 0 when every step passed; 1 otherwise (steps.log says which). On the GPU the
+# script goes on after a failed step where the next one can still teach something.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+mode=gpu
+bench_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --rehearse) mode=rehearse ;;
+    --bench-only) bench_only=1 ;;
+    -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-check: unknown argument '$arg'; use --rehearse, --bench-only or nothing" >&2; exit 2 ;;
+  esac
+done
+
+out="${OUT:-$PWD/build-gpu-check/out}"
+mkdir -p "$out"
+steps="$out/steps.log"
+: >"$steps"
+failed=0
+t_start=$(date +%s)
+
+# Runs one named step, logging its command's output to a file, its status and seconds to steps.log.
+step() {
+  local name="$1" log="$2"
+  shift 2
+  local t0=$(date +%s) rc=0
+  echo "gpu-check: $name ..." >&2
+  "$@" >>"$log" 2>&1 || rc=$?
+  local secs=$(($(date +%s) - t0))
+  if [ "$rc" -eq 0 ]; then
+    echo "ok     $name (${secs} s)" | tee -a "$steps" >&2
+  else
+    echo "FAILED $name (exit $rc, ${secs} s; see $(basename "$log"))" | tee -a "$steps" >&2
+    tail -n 15 "$log" >&2
+    failed=1
+  fi
+  return "$rc"
+}
+
+deps="$PWD/.gpu-deps"
+if [ ! -f "$deps/MANIFEST" ]; then
+  echo "gpu-check: $deps is missing: run 'bash scripts/gpu-prepare.sh' on the CPU machine and carry .gpu-deps" >&2
+  exit 2
+fi
+
+if [ "$mode" = gpu ]; then
+  python=python3
+  build="${BUILD_DIR:-build-gpu}"
+  jobs="$(nproc)"
+  torch_prefix="$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+  nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+  cuda_root="${CUDA_HOME:-$(dirname "$(dirname "$nvcc")")}"
+  # PyTorch's package config enables CUDA itself (find_package(CUDAToolkit REQUIRED), nvcc's
+  # version must match the toolkit's), so the toolkit is named three ways; TORCH_CUDA_ARCH_LIST
+  # skips its GPU detection (9.0: H100/H200). CUDA ON: a LibTorch without CUDA fails here, in the
+  # first half minute, not after the build. CUPTI AUTO: the summary (steps.log) says if it was
+  # found; the benchmark then records the cupti probe as unavailable rather than stopping.
+  configure=(cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+             "-DCMAKE_PREFIX_PATH=$deps;$torch_prefix" -DACCUMPLAN_WITH_TORCH=ON -DACCUMPLAN_WITH_CUDA=ON
+             -DACCUMPLAN_WITH_CUPTI=AUTO "-DCUDAToolkit_ROOT=$cuda_root" "-DCMAKE_CUDA_COMPILER=$nvcc"
+             -DTORCH_CUDA_ARCH_LIST=9.0 "-DPython3_EXECUTABLE=$(command -v "$python")")
+  export CUDA_HOME="$cuda_root"
+  # The benchmark gets what is left of one 10-minute command (the build's time varies), 9 minutes
+  # in all less what the steps before it took, at least 2 minutes; BENCH_SECONDS overrides.
+  bench_args=(--device cuda)
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
+else
+  python="${PYTHON:-/usr/bin/python3}"
+  build="${BUILD_DIR:-build}"
+  jobs="${JOBS:-2}"
+  # The rehearsal configures a scratch folder with .gpu-deps first on the search path and checks
+  # that every header-only package came from there: the GPU machine has no other copy.
+  configure=(cmake -S . -B build-gpu-rehearse -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$deps"
+             -DACCUMPLAN_WITH_CUPTI=OFF)
+  # One budget: the plumbing is the same at the second, and CI pays for every second.
+  bench_args=(--device cpu --rehearse --budgets 200MiB --time-limit "${BENCH_SECONDS:-300}")
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+fi
+
+{
+  echo "# gpu-check ($mode) $(date -u +%Y-%m-%dT%H:%MZ) at $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "# $(uname -m), $(nproc) cores; .gpu-deps: $(grep -v '^#' "$deps/MANIFEST" | tr '\n' ' ')"
+  echo "# $(cmake --version | head -n 1); python: $("$python" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1)"
+  if [ "$mode" = gpu ]; then
+    # LibTorch's c10d headers include gloo's: the wheel must ship them (torch/include/gloo).
+    gloo="$(dirname "$(dirname "$torch_prefix")")/include/gloo/config.h"
+    echo "# gloo headers in the wheel: $([ -f "$gloo" ] && echo yes || echo "NO ($gloo)")"
+    echo "# nvcc: $("$nvcc" --version 2>&1 | tail -n 1); GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"
+  fi
+} >>"$steps"
+
+configured_dir="${configure[4]}"
+if [ "$bench_only" -eq 1 ]; then
+  echo "# --bench-only: configure, build and tests skipped; $build/accumplan as it is" >>"$steps"
+elif step "configure" "$out/build.log" "${configure[@]}"; then
+  for pkg in nlohmann_json CLI11 Catch2; do
+    dir=$(grep "^${pkg}_DIR:" "$configured_dir/CMakeCache.txt" | cut -d= -f2-)
+    case "$dir" in
+      "$deps"/*) echo "ok     $pkg from .gpu-deps ($dir)" >>"$steps" ;;
+      *) echo "FAILED $pkg not from .gpu-deps: '$dir'" | tee -a "$steps" >&2; failed=1 ;;
+    esac
+  done
+  grep -E "✓|✗" "$out/build.log" | sed 's/^-- */summary: /' >>"$steps"
+fi
+
+# The binary, the probe tests (CUDA and CUPTI ones included in a CUDA build) and nothing else:
+# the rest of the suite is torch-version-independent and runs in CI.
+if [ "$bench_only" -eq 0 ]; then
+  step "build" "$out/build.log" cmake --build "$build" -j "$jobs" --target accumplan accumplan_probe_tests \
+    accumplan_timeline_tests
+  step "probe tests" "$out/test.log" ctest --test-dir "$build" -R "^(probes|timeline):" --no-tests=error \
+    --output-on-failure -j "$jobs"
+fi
+
+if [ "$mode" = gpu ] && [ -z "${BENCH_SECONDS:-}" ]; then
+  left=$((540 - ($(date +%s) - t_start)))
+  bench_args+=(--time-limit "$((left > 120 ? left : 120))")
+elif [ "$mode" = gpu ]; then
+  bench_args+=(--time-limit "$BENCH_SECONDS")
+fi
+export PYTHONUNBUFFERED=1
+step "benchmark" "$out/bench.log" "$python" tests/bench/gpu_bench.py --accumplan "$build/accumplan" \
+  --scratch "$out/../bench-scratch" --out-json "$out/results-gpu.json" --out-md "$out/RESULTS-gpu.md" \
+  "${bench_args[@]}"
+
+expected=(RESULTS-gpu.md results-gpu.json bench.log)
+[ "$bench_only" -eq 1 ] || expected+=(build.log test.log)
+for f in "${expected[@]}"; do
+  [ -s "$out/$f" ] || { echo "FAILED output $f missing or empty" | tee -a "$steps" >&2; failed=1; }
+done
+echo "# $(( $(date +%s) - t_start )) s in all; $([ "$failed" -eq 0 ] && echo 'every step passed' || echo 'some steps FAILED')" \
+  | tee -a "$steps" >&2
+exit "$failed"
