@@ -63,11 +63,7 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
   if (setup.loss != "cross_entropy" && setup.loss != "mse" && setup.loss != "model") {
     throw InputError("--loss '" + setup.loss + "' is unknown; use cross_entropy, mse or model");
   }
-  if (std::find(optimizer_names().begin(), optimizer_names().end(), setup.optimizer) == optimizer_names().end()) {
-    std::string names;
-    for (const auto& n : optimizer_names()) names += (names.empty() ? "" : ", ") + n;
-    throw InputError("--optimizer '" + setup.optimizer + "' is unknown; choose one of: " + names);
-  }
+  optimizer_hyperparameters(setup);  // an unknown --optimizer, or a hyperparameter it does not take
   check_optimizer_values(setup);  // --lr 1e308, --momentum nan: refused with the option's range
   if (options_.batch_file) {
     // The file is the data set, held on the host like `accumplan run --data` holds it: on the CPU

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "accumplan/errors.h"
+#include "accumplan/setup_rules.h"
 
 namespace accumplan {
 namespace {
@@ -57,18 +58,8 @@ std::pair<at::Tensor, at::Tensor> cross_entropy_positions(const at::Tensor& logi
 std::string to_string(Normalization n) { return n == Normalization::Tokens ? "tokens" : "samples"; }
 
 Normalization resolve_normalization(const std::string& name, const std::string& loss_kind, int64_t target_dims) {
-  if (name == "samples") return Normalization::Samples;
-  if (name == "tokens") {
-    if (loss_kind != "cross_entropy") {
-      throw InputError("normalization 'tokens' needs --loss cross_entropy (a per-token loss); '" + loss_kind +
-                       "' has no tokens. Use samples");
-    }
-    return Normalization::Tokens;
-  }
-  if (name == "auto") {
-    return loss_kind == "cross_entropy" && target_dims > 1 ? Normalization::Tokens : Normalization::Samples;
-  }
-  throw InputError("normalization '" + name + "' is unknown; use samples, tokens or auto");
+  // The rule is the planner's (accumplan/setup_rules.h), which the exporters read too.
+  return normalizes_by_tokens(name, loss_kind, target_dims) ? Normalization::Tokens : Normalization::Samples;
 }
 
 int64_t count_units(const at::Tensor& target, int64_t samples, const LossConfig& config) {

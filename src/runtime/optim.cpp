@@ -3,7 +3,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <set>
+#include <tuple>
 #include <unordered_set>
 
 #include <torch/optim.h>
@@ -12,19 +14,6 @@
 
 namespace accumplan {
 namespace {
-
-// Which hyperparameters each optimizer takes, so a typo is an error rather than ignored.
-const std::map<std::string, std::set<std::string>>& known_hyperparameters() {
-  static const std::map<std::string, std::set<std::string>> known = {
-      {"sgd", {"weight_decay"}},
-      {"momentum", {"momentum", "weight_decay", "dampening"}},
-      {"adam", {"beta1", "beta2", "eps", "weight_decay"}},
-      {"adamw", {"beta1", "beta2", "eps", "weight_decay"}},
-      {"adagrad", {"lr_decay", "eps", "weight_decay"}},
-      {"rmsprop", {"alpha", "eps", "weight_decay", "momentum"}},
-  };
-  return known;
-}
 
 // Each hyperparameter's range. The optimizers compute in float32 on float32 parameters, so a
 // value like --lr 1e308 is not only meaningless but fails deep in LibTorch ("cannot be converted
@@ -74,57 +63,37 @@ void check_grad_norm(double value, const std::string& option) {
   throw InputError(text);
 }
 
-const std::vector<std::string>& optimizer_names() {
-  static const std::vector<std::string> names = {"sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop"};
-  return names;
-}
-
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Setup& setup, std::vector<at::Tensor> params) {
-  const auto& known = known_hyperparameters();
-  const auto it = known.find(setup.optimizer);
-  if (it == known.end()) {
-    std::string names;
-    for (const auto& n : optimizer_names()) names += (names.empty() ? "" : ", ") + n;
-    throw InputError("--optimizer '" + setup.optimizer + "' is unknown; choose one of: " + names);
-  }
-  for (const auto& [key, value] : setup.hyperparameters) {
-    if (!it->second.count(key)) {
-      std::string names;
-      for (const auto& n : it->second) names += (names.empty() ? "" : ", ") + n;
-      throw InputError("optimizer " + setup.optimizer + " has no hyperparameter '" + key + "'; it takes: " + names);
-    }
-  }
+  // Every hyperparameter, absent ones at their defaults; unknown names refused (setup_rules.h).
+  const std::map<std::string, double> hp = optimizer_hyperparameters(setup);
   check_optimizer_values(setup);
-  auto hp = [&](const char* key, double fallback) {
-    auto f = setup.hyperparameters.find(key);
-    return f == setup.hyperparameters.end() ? fallback : f->second;
-  };
   const std::string& name = setup.optimizer;
   using namespace torch::optim;
   if (name == "sgd" || name == "momentum") {
     SGDOptions o(setup.lr);
-    o.momentum(name == "momentum" ? hp("momentum", 0.9) : 0.0);
-    o.dampening(hp("dampening", 0.0));
-    o.weight_decay(hp("weight_decay", 0.0));
+    o.momentum(name == "momentum" ? hp.at("momentum") : 0.0);
+    o.dampening(hp.at("dampening"));
+    o.weight_decay(hp.at("weight_decay"));
     return std::make_unique<SGD>(std::move(params), o);
   }
-  if (name == "adam") {
-    AdamOptions o(setup.lr);
-    o.betas({hp("beta1", 0.9), hp("beta2", 0.999)}).eps(hp("eps", 1e-8)).weight_decay(hp("weight_decay", 0.0));
-    return std::make_unique<Adam>(std::move(params), o);
-  }
-  if (name == "adamw") {
+  if (name == "adam" || name == "adamw") {
+    const std::tuple<double, double> betas{hp.at("beta1"), hp.at("beta2")};
+    if (name == "adam") {
+      AdamOptions o(setup.lr);
+      o.betas(betas).eps(hp.at("eps")).weight_decay(hp.at("weight_decay"));
+      return std::make_unique<Adam>(std::move(params), o);
+    }
     AdamWOptions o(setup.lr);
-    o.betas({hp("beta1", 0.9), hp("beta2", 0.999)}).eps(hp("eps", 1e-8)).weight_decay(hp("weight_decay", 1e-2));
+    o.betas(betas).eps(hp.at("eps")).weight_decay(hp.at("weight_decay"));
     return std::make_unique<AdamW>(std::move(params), o);
   }
   if (name == "adagrad") {
     AdagradOptions o(setup.lr);
-    o.lr_decay(hp("lr_decay", 0.0)).eps(hp("eps", 1e-10)).weight_decay(hp("weight_decay", 0.0));
+    o.lr_decay(hp.at("lr_decay")).eps(hp.at("eps")).weight_decay(hp.at("weight_decay"));
     return std::make_unique<Adagrad>(std::move(params), o);
   }
   RMSpropOptions o(setup.lr);
-  o.alpha(hp("alpha", 0.99)).eps(hp("eps", 1e-8)).weight_decay(hp("weight_decay", 0.0)).momentum(hp("momentum", 0.0));
+  o.alpha(hp.at("alpha")).eps(hp.at("eps")).weight_decay(hp.at("weight_decay")).momentum(hp.at("momentum"));
   return std::make_unique<RMSprop>(std::move(params), o);
 }
 

@@ -16,10 +16,9 @@
 #include <torch/optim.h>
 
 #include "accumplan/schema.h"
+#include "accumplan/setup_rules.h"  // optimizer_names, and each optimizer's defaults
 
 namespace accumplan {
-
-const std::vector<std::string>& optimizer_names();
 
 // Throws InputError naming the option (--lr, --momentum, ...), the value and its range for a
 // learning rate or hyperparameter that is not finite or out of range (lr in (0, 1e6], momentum
@@ -31,7 +30,8 @@ void check_optimizer_values(const Setup& setup);
 // throws InputError naming `option`, the value and the range.
 void check_grad_norm(double value, const std::string& option);
 
-// Throws InputError for an unknown optimizer or hyperparameter (naming the known ones).
+// Throws InputError for an unknown optimizer or hyperparameter (naming the known ones). An absent
+// hyperparameter is its default in optimizer_defaults (accumplan/setup_rules.h).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Setup& setup, std::vector<at::Tensor> params);
 
 // Bytes of all tensors in the optimizer's per-parameter state (storage nbytes, counted once).

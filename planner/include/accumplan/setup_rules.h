@@ -1,0 +1,46 @@
+// accumplan/setup_rules.h — what a plan's training setup means, said once for every reader.
+//
+// What it is: the rules that turn the `setup` a profile was measured under into the settings
+// that follow from it, torch-free, so the LibTorch runtime (which builds the optimizer and the
+// loss) and the exporters (which write the same settings in each trainer's words) read them from
+// one place:
+//   - the optimizers accumplan measures, the hyperparameters each takes and LibTorch's default
+//     for each (what an absent hyperparameter means);
+//   - setup.normalization resolved: per token or per sample.
+// What it is not: validation of ranges (runtime/optim.h checks values against LibTorch's limits)
+// or the construction of anything.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "accumplan/schema.h"
+
+namespace accumplan {
+
+// sgd momentum adam adamw adagrad rmsprop, in that order.
+const std::vector<std::string>& optimizer_names();
+
+// Every hyperparameter `optimizer` takes (beyond lr) with LibTorch's default for it:
+//   sgd: weight_decay 0, dampening 0; momentum: momentum 0.9 (accumplan's), dampening 0,
+//   weight_decay 0; adam: beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0; adamw: the same with
+//   weight_decay 0.01; adagrad: lr_decay 0, eps 1e-10, weight_decay 0; rmsprop: alpha 0.99,
+//   eps 1e-8, weight_decay 0, momentum 0.
+// InputError naming the known optimizers for an unknown name.
+const std::map<std::string, double>& optimizer_defaults(const std::string& optimizer);
+
+// setup.hyperparameters with every absent one at its default: the values the optimizer runs
+// with. InputError for an unknown optimizer or a hyperparameter it does not take (naming those
+// it takes).
+std::map<std::string, double> optimizer_hyperparameters(const Setup& setup);
+
+// Whether the loss is normalised per valid token across the window (and ranks) rather than per
+// sample: "tokens"; "auto" for cross-entropy over a target with more than one dimension ([B,T]);
+// "samples". InputError for an unknown name, or "tokens" with a loss that has no tokens.
+bool normalizes_by_tokens(const std::string& normalization, const std::string& loss, int64_t target_dims);
+// The same for a setup: target_dims from setup.target's spec (0 without a target).
+bool normalizes_by_tokens(const Setup& setup);
+
+}  // namespace accumplan
