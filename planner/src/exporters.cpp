@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +13,7 @@
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
+#include "accumplan/setup_rules.h"
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
 
@@ -129,17 +132,365 @@ ojson provenance(const Plan& plan, const ExportOptions& o, const std::string& no
   return a;
 }
 
-std::string launch_line(const std::string& launcher, int64_t world) {
-  if (launcher == "accelerate") {
-    return "accelerate launch --num_machines 1 --num_processes " + std::to_string(world) + " YOUR_SCRIPT.py";
-  }
+// The Hugging Face Trainer's launch on W processes.
+std::string torchrun_launch_line(int64_t world) {
   return "torchrun --nnodes=1 --nproc_per_node=" + std::to_string(world) + " YOUR_SCRIPT.py";
+}
+
+// ---------------------------------------------------------------------------------------------
+// What a trainer must be told to train as the plan was measured: precision, optimizer, clipping,
+// device, ranks and the loss's normalisation, read from the plan's setup through the one set of
+// rules (setup_rules.h).
+
+struct Training {
+  std::string amp;                        // none | bf16 | fp16
+  std::string optimizer;                  // accumplan's name
+  double lr = 0;
+  std::map<std::string, double> hp;       // every hyperparameter, defaults filled in
+  std::optional<double> max_grad_norm;
+  bool cuda = false;
+  bool per_token = false;                 // normalised by the window's valid tokens over all ranks
+  int64_t world = 1;
+};
+
+Training training_of(const Plan& plan) {
+  Training t;
+  t.amp = plan.setup.amp;
+  t.optimizer = plan.setup.optimizer;
+  t.lr = plan.setup.lr;
+  t.hp = optimizer_hyperparameters(plan.setup);
+  t.max_grad_norm = plan.setup.max_grad_norm;
+  t.cuda = plan.device.type == "cuda";
+  t.per_token = normalizes_by_tokens(plan.setup);
+  t.world = plan.world_size;
+  return t;
+}
+
+// The plan's optimizer as torch.optim's class and keyword arguments: what every trainer that
+// takes a class (Lightning's class_path, Trainer's optimizer_cls_and_kwargs) builds exactly.
+std::pair<std::string, ojson> torch_optimizer(const Training& t) {
+  const auto& h = t.hp;
+  if (t.optimizer == "sgd" || t.optimizer == "momentum") {
+    return {"SGD", ojson{{"lr", t.lr}, {"momentum", t.optimizer == "momentum" ? h.at("momentum") : 0.0},
+                         {"dampening", h.at("dampening")}, {"weight_decay", h.at("weight_decay")}}};
+  }
+  if (t.optimizer == "adam" || t.optimizer == "adamw") {
+    return {t.optimizer == "adam" ? "Adam" : "AdamW",
+            ojson{{"lr", t.lr}, {"betas", ojson::array({h.at("beta1"), h.at("beta2")})}, {"eps", h.at("eps")},
+                  {"weight_decay", h.at("weight_decay")}}};
+  }
+  if (t.optimizer == "adagrad") {
+    return {"Adagrad", ojson{{"lr", t.lr}, {"lr_decay", h.at("lr_decay")}, {"eps", h.at("eps")},
+                             {"weight_decay", h.at("weight_decay")}}};
+  }
+  return {"RMSprop", ojson{{"lr", t.lr}, {"alpha", h.at("alpha")}, {"eps", h.at("eps")},
+                           {"weight_decay", h.at("weight_decay")}, {"momentum", h.at("momentum")}}};
+}
+
+// What a trainer that scales each microbatch's mean loss by 1/k and averages gradients over the
+// W ranks loses on a per-token plan, and the loss that restores it. Empty for a per-sample plan:
+// with equal microbatches those trainers already make the window's mean.
+std::string per_token_note(const Training& t, const std::string& trainer, const std::string& how_it_scales) {
+  if (!t.per_token) return "";
+  return "this plan weights every valid token of a window equally (over all microbatches and ranks); " + trainer + " " +
+         how_it_scales + ", so a microbatch with fewer valid tokens counts as much as a full one. For the plan's "
+         "objective make the loss sum(token losses) x gradient_accumulation_steps x world_size / (the window's valid "
+         "tokens over all ranks, counted before its first backward)";
+}
+
+std::string precision_name(const std::string& amp, const char* none, const char* bf16, const char* fp16) {
+  return amp == "bf16" ? bf16 : amp == "fp16" ? fp16 : none;
+}
+
+// Each target: the uniform split (u per rank, k microbatches), the plan's training settings and
+// `notes` (what the target cannot express; each goes inside the output and to stderr).
+struct ExportContext {
+  const Plan& plan;
+  int64_t u = 0;
+  int64_t k = 0;
+  Training t;
+  ojson about;                      // the "accumplan" provenance object
+  std::vector<std::string> notes;   // the departure first, when there is one
+  const ExportOptions& options;
+};
+
+ojson with_notes(ojson about, const std::vector<std::string>& notes) {
+  about["notes"] = notes;
+  return about;
+}
+
+std::string deepspeed_export(ExportContext& c) {
+  ojson j;
+  j["train_batch_size"] = c.plan.target_batch;
+  j["train_micro_batch_size_per_gpu"] = c.u;
+  j["gradient_accumulation_steps"] = c.k;
+  if (c.t.amp == "bf16") j["bf16"] = ojson{{"enabled", true}};
+  if (c.t.amp == "fp16") j["fp16"] = ojson{{"enabled", true}, {"loss_scale", 0}};  // 0: dynamic, as run scales
+  j["gradient_clipping"] = c.t.max_grad_norm.value_or(0.0);                          // 0: off
+  auto [name, params] = torch_optimizer(c.t);
+  // DeepSpeed's own Adam is AdamW unless told (adam_w_mode) and fused unless torch_adam: both
+  // set, so the update is torch.optim's, as measured. Other names fall back to torch.optim.
+  if (name == "Adam" || name == "AdamW") {
+    params["torch_adam"] = true;
+    params["adam_w_mode"] = name == "AdamW";
+  }
+  j["optimizer"] = ojson{{"type", name}, {"params", params}};
+  if (!c.t.cuda) c.notes.push_back("the plan was measured on the CPU device; DeepSpeed trains on GPUs, where the memory differs");
+  const std::string loss = per_token_note(c.t, "DeepSpeed", "divides each microbatch's loss by gradient_accumulation_steps and averages gradients over ranks");
+  if (!loss.empty()) c.notes.push_back(loss);
+  j["accumplan"] = with_notes(c.about, c.notes);  // DeepSpeed reads the keys it knows and ignores this one
+  return j.dump(2) + "\n";
+}
+
+// Hugging Face names the optimizer by one word and passes only lr (and AdamW's betas and eps);
+// the rest of a plan's optimizer goes through Trainer(optimizer_cls_and_kwargs=...).
+std::string hf_optim(const Training& t, std::vector<std::string>& notes) {
+  const auto default_of = [&](const char* key) { return t.hp.at(key) == optimizer_defaults(t.optimizer).at(key); };
+  const std::string exact = "; for the plan's optimizer exactly pass Trainer(optimizer_cls_and_kwargs=(torch.optim." +
+                            torch_optimizer(t).first + ", cfg[\"optimizer\"][\"kwargs\"]))";
+  const bool decays = t.hp.at("weight_decay") > 0.0;
+  if (t.optimizer == "adam" && decays) notes.push_back("Trainer has no Adam with coupled (L2) weight decay" + exact);
+  if (t.optimizer == "momentum") notes.push_back("Trainer's \"sgd\" takes no momentum" + exact);
+  if ((t.optimizer == "adagrad" && !(default_of("lr_decay") && default_of("eps"))) ||
+      (t.optimizer == "rmsprop" && !(default_of("alpha") && default_of("eps") && default_of("momentum")))) {
+    notes.push_back("Trainer passes " + t.optimizer + " only its learning rate" + exact);
+  }
+  if (decays) {
+    notes.push_back("Trainer's own optimizer leaves biases and LayerNorm weights undecayed, the plan decays every "
+                    "parameter" + exact);
+  }
+  // AdamW without weight decay is Adam; Trainer has no other Adam.
+  if (t.optimizer == "adam" || t.optimizer == "adamw") return "adamw_torch";
+  return t.optimizer == "momentum" ? "sgd" : t.optimizer;
+}
+
+std::string hf_export(ExportContext& c) {
+  const Training& t = c.t;
+  ojson args{{"per_device_train_batch_size", c.u}, {"gradient_accumulation_steps", c.k}};
+  args["bf16"] = t.amp == "bf16";
+  args["fp16"] = t.amp == "fp16";
+  args["max_grad_norm"] = t.max_grad_norm.value_or(0.0);  // Trainer clips at 1.0 unless told 0
+  args["learning_rate"] = t.lr;
+  args["weight_decay"] = t.hp.at("weight_decay");
+  args["optim"] = hf_optim(t, c.notes);
+  if (t.optimizer == "adam" || t.optimizer == "adamw") {
+    args["adam_beta1"] = t.hp.at("beta1");
+    args["adam_beta2"] = t.hp.at("beta2");
+    args["adam_epsilon"] = t.hp.at("eps");
+  }
+  args["use_cpu"] = !t.cuda;
+  if (t.per_token) {
+    // Trainer then sums the valid labels of the k microbatches (num_items_in_batch), gathers the
+    // count over ranks, and passes it to a model whose forward takes **kwargs.
+    args["average_tokens_across_devices"] = true;
+    c.notes.push_back("Trainer normalises per token only when each batch carries \"labels\" (-100 ignored) and the "
+                      "model's forward accepts **kwargs (num_items_in_batch) or you pass compute_loss_func; otherwise "
+                      "it divides each microbatch's mean loss by gradient_accumulation_steps");
+  }
+  const auto [name, kwargs] = torch_optimizer(t);
+  ojson j;
+  j["TrainingArguments"] = args;
+  j["optimizer"] = ojson{{"class", "torch.optim." + name}, {"kwargs", kwargs}};
+  j["launch"] = torchrun_launch_line(c.plan.world_size);
+  j["accumplan"] = with_notes(c.about, c.notes);
+  return j.dump(2) + "\n";
+}
+
+std::string accelerate_export(ExportContext& c) {
+  const Training& t = c.t;
+  const auto [name, kwargs] = torch_optimizer(t);
+  ojson j;
+  j["Accelerator"] = ojson{{"gradient_accumulation_steps", c.k},
+                           {"mixed_precision", precision_name(t.amp, "no", "bf16", "fp16")},
+                           {"cpu", !t.cuda}};
+  j["DataLoader"] = ojson{{"batch_size", c.u}};
+  j["optimizer"] = ojson{{"class", "torch.optim." + name}, {"kwargs", kwargs}};
+  if (t.max_grad_norm) {
+    // Accelerate has no clipping setting: the training loop calls it, once per window.
+    j["clip_grad_norm"] = ojson{{"max_norm", *t.max_grad_norm}, {"norm_type", 2.0}};
+    c.notes.push_back("clip in your loop: if accelerator.sync_gradients: accelerator.clip_grad_norm_(model.parameters(), "
+                      "cfg[\"clip_grad_norm\"][\"max_norm\"])");
+  }
+  const std::string loss = per_token_note(t, "Accelerate", "divides each microbatch's loss by gradient_accumulation_steps and averages gradients over ranks");
+  if (!loss.empty()) c.notes.push_back(loss + " (count them with accelerator.gather(count).sum())");
+  j["config_file"] = "accumplan export --plan " + shell_quote(c.options.plan_path) +
+                     " --to accelerate-config --out accelerate_config.yaml";
+  j["launch"] = "accelerate launch --config_file accelerate_config.yaml YOUR_SCRIPT.py";
+  j["accumplan"] = with_notes(c.about, c.notes);
+  return j.dump(2) + "\n";
+}
+
+// `accelerate launch --config_file`: the fields of accelerate's ClusterConfig that say where and
+// how the processes run. 'NO' and 'no' are quoted: YAML 1.1 reads a bare NO as false.
+std::string accelerate_config_export(ExportContext& c) {
+  const Training& t = c.t;
+  const int64_t W = c.plan.world_size;
+  const std::string distributed = W == 1 ? "'NO'" : t.cuda ? "MULTI_GPU" : "MULTI_CPU";
+  std::ostringstream s;
+  s << "# accumplan export accelerate-config (accelerate launch --config_file THIS): " << W << " process(es), "
+    << precision_name(t.amp, "float32", "bf16 autocast", "fp16 autocast") << ", on " << (t.cuda ? "GPUs" : "the CPU") << "\n"
+    << "# gradient_accumulation_steps is not a key of this file: it goes to Accelerator(...) (--to accelerate)\n";
+  for (const std::string& n : c.notes) s << "# NOTE: " << n << "\n";
+  s << "compute_environment: LOCAL_MACHINE\n"
+    << "debug: false\n"
+    << "distributed_type: " << distributed << "\n"
+    << "machine_rank: 0\n"
+    << "main_training_function: main\n"
+    << "mixed_precision: " << precision_name(t.amp, "'no'", "bf16", "fp16") << "\n"
+    << "num_machines: 1\n"
+    << "num_processes: " << W << "\n"
+    << "rdzv_backend: static\n"
+    << "same_network: true\n"
+    << "use_cpu: " << (t.cuda ? "false" : "true") << "\n";
+  return s.str();
+}
+
+// A JSON number, bool or array of them as a YAML 1.1 scalar that loads as the same value: YAML 1.1
+// (PyYAML, which LightningCLI's parser builds on) reads 1e-08 as a string and only 1.0e-08 as a
+// float, so an exponent gets a mantissa with a point.
+std::string yaml_value(const ojson& v) {
+  if (v.is_array()) {
+    std::string s = "[";
+    for (const auto& e : v) s += (s.size() > 1 ? ", " : "") + yaml_value(e);
+    return s + "]";
+  }
+  std::string s = v.dump();
+  const size_t e = s.find_first_of("eE");
+  if (v.is_number_float() && e != std::string::npos && s.find('.') == std::string::npos) s.insert(e, ".0");
+  return s;
+}
+
+// A LightningCLI config file (`fit --config`); YAML comments carry what its keys cannot.
+std::string lightning_export(ExportContext& c) {
+  const Training& t = c.t;
+  const std::string loss = per_token_note(t, "Lightning", "divides each microbatch's loss by accumulate_grad_batches and DDP averages gradients over ranks");
+  if (!loss.empty()) c.notes.push_back(loss);
+  std::ostringstream s;
+  s << "# accumplan export lightning (LightningCLI --config): " << c.plan.target_batch << " samples per step = "
+    << c.plan.world_size << " device(s) x " << split_text(c.k, c.u) << "\n";
+  for (const std::string& n : c.notes) s << "# NOTE: " << n << "\n";
+  s << "trainer:\n"
+    << "  accelerator: " << (t.cuda ? "gpu" : "cpu") << "\n"
+    << "  devices: " << c.plan.world_size << "\n"
+    << "  num_nodes: 1\n"
+    << "  precision: " << precision_name(t.amp, "32-true", "bf16-mixed", "16-mixed") << "\n"
+    << "  accumulate_grad_batches: " << c.k << "\n";
+  if (t.max_grad_norm) {
+    s << "  gradient_clip_val: " << yaml_value(*t.max_grad_norm) << "\n"
+      << "  gradient_clip_algorithm: norm\n";
+  }
+  // LightningCLI builds this optimizer for a module without configure_optimizers.
+  const auto [name, kwargs] = torch_optimizer(t);
+  s << "optimizer:\n  class_path: torch.optim." << name << "\n  init_args:\n";
+  for (const auto& [key, value] : kwargs.items()) s << "    " << key << ": " << yaml_value(value) << "\n";
+  if (c.options.lightning_datamodule.empty()) {
+    s << "data:\n  batch_size: " << c.u << "  # an init argument of your LightningDataModule\n";
+  } else {
+    s << "data:\n  class_path: " << c.options.lightning_datamodule << "\n  init_args:\n    batch_size: " << c.u << "\n";
+  }
+  return s.str();
+}
+
+// accumplan runs the plan itself, balanced split and all: nothing departs from it.
+std::string torchrun_export(const Plan& plan, const ExportOptions& options) {
+  const int64_t W = plan.world_size;
+  std::ostringstream s;
+  s << "# accumplan export torchrun: ";
+  if (plan.tokens && plan.tokens->target_tokens) {
+    s << "windows of at least " << *plan.tokens->target_tokens << " valid tokens over " << W << " rank(s)";
+  } else {
+    s << plan.target_batch << " samples per step = " << W << " rank(s) x " << plan.per_rank_batch;
+  }
+  if (plan.tokens) {
+    s << ", each window packed under a token budget of " << plan.tokens->token_budget
+      << " padded tokens (sequences up to " << plan.tokens->max_seq_len << ")\n";
+  } else {
+    s << ", microbatches [" << join_sizes(plan.microbatch_sizes) << "] per rank\n";
+  }
+  s << "# add --data FILE and --steps N or --epochs E; on several nodes set --nnodes, --node_rank, "
+       "--master_addr, --master_port\n"
+    << "# --redirects=1 --tee=1: torchrun 1.13 under Python 3.11 (Debian 12) fails on their default 0; "
+       "each rank's stdout stays on the console\n"
+    << "torchrun --nnodes=1 --nproc_per_node=" << W << " --redirects=1 --tee=1 --no_python "
+    << shell_quote(options.binary) << " run --plan " << shell_quote(options.plan_path) << " --model "
+    << shell_quote(plan.model.path.empty() ? "MODEL.pt" : plan.model.path) << "\n";
+  return s.str();
+}
+
+// Everything export_plan refuses before writing anything: an unknown target or data module, a
+// uniform split that does not make the target, windows cut by tokens for a trainer that cuts
+// them by samples.
+void check_exportable(const Plan& plan, const std::string& target, const ExportOptions& options) {
+  if (std::find(export_targets().begin(), export_targets().end(), target) == export_targets().end()) {
+    std::string list;
+    for (const auto& t : export_targets()) list += (list.empty() ? "" : ", ") + t;
+    throw InputError("--to '" + cut_for_message(target) + "' is not a known trainer; choose one of: " + list);
+  }
+  check_lightning_datamodule(options.lightning_datamodule);
+  if (!options.lightning_datamodule.empty() && target != "lightning") {
+    throw InputError("--lightning-datamodule is for --to lightning, not " + target);
+  }
+  const int64_t u = plan.uniform.micro_batch, k = plan.uniform.accumulation_steps, W = plan.world_size;
+  if (u < 1 || k < 1 || W < 1 ||
+      checked_mul(checked_mul(u, k, "the plan's uniform split"), W, "the plan's uniform split x world_size") !=
+          plan.target_batch) {
+    throw InputError("the plan's uniform split (" + split_text(k, u) + " on " + std::to_string(W) +
+                     " rank(s)) does not make target_batch " + std::to_string(plan.target_batch) +
+                     "; re-plan it with `accumplan plan`");
+  }
+  // A packed plan's windows by tokens cannot be expressed as a trainer's batch size: exporting
+  // the sample fields would change the objective (windows of samples), not just the speed.
+  if (plan.tokens && plan.tokens->target_tokens && target != "torchrun") {
+    throw InputError("this plan's windows hold " + std::to_string(*plan.tokens->target_tokens) +
+                     " valid tokens each (--target-tokens), which " + target + " cannot express: it cuts windows by "
+                     "samples. Run the plan itself (accumplan run, `--to torchrun`, or the Python package's "
+                     "token_windows), or re-plan with --target-batch");
+  }
+}
+
+// The departure from the plan in one sentence (empty when none), or InfeasibleError when the
+// uniform split is predicted more than 25% slower and the caller did not allow it.
+std::string departure_or_refusal(const Plan& plan, const std::string& target, const ExportOptions& options,
+                                 double* slowdown_out) {
+  bool by_time = false;
+  const double slowdown = uniform_slowdown(plan, &by_time);
+  *slowdown_out = slowdown;
+  std::string what = departure(plan, target, slowdown, by_time);
+  if (plan.tokens) {
+    // The sample fields are the padded plan: they fit, but every microbatch pads to max_seq_len.
+    what = "this plan packs each window under a token budget of " + std::to_string(plan.tokens->token_budget) +
+           " padded tokens; " + target + " does not pack, so it gets the plan's padded split: microbatches of " +
+           std::to_string(plan.uniform.micro_batch) + " sequences, each padded to at most " +
+           std::to_string(plan.tokens->max_seq_len) +
+           " tokens (they fit, but pad; packing runs only in accumplan run and the Python reader)" +
+           (what.empty() ? std::string() : "; " + what);
+  }
+  if (slowdown <= 1.0 + kSlowerBy || options.allow_slow) return what;
+  const int64_t W = std::max<int64_t>(1, plan.world_size);
+  const auto [below, above] = nearest_even_targets(plan);
+  std::string nearest;
+  for (int64_t b : {above, below}) {
+    if (b < 1) continue;
+    const int64_t T = b / W;
+    const int64_t d = even_split_size(T, std::max({plan.max_micro_batch, plan.micro_batch, int64_t{1}}),
+                                      std::max<int64_t>(1, plan.multiple_of.value_or(1)));
+    if (d < 1) continue;
+    nearest += (nearest.empty() ? "" : " or ") + std::to_string(b) + " (" + split_text(T / d, d) +
+               (W > 1 ? " per rank" : "") + ")";
+  }
+  throw InfeasibleError(what + "; an export may cost at most " + pct(kSlowerBy) + " per window. " +
+                        (nearest.empty() ? std::string("No nearby target batch splits evenly")
+                                         : "Target batches that split evenly under max_micro_batch " +
+                                               std::to_string(std::max(plan.max_micro_batch, plan.micro_batch)) +
+                                               ": " + nearest + "; re-plan with `accumplan plan --target-batch`") +
+                        ", run the plan itself (accumplan run, or the Python package), or pass --allow-slow");
 }
 
 }  // namespace
 
 const std::vector<std::string>& export_targets() {
-  static const std::vector<std::string> targets = {"deepspeed", "accelerate", "lightning", "hf", "torchrun"};
+  static const std::vector<std::string> targets = {"deepspeed", "accelerate", "accelerate-config", "lightning", "hf",
+                                                   "torchrun"};
   return targets;
 }
 
@@ -187,129 +538,46 @@ std::pair<int64_t, int64_t> nearest_even_targets(const Plan& plan) {
   return out;
 }
 
+void check_lightning_datamodule(const std::string& class_path) {
+  if (class_path.empty()) return;
+  // A dotted Python name: identifiers (letters, digits, _; not starting with a digit) joined by '.'.
+  bool ok = true, start = true;
+  for (const char ch : class_path) {
+    const bool letter = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_';
+    const bool digit = ch >= '0' && ch <= '9';
+    if (ch == '.') {
+      ok = ok && !start;
+      start = true;
+    } else {
+      ok = ok && (letter || (digit && !start));
+      start = false;
+    }
+  }
+  if (!ok || start) {
+    throw InputError("--lightning-datamodule '" + cut_for_message(class_path) +
+                     "' is not a Python class path; give the module and class, e.g. my_project.data.TextDataModule");
+  }
+}
+
 std::string export_plan(const Plan& plan, const std::string& target, std::string* note, const ExportOptions& options) {
-  bool known = false;
-  for (const auto& t : export_targets()) known = known || t == target;
-  if (!known) {
-    std::string list;
-    for (const auto& t : export_targets()) list += (list.empty() ? "" : ", ") + t;
-    throw InputError("--to '" + target + "' is not a known trainer; choose one of: " + list);
-  }
-  const int64_t u = plan.uniform.micro_batch;
-  const int64_t k = plan.uniform.accumulation_steps;
-  const int64_t W = plan.world_size;
-  if (u < 1 || k < 1 || W < 1 ||
-      checked_mul(checked_mul(u, k, "the plan's uniform split"), W, "the plan's uniform split x world_size") !=
-          plan.target_batch) {
-    throw InputError("the plan's uniform split (" + split_text(k, u) + " on " + std::to_string(W) +
-                     " rank(s)) does not make target_batch " + std::to_string(plan.target_batch) +
-                     "; re-plan it with `accumplan plan`");
-  }
+  check_exportable(plan, target, options);
   if (note) note->clear();
-  // A packed plan's windows by tokens cannot be expressed as a trainer's batch size: exporting
-  // the sample fields would change the objective (windows of samples), not just the speed.
-  if (plan.tokens && plan.tokens->target_tokens && target != "torchrun") {
-    throw InputError("this plan's windows hold " + std::to_string(*plan.tokens->target_tokens) +
-                     " valid tokens each (--target-tokens), which " + target + " cannot express: it cuts windows by "
-                     "samples. Run the plan itself (accumplan run, `--to torchrun`, or the Python package's "
-                     "token_windows), or re-plan with --target-batch");
+  if (target == "torchrun") return torchrun_export(plan, options);
+  double slowdown = 1.0;
+  const std::string what = departure_or_refusal(plan, target, options, &slowdown);
+  ExportContext c{plan, plan.uniform.micro_batch, plan.uniform.accumulation_steps, training_of(plan),
+                  provenance(plan, options, what, slowdown), {}, options};
+  if (!what.empty()) c.notes.push_back(what);
+  std::string text;
+  if (target == "deepspeed") text = deepspeed_export(c);
+  else if (target == "hf") text = hf_export(c);
+  else if (target == "accelerate") text = accelerate_export(c);
+  else if (target == "accelerate-config") text = accelerate_config_export(c);
+  else text = lightning_export(c);
+  if (note) {
+    for (const std::string& n : c.notes) *note += (note->empty() ? "" : "\n") + n;
   }
-
-  if (target == "torchrun") {
-    // accumplan runs the plan itself, balanced split and all: nothing departs from it.
-    std::ostringstream s;
-    s << "# accumplan export torchrun: ";
-    if (plan.tokens && plan.tokens->target_tokens) {
-      s << "windows of at least " << *plan.tokens->target_tokens << " valid tokens over " << W << " rank(s)";
-    } else {
-      s << plan.target_batch << " samples per step = " << W << " rank(s) x " << plan.per_rank_batch;
-    }
-    if (plan.tokens) {
-      s << ", each window packed under a token budget of " << plan.tokens->token_budget
-        << " padded tokens (sequences up to " << plan.tokens->max_seq_len << ")\n";
-    } else {
-      s << ", microbatches [" << join_sizes(plan.microbatch_sizes) << "] per rank\n";
-    }
-    s
-      << "# add --data FILE and --steps N or --epochs E; on several nodes set --nnodes, --node_rank, "
-         "--master_addr, --master_port\n"
-      << "# --redirects=1 --tee=1: torchrun 1.13 under Python 3.11 (Debian 12) fails on their default 0; "
-         "each rank's stdout stays on the console\n"
-      << "torchrun --nnodes=1 --nproc_per_node=" << W << " --redirects=1 --tee=1 --no_python "
-      << shell_quote(options.binary)
-      << " run --plan " << shell_quote(options.plan_path) << " --model "
-      << shell_quote(plan.model.path.empty() ? "MODEL.pt" : plan.model.path) << "\n";
-    return s.str();
-  }
-
-  bool by_time = false;
-  const double slowdown = uniform_slowdown(plan, &by_time);
-  std::string what = departure(plan, target, slowdown, by_time);
-  if (plan.tokens) {
-    // The sample fields are the padded plan: they fit, but every microbatch pads to max_seq_len.
-    what = "this plan packs each window under a token budget of " + std::to_string(plan.tokens->token_budget) +
-           " padded tokens; " + target + " does not pack, so it gets the plan's padded split: microbatches of " +
-           std::to_string(u) + " sequences, each padded to at most " + std::to_string(plan.tokens->max_seq_len) +
-           " tokens (they fit, but pad; packing runs only in accumplan run and the Python reader)" +
-           (what.empty() ? std::string() : "; " + what);
-  }
-  if (slowdown > 1.0 + kSlowerBy && !options.allow_slow) {
-    const auto [below, above] = nearest_even_targets(plan);
-    std::string nearest;
-    for (int64_t b : {above, below}) {
-      if (b < 1) continue;
-      const int64_t T = b / std::max<int64_t>(1, W);
-      const int64_t d = even_split_size(T, std::max({plan.max_micro_batch, plan.micro_batch, int64_t{1}}),
-                                        std::max<int64_t>(1, plan.multiple_of.value_or(1)));
-      if (d < 1) continue;
-      nearest += (nearest.empty() ? "" : " or ") + std::to_string(b) + " (" + split_text(T / d, d) +
-                 (W > 1 ? " per rank" : "") + ")";
-    }
-    throw InfeasibleError(what + "; an export may cost at most " + pct(kSlowerBy) + " per window. " +
-                          (nearest.empty() ? std::string("No nearby target batch splits evenly")
-                                           : "Target batches that split evenly under max_micro_batch " +
-                                                 std::to_string(std::max(plan.max_micro_batch, plan.micro_batch)) +
-                                                 ": " + nearest + "; re-plan with `accumplan plan --target-batch`") +
-                          ", run the plan itself (accumplan run, or the Python package), or pass --allow-slow");
-  }
-  if (note) *note = what;
-  const ojson about = provenance(plan, options, what, slowdown);
-
-  if (target == "deepspeed") {
-    ojson j;
-    j["train_batch_size"] = plan.target_batch;
-    j["train_micro_batch_size_per_gpu"] = u;
-    j["gradient_accumulation_steps"] = k;
-    j["accumplan"] = about;  // DeepSpeed reads the keys it knows and ignores this one
-    return j.dump(2) + "\n";
-  }
-  if (target == "hf") {
-    ojson j;
-    j["TrainingArguments"] = ojson{{"per_device_train_batch_size", u}, {"gradient_accumulation_steps", k}};
-    j["launch"] = launch_line("torchrun", W);
-    j["accumplan"] = about;
-    return j.dump(2) + "\n";
-  }
-  if (target == "accelerate") {
-    ojson j;
-    j["Accelerator"] = ojson{{"gradient_accumulation_steps", k}};
-    j["DataLoader"] = ojson{{"batch_size", u}};
-    j["launch"] = launch_line("accelerate", W);
-    j["accumplan"] = about;
-    return j.dump(2) + "\n";
-  }
-  // lightning: a LightningCLI config file; YAML comments carry what JSON cannot.
-  std::ostringstream s;
-  s << "# accumplan export lightning (LightningCLI --config): " << plan.target_batch << " samples per step = "
-    << W << " device(s) x " << split_text(k, u) << "\n";
-  if (!what.empty()) s << "# NOTE: " << what << "\n";
-  s << "trainer:\n"
-    << "  accumulate_grad_batches: " << k << "\n"
-    << "  devices: " << W << "\n"
-    << "  num_nodes: 1\n"
-    << "data:\n"
-    << "  batch_size: " << u << "  # an init argument of your LightningDataModule\n";
-  return s.str();
+  return text;
 }
 
 }  // namespace accumplan

@@ -5,6 +5,7 @@
 #include "accumplan/report.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -762,13 +763,36 @@ ReportInput read_report_input(const std::string& path, const std::string& what) 
 
 std::string check_report_format(const std::string& format, const std::string& what) {
   if (format == "html" || format == "svg") return format;
-  throw InputError(what + " must be html or svg, got '" + format + "'");
+  throw InputError(what + " must be html or svg, got '" + cut_for_message(format) + "'");
 }
 
-std::string report_format_for_path(const std::string& path) {
-  const std::string ext = ".svg";
-  const bool svg = path.size() >= ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
-  return svg ? "svg" : "html";
+namespace {
+
+// The format a file name names by its extension (.svg; .html or .htm), or "" for none.
+std::string format_named_by(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return "";
+  std::string ext = name.substr(dot + 1);
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (ext == "svg") return "svg";
+  if (ext == "html" || ext == "htm") return "html";
+  return "";
+}
+
+}  // namespace
+
+std::string report_format_for(const std::string& format, const std::string& out_path) {
+  const std::string named = format_named_by(out_path);
+  if (format.empty()) return named.empty() ? "html" : named;
+  const std::string chosen = check_report_format(format);
+  if (!named.empty() && named != chosen) {
+    throw InputError("--format " + chosen + " but --out '" + path_for_message(out_path) + "' names " +
+                     (named == "svg" ? "an SVG" : "an HTML") + " file; drop --format or give --out a ." + chosen +
+                     " name");
+  }
+  return chosen;
 }
 
 std::string render_report_svg(const ReportInput& input) {

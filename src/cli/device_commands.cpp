@@ -34,6 +34,7 @@
 #include "profiling/probe_runner.h"
 #include "runtime/amp.h"
 #include "runtime/model.h"
+#include "cli/choice.h"
 
 namespace accumplan::cli {
 namespace {
@@ -103,11 +104,11 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
                 "variable-length data: pass the padding mask (bool [b, T], true at padding, as "
                 "src_key_padding_mask) as one more forward argument after the inputs")
       ->group(model_group);
-  app->add_option("--loss", a.loss,
+  choice(app->add_option("--loss", a.loss,
                   "cross_entropy ([B,C] or [B,T,C] logits), mse, or model (forward takes the target last "
-                  "and returns the loss); default cross_entropy")
+                  "and returns the loss); default cross_entropy"))
       ->group(model_group);
-  app->add_option("--normalization", a.normalization, "samples | tokens | auto (tokens for [B,T,C] cross-entropy)")
+  choice(app->add_option("--normalization", a.normalization, "samples | tokens | auto (tokens for [B,T,C] cross-entropy)"))
       ->capture_default_str()
       ->group(model_group);
   app->add_option("--ignore-index", a.ignore_index, "target value cross_entropy skips")
@@ -115,7 +116,7 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
       ->group(model_group);
 
   const std::string opt_group = "Optimizer (its state is measured after a real step)";
-  app->add_option("--optimizer", a.optimizer, "sgd | momentum | adam | adamw | adagrad | rmsprop")
+  choice(app->add_option("--optimizer", a.optimizer, "sgd | momentum | adam | adamw | adagrad | rmsprop"))
       ->capture_default_str()
       ->group(opt_group);
   a.lr_option = app->add_option("--lr", a.lr, "learning rate (default 0.01; 0.001 for adam, adamw, rmsprop)")->group(opt_group);
@@ -129,9 +130,9 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
   };
 
   const std::string train_group = "Training (measured as `accumplan run` will train)";
-  app->add_option("--amp", a.amp,
+  choice(app->add_option("--amp", a.amp,
                   "none | bf16 | fp16: the autocast mode to measure and record in the plan; `accumplan run` "
-                  "trains with it (bf16 activations take about half of float32's)")
+                  "trains with it (bf16 activations take about half of float32's)"))
       ->capture_default_str()
       ->group(train_group);
   a.max_grad_norm_option =
@@ -141,12 +142,12 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
           ->group(train_group);
 
   const std::string dev_group = "Device";
-  app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: cuda when available, else cpu)")->group(dev_group);
+  choice(app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: cuda when available, else cpu)"))->group(dev_group);
   app->add_option("--memory-budget", a.budget,
                   "device memory to stay within, enforced while measuring: 512MiB, 12GiB, 1.5GB, bytes, or "
                   "90% of the device. On cpu this makes the CPU a simulated accelerator of that size")
       ->group(dev_group);
-  app->add_option("--probe", a.probe, "memory probe: auto | cpu-counting | cuda-caching-allocator | cupti")
+  choice(app->add_option("--probe", a.probe, "memory probe: auto | cpu-counting | cuda-caching-allocator | cupti"))
       ->capture_default_str()
       ->group(dev_group);
   add_threads_option(app, a.threads, dev_group);
@@ -359,7 +360,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
             std::cerr << describe_plan(plan) << steps_summary(plan.profile.trials);
             emit_output(args->out, to_json(plan).dump(2) + "\n");
             if (!args->report.empty()) {
-              emit_output(args->report, render_report(report_input_from_plan(plan), report_format_for_path(args->report)));
+              emit_output(args->report, render_report(report_input_from_plan(plan), report_format_for("", args->report)));
             }
             return 0;
           }};

@@ -52,6 +52,7 @@
 #include "runtime/model.h"
 #include "runtime/optim.h"
 #include "runtime/step.h"
+#include "cli/choice.h"
 
 namespace accumplan::cli {
 namespace {
@@ -665,7 +666,7 @@ void add_common(CLI::App* app, RunArgs& a) {
   app->add_option("--data", a.data,
                   "samples: Python's torch.save([inputs..., target], f), dim 0 = samples, in order; default: "
                   "synthetic samples from the plan's input specs");
-  app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: the plan's device)");
+  choice(app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: the plan's device)"));
   app->add_flag("--force", a.force, "run even if --model's SHA-256 (or --amp) differs from the plan's");
   app->add_option("--seed", a.seed, "seed of the synthetic samples")->capture_default_str();
   add_threads_option(app, a.threads, "Options");  // CLI11's default group ("" would hide it)
@@ -688,9 +689,9 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
   args->clip_option = run->add_option("--clip-grad-norm", args->clip,
                                       "clip the combined gradient of each window to this 2-norm (default: the plan's "
                                       "setup.max_grad_norm; 0 turns clipping off)");
-  run->add_option("--amp", args->amp,
+  choice(run->add_option("--amp", args->amp,
                   "none | bf16 | fp16 (default: the plan's setup.amp; another mode than the plan was measured with "
-                  "needs --force); fp16 uses a dynamic loss scale");
+                  "needs --force); fp16 uses a dynamic loss scale"));
   run->add_option("--memory-budget", args->budget,
                   "enforce this device memory (512MiB, 12GiB, 90%); on cpu the counting allocator makes the CPU a "
                   "simulated device of that size, as when planning");

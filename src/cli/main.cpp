@@ -6,11 +6,14 @@
 
 #include <exception>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "accumplan/build_config.h"
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
 #include "cli/commands.h"
+#include "cli/help_formatter.h"
 
 namespace accumplan::cli {
 
@@ -22,6 +25,34 @@ void emit_output(const std::string& path, const std::string& text) {
   }
 }
 
+namespace {
+
+// `accumplan help [COMMAND]` is `accumplan [COMMAND] --help`: the words people type first.
+// Returns the arguments to parse; InputError for `help` with anything but one command name.
+std::vector<std::string> with_help_command(int argc, char** argv, const CLI::App& app) {
+  std::vector<std::string> args(argv, argv + argc);
+  if (args.size() < 2 || args[1] != "help") return args;
+  if (args.size() == 2) return {args[0], "--help"};
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    if (args.size() == 3 && sub->get_name() == args[2]) return {args[0], args[2], "--help"};
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  }
+  throw InputError("`accumplan help` takes one command name (" + names + "), got '" +
+                   cut_for_message(args.size() == 3 ? args[2] : args[2] + " " + args[3]) + "'");
+}
+
+// CLI11's words for an option given twice ("--out: At Most 1 required but received 2") said as
+// the product says everything else; other parse errors keep CLI11's text.
+std::string parse_error_text(const CLI::ParseError& e) {
+  const std::string text = e.what();
+  const std::string marker = ": At Most 1 required but received ";
+  const std::size_t at = text.find(marker);
+  if (at == std::string::npos) return text;
+  return text.substr(0, at) + " was given " + text.substr(at + marker.size()) + " times; give it once";
+}
+
+}  // namespace
 }  // namespace accumplan::cli
 
 int main(int argc, char** argv) {
@@ -37,6 +68,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("accumplan ") + ACCUMPLAN_VERSION + " (" +
                                         build_summary() + ")");
   app.require_subcommand(0, 1);
+  app.formatter(std::make_shared<cli::HelpFormatter>());  // before the subcommands: they copy it
   app.footer("Exit codes: 0 ok, 2 bad input or infeasible plan, 1 internal error.\n"
              "Sizes: 512MiB, 12GiB, 1.5GB, 2048 (bytes), or 90% of the device.");
 
@@ -50,8 +82,17 @@ int main(int argc, char** argv) {
   app.add_flag("--verbose", verbose, verbose_help);
   for (CLI::App* sub : app.get_subcommands({})) sub->add_flag("--verbose", verbose, verbose_help);
 
+  std::vector<std::string> args;
   try {
-    app.parse(argc, argv);
+    args = cli::with_help_command(argc, argv, app);
+  } catch (const InputError& e) {
+    std::cerr << "accumplan: error: " << e.what() << "\n";
+    return kExitInput;
+  }
+  std::vector<char*> arg_pointers;
+  for (const std::string& a : args) arg_pointers.push_back(const_cast<char*>(a.c_str()));
+  try {
+    app.parse(static_cast<int>(arg_pointers.size()), arg_pointers.data());
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
@@ -72,7 +113,7 @@ int main(int argc, char** argv) {
     return kExitInput;
   } catch (const CLI::ParseError& e) {
     // One line, as every other refusal: the contract scripts and tests rely on.
-    std::cerr << "accumplan: error: " << e.what() << " (run with --help for usage)\n";
+    std::cerr << "accumplan: error: " << cut_for_message(cli::parse_error_text(e), 300) << " (run with --help for usage)\n";
     return kExitInput;
   }
 

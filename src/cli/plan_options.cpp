@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include "accumplan/errors.h"
+#include "cli/choice.h"
 
 namespace accumplan::cli {
 
@@ -31,7 +32,7 @@ void add_plan_options(CLI::App* app, PlanOptionArgs& a, const std::string& group
       app->add_option("--multiple-of", a.multiple_of, "make every microbatch a multiple of K")->group(group);
   a.max_micro_batch_option =
       app->add_option("--max-micro-batch", a.max_micro_batch, "never plan a microbatch above M")->group(group);
-  app->add_option("--split", a.split, "balanced: k sizes differing by at most one; uniform: equal sizes")
+  choice(app->add_option("--split", a.split, "balanced: k sizes differing by at most one; uniform: equal sizes"))
       ->capture_default_str()
       ->group(group);
   app->add_flag("--use-timing", a.use_timing,

@@ -5,6 +5,7 @@
 
 #include <iostream>
 #include <memory>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -16,6 +17,7 @@
 #include "accumplan/units.h"
 #include "cli/commands.h"
 #include "cli/plan_options.h"
+#include "cli/choice.h"
 
 namespace accumplan::cli {
 namespace {
@@ -33,13 +35,14 @@ struct ExportArgs {
   std::string out;
   std::string binary = "accumplan";
   bool allow_slow = false;
+  std::string lightning_datamodule;
 };
 
 struct ReportArgs {
   std::string input;
   std::string stats;
   std::string out;
-  std::string format = "html";
+  std::string format;  // "": the --out name's extension decides
 };
 
 }  // namespace
@@ -72,22 +75,30 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
   CLI::App* exp = root.add_subcommand(
       "export", "Render a plan as trainer settings (DeepSpeed, Accelerate, Lightning, HF Trainer, torchrun).");
   exp->add_option("--plan", eargs->plan, "plan.json")->required();
-  exp->add_option("--to", eargs->to, "deepspeed | accelerate | lightning | hf | torchrun")->required();
+  choice(exp->add_option("--to", eargs->to, "deepspeed | accelerate | accelerate-config | lightning | hf | torchrun"))
+      ->required();
   exp->add_option("--out", eargs->out, "write here (atomically); default stdout");
   exp->add_flag("--allow-slow", eargs->allow_slow,
                 "export the trainer's equal-microbatch split even when it is predicted more than 25% slower "
                 "per window than the plan (otherwise exit 2 naming target batches that split evenly)");
   exp->add_option("--binary", eargs->binary, "the accumplan the torchrun line launches")->capture_default_str();
+  exp->add_option("--lightning-datamodule", eargs->lightning_datamodule,
+                  "lightning: your LightningDataModule's class path (my_project.data.TextDataModule); the "
+                  "batch size then goes to data: class_path/init_args, as LightningCLI's subclass mode reads it");
   commands.push_back({exp, [eargs]() {
+                        check_lightning_datamodule(eargs->lightning_datamodule);  // before reading anything
                         const Plan p = read_plan_file(eargs->plan, "--plan");
                         std::string note;
                         ExportOptions options;
                         options.plan_path = eargs->plan;
                         options.binary = eargs->binary;
                         options.allow_slow = eargs->allow_slow;
+                        options.lightning_datamodule = eargs->lightning_datamodule;
                         const std::string text = export_plan(p, eargs->to, &note, options);
-                        if (!note.empty()) std::cerr << "accumplan: note: " << note << "\n";
                         emit_output(eargs->out, text);
+                        // After the file is written: a note must not precede a refusal.
+                        std::istringstream notes(note);
+                        for (std::string line; std::getline(notes, line);) std::cerr << "accumplan: note: " << line << "\n";
                         return 0;
                       }});
 
@@ -98,9 +109,9 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
   rep->add_option("input", rargs->input, "plan.json or profile.json")->required();
   rep->add_option("--stats", rargs->stats, "run statistics from `accumplan run --stats`: the run's peak and OOM recoveries");
   rep->add_option("--out", rargs->out, "write the report here (atomically); - for stdout")->required();
-  rep->add_option("--format", rargs->format, "html | svg")->capture_default_str();
+  choice(rep->add_option("--format", rargs->format, "html | svg (default: what --out's extension names, else html)"));
   commands.push_back({rep, [rargs]() {
-                        const std::string format = check_report_format(rargs->format);
+                        const std::string format = report_format_for(rargs->format, rargs->out);
                         ReportInput in = read_report_input(rargs->input, "report input");
                         if (!rargs->stats.empty()) in.stats = read_run_stats_file(rargs->stats, "--stats");
                         emit_output(rargs->out, render_report(in, format));

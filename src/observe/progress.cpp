@@ -14,6 +14,7 @@
 #include <iostream>
 
 #include "accumplan/errors.h"
+#include "cli/choice.h"  // header-only: observe declares --progress, a choice
 
 namespace accumplan {
 namespace {
@@ -59,10 +60,9 @@ std::string to_string(ProgressMode mode) {
 
 CLI::Option* add_progress_option(CLI::App* app, std::string& mode) {
   if (mode.empty()) mode = "auto";
-  return app
-      ->add_option("--progress", mode,
+  return cli::choice(app->add_option("--progress", mode,
                    "auto | bar | plain | none: auto draws one updating line (elapsed, samples/s, ETA) when stderr is "
-                   "a terminal and NO_COLOR is unset, else plain lines (one per 10%); none prints no progress")
+                   "a terminal and NO_COLOR is unset, else plain lines (one per 10%); none prints no progress"))
       ->capture_default_str();
 }
 
@@ -139,25 +139,52 @@ Progress::~Progress() { finish(); }
 
 double Progress::elapsed_s() const { return steady_now_s() - start_s_; }
 
-std::string Progress::figures(double elapsed_s, int64_t done, int64_t samples) const {
-  // Most important first, so a narrow terminal cuts the least: where, how long, how long still.
-  std::string s = unit_ + " " + std::to_string(done);
+std::vector<Progress::Field> Progress::fields(double elapsed_s, int64_t done, int64_t samples,
+                                              const std::string& detail) const {
+  // Display order; `keep` ranks what a narrow terminal keeps longest: the position, then the
+  // caller's first detail (the loss, for `run`), the ETA, the bar, the elapsed time, the rate,
+  // and the caller's other details last (the last one dropped first).
+  std::vector<Field> f;
+  f.push_back({unit_ + " " + std::to_string(done) + (total_ > 0 ? "/" + std::to_string(total_) : ""), "", 1000});
   if (total_ > 0) {
     const int64_t shown = std::min(done, total_);
     const int filled = static_cast<int>(kBarCells * shown / total_);
-    s += "/" + std::to_string(total_) + " [" + std::string(static_cast<size_t>(filled), '#') +
-         std::string(static_cast<size_t>(kBarCells - filled), '.') + "]";
+    f.push_back({"[" + std::string(static_cast<size_t>(filled), '#') + std::string(static_cast<size_t>(kBarCells - filled), '.') +
+                     "]",
+                 " ", 700});
   }
-  s += " " + format_clock(elapsed_s) + " elapsed";
+  f.push_back({format_clock(elapsed_s) + " elapsed", " ", 600});
   if (const auto eta = eta_seconds(done, total_, elapsed_s)) {
-    s += done >= total_ ? std::string(", done") : ", ETA " + format_clock(*eta);
+    f.push_back({done >= total_ ? std::string("done") : "ETA " + format_clock(*eta), ", ", 800});
   }
-  if (samples > 0 && elapsed_s > 0) s += ", " + format_rate(static_cast<double>(samples) / elapsed_s);
-  return s;
+  if (samples > 0 && elapsed_s > 0) f.push_back({format_rate(static_cast<double>(samples) / elapsed_s), ", ", 500});
+  int rank = 900;  // the first detail field; the others below every figure, in their order
+  for (size_t start = 0; start <= detail.size() && !detail.empty();) {
+    const size_t comma = detail.find(", ", start);
+    const std::string part = detail.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!part.empty()) f.push_back({part, ", ", rank});
+    rank = rank == 900 ? 400 : rank - 1;
+    if (comma == std::string::npos) break;
+    start = comma + 2;
+  }
+  return f;
 }
 
 std::string Progress::bar_text(double elapsed_s, int64_t done, int64_t samples, const std::string& detail) const {
-  return fit_width(prefix_ + figures(elapsed_s, done, samples) + (detail.empty() ? "" : ", " + detail), columns_);
+  std::vector<Field> f = fields(elapsed_s, done, samples, detail);
+  const size_t room = static_cast<size_t>(std::max(columns_ - 1, 20));
+  const auto joined = [&]() {
+    std::string s = prefix_;
+    for (size_t i = 0; i < f.size(); ++i) s += (i == 0 ? "" : f[i].separator) + f[i].text;
+    return s;
+  };
+  std::string line = joined();
+  while (line.size() > room && f.size() > 1) {  // drop the least useful field, then try again
+    const auto least = std::min_element(f.begin() + 1, f.end(), [](const Field& a, const Field& b) { return a.keep < b.keep; });
+    f.erase(least);
+    line = joined();
+  }
+  return fit_width(line, columns_);  // the position alone may still be too wide for a tiny terminal
 }
 
 std::string Progress::plain_text(double elapsed_s, int64_t done, int64_t samples, const std::string& detail) const {

@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace CLI {
 class App;
@@ -82,16 +83,22 @@ class Progress {
   ProgressMode mode() const { return mode_; }
   double elapsed_s() const;
 
-  // The figures, most important first so a narrow terminal cuts the least:
-  // "window 12/120 [#.........] 0:07 elapsed, ETA 1:03, 412 samples/s" (79 columns at 117/120).
-  std::string figures(double elapsed_s, int64_t done, int64_t samples) const;
-  // The bar's whole line, without the carriage return: prefix, figures, detail, cut to the
-  // terminal's width so it never wraps (a wrapped line cannot be rewritten in place).
+  // The bar's whole line, without the carriage return: "window 12/120 [#.........] 0:07 elapsed,
+  // ETA 1:03, 412 samples/s, " then `detail`'s comma-separated fields. It never wraps (a wrapped
+  // line cannot be rewritten in place): on a narrow terminal the least useful fields are dropped
+  // first — the caller's later details, the rate, the elapsed time, the bar, the ETA — so the
+  // position and the caller's first detail field (the loss, in `run`) stay longest.
   std::string bar_text(double elapsed_s, int64_t done, int64_t samples, const std::string& detail) const;
   // A plain line (no newline): prefix, "window 12/120: ", detail, "; 0:07 elapsed, ...".
   std::string plain_text(double elapsed_s, int64_t done, int64_t samples, const std::string& detail) const;
 
  private:
+  struct Field {
+    std::string text;
+    std::string separator;  // before it, when a field precedes it
+    int keep = 0;           // the larger, the longer a narrow terminal keeps it
+  };
+  std::vector<Field> fields(double elapsed_s, int64_t done, int64_t samples, const std::string& detail) const;
   void draw(const std::string& text);
 
   std::ostream& out_;

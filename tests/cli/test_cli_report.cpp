@@ -72,6 +72,19 @@ TEST_CASE("CLI report: --format svg to stdout; a profile is drawn too", "[cli][r
   CHECK(slurp(dir + "/profile.svg").find("class=\"point\"") != std::string::npos);
 }
 
+TEST_CASE("CLI report: the --out name's extension chooses the format; --format may not contradict it",
+          "[cli][report]") {
+  const std::string dir = scratch_dir("report-extension");
+  const CliResult r = run_cli({"report", kPlan, "--out", dir + "/r.svg"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(slurp(dir + "/r.svg").rfind("<?xml", 0) == 0);  // SVG, not HTML in a .svg file
+  REQUIRE(run_cli({"report", kPlan, "--format", "SVG", "--out", dir + "/r.htm"}).exit_code == 2);
+  expect_input_error({"report", kPlan, "--format", "html", "--out", dir + "/x.svg"},
+                     "--format html but --out");
+  CHECK(files_in(dir) == 1);  // only r.svg
+}
+
 TEST_CASE("CLI report: bad input exits 2 and names it", "[cli][report][errors]") {
   const std::string dir = scratch_dir("report-errors");
   expect_input_error({"report", kPlan}, "--out");  // required

@@ -67,12 +67,15 @@ TEST_CASE("Exporters: every trainer's batch arithmetic reaches the target with W
   CHECK(hf["launch"] == "torchrun --nnodes=1 --nproc_per_node=2 YOUR_SCRIPT.py");
   CHECK(hf["accumplan"]["departs_from_plan"] == false);
   const json acc = json::parse(export_plan(plan, "accelerate", &note));
-  CHECK(acc["Accelerator"] == json{{"gradient_accumulation_steps", 2}});
+  CHECK(acc["Accelerator"]["gradient_accumulation_steps"] == 2);
   CHECK(acc["DataLoader"] == json{{"batch_size", 64}});
-  CHECK(acc["launch"] == "accelerate launch --num_machines 1 --num_processes 2 YOUR_SCRIPT.py");
+  CHECK(acc["launch"] == "accelerate launch --config_file accelerate_config.yaml YOUR_SCRIPT.py");
+  CHECK(export_plan(plan, "accelerate-config", &note).find("\nnum_processes: 2\n") != std::string::npos);
   const std::string pl = export_plan(plan, "lightning", &note);
-  CHECK(body_without_comments(pl).find("trainer:\n  accumulate_grad_batches: 2\n  devices: 2\n  num_nodes: 1\n"
-                                       "data:\n  batch_size: 64") != std::string::npos);
+  const std::string body = body_without_comments(pl);
+  CHECK(body.find("  devices: 2\n  num_nodes: 1\n") != std::string::npos);
+  CHECK(body.find("  accumulate_grad_batches: 2\n") != std::string::npos);
+  CHECK(body.find("data:\n  batch_size: 64") != std::string::npos);
   CHECK(pl.find("NOTE") == std::string::npos);
 }
 
@@ -131,5 +134,143 @@ TEST_CASE("Exporters: a small departure is exported, with the prediction inside 
 
 TEST_CASE("Exporters: an unknown trainer lists the known ones", "[export][errors]") {
   CHECK_THROWS_WITH(export_plan(plan_for(256, 1, 60), "keras", nullptr),
-                    Catch::Contains("deepspeed, accelerate, lightning, hf, torchrun"));
+                    Catch::Contains("deepspeed, accelerate, accelerate-config, lightning, hf, torchrun"));
+}
+
+namespace {
+
+// The plan issue 24 was filed with: bf16, AdamW with lr 3e-4 and weight decay 0.01, clipping at
+// 1.0, measured on CUDA, 2 ranks, per-token cross-entropy ([B,T] target).
+Plan bf16_adamw_clipped_plan() {
+  Plan plan = plan_for(256, 2, 64);
+  plan.setup.amp = "bf16";
+  plan.setup.optimizer = "adamw";
+  plan.setup.lr = 3e-4;
+  plan.setup.hyperparameters = {{"weight_decay", 0.01}};
+  plan.setup.max_grad_norm = 1.0;
+  plan.setup.loss = "cross_entropy";
+  plan.setup.target = "int64[B,128]:50257";
+  plan.device.type = "cuda";
+  return plan;
+}
+
+std::string yaml_line(const std::string& yaml, const std::string& key) {
+  const size_t at = yaml.find("\n" + key + ": ");
+  if (at == std::string::npos) return "(no " + key + ")";
+  return yaml.substr(at + 1, yaml.find('\n', at + 1) - at - 1);
+}
+
+}  // namespace
+
+TEST_CASE("Exporters: DeepSpeed carries bf16, clipping and the optimizer the plan was measured with", "[export]") {
+  std::string note;
+  const json ds = json::parse(export_plan(bf16_adamw_clipped_plan(), "deepspeed", &note));
+  CHECK(ds["bf16"] == json{{"enabled", true}});
+  CHECK_FALSE(ds.contains("fp16"));
+  CHECK(ds["gradient_clipping"] == 1.0);
+  CHECK(ds["optimizer"]["type"] == "AdamW");
+  const json& p = ds["optimizer"]["params"];
+  CHECK(p["lr"] == 3e-4);
+  CHECK(p["betas"] == json::array({0.9, 0.999}));
+  CHECK(p["eps"] == 1e-8);
+  CHECK(p["weight_decay"] == 0.01);
+  CHECK(p["torch_adam"] == true);  // torch.optim.AdamW's update, as measured, not DeepSpeed's fused one
+  CHECK(p["adam_w_mode"] == true);
+  // Per-token weighting across microbatches and ranks: DeepSpeed cannot; the file and stderr say so.
+  CHECK(ds["accumplan"]["notes"].dump().find("valid tokens over all ranks") != std::string::npos);
+  CHECK(note.find("DeepSpeed divides each microbatch's loss by gradient_accumulation_steps") != std::string::npos);
+}
+
+TEST_CASE("Exporters: Hugging Face gets precision, clipping, optimizer and per-token averaging by name", "[export]") {
+  std::string note;
+  const json hf = json::parse(export_plan(bf16_adamw_clipped_plan(), "hf", &note));
+  const json& a = hf["TrainingArguments"];
+  CHECK(a["bf16"] == true);
+  CHECK(a["fp16"] == false);
+  CHECK(a["max_grad_norm"] == 1.0);
+  CHECK(a["learning_rate"] == 3e-4);
+  CHECK(a["weight_decay"] == 0.01);
+  CHECK(a["optim"] == "adamw_torch");
+  CHECK(a["adam_beta1"] == 0.9);
+  CHECK(a["adam_beta2"] == 0.999);
+  CHECK(a["adam_epsilon"] == 1e-8);
+  CHECK(a["use_cpu"] == false);
+  CHECK(a["average_tokens_across_devices"] == true);
+  CHECK(hf["optimizer"]["class"] == "torch.optim.AdamW");
+  CHECK(note.find("undecayed") != std::string::npos);  // Trainer's own AdamW skips biases and LayerNorm
+  // Without clipping in the plan, Trainer's default of 1.0 must be switched off.
+  Plan unclipped = bf16_adamw_clipped_plan();
+  unclipped.setup.max_grad_norm.reset();
+  CHECK(json::parse(export_plan(unclipped, "hf", nullptr))["TrainingArguments"]["max_grad_norm"] == 0.0);
+  // Momentum SGD has no TrainingArguments spelling: said, with the exact optimizer beside it.
+  Plan momentum = plan_for(256, 1, 256);
+  momentum.setup.optimizer = "momentum";
+  const json m = json::parse(export_plan(momentum, "hf", &note));
+  CHECK(m["TrainingArguments"]["optim"] == "sgd");
+  CHECK(m["optimizer"]["kwargs"]["momentum"] == 0.9);
+  CHECK(note.find("takes no momentum") != std::string::npos);
+}
+
+TEST_CASE("Exporters: Lightning gets precision, clipping, accelerator and a LightningCLI optimizer", "[export]") {
+  const std::string pl = export_plan(bf16_adamw_clipped_plan(), "lightning", nullptr);
+  CHECK(pl.find("  accelerator: gpu\n") != std::string::npos);
+  CHECK(pl.find("  precision: bf16-mixed\n") != std::string::npos);
+  CHECK(pl.find("  gradient_clip_val: 1.0\n  gradient_clip_algorithm: norm\n") != std::string::npos);
+  CHECK(pl.find("optimizer:\n  class_path: torch.optim.AdamW\n  init_args:\n    lr: 0.0003\n") != std::string::npos);
+  CHECK(pl.find("    weight_decay: 0.01\n") != std::string::npos);
+  CHECK(pl.find("# NOTE: this plan weights every valid token") != std::string::npos);
+  ExportOptions with_module;
+  with_module.lightning_datamodule = "my_project.data.TextDataModule";
+  const std::string sub = export_plan(bf16_adamw_clipped_plan(), "lightning", nullptr, with_module);
+  CHECK(sub.find("data:\n  class_path: my_project.data.TextDataModule\n  init_args:\n    batch_size: 64\n") !=
+        std::string::npos);
+  for (const char* bad : {"1data.Module", "my..Module", "my.Module.", "", "a-b.C"}) {
+    if (std::string(bad).empty()) continue;  // empty: no data module, allowed
+    ExportOptions o;
+    o.lightning_datamodule = bad;
+    CHECK_THROWS_WITH(export_plan(bf16_adamw_clipped_plan(), "lightning", nullptr, o),
+                      Catch::Contains("is not a Python class path"));
+  }
+  with_module.lightning_datamodule = "m.D";
+  CHECK_THROWS_WITH(export_plan(bf16_adamw_clipped_plan(), "hf", nullptr, with_module),
+                    Catch::Contains("--lightning-datamodule is for --to lightning"));
+}
+
+TEST_CASE("Exporters: Accelerate gets mixed precision, the optimizer, clipping and its own config file", "[export]") {
+  std::string note;
+  const json acc = json::parse(export_plan(bf16_adamw_clipped_plan(), "accelerate", &note));
+  CHECK(acc["Accelerator"] == json{{"gradient_accumulation_steps", 2}, {"mixed_precision", "bf16"}, {"cpu", false}});
+  CHECK(acc["optimizer"]["class"] == "torch.optim.AdamW");
+  CHECK(acc["clip_grad_norm"]["max_norm"] == 1.0);
+  CHECK(note.find("accelerator.clip_grad_norm_") != std::string::npos);
+  CHECK(note.find("accelerator.gather(count)") != std::string::npos);
+  const std::string yaml = export_plan(bf16_adamw_clipped_plan(), "accelerate-config", nullptr);
+  CHECK(yaml_line(yaml, "distributed_type") == "distributed_type: MULTI_GPU");
+  CHECK(yaml_line(yaml, "mixed_precision") == "mixed_precision: bf16");
+  CHECK(yaml_line(yaml, "num_processes") == "num_processes: 2");
+  CHECK(yaml_line(yaml, "use_cpu") == "use_cpu: false");
+  // One process on the CPU, no autocast: 'NO' and 'no' quoted, since YAML reads a bare NO as false.
+  const std::string cpu = export_plan(plan_for(256, 1, 256), "accelerate-config", nullptr);
+  CHECK(yaml_line(cpu, "distributed_type") == "distributed_type: 'NO'");
+  CHECK(yaml_line(cpu, "mixed_precision") == "mixed_precision: 'no'");
+  CHECK(yaml_line(cpu, "use_cpu") == "use_cpu: true");
+}
+
+TEST_CASE("Exporters: a per-sample plan needs no loss note; every optimizer has a torch.optim class", "[export]") {
+  for (const char* opt : {"sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop"}) {
+    INFO(opt);
+    Plan plan = plan_for(256, 1, 256);
+    plan.setup.optimizer = opt;
+    plan.setup.lr = 0.01;
+    std::string note;
+    const json hf = json::parse(export_plan(plan, "hf", &note));
+    CHECK(hf["optimizer"]["class"].get<std::string>().rfind("torch.optim.", 0) == 0);
+    CHECK(hf["optimizer"]["kwargs"]["lr"] == 0.01);
+    CHECK(note.find("valid token") == std::string::npos);
+    const json ds = json::parse(export_plan(plan, "deepspeed", nullptr));
+    json params = ds["optimizer"]["params"];  // the same keyword arguments, DeepSpeed's Adam switches aside
+    params.erase("torch_adam");
+    params.erase("adam_w_mode");
+    CHECK(params == hf["optimizer"]["kwargs"]);
+  }
 }

@@ -450,8 +450,15 @@ TEST_CASE("report: names that look like markup stay text", "[report]") {
 TEST_CASE("report: bad formats and documents are refused by name", "[report][errors]") {
   CHECK(check_report_format("svg") == "svg");
   CHECK_THROWS_WITH(check_report_format("png"), Catch::Contains("--format must be html or svg, got 'png'"));
-  CHECK(report_format_for_path("out/r.svg") == "svg");
-  CHECK(report_format_for_path("out/r.html") == "html");
+  CHECK(report_format_for("", "out/r.svg") == "svg");
+  CHECK(report_format_for("", "out/R.SVG") == "svg");
+  CHECK(report_format_for("", "out/r.html") == "html");
+  CHECK(report_format_for("", "-") == "html");
+  CHECK(report_format_for("svg", "-") == "svg");
+  CHECK(report_format_for("svg", "out.d/report") == "svg");
+  CHECK_THROWS_WITH(report_format_for("html", "out/r.svg"),
+                    Catch::Contains("--format html but --out 'out/r.svg' names an SVG file"));
+  CHECK_THROWS_WITH(report_format_for("svg", "r.htm"), Catch::Contains("names an HTML file"));
   CHECK_THROWS_AS(run_stats_from_json(nlohmann::json::parse(R"({"schema":"accumplan.plan"})")), SchemaError);
   CHECK_THROWS_WITH(run_stats_from_json(nlohmann::json::parse(R"({"schema":"accumplan.plan"})")),
                     Catch::Contains("accumplan.run_stats"));

@@ -22,13 +22,56 @@ BIN = os.environ.get("ACCUMPLAN_BIN") or next(
     os.path.join(ROOT, "build", "accumplan"))
 PROFILE = os.path.join(ROOT, "examples", "profiles", "builtin-convnet-cpu.profile.json")
 
-# Documented names (DeepSpeed config-json, accelerate.Accelerator, transformers.TrainingArguments,
-# lightning.Trainer / LightningCLI) this exporter may emit.
-DEEPSPEED_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}
-ACCELERATOR_KWARGS = {"gradient_accumulation_steps"}
-TRAINING_ARGUMENTS = {"per_device_train_batch_size", "gradient_accumulation_steps"}
+# The names each trainer accepts, as facts read from its own source (none of these tools is in
+# Debian, so the field lists stand in for their config classes; the version or commit read is
+# beside each). The exports may use only these.
+# DeepSpeed (deepspeedai/DeepSpeed master, runtime/config.py @029f12b, precision_config.py
+# @0ac4684, engine.py @007cca6): top-level keys; bf16/fp16 fields; optimizer types lowercased when
+# in DEEPSPEED_OPTIMIZERS, else getattr(torch.optim, type) (case-sensitive); Adam/AdamW params.
+DEEPSPEED_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                  "bf16", "fp16", "gradient_clipping", "optimizer"}
+DEEPSPEED_BF16 = {"enabled", "immediate_grad_update", "check_grad_overflow"}
+DEEPSPEED_FP16 = {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                  "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"}
+DEEPSPEED_OPTIMIZERS = {"adagrad", "adam", "adamw", "lamb", "onebitadam", "onebitlamb", "zerooneadam", "muadam",
+                        "muadamw", "musgd", "lion", "muon"}
+DEEPSPEED_ADAM_SWITCHES = {"torch_adam", "adam_w_mode"}
+# accelerate 1.x: Accelerator.__init__ keyword arguments (accelerator.py); `accelerate launch
+# --config_file` fields: BaseConfig + ClusterConfig (commands/config/config_args.py @002dd35),
+# unknown keys refused, only distributed_type required.
+ACCELERATOR_KWARGS = {"gradient_accumulation_steps", "mixed_precision", "cpu"}
+ACCELERATE_MIXED_PRECISION = {"no", "fp16", "bf16", "fp8"}
+ACCELERATE_CONFIG_FIELDS = {"compute_environment", "distributed_type", "mixed_precision", "use_cpu", "debug",
+                            "num_processes", "machine_rank", "num_machines", "gpu_ids", "main_process_ip",
+                            "main_process_port", "rdzv_backend", "same_network", "main_training_function",
+                            "enable_cpu_affinity", "downcast_bf16"}
+ACCELERATE_DISTRIBUTED_TYPES = {"NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED"}
+# transformers TrainingArguments (src/transformers/training_args.py @00349ae, 5.x; the same names
+# in 4.46+), and OptimizerNames values for torch's optimizers.
+TRAINING_ARGUMENTS = {"per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "max_grad_norm",
+                      "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "optim", "use_cpu",
+                      "average_tokens_across_devices"}
+HF_OPTIM_NAMES = {"adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop"}
+# lightning 2.x: LightningCLI sections (cli.py @0214810) and Trainer arguments (the stable docs'
+# signature); precision strings (_PRECISION_INPUT_STR).
 LIGHTNING_CLI_SECTIONS = {"trainer", "model", "data", "seed_everything", "ckpt_path", "optimizer", "lr_scheduler"}
-LIGHTNING_TRAINER_ARGS = {"accumulate_grad_batches", "devices", "num_nodes"}
+LIGHTNING_TRAINER_ARGS = {"accelerator", "devices", "num_nodes", "precision", "accumulate_grad_batches",
+                          "gradient_clip_val", "gradient_clip_algorithm"}
+LIGHTNING_PRECISION = {"transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true",
+                       "bf16-mixed", "32-true", "64-true"}
+
+
+def bf16_adamw_clipped(plan_path, out_path):
+    """The plan of issue 24: bf16, AdamW lr 3e-4 weight decay 0.01, clipped at 1.0, per-token
+    cross-entropy, 2 ranks on CUDA — the profile's plan with its setup edited as those flags would."""
+    with open(plan_path) as f:
+        doc = json.load(f)
+    doc["setup"].update({"amp": "bf16", "optimizer": "adamw", "lr": 3e-4, "hyperparameters": {"weight_decay": 0.01},
+                         "max_grad_norm": 1.0, "loss": "cross_entropy", "target": "int64[B,128]:50257"})
+    doc["device"]["type"] = "cuda"
+    with open(out_path, "w") as f:
+        json.dump(doc, f)
+    return out_path
 
 
 def accumplan(*args, check=True):
@@ -54,6 +97,7 @@ class Exports(unittest.TestCase):
             path = os.path.join(cls.tmp.name, name + ".json")
             accumplan("plan", "--profile", PROFILE, "--memory-budget", "1GiB", "--out", path, *args)
             cls.plans[name] = path
+        cls.plans["bf16"] = bf16_adamw_clipped(cls.plans["w2"], os.path.join(cls.tmp.name, "bf16.json"))
 
     @classmethod
     def tearDownClass(cls):
@@ -90,19 +134,43 @@ class Exports(unittest.TestCase):
                          ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * plan["world_size"])
         self.assertEqual(ds["train_batch_size"], 256)
 
-    def test_accelerate_kwargs_dataloader_and_launch_line(self):
+    def test_deepspeed_carries_precision_clipping_and_a_buildable_optimizer(self):
+        ds = json.loads(self.export("bf16", "deepspeed"))
+        self.assertLessEqual(set(ds) - {"accumplan"}, DEEPSPEED_KEYS)
+        self.assertLessEqual(set(ds["bf16"]), DEEPSPEED_BF16)
+        self.assertEqual((ds["bf16"]["enabled"], ds["gradient_clipping"]), (True, 1.0))
+        opt = ds["optimizer"]
+        self.assertIn(opt["type"].lower(), DEEPSPEED_OPTIMIZERS)
+        # With torch_adam DeepSpeed builds torch.optim's class from the same params: build it here.
+        params = {k: v for k, v in opt["params"].items() if k not in DEEPSPEED_ADAM_SWITCHES}
+        built = getattr(torch.optim, opt["type"])([torch.nn.Parameter(torch.zeros(2))], **params)
+        self.assertEqual(built.defaults["weight_decay"], 0.01)
+        self.assertIn("valid tokens over all ranks", " ".join(ds["accumplan"]["notes"]))
+
+    def test_accelerate_kwargs_dataloader_optimizer_and_launch_line(self):
         plan = self.plan_json("uneven")
         self.assertEqual(plan["microbatch_sizes"], [52, 51, 51, 51, 51])  # uniform: 8 x 32
         cfg = json.loads(self.export("uneven", "accelerate"))
         self.assertLessEqual(set(cfg["Accelerator"]), ACCELERATOR_KWARGS)
+        self.assertIn(cfg["Accelerator"]["mixed_precision"], ACCELERATE_MIXED_PRECISION)
         loader = torch.utils.data.DataLoader(list(range(1000)), **cfg["DataLoader"])  # the real consumer
         self.assertEqual(len(next(iter(loader))), plan["uniform"]["micro_batch"])
-        launch = shlex.split(cfg["launch"])
-        self.assertEqual(launch[:2], ["accelerate", "launch"])
-        procs = int(launch[launch.index("--num_processes") + 1])
-        self.assertEqual(procs * cfg["Accelerator"]["gradient_accumulation_steps"] * cfg["DataLoader"]["batch_size"], 256)
+        module, cls = cfg["optimizer"]["class"].rsplit(".", 1)
+        self.assertEqual(module, "torch.optim")
+        getattr(torch.optim, cls)([torch.nn.Parameter(torch.zeros(2))], **cfg["optimizer"]["kwargs"])
+        self.assertEqual(shlex.split(cfg["launch"])[:4], ["accelerate", "launch", "--config_file", "accelerate_config.yaml"])
         self.assertTrue(cfg["accumplan"]["departs_from_plan"])  # 8 x 32, not 52,51,51,51,51
         self.assertIn("[52,51,51,51,51]", cfg["accumplan"]["note"])
+
+    def test_accelerate_config_file_has_only_accelerates_fields(self):
+        import yaml
+        for name, procs, distributed, precision in (("w2", 2, "MULTI_CPU", "no"), ("uneven", 1, "NO", "no"),
+                                                    ("bf16", 2, "MULTI_GPU", "bf16")):
+            cfg = yaml.safe_load(self.export(name, "accelerate-config"))
+            self.assertLessEqual(set(cfg), ACCELERATE_CONFIG_FIELDS, name)
+            self.assertEqual(cfg["distributed_type"], distributed)  # a string: 'NO' is quoted, not false
+            self.assertIn(cfg["distributed_type"], ACCELERATE_DISTRIBUTED_TYPES)
+            self.assertEqual((cfg["num_processes"], cfg["mixed_precision"]), (procs, precision))
 
     def test_hf_training_arguments_and_launch(self):
         cfg = json.loads(self.export("w2", "hf"))
@@ -111,6 +179,18 @@ class Exports(unittest.TestCase):
         ta = cfg["TrainingArguments"]
         self.assertEqual(ta["per_device_train_batch_size"] * ta["gradient_accumulation_steps"] *
                          int(launch.nproc_per_node), 256)
+
+    def test_hf_carries_precision_clipping_optimizer_and_token_averaging(self):
+        cfg = json.loads(self.export("bf16", "hf"))
+        ta = cfg["TrainingArguments"]
+        self.assertLessEqual(set(ta), TRAINING_ARGUMENTS)
+        self.assertIn(ta["optim"], HF_OPTIM_NAMES)
+        self.assertEqual((ta["bf16"], ta["fp16"], ta["max_grad_norm"], ta["learning_rate"], ta["weight_decay"]),
+                         (True, False, 1.0, 3e-4, 0.01))
+        self.assertTrue(ta["average_tokens_across_devices"])
+        opt = getattr(torch.optim, cfg["optimizer"]["class"].rsplit(".", 1)[1])(
+            [torch.nn.Parameter(torch.zeros(2))], **cfg["optimizer"]["kwargs"])
+        self.assertEqual(tuple(opt.defaults["betas"]), (ta["adam_beta1"], ta["adam_beta2"]))
 
     def test_lightning_cli_config(self):
         import yaml
@@ -121,6 +201,23 @@ class Exports(unittest.TestCase):
         t = cfg["trainer"]
         self.assertEqual(t["accumulate_grad_batches"] * t["devices"] * t["num_nodes"] * cfg["data"]["batch_size"], 256)
         self.assertIn("# NOTE: lightning needs equal microbatches", text)  # said inside the file
+
+    def test_lightning_carries_precision_clipping_optimizer_and_a_data_module(self):
+        import yaml
+        cfg = yaml.safe_load(self.export("bf16", "lightning", "--lightning-datamodule", "my_project.data.TextDataModule"))
+        self.assertLessEqual(set(cfg), LIGHTNING_CLI_SECTIONS)
+        t = cfg["trainer"]
+        self.assertLessEqual(set(t), LIGHTNING_TRAINER_ARGS)
+        self.assertIn(t["precision"], LIGHTNING_PRECISION)
+        self.assertEqual((t["precision"], t["accelerator"], t["gradient_clip_val"], t["gradient_clip_algorithm"]),
+                         ("bf16-mixed", "gpu", 1.0, "norm"))
+        micro = self.plan_json("w2")["uniform"]["micro_batch"]
+        self.assertEqual(cfg["data"], {"class_path": "my_project.data.TextDataModule", "init_args": {"batch_size": micro}})
+        # LightningCLI instantiates optimizer.class_path with init_args over the module's parameters.
+        cls = cfg["optimizer"]["class_path"].rsplit(".", 1)[1]
+        args = cfg["optimizer"]["init_args"]
+        self.assertIsInstance(args["eps"], float)  # 1.0e-08: YAML 1.1 reads a bare 1e-08 as a string
+        getattr(torch.optim, cls)([torch.nn.Parameter(torch.zeros(2))], **args)
 
     def test_a_much_slower_uniform_split_exits_2_unless_allowed(self):
         self.assertEqual(self.plan_json("p251")["microbatch_sizes"], [36] * 6 + [35])

@@ -1,24 +1,31 @@
 // accumplan/exporters.h — a plan rendered as the settings of the trainers people use, in a form
-// each of them accepts as pasted.
+// each of them accepts as pasted, carrying the whole plan: the split, and the precision,
+// optimizer (class and hyperparameters), clipping, device and world size it was measured under.
 //
 // What it is (docs/exports.md):
-//   deepspeed   a ds_config JSON (train_batch_size, train_micro_batch_size_per_gpu,
-//               gradient_accumulation_steps) plus an "accumplan" object DeepSpeed ignores;
-//   accelerate  {"Accelerator": {...}, "DataLoader": {...}, "launch": "accelerate launch
-//               --num_machines 1 --num_processes W ...", "accumplan": {...}}:
-//               Accelerator(**cfg["Accelerator"]), DataLoader(ds, **cfg["DataLoader"]);
-//   hf          {"TrainingArguments": {...}, "launch": ..., "accumplan": {...}}:
-//               TrainingArguments(output_dir=..., **cfg["TrainingArguments"]);
-//   lightning   a LightningCLI config (YAML): trainer: {accumulate_grad_batches, devices,
-//               num_nodes}, data: {batch_size}, with comment lines saying what it departs from;
-//   torchrun    a full command line launching `accumplan run` with spellings torchrun 1.13 and
-//               2.x both accept (--nnodes=1 --nproc_per_node=W --no_python), comment lines first.
-// Trainers other than accumplan need equal microbatches, so those exports use the plan's uniform
-// split; when it differs from the plan (another k, or equal instead of balanced sizes) the output
-// itself says so ("accumplan" object or comment lines). When the uniform split is predicted more
-// than 25% slower per window than the plan (by the profile's step times, or without them by the
-// number of microbatches), export_plan throws InfeasibleError naming the nearest target batches
-// that split evenly under max_micro_batch (251 -> 245 or 252) unless allow_slow is set.
+//   deepspeed          a ds_config JSON: batch, micro batch and accumulation; bf16/fp16,
+//                      gradient_clipping, optimizer {type, params} (torch.optim's update); plus an
+//                      "accumplan" object DeepSpeed ignores;
+//   accelerate         {"Accelerator": {gradient_accumulation_steps, mixed_precision, cpu},
+//                      "DataLoader": {batch_size}, "optimizer": {class, kwargs},
+//                      "clip_grad_norm": {...}, "launch": ..., "accumplan": {...}};
+//   accelerate-config  the YAML `accelerate launch --config_file` reads (processes, precision, CPU);
+//   hf                 {"TrainingArguments": {batch, accumulation, bf16/fp16, max_grad_norm,
+//                      learning_rate, weight_decay, optim, adam_*, use_cpu,
+//                      average_tokens_across_devices}, "optimizer": {class, kwargs}, ...};
+//   lightning          a LightningCLI config (YAML): trainer: {accelerator, devices, num_nodes,
+//                      precision, accumulate_grad_batches, gradient_clip_*}, optimizer:
+//                      {class_path, init_args}, data: {batch_size} or, with a data module named,
+//                      {class_path, init_args: {batch_size}};
+//   torchrun           a full command line launching `accumplan run` with spellings torchrun 1.13 and
+//                      2.x both accept (--nnodes=1 --nproc_per_node=W --no_python), comment lines first.
+// What a trainer cannot express — unequal microbatches, per-token weighting across microbatches
+// and ranks, an optimizer its config cannot name — is said inside the output ("accumplan".notes in
+// JSON, "# NOTE:" lines in YAML) and returned for stderr. Trainers other than accumplan need equal
+// microbatches, so those exports use the plan's uniform split; when it is predicted more than 25%
+// slower per window than the plan (by the profile's step times, or without them by the number of
+// microbatches), export_plan throws InfeasibleError naming the nearest target batches that split
+// evenly under max_micro_batch (251 -> 245 or 252) unless allow_slow is set.
 // What it is not: a launcher; nothing is run.
 #pragma once
 
@@ -30,13 +37,18 @@
 
 namespace accumplan {
 
-const std::vector<std::string>& export_targets();  // deepspeed accelerate lightning hf torchrun
+// deepspeed accelerate accelerate-config lightning hf torchrun
+const std::vector<std::string>& export_targets();
 
 struct ExportOptions {
   std::string plan_path = "plan.json";   // what the torchrun line passes to --plan
   std::string binary = "accumplan";      // what the torchrun line launches
   bool allow_slow = false;               // export a uniform split predicted > 25% slower anyway
+  std::string lightning_datamodule;      // lightning: data as {class_path: this, init_args: {batch_size}}
 };
+
+// InputError unless `class_path` is empty or a dotted Python name (my_project.data.TextDataModule).
+void check_lightning_datamodule(const std::string& class_path);
 
 // Uniform window seconds / plan window seconds (by step times when the plan's profile has them,
 // else by microbatch counts); `by_time` says which. 1.0 when the uniform split is the plan's.
@@ -48,8 +60,8 @@ double uniform_slowdown(const Plan& plan, bool* by_time = nullptr);
 std::pair<int64_t, int64_t> nearest_even_targets(const Plan& plan);
 
 // Throws InputError for an unknown target (listing the known ones), InfeasibleError for a slow
-// uniform split without allow_slow. `note` (optional) receives a sentence for stderr, or is left
-// empty.
+// uniform split without allow_slow. `note` (optional) receives what the output says it cannot
+// express, one sentence a line (the departure from the plan first), or is left empty.
 std::string export_plan(const Plan& plan, const std::string& target, std::string* note,
                         const ExportOptions& options = {});
 

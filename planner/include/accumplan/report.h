@@ -71,8 +71,10 @@ ReportInput read_report_input(const std::string& path, const std::string& what =
 
 // "html" or "svg"; InputError naming the value otherwise.
 std::string check_report_format(const std::string& format, const std::string& what = "--format");
-// "svg" for a path ending in .svg, else "html".
-std::string report_format_for_path(const std::string& path);
+// The one rule for a report's format: `format` (--format; "" when not given) if it agrees with
+// what `out_path`'s extension names (.svg, .html, .htm, any case), else InputError saying both;
+// without --format the extension decides, and html where it names none (stdout, report.txt).
+std::string report_format_for(const std::string& format, const std::string& out_path);
 
 std::string render_report_svg(const ReportInput& input);
 std::string render_report_html(const ReportInput& input);
