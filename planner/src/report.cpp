@@ -21,7 +21,9 @@ namespace accumplan {
 namespace {
 
 // --- layout (pixels) ---------------------------------------------------------------------------
-constexpr double kWidth = 1000;
+// 1100: the legend right of the plot starts at 792 px and its longest label ("usable = budget −
+// margin (--headroom)", 12 px) runs to about 1050; at 1000 it was clipped.
+constexpr double kWidth = 1100;
 constexpr double kPlotLeft = 100;
 constexpr double kPlotWidth = 640;
 constexpr double kPlotTop = 92;
@@ -449,13 +451,18 @@ double draw_breakdown(SvgWriter& w, const Plan& plan, double top) {
 
 std::vector<std::string> stats_lines(const RunStats& s) {
   std::vector<std::string> out;
+  // A re-planned run is compared with the plan it ended on, the one its later windows ran.
+  const int64_t predicted = s.final_predicted_peak_bytes.value_or(s.predicted_peak_bytes);
   std::string peak = s.measured_peak_bytes ? format_bytes(*s.measured_peak_bytes) : std::string("not measured");
   std::string line = "accumplan run: " + std::to_string(s.windows) + " window(s), " +
-                     (s.peak_is_reserved ? "reserved peak " : "peak ") + peak + " against " +
-                     format_bytes(s.predicted_peak_bytes) + " predicted";
+                     (s.peak_is_reserved ? "reserved peak " : "peak ") + peak + " against " + format_bytes(predicted) +
+                     (s.final_predicted_peak_bytes ? " predicted by the re-planned plan" : " predicted");
   if (s.measured_peak_bytes) {
-    const int64_t diff = *s.measured_peak_bytes - s.predicted_peak_bytes;
+    const int64_t diff = *s.measured_peak_bytes - predicted;
     line += " (" + std::string(diff >= 0 ? "+" : "") + format_bytes(diff) + ")";
+  }
+  if (s.final_predicted_peak_bytes) {
+    line += "; the plan it started from predicted " + format_bytes(s.predicted_peak_bytes);
   }
   if (s.budget_bytes) line += ", budget " + format_bytes(*s.budget_bytes);
   out.push_back(line);
@@ -502,12 +509,14 @@ double draw_window_series(SvgWriter& w, const RunStats& s, double top) {
   const auto& series = s.series;
   const double right = kPlotLeft + kPlotWidth;
   const double n = static_cast<double>(series.size());
-  // x: window index; a lone window sits in the middle of [-0.5, 0.5].
-  const RangeAxis xa = range_axis(0, std::max(1.0, n - 1), 10);
-  auto X = [&](double window) { return kPlotLeft + (window - xa.lo) / (xa.hi - xa.lo) * kPlotWidth; };
+  // x: windows numbered from 1, as the progress line counts them (the stats' "window" is the
+  // 0-based index); half a window of air each side, ticks on whole windows only.
+  const double x_lo = 0.5, x_hi = std::max(1.0, n) + 0.5;
+  const double x_step = std::max(1.0, std::round(nice_step(x_hi - x_lo, 10)));
+  auto X = [&](double window) { return kPlotLeft + (window - x_lo) / (x_hi - x_lo) * kPlotWidth; };
+  auto at = [](const RunWindow& r) { return static_cast<double>(r.window + 1); };  // the window's number
   auto x_ticks = [&](double bottom) {
-    for (int k = 0; xa.lo + k * xa.step <= xa.hi + 1e-9; ++k) {
-      const double v = xa.lo + k * xa.step;
+    for (double v = x_step == 1.0 ? 1.0 : x_step; v <= x_hi; v += x_step) {
       w.s << "<g class=\"tick wx\">";
       w.line("grid", X(v), bottom - kPanelHeight, X(v), bottom);
       w.text(X(v), bottom + 16, tick_label(v, ""), "text-anchor=\"middle\"");
@@ -576,24 +585,24 @@ double draw_window_series(SvgWriter& w, const RunStats& s, double top) {
   }
   std::vector<std::pair<double, double>> pts;
   for (const auto& r : series) {
-    if (r.peak_bytes) pts.push_back({X(static_cast<double>(r.window)), YP(static_cast<double>(*r.peak_bytes))});
+    if (r.peak_bytes) pts.push_back({X(at(r)), YP(static_cast<double>(*r.peak_bytes))});
   }
   polyline("window-peak-line", pts);
   if (series.size() <= kMostMarkers) {
     for (const auto& r : series) {
       if (!r.peak_bytes) continue;
-      w.circle("window-peak", X(static_cast<double>(r.window)), YP(static_cast<double>(*r.peak_bytes)), 3,
-               "window " + std::to_string(r.window) + ": peak " + format_bytes(*r.peak_bytes) + ", " +
+      w.circle("window-peak", X(at(r)), YP(static_cast<double>(*r.peak_bytes)), 3,
+               "window " + std::to_string(r.window + 1) + ": peak " + format_bytes(*r.peak_bytes) + ", " +
                    std::to_string(r.samples) + " samples, " + format_seconds(r.seconds));
     }
   }
   // OOM recoveries and re-plans: a cross at the top of the peak plot, over the window.
   for (const auto& r : series) {
     if (r.oom_recoveries == 0 && r.replans == 0) continue;
-    w.s << "<g class=\"window-oom\" data-window=\"" << r.window << "\" data-oom-recoveries=\"" << r.oom_recoveries
-        << "\" data-replans=\"" << r.replans << "\"><title>window " << r.window << ": " << r.oom_recoveries
+    w.s << "<g class=\"window-oom\" data-window=\"" << r.window + 1 << "\" data-oom-recoveries=\"" << r.oom_recoveries
+        << "\" data-replans=\"" << r.replans << "\"><title>window " << r.window + 1 << ": " << r.oom_recoveries
         << " OOM recover" << (r.oom_recoveries == 1 ? "y" : "ies") << ", " << r.replans << " re-plan"
-        << (r.replans == 1 ? "" : "s") << "</title>" << cross_path(X(static_cast<double>(r.window)), y + 8) << "</g>\n";
+        << (r.replans == 1 ? "" : "s") << "</title>" << cross_path(X(at(r)), y + 8) << "</g>\n";
   }
   if (!any_peak) w.text(kPlotLeft + 12, y + 20, "no peaks: the run had no memory probe", "class=\"note\"");
 
@@ -621,7 +630,7 @@ double draw_window_series(SvgWriter& w, const RunStats& s, double top) {
   w.text(kPlotLeft + kPlotWidth / 2, loss_bottom + 36, "window", "class=\"axis-title\" text-anchor=\"middle\"");
   pts.clear();
   for (const auto& r : series) {
-    if (r.loss) pts.push_back({X(static_cast<double>(r.window)), YL(*r.loss)});
+    if (r.loss) pts.push_back({X(at(r)), YL(*r.loss)});
   }
   polyline("window-loss-line", pts);
   if (series.size() <= kMostMarkers) {
@@ -629,8 +638,7 @@ double draw_window_series(SvgWriter& w, const RunStats& s, double top) {
       if (!r.loss) continue;
       char buf[64];
       std::snprintf(buf, sizeof buf, "%.6g", *r.loss);
-      w.circle("window-loss", X(static_cast<double>(r.window)), YL(*r.loss), 3,
-               "window " + std::to_string(r.window) + ": loss " + buf);
+      w.circle("window-loss", X(at(r)), YL(*r.loss), 3, "window " + std::to_string(r.window + 1) + ": loss " + buf);
     }
   }
   return loss_bottom + 56;
@@ -706,6 +714,10 @@ RunStats run_stats_from_json(const nlohmann::json& j) {
   s.peak_is_reserved = s.measured_peak_bytes.has_value();
   if (!s.peak_is_reserved) s.measured_peak_bytes = root.opt_i64("measured_peak_bytes");
   s.predicted_peak_bytes = root.i64("predicted_peak_bytes");
+  if (const auto final_prediction = root.opt_i64("final_predicted_peak_bytes");
+      final_prediction && *final_prediction != s.predicted_peak_bytes) {
+    s.final_predicted_peak_bytes = final_prediction;
+  }
   s.budget_bytes = root.opt_i64("budget_bytes");
   s.final_loss = root.opt_f64("final_loss");
   s.mean_window_seconds = root.opt_f64("mean_window_seconds").value_or(0.0);
@@ -841,7 +853,7 @@ std::string render_report_html(const ReportInput& in) {
     for (const RunWindow& r : in.stats->series) {
       char loss[48] = "-";
       if (r.loss) std::snprintf(loss, sizeof loss, "%.6g", *r.loss);
-      h << table_row({std::to_string(r.window), std::to_string(r.samples), loss,
+      h << table_row({std::to_string(r.window + 1), std::to_string(r.samples), loss,
                       r.peak_bytes ? format_bytes(*r.peak_bytes) : "-", std::to_string(r.oom_recoveries),
                       std::to_string(r.replans), format_seconds(r.seconds)});
     }

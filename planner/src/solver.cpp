@@ -483,8 +483,8 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
           << " (the fitted line with the margin alone allows " << m_line << ")";
       if (m_max != m_fit) why << ", " << m_max << " as a multiple of " << unit;
     } else {
-      why << "The largest microbatch predicted to fit the " << format_bytes(budget) << " budget less a margin of "
-          << format_bytes(mm.bytes_at(m_fit, false)) << " (--headroom " << mm.spec.text() << ") is " << m_fit;
+      why << "The largest microbatch predicted to fit the " << format_bytes(budget) << " budget less its margin (--headroom "
+          << mm.spec.text() << ") is " << m_fit;
       if (m_max != m_fit) why << ", " << m_max << " as a multiple of " << unit;
     }
     why << "; " << T << " samples per rank need " << k_min << " microbatches";
@@ -493,7 +493,10 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   if (!(m_max >= T && sizes.size() == 1)) {
     why << (timing_note.empty() ? ", split " : "; split ") << request.split << " as " << join_sizes(sizes);
   }
-  why << ".";
+  // The margin is stated once, at the planned microbatch, as memory.margin_bytes and the report's
+  // bar state it: it depends on the size (2% of activations) and on whether a window ran there.
+  why << "; at " << plan.micro_batch << " the margin kept free is " << format_bytes(mem.margin_bytes)
+      << (mem.margin.measured ? " (a real window covering it ran)" : "") << ".";
   plan.reason = why.str();
 
   plan.device = profile.device;

@@ -98,6 +98,7 @@ struct RunArgs {
   // verify only
   double rtol = 1e-5;
   std::string json_out;
+  bool freeze_batch_dependent = false;  // verify: those layers in eval mode
 };
 
 std::string short_hash(const std::string& h) { return h.size() > 12 ? h.substr(0, 12) + "…" : h; }
@@ -641,6 +642,7 @@ int verify_command(const RunArgs& a) {
   vo.loss = p.loss;
   vo.rtol = a.rtol;
   vo.seed = a.seed;
+  vo.freeze_batch_dependent = a.freeze_batch_dependent;
   vo.batch_dependent_layers = batch_dependent_layers(p.model.module);
   for (const auto& l : p.plan.model.batch_dependent_layers) {
     if (std::find(vo.batch_dependent_layers.begin(), vo.batch_dependent_layers.end(), l) == vo.batch_dependent_layers.end()) {
@@ -733,6 +735,9 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
   add_common(verify, *vargs);
   verify->add_option("--rtol", vargs->rtol, "relative tolerance max|a-b|/max|b| (float32)")->capture_default_str();
   verify->add_option("--json", vargs->json_out, "write the report as JSON here (atomically; - for stdout)");
+  verify->add_flag("--freeze-batch-dependent", vargs->freeze_batch_dependent,
+                   "BatchNorm and other batch-dependent layers in eval mode (their running statistics) in both "
+                   "updates: a check of the weighting alone, which such layers otherwise make differ");
   verify->footer("Exit codes: 0 equal within --rtol, 3 they differ, 2 bad input, 1 internal error.");
   commands.push_back({verify, [vargs]() { return verify_command(*vargs); }});
 }

@@ -118,8 +118,9 @@ std::vector<at::Tensor> gradients_of(const torch::jit::Module& module) {
 }
 
 std::vector<at::Tensor> combined_gradients(torch::jit::Module module, const Batch& window, const LossConfig& loss,
-                                           double* loss_out, bool padding_mask) {
+                                           double* loss_out, bool padding_mask, bool freeze_batch_dependent) {
   module.train();
+  if (freeze_batch_dependent) freeze_batch_dependent_layers(module);
   clear_grads(module);
   const LossSum ls = forward_loss(module, window, loss, padding_mask);
   if (ls.units == 0) throw InputError("the window has no valid units to compute a loss over");
@@ -133,9 +134,11 @@ std::vector<at::Tensor> combined_gradients(torch::jit::Module module, const Batc
 
 std::vector<at::Tensor> naive_accumulated_gradients(torch::jit::Module module, const Batch& window,
                                                     const std::vector<int64_t>& sizes, const LossConfig& loss,
-                                                    NaiveWeighting weighting, int64_t k, bool padding_mask) {
+                                                    NaiveWeighting weighting, int64_t k, bool padding_mask,
+                                                    bool freeze_batch_dependent) {
   (void)weighting;  // one recipe so far: MeanOverK
   module.train();
+  if (freeze_batch_dependent) freeze_batch_dependent_layers(module);
   clear_grads(module);
   int64_t start = 0;
   for (const int64_t n : sizes) {
@@ -182,7 +185,8 @@ VerifyScenario run_scenario(const torch::jit::Module& module, const Batch& windo
   eo.oom_recovery = false;
   eo.padding_mask = mask;
   eo.log = [](const std::string&) {};
-  Executor ex(acc, acc_opt, plan, eo);
+  Executor ex(acc, acc_opt, plan, eo);  // sets training mode
+  if (options.freeze_batch_dependent) freeze_batch_dependent_layers(acc);
   at::manual_seed(options.seed);
   WindowStats st = ex.accumulate(window, sizes);
   const auto acc_grads = gradients_of(acc);
@@ -198,7 +202,7 @@ VerifyScenario run_scenario(const torch::jit::Module& module, const Batch& windo
   torch::optim::SGD comb_opt(comb_params, torch::optim::SGDOptions(options.sgd_lr));
   at::manual_seed(options.seed);
   double comb_loss = 0;
-  const auto comb_grads = combined_gradients(comb, window, options.loss, &comb_loss, mask);
+  const auto comb_grads = combined_gradients(comb, window, options.loss, &comb_loss, mask, options.freeze_batch_dependent);
   for (size_t i = 0; i < comb_params.size(); ++i) comb_params[i].mutable_grad() = comb_grads[i].clone();
   comb_opt.step();
   sc.combined_optimizer_steps = 1;
@@ -212,7 +216,7 @@ VerifyScenario run_scenario(const torch::jit::Module& module, const Batch& windo
   if (naive_k > 0 && !sizes.empty()) {
     at::manual_seed(options.seed);
     const auto naive = naive_accumulated_gradients(clone_module(module), window, sizes, options.loss,
-                                                   NaiveWeighting::MeanOverK, naive_k, mask);
+                                                   NaiveWeighting::MeanOverK, naive_k, mask, options.freeze_batch_dependent);
     sc.naive_max_rel = compare_tensors(naive, comb_grads, names).max_rel;
   }
   sc.pass = sc.gradients.within(options.rtol) && sc.updates.within(options.rtol) && sc.loss_rel_diff <= options.rtol &&
@@ -241,12 +245,22 @@ VerifyReport verify_accumulation(const torch::jit::Module& module, const Batch& 
   if (!options.batch_dependent_layers.empty()) {
     std::string layers;
     for (const auto& l : options.batch_dependent_layers) layers += (layers.empty() ? "" : ", ") + l;
-    rep.warnings.push_back(
+    if (options.freeze_batch_dependent && batch_dependent_layers(module).empty()) {
+      rep.warnings.push_back("--freeze-batch-dependent froze nothing: the batch-dependent layers (" + layers +
+                             ") are not BatchNorm or InstanceNorm modules of this model (a functional batch_norm "
+                             "in forward, say), so they ran in training mode and the differences below include them");
+    } else if (options.freeze_batch_dependent) {
+      rep.warnings.push_back("the batch-dependent layers (" + layers +
+                             ") ran in eval mode for this check (--freeze-batch-dependent): it checks the weighting "
+                             "alone. Training runs them in training mode, where each microbatch normalises with its own "
+                             "statistics and an accumulated update cannot equal the combined batch's");
+    } else rep.warnings.push_back(
         "the model has batch-dependent layers (" + layers +
         "): in training mode they normalise with each physical microbatch's own statistics, so an "
         "accumulated update cannot equal the combined batch's (and their running statistics are updated "
         "once per microbatch, not once per window). Differences below come from them, not from the "
-        "weighting; use a larger microbatch, GroupNorm/LayerNorm, or accept the difference knowingly");
+        "weighting; use a larger microbatch, GroupNorm/LayerNorm, or accept the difference knowingly (verify "
+        "--freeze-batch-dependent checks the weighting with those layers in eval mode)");
   }
 
   if (plan.tokens) {
@@ -421,7 +435,7 @@ std::string format_table(const VerifyReport& r) {
   std::snprintf(buf, sizeof buf, "\ntolerance: relative %.0e (float32); 'loss/k rel' is what dividing each microbatch mean by k would give.\n",
                 r.rtol);
   out << buf;
-  for (const auto& w : r.warnings) out << "warning: " << w << "\n";
+  // Warnings go to stderr (and the JSON), once: not repeated in this table.
   out << (r.pass ? "verify: accumulated updates equal combined-batch updates\n"
                  : "verify: accumulated updates DIFFER from combined-batch updates\n");
   return out.str();

@@ -51,8 +51,10 @@ GradientComparison compare_tensors(const std::vector<at::Tensor>& a, const std::
 // `module` itself (callers pass a clone): sum of unit losses / units, float32, no autocast.
 // `loss_out` receives that mean loss.
 // `padding_mask`: ragged data, the mask goes in as one more forward argument (StepConfig).
+// `freeze_batch_dependent`: those layers in eval mode (freeze_batch_dependent_layers), the rest training.
 std::vector<at::Tensor> combined_gradients(torch::jit::Module module, const Batch& window, const LossConfig& loss,
-                                           double* loss_out = nullptr, bool padding_mask = false);
+                                           double* loss_out = nullptr, bool padding_mask = false,
+                                           bool freeze_batch_dependent = false);
 
 // The weightings public trainers have shipped, for demonstrating that a check catches them:
 //   MeanOverK   each microbatch's MEAN loss divided by `k` (the "loss / accum_iter" recipe):
@@ -62,7 +64,8 @@ std::vector<at::Tensor> combined_gradients(torch::jit::Module module, const Batc
 enum class NaiveWeighting { MeanOverK };
 std::vector<at::Tensor> naive_accumulated_gradients(torch::jit::Module module, const Batch& window,
                                                     const std::vector<int64_t>& sizes, const LossConfig& loss,
-                                                    NaiveWeighting weighting, int64_t k, bool padding_mask = false);
+                                                    NaiveWeighting weighting, int64_t k, bool padding_mask = false,
+                                                    bool freeze_batch_dependent = false);
 
 // A deep copy whose parameters are fresh leaf tensors with the same requires_grad. (Module::
 // deepcopy clones under autograd, so its parameters would be non-leaf CloneBackward outputs that
@@ -106,6 +109,9 @@ struct VerifyOptions {
   double rtol = 1e-5;               // float32: a few ulps of accumulated summation-order noise
   double sgd_lr = 0.1;              // the update compared after one step
   std::vector<std::string> batch_dependent_layers;  // from the model's module tree; warns
+  // Those layers in eval mode in every run of the check (their running statistics, no update of
+  // them): the check is then of the weighting alone (`verify --freeze-batch-dependent`).
+  bool freeze_batch_dependent = false;
   uint64_t seed = 0;                // at::manual_seed before each forward pass pair
 };
 

@@ -269,19 +269,38 @@ int64_t parameter_and_buffer_bytes(const torch::jit::Module& module) {
   return bytes;
 }
 
+namespace {
+
+// The one rule for "batch-dependent": BatchNorm of any kind, and InstanceNorm that tracks
+// running statistics (it normalises per sample; only those statistics mix samples).
+bool is_batch_dependent(const torch::jit::Module& m, const std::string& type) {
+  if (type.find("BatchNorm") != std::string::npos) return true;  // BatchNorm1d/2d/3d, SyncBatchNorm
+  return type.find("InstanceNorm") != std::string::npos && m.hasattr("track_running_stats") &&
+         m.attr("track_running_stats").isBool() && m.attr("track_running_stats").toBool();
+}
+
+}  // namespace
+
 std::vector<std::string> batch_dependent_layers(const torch::jit::Module& module) {
   std::vector<std::string> found;
   for (const auto& item : module.named_modules()) {
     const std::string type = type_short_name(item.value);
-    bool dependent = type.find("BatchNorm") != std::string::npos;  // BatchNorm1d/2d/3d, SyncBatchNorm
-    if (!dependent && type.find("InstanceNorm") != std::string::npos) {
-      // InstanceNorm normalises per sample; only its running statistics (when tracked) mix samples.
-      dependent = item.value.hasattr("track_running_stats") && item.value.attr("track_running_stats").isBool() &&
-                  item.value.attr("track_running_stats").toBool();
+    if (is_batch_dependent(item.value, type)) {
+      found.push_back((item.name.empty() ? std::string("(root)") : item.name) + " (" + type + ")");
     }
-    if (dependent) found.push_back((item.name.empty() ? std::string("(root)") : item.name) + " (" + type + ")");
   }
   return found;
+}
+
+int freeze_batch_dependent_layers(torch::jit::Module& module) {
+  int frozen = 0;
+  for (const auto& item : module.named_modules()) {
+    if (!is_batch_dependent(item.value, type_short_name(item.value))) continue;
+    torch::jit::Module layer = item.value;  // a handle: eval() sets the shared module's flag
+    layer.eval();
+    ++frozen;
+  }
+  return frozen;
 }
 
 }  // namespace accumplan

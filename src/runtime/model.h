@@ -58,5 +58,9 @@ int64_t parameter_and_buffer_bytes(const torch::jit::Module& module);
 // Submodules whose running statistics depend on the batch (BatchNorm*, SyncBatchNorm, InstanceNorm*
 // with track_running_stats), as "path.to.bn1 (BatchNorm2d)".
 std::vector<std::string> batch_dependent_layers(const torch::jit::Module& module);
+// Puts those layers (the same rule) in eval mode, so they normalise with their running statistics
+// and update none: what `verify --freeze-batch-dependent` does to check the weighting alone. The
+// rest of the module keeps its mode. Returns how many layers it froze.
+int freeze_batch_dependent_layers(torch::jit::Module& module);
 
 }  // namespace accumplan

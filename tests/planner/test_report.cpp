@@ -28,6 +28,7 @@
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
 #include "accumplan/report.h"
+#include "accumplan/units.h"
 #include "accumplan/schema.h"
 #include "test_helpers.h"
 
@@ -493,7 +494,8 @@ TEST_CASE("report: a CUDA run's reserved peak is the one compared with the plan'
 namespace {
 
 // A run of 12 windows: peaks around the prediction, the loss falling, an OOM recovery (and its
-// re-plan) in window 3, whose peak is the budget's edge.
+// re-plan) in the window of index 3 — window 4, as the report and the progress line number them —
+// whose peak is the budget's edge.
 RunStats stats_with_series(const Plan& plan) {
   RunStats s = sample_stats(plan, plan.memory.predicted_peak_bytes + 2048);
   s.windows = 12;
@@ -546,10 +548,10 @@ TEST_CASE("report: a run's windows: each peak and loss and recovery sits where i
     REQUIRE(losses.size() == s.series.size());
     for (size_t i = 0; i < s.series.size(); ++i) {
       const RunWindow& r = s.series[i];
-      INFO("window " << r.window);
-      CHECK(peaks[i].window == Approx(static_cast<double>(r.window)).margin(window_tol));
+      INFO("window index " << r.window);
+      CHECK(peaks[i].window == Approx(static_cast<double>(r.window + 1)).margin(window_tol));  // numbered from 1
       CHECK(peaks[i].value == Approx(static_cast<double>(*r.peak_bytes)).margin(bytes_tol));
-      CHECK(losses[i].window == Approx(static_cast<double>(r.window)).margin(window_tol));
+      CHECK(losses[i].window == Approx(static_cast<double>(r.window + 1)).margin(window_tol));
       CHECK(losses[i].value == Approx(*r.loss).margin(loss_tol));
     }
     // The window with the recovery is higher than the prediction, by what it measured.
@@ -568,10 +570,17 @@ TEST_CASE("report: a run's windows: each peak and loss and recovery sits where i
     REQUIRE(crosses.size() == 1);
     double x0 = 0, y0 = 0;
     REQUIRE(std::sscanf(attr(child(crosses[0], "path"), "d").c_str(), "M%lf %lf", &x0, &y0) == 2);
-    CHECK(wx.value(x0 + 5) == Approx(3.0).margin(window_tol));
+    CHECK(wx.value(x0 + 5) == Approx(4.0).margin(window_tol));
     CHECK(attr(crosses[0], "data-oom-recoveries") == "1");
     CHECK(attr(crosses[0], "data-replans") == "1");
-    CHECK(content(child(crosses[0], "title")) == "window 3: 1 OOM recovery, 1 re-plan");
+    CHECK(content(child(crosses[0], "title")) == "window 4: 1 OOM recovery, 1 re-plan");
+    // The window axis has whole windows only, and none before the first.
+    for (xmlNode* t : elements(d.root(), "g", "wx")) {
+      const std::string label = content(child(t, "text"));
+      INFO("tick " << label);
+      CHECK(label.find('.') == std::string::npos);
+      CHECK(std::stod(label) >= 1);
+    }
     if (format == "html") CHECK(text.find("<h2>The run, window by window</h2>") != std::string::npos);
   }
 }
@@ -595,4 +604,42 @@ TEST_CASE("report: the per-window series is read from run stats and older stats 
                                 R"({"schema":"accumplan.run_stats","windows":2,"oom_recoveries":0,
                                     "microbatch_sizes":[4],"predicted_peak_bytes":100})"))
             .series.empty());
+}
+
+TEST_CASE("report: no text runs past the drawing's right edge", "[report]") {
+  // Estimated by the widest glyphs of DejaVu Sans at each text's font size (0.62 em a character):
+  // the legend's labels right of the plot once ran past 1000 px and were clipped.
+  const Plan plan = read_plan_file(source_path("tests/golden/plan.json"));
+  ReportInput in = report_input_from_plan(plan);
+  in.stats = stats_with_series(plan);
+  const XmlDoc d = parse_xml(render_report(in, "svg"));
+  REQUIRE(d.doc);
+  const double width = num_attr(d.root(), "width");
+  int checked = 0;
+  for (xmlNode* t : elements(d.root(), "text", "")) {
+    const std::string text = content(t), anchor = attr(t, "text-anchor"), cls = attr(t, "class");
+    if (attr(t, "transform").find("rotate") != std::string::npos) continue;  // axis titles stand upright
+    const double size = cls == "title" ? 16 : cls == "section" ? 14 : cls == "subtitle" || cls == "axis-title" ? 13 : 12;
+    size_t chars = 0;
+    for (unsigned char c : text) chars += (c & 0xC0) != 0x80;  // characters, not UTF-8 bytes
+    const double w = 0.62 * size * static_cast<double>(chars);
+    const double x = num_attr(t, "x"), right = anchor == "end" ? x : anchor == "middle" ? x + w / 2 : x + w;
+    INFO(text);
+    CHECK(right <= width);
+    ++checked;
+  }
+  CHECK(checked > 30);
+}
+
+TEST_CASE("report: a run that re-planned is compared with the plan it ended on", "[report]") {
+  const Plan plan = read_plan_file(source_path("tests/golden/plan.json"));
+  ReportInput in = report_input_from_plan(plan);
+  RunStats s = stats_with_series(plan);
+  s.final_predicted_peak_bytes = plan.memory.predicted_peak_bytes - 5 * 1024 * 1024;
+  s.measured_peak_bytes = *s.final_predicted_peak_bytes;
+  in.stats = s;
+  const std::string svg = render_report(in, "svg");
+  CHECK_THAT(svg, Catch::Contains("against " + format_bytes(*s.final_predicted_peak_bytes) +
+                                  " predicted by the re-planned plan (+0 B)"));
+  CHECK_THAT(svg, Catch::Contains("the plan it started from predicted " + format_bytes(plan.memory.predicted_peak_bytes)));
 }

@@ -46,6 +46,9 @@ struct RunStats {
   std::optional<int64_t> measured_peak_bytes;
   bool peak_is_reserved = false;           // measured_peak_bytes is measured_reserved_peak_bytes
   int64_t predicted_peak_bytes = 0;        // the plan's prediction the run started from
+  // The prediction of the plan the run ended on, when an OOM recovery re-planned it (the peak of
+  // a re-planned run is compared with this one); nullopt when the run kept its plan.
+  std::optional<int64_t> final_predicted_peak_bytes;
   std::optional<int64_t> budget_bytes;     // enforced during the run, if any
   std::optional<double> final_loss;
   double mean_window_seconds = 0;
