@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -121,4 +122,49 @@ TEST_CASE("CLI: --help and --version exit 0", "[cli]") {
   r = run_cli({"--version"});
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("accumplan 0.1.0") != std::string::npos);
+}
+
+TEST_CASE("CLI: accumplan help [COMMAND] is --help, and every help line fits 100 columns", "[cli][help]") {
+  const CliResult top = run_cli({"help"});
+  CHECK(top.exit_code == 0);
+  CHECK(top.out == run_cli({"--help"}).out);
+  // The commands a torch-free build has too; the torch build's device commands are checked alike.
+  for (const std::string command : {"plan", "export", "report", "profile", "run", "verify"}) {
+    INFO(command);
+    const CliResult via_help = run_cli({"help", command});
+    const CliResult direct = run_cli({command, "--help"});
+    if (direct.exit_code != 0) continue;  // not in this build
+    CHECK(via_help.exit_code == 0);
+    CHECK(via_help.out == direct.out);
+  }
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--help"}, {"plan", "--help"}, {"export", "--help"}, {"report", "--help"},
+        {"profile", "--help"}, {"run", "--help"}, {"verify", "--help"}}) {
+    const CliResult r = run_cli(args);
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      INFO(args.front() << ": " << line);
+      CHECK(line.size() <= 100 + 2);  // bytes; a '−' or '…' is three bytes for one column
+    }
+  }
+  expect_input_error({"help", "nosuch"}, "`accumplan help` takes one command name");
+}
+
+TEST_CASE("CLI: choice values in any case; an option given twice is said in product words", "[cli][errors]") {
+  const std::string dir = scratch_dir("choices");
+  const std::string plan = dir + "/plan.json";
+  REQUIRE(run_cli({"plan", "--profile", kProfile, "--target-batch", "256", "--split", "UNIFORM", "--out", plan})
+              .exit_code == 0);
+  CHECK(json::parse(slurp(plan))["split"] == "uniform");
+  const CliResult ds = run_cli({"export", "--plan", plan, "--to", "DeepSpeed"});
+  INFO(ds.err);
+  CHECK(ds.exit_code == 0);
+  CHECK(json::parse(ds.out).contains("train_batch_size"));
+  // Paths keep their case: only choice values are lowered.
+  expect_input_error({"export", "--plan", dir + "/PLAN.json", "--to", "hf"}, "PLAN.json");
+  expect_input_error({"plan", "--profile", kProfile, "--target-batch", "8", "--out", dir + "/a.json", "--out",
+                      dir + "/b.json"},
+                     "--out was given 2 times; give it once");
+  // A newline inside a choice value is not echoed into a second line.
+  expect_input_error({"export", "--plan", plan, "--to", "deep\nspeed"}, "is not a known trainer");
 }
