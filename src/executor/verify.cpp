@@ -224,6 +224,31 @@ VerifyScenario run_scenario(const torch::jit::Module& module, const Batch& windo
   return sc;
 }
 
+// What batch-dependent layers do to this check: in training mode they make the updates differ;
+// frozen (--freeze-batch-dependent) the check is of the weighting alone, unless nothing could be
+// frozen (a functional batch_norm in forward is no module to put in eval mode).
+std::string batch_dependent_warning(const torch::jit::Module& module, const VerifyOptions& options) {
+  std::string layers;
+  for (const auto& l : options.batch_dependent_layers) layers += (layers.empty() ? "" : ", ") + l;
+  if (options.freeze_batch_dependent && batch_dependent_layers(module).empty()) {
+    return "--freeze-batch-dependent froze nothing: the batch-dependent layers (" + layers +
+           ") are not BatchNorm or InstanceNorm modules of this model (a functional batch_norm in forward, say), so they "
+           "ran in training mode and the differences below include them";
+  }
+  if (options.freeze_batch_dependent) {
+    return "the batch-dependent layers (" + layers +
+           ") ran in eval mode for this check (--freeze-batch-dependent): it checks the weighting alone. Training runs "
+           "them in training mode, where each microbatch normalises with its own statistics and an accumulated update "
+           "cannot equal the combined batch's";
+  }
+  return "the model has batch-dependent layers (" + layers +
+         "): in training mode they normalise with each physical microbatch's own statistics, so an accumulated update "
+         "cannot equal the combined batch's (and their running statistics are updated once per microbatch, not once "
+         "per window). Differences below come from them, not from the weighting; use a larger microbatch, "
+         "GroupNorm/LayerNorm, or accept the difference knowingly (verify --freeze-batch-dependent checks the "
+         "weighting with those layers in eval mode)";
+}
+
 VerifyScenario not_run(const std::string& name, const std::string& why) {
   VerifyScenario sc;
   sc.name = name;
@@ -242,26 +267,7 @@ VerifyReport verify_accumulation(const torch::jit::Module& module, const Batch& 
   const int64_t T = batch_samples(window, "the verification window");
   const int64_t m = std::max<int64_t>(1, std::min(plan.micro_batch, T));
 
-  if (!options.batch_dependent_layers.empty()) {
-    std::string layers;
-    for (const auto& l : options.batch_dependent_layers) layers += (layers.empty() ? "" : ", ") + l;
-    if (options.freeze_batch_dependent && batch_dependent_layers(module).empty()) {
-      rep.warnings.push_back("--freeze-batch-dependent froze nothing: the batch-dependent layers (" + layers +
-                             ") are not BatchNorm or InstanceNorm modules of this model (a functional batch_norm "
-                             "in forward, say), so they ran in training mode and the differences below include them");
-    } else if (options.freeze_batch_dependent) {
-      rep.warnings.push_back("the batch-dependent layers (" + layers +
-                             ") ran in eval mode for this check (--freeze-batch-dependent): it checks the weighting "
-                             "alone. Training runs them in training mode, where each microbatch normalises with its own "
-                             "statistics and an accumulated update cannot equal the combined batch's");
-    } else rep.warnings.push_back(
-        "the model has batch-dependent layers (" + layers +
-        "): in training mode they normalise with each physical microbatch's own statistics, so an "
-        "accumulated update cannot equal the combined batch's (and their running statistics are updated "
-        "once per microbatch, not once per window). Differences below come from them, not from the "
-        "weighting; use a larger microbatch, GroupNorm/LayerNorm, or accept the difference knowingly (verify "
-        "--freeze-batch-dependent checks the weighting with those layers in eval mode)");
-  }
+  if (!options.batch_dependent_layers.empty()) rep.warnings.push_back(batch_dependent_warning(module, options));
 
   if (plan.tokens) {
     if (!window.ragged()) {
