@@ -569,9 +569,12 @@ double draw_window_series(SvgWriter& w, const RunStats& s, double top) {
   w.line("window-predicted", kPlotLeft, y_predicted, right, y_predicted,
          "predicted peak " + format_bytes(s.predicted_peak_bytes));
   w.text(right + 6, predicted_label_y, "predicted " + format_bytes(s.predicted_peak_bytes), "class=\"label\"");
-  // Legend, under the labels: swatches carry no <title>, so they are never taken for markers.
+  // Legend, under the labels (below the lower of them, so "predicted ..." never runs into it):
+  // swatches carry no <title>, so they are never taken for markers.
   {
-    double ly = y + 70;
+    double lowest_label_y = predicted_label_y;
+    if (s.budget_bytes) lowest_label_y = std::max(lowest_label_y, YP(static_cast<double>(*s.budget_bytes)) + 4);
+    double ly = std::max(y + 70, lowest_label_y + 22);
     const double lx = kLegendLeft + 8;
     auto entry = [&](const std::string& swatch, const std::string& label) {
       w.s << swatch;
