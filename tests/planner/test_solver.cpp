@@ -496,3 +496,16 @@ TEST_CASE("Solver: the whole batch in one microbatch is worth a window when only
   CHECK(plan.accumulation_steps > 1);
   CHECK(whole_batch_candidate(failed, r, plan) == 0);
 }
+
+TEST_CASE("Solver: the reason states the margin once, at the planned microbatch, as memory.margin_bytes", "[solver]") {
+  // auto headroom keeps 2% of the activations: the margin differs between the largest size that
+  // fits and the (smaller) balanced microbatch, and the report's bar shows the planned size's.
+  const Profile p = linear_profile(100 * MiB, 10 * MiB, 3 * MiB);
+  PlanRequest r = request(256, budget_for(p, 60, 10 * MiB, 3 * MiB));
+  r.headroom = parse_headroom("auto");
+  const Plan plan = make_plan(p, r);
+  REQUIRE(plan.micro_batch < plan.max_micro_batch);
+  CHECK_THAT(plan.reason, Catch::Contains("at " + std::to_string(plan.micro_batch) + " the margin kept free is " +
+                                          format_bytes(plan.memory.margin_bytes)));
+  CHECK_THAT(plan.reason, !Catch::Contains("less a margin of"));
+}
