@@ -81,6 +81,8 @@ ACCUMPLAN_BIN="$PWD/${BUILD_DIR:-build}/accumplan" OMP_NUM_THREADS=1 \
 # against Debian's LibTorch on the CPU device with tiny sizes, reusing the build above. It proves
 # that .gpu-deps configures, and that the build, the probe tests and the benchmark run end to end
 # and write every output, so a 15-minute GPU lease is spent on the GPU. About 2 minutes.
+# The benchmark imports torchvision (resnet18, mobilenet_v3_small): Debian's python3-torchvision.
+bash scripts/install-deps.sh python-torch
 bash scripts/gpu-prepare.sh
 OUT="$PWD/${BUILD_DIR:-build}/gpu-check-rehearsal" BUILD_DIR="${BUILD_DIR:-build}" PYTHON="$python" \
   bash scripts/gpu-check.sh --rehearse

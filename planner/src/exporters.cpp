@@ -158,13 +158,23 @@ Training training_of(const Plan& plan) {
   t.amp = plan.setup.amp;
   t.optimizer = plan.setup.optimizer;
   t.lr = plan.setup.lr;
-  t.hp = optimizer_hyperparameters(plan.setup);
+  try {
+    t.hp = optimizer_hyperparameters(plan.setup);
+    t.per_token = normalizes_by_tokens(plan.setup);
+  } catch (const InputError& e) {
+    // The rules speak of the options that set these; here they come from the plan's setup.
+    throw InputError(std::string("the plan's setup cannot be exported: ") + e.what() +
+                     "; re-plan with a supported --optimizer and --normalization");
+  }
   t.max_grad_norm = plan.setup.max_grad_norm;
   t.cuda = plan.device.type == "cuda";
-  t.per_token = normalizes_by_tokens(plan.setup);
   t.world = plan.world_size;
   return t;
 }
+
+// JSON text of an export: a path or value that is not UTF-8 (a legal file name) is written with
+// U+FFFD in its place instead of failing after the work.
+std::string json_text(const ojson& j) { return j.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n"; }
 
 // The plan's optimizer as torch.optim's class and keyword arguments: what every trainer that
 // takes a class (Lightning's class_path, Trainer's optimizer_cls_and_kwargs) builds exactly.
@@ -239,7 +249,7 @@ std::string deepspeed_export(ExportContext& c) {
   const std::string loss = per_token_note(c.t, "DeepSpeed", "divides each microbatch's loss by gradient_accumulation_steps and averages gradients over ranks");
   if (!loss.empty()) c.notes.push_back(loss);
   j["accumplan"] = with_notes(c.about, c.notes);  // DeepSpeed reads the keys it knows and ignores this one
-  return j.dump(2) + "\n";
+  return json_text(j);
 }
 
 // Hugging Face names the optimizer by one word and passes only lr (and AdamW's betas and eps);
@@ -293,7 +303,7 @@ std::string hf_export(ExportContext& c) {
   j["optimizer"] = ojson{{"class", "torch.optim." + name}, {"kwargs", kwargs}};
   j["launch"] = torchrun_launch_line(c.plan.world_size);
   j["accumplan"] = with_notes(c.about, c.notes);
-  return j.dump(2) + "\n";
+  return json_text(j);
 }
 
 std::string accelerate_export(ExportContext& c) {
@@ -317,7 +327,7 @@ std::string accelerate_export(ExportContext& c) {
                      " --to accelerate-config --out accelerate_config.yaml";
   j["launch"] = "accelerate launch --config_file accelerate_config.yaml YOUR_SCRIPT.py";
   j["accumplan"] = with_notes(c.about, c.notes);
-  return j.dump(2) + "\n";
+  return json_text(j);
 }
 
 // `accelerate launch --config_file`: the fields of accelerate's ClusterConfig that say where and

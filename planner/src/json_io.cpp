@@ -430,7 +430,7 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   const bool exists = ::stat(path.c_str(), &st) == 0;  // follows links, /proc magic links too
   if (exists && S_ISDIR(st.st_mode)) {
     throw InputError("cannot write " + quoted(path) + ": it is a directory; give a file name, e.g. " +
-                     path_for_message(path + "/plan.json"));
+                     path_for_message(path.substr(0, path.find_last_not_of('/') + 1) + "/plan.json"));
   }
   if (exists && S_ISSOCK(st.st_mode)) throw InputError("cannot write " + quoted(path) + ": it is a socket");
   bool via_proc = false;

@@ -731,6 +731,10 @@ RunStats run_stats_from_json(const nlohmann::json& j) {
       r.samples = f.i64("samples");
       r.loss = f.opt_f64("loss");
       r.peak_bytes = f.opt_i64("peak_bytes");
+      // A CUDA run's windows are drawn by their reserved peaks, as its headline compares them.
+      if (const auto reserved = s.peak_is_reserved ? f.opt_i64("reserved_peak_bytes") : std::nullopt) {
+        r.peak_bytes = reserved;
+      }
       r.oom_recoveries = f.i64("oom_recoveries");
       r.replans = f.has("replans") ? f.i64("replans") : r.oom_recoveries;
       r.seconds = f.opt_f64("seconds").value_or(0.0);

@@ -316,7 +316,7 @@ void save_module_atomic(torch::jit::Module& module, const std::string& path) {
   try {
     module.save(bytes);
   } catch (const c10::Error& e) {
-    throw InputError("--save '" + path_for_message(path) + "': cannot serialize the model (" + std::string(e.what_without_backtrace()) + ")");
+    throw InputError("--save '" + path_for_message(path) + "': cannot serialize the model (" + cut_for_message(e.what_without_backtrace(), 200) + ")");
   }
   write_text_atomic(path, bytes.str());
 }
@@ -506,6 +506,8 @@ int run_command(const RunArgs& a) {
                       {"valid_tokens", st.valid_tokens},
                       {"loss", st.loss},
                       {"peak_bytes", peak ? nlohmann::ordered_json(*peak) : nlohmann::ordered_json(nullptr)},
+                      {"reserved_peak_bytes", st.reserved_peak_bytes ? nlohmann::ordered_json(*st.reserved_peak_bytes)
+                                                                     : nlohmann::ordered_json(nullptr)},
                       {"oom_recoveries", st.oom_recoveries},
                       {"replans", window_replans},
                       {"microbatch_sizes", st.microbatch_sizes},
@@ -644,7 +646,8 @@ int verify_command(const RunArgs& a) {
   vo.seed = a.seed;
   vo.freeze_batch_dependent = a.freeze_batch_dependent;
   vo.batch_dependent_layers = batch_dependent_layers(p.model.module);
-  for (const auto& l : p.plan.model.batch_dependent_layers) {
+  for (const auto& listed : p.plan.model.batch_dependent_layers) {
+    const std::string l = cut_for_message(listed, 120);  // plan text: one line, bounded
     if (std::find(vo.batch_dependent_layers.begin(), vo.batch_dependent_layers.end(), l) == vo.batch_dependent_layers.end()) {
       vo.batch_dependent_layers.push_back(l);
     }

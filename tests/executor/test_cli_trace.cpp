@@ -112,6 +112,7 @@ TEST_CASE("run --trace: a span per window and per microbatch, --stats a record p
     highest = std::max(highest, series[w]["peak_bytes"].get<int64_t>());
     // The trace's window peak is the same number.
     CHECK(peaks[w]["args"]["peak_bytes"] == series[w]["peak_bytes"]);
+    CHECK(series[w]["reserved_peak_bytes"].is_null());  // the CPU counting allocator reserves nothing
   }
   CHECK(samples == s["samples_seen"].get<int64_t>());
   CHECK(highest == s["measured_peak_bytes"].get<int64_t>());  // the run's peak is its highest window

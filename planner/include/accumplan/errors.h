@@ -75,12 +75,13 @@ inline std::string cut_for_message(const std::string& text, size_t max_chars = 8
 }
 
 // A file path for an error message: the one rule for every message that echoes a path. Control
-// characters show as '?' (as in cut_for_message); a path longer than `max_chars` bytes keeps its
-// END — the file name and its directory always — and as much of its start as fits, elided in the
-// middle at a '/' ("/home/me/…/no-such-dir/plan.json"). Why the end: in a deep project folder the
-// part that names the problem (the missing directory, the file) is the last part; cutting the end
-// told users about "/home/me/.../no-such-..." (issue 28). A last component longer than the limit
-// on its own keeps its start and its end.
+// characters show as '?' (as in cut_for_message); a path longer than `max_chars` bytes (UTF-8
+// bytes, not characters; the result may be 2 bytes longer for the "…") keeps its END — the file
+// name and, when they fit together, its directory — and as much of its start as fits, elided in
+// the middle at a '/' ("/home/me/…/no-such-dir/plan.json"). Why the end: in a deep project folder
+// the part that names the problem (the missing directory, the file) is the last part; cutting the
+// end told users about "/home/me/.../no-such-..." (issue 28). A last component longer than the
+// limit on its own keeps its start and its end.
 inline std::string path_for_message(const std::string& path, size_t max_chars = 80) {
   static const std::string kEllipsis = "\xE2\x80\xA6";  // "…": one character, three UTF-8 bytes
   std::string s;
@@ -89,8 +90,8 @@ inline std::string path_for_message(const std::string& path, size_t max_chars = 
     const unsigned char c = static_cast<unsigned char>(ch);
     s += (c < 0x20 || c == 0x7f) ? '?' : ch;
   }
+  if (max_chars < 8) max_chars = 8;  // room for "a…/b": below that nothing useful is left
   if (s.size() <= max_chars) return s;
-  if (max_chars < 8) max_chars = 8;
   // Byte offsets moved onto the start of a UTF-8 character (never inside a multi-byte sequence).
   const auto back_to_char = [&s](size_t i) {
     while (i > 0 && i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;

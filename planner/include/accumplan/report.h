@@ -29,7 +29,7 @@ struct RunWindow {
   int64_t window = 0;                      // 0-based
   int64_t samples = 0;
   std::optional<double> loss;              // null when it was not finite
-  std::optional<int64_t> peak_bytes;       // null without a probe peak
+  std::optional<int64_t> peak_bytes;       // null without a probe peak; reserved when RunStats::peak_is_reserved
   int64_t oom_recoveries = 0;
   int64_t replans = 0;
   double seconds = 0;
