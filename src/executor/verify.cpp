@@ -257,6 +257,106 @@ VerifyScenario not_run(const std::string& name, const std::string& why) {
   return sc;
 }
 
+// A packed plan (plan.tokens) checked as it trains: under its token budget, under a budget of the
+// window's longest sequence (the most microbatches of the most different lengths), and a short
+// window.
+void add_packed_scenarios(const torch::jit::Module& module, const Batch& window, const Plan& plan,
+                          const VerifyOptions& options, VerifyReport& rep) {
+  const int64_t T = batch_samples(window, "the verification window");
+  if (!window.ragged()) {
+    throw InputError("this plan packs ragged data by tokens (plan.tokens) but the samples have no sequence lengths; "
+                     "verify with --data holding torch.save([list_of_1d_token_tensors, targets]) or without --data");
+  }
+  const std::vector<int64_t> lengths = window.sequence_lengths();
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  auto packed = [&](const std::string& name, const Batch& w, const Plan& p, const std::string& how) {
+    auto sc = run_scenario(module, w, {}, 0, p, options);
+    sc.name = name;
+    sc.description = how + ": " + std::to_string(sc.sizes.size()) + " microbatches of " + join_sizes(sc.sizes) +
+                     " sequences, " + join_sizes(sc.units_per_microbatch) + " units";
+    rep.scenarios.push_back(std::move(sc));
+  };
+  packed("packed", window, plan, "packed under the plan's token budget of " + std::to_string(plan.tokens->token_budget));
+  Plan tight = plan;
+  tight.tokens->token_budget = longest;
+  tight.tokens->max_seq_len = std::min(tight.tokens->max_seq_len, longest);
+  packed("packed-tight", window, tight, "packed under a token budget of " + std::to_string(longest) + " (the longest sequence)");
+  if (T < 2) {
+    rep.scenarios.push_back(not_run("partial", "a window of " + std::to_string(T) + " sequence is too small to shorten"));
+  } else {
+    const int64_t n = T - std::max<int64_t>(1, T / 4);
+    packed("partial", window.slice(0, n), tight, "a short window of " + std::to_string(n) + " of " + std::to_string(T) +
+                                                    " sequences, packed under " + std::to_string(longest));
+  }
+}
+
+// A sample plan: equal microbatches, unequal ones, a partial window, and token masks with a
+// different number of valid tokens in every microbatch.
+void add_sample_scenarios(const torch::jit::Module& module, const Batch& window, const Plan& plan,
+                          const VerifyOptions& options, VerifyReport& rep) {
+  const int64_t T = batch_samples(window, "the verification window");
+  const int64_t m = std::max<int64_t>(1, std::min(plan.micro_batch, T));
+  // equal: k >= 2 equal microbatches of at most the plan's microbatch.
+  {
+    int64_t d = largest_divisor_at_most(T, m);
+    if (d == T && T > 1) d = largest_divisor_at_most(T, T / 2);
+    const std::vector<int64_t> sizes(static_cast<size_t>(T / d), d);
+    auto sc = run_scenario(module, window, sizes, static_cast<int64_t>(sizes.size()), plan, options);
+    sc.name = "equal";
+    sc.description = std::to_string(sizes.size()) + " equal microbatches of " + std::to_string(d);
+    rep.scenarios.push_back(std::move(sc));
+  }
+  // unequal: the plan's sizes when they differ, else the fewest balanced parts that are unequal.
+  std::vector<int64_t> unequal;
+  if (!all_equal(plan.microbatch_sizes) && plan.per_rank_batch == T) {
+    unequal = plan.microbatch_sizes;
+  } else {
+    for (int64_t k = std::max<int64_t>(2, (T + m - 1) / m); k <= T && unequal.empty(); ++k) {
+      if (T % k != 0) unequal = balanced_split(T, k);
+    }
+  }
+  if (unequal.empty()) {
+    rep.scenarios.push_back(not_run("unequal", "every split of " + std::to_string(T) + " samples is equal"));
+  } else {
+    auto sc = run_scenario(module, window, unequal, static_cast<int64_t>(unequal.size()), plan, options);
+    sc.name = "unequal";
+    sc.description = "unequal microbatches " + join_sizes(unequal) + " (the mean of microbatch means would differ)";
+    rep.scenarios.push_back(std::move(sc));
+  }
+  // partial: the last window of an epoch, shorter than the plan's per-rank batch, with its own N.
+  if (T < 3) {
+    rep.scenarios.push_back(not_run("partial", "a window of " + std::to_string(T) + " samples is too small to shorten"));
+  } else {
+    const int64_t n = T - std::max<int64_t>(1, T / 4);
+    const int64_t cap = std::max<int64_t>(1, std::min(m, (n + 1) / 2));
+    const auto sizes = split_samples(n, cap, "balanced");
+    auto sc = run_scenario(module, window.slice(0, n), sizes, std::max<int64_t>(1, plan.accumulation_steps), plan,
+                           options);
+    sc.name = "partial";
+    sc.description = "a short last window of " + std::to_string(n) + " of " + std::to_string(T) + " samples as " +
+                     join_sizes(sizes) + " (dividing by the plan's k = " + std::to_string(plan.accumulation_steps) +
+                     " would differ)";
+    rep.scenarios.push_back(std::move(sc));
+  }
+  // token masks: a different number of valid tokens in every microbatch.
+  const at::Tensor& target = window.target;
+  const bool token_target = options.loss.kind == "cross_entropy" && target.defined() && target.dim() == 2 &&
+                            !at::isFloatingType(target.scalar_type()) && target.size(1) >= 2;
+  if (!token_target) {
+    rep.scenarios.push_back(not_run("token-masks", "the target is not per-token (cross_entropy over [B,T] targets)"));
+  } else {
+    std::vector<int64_t> sizes = unequal.empty() ? std::vector<int64_t>(static_cast<size_t>(T), 1) : unequal;
+    if (sizes.size() < 2) sizes = {T};
+    Batch masked = window;
+    masked.target = masked_target(target, sizes, options.loss.ignore_index);
+    auto sc = run_scenario(module, masked, sizes, static_cast<int64_t>(sizes.size()), plan, options);
+    sc.name = "token-masks";
+    sc.description = "microbatches " + join_sizes(sizes) + " with " + join_sizes(sc.units_per_microbatch) +
+                     " units (" + rep.normalization + " normalization)";
+    rep.scenarios.push_back(std::move(sc));
+  }
+}
+
 }  // namespace
 
 VerifyReport verify_accumulation(const torch::jit::Module& module, const Batch& window, const Plan& plan,
@@ -264,98 +364,15 @@ VerifyReport verify_accumulation(const torch::jit::Module& module, const Batch& 
   VerifyReport rep;
   rep.rtol = options.rtol;
   rep.normalization = to_string(options.loss.normalization);
-  const int64_t T = batch_samples(window, "the verification window");
-  const int64_t m = std::max<int64_t>(1, std::min(plan.micro_batch, T));
+  batch_samples(window, "the verification window");  // refuses an empty or inconsistent window first
 
   if (!options.batch_dependent_layers.empty()) rep.warnings.push_back(batch_dependent_warning(module, options));
 
   if (plan.tokens) {
-    if (!window.ragged()) {
-      throw InputError("this plan packs ragged data by tokens (plan.tokens) but the samples have no sequence lengths; "
-                       "verify with --data holding torch.save([list_of_1d_token_tensors, targets]) or without --data");
-    }
-    const std::vector<int64_t> lengths = window.sequence_lengths();
-    const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
-    auto packed = [&](const std::string& name, const Batch& w, const Plan& p, const std::string& how) {
-      auto sc = run_scenario(module, w, {}, 0, p, options);
-      sc.name = name;
-      sc.description = how + ": " + std::to_string(sc.sizes.size()) + " microbatches of " + join_sizes(sc.sizes) +
-                       " sequences, " + join_sizes(sc.units_per_microbatch) + " units";
-      rep.scenarios.push_back(std::move(sc));
-    };
-    packed("packed", window, plan, "packed under the plan's token budget of " + std::to_string(plan.tokens->token_budget));
-    Plan tight = plan;
-    tight.tokens->token_budget = longest;
-    tight.tokens->max_seq_len = std::min(tight.tokens->max_seq_len, longest);
-    packed("packed-tight", window, tight, "packed under a token budget of " + std::to_string(longest) + " (the longest sequence)");
-    if (T < 2) {
-      rep.scenarios.push_back(not_run("partial", "a window of " + std::to_string(T) + " sequence is too small to shorten"));
-    } else {
-      const int64_t n = T - std::max<int64_t>(1, T / 4);
-      packed("partial", window.slice(0, n), tight, "a short window of " + std::to_string(n) + " of " + std::to_string(T) +
-                                                      " sequences, packed under " + std::to_string(longest));
-    }
+    add_packed_scenarios(module, window, plan, options, rep);
   } else {
-    // equal: k >= 2 equal microbatches of at most the plan's microbatch.
-    {
-      int64_t d = largest_divisor_at_most(T, m);
-      if (d == T && T > 1) d = largest_divisor_at_most(T, T / 2);
-      const std::vector<int64_t> sizes(static_cast<size_t>(T / d), d);
-      auto sc = run_scenario(module, window, sizes, static_cast<int64_t>(sizes.size()), plan, options);
-      sc.name = "equal";
-      sc.description = std::to_string(sizes.size()) + " equal microbatches of " + std::to_string(d);
-      rep.scenarios.push_back(std::move(sc));
-    }
-    // unequal: the plan's sizes when they differ, else the fewest balanced parts that are unequal.
-    std::vector<int64_t> unequal;
-    if (!all_equal(plan.microbatch_sizes) && plan.per_rank_batch == T) {
-      unequal = plan.microbatch_sizes;
-    } else {
-      for (int64_t k = std::max<int64_t>(2, (T + m - 1) / m); k <= T && unequal.empty(); ++k) {
-        if (T % k != 0) unequal = balanced_split(T, k);
-      }
-    }
-    if (unequal.empty()) {
-      rep.scenarios.push_back(not_run("unequal", "every split of " + std::to_string(T) + " samples is equal"));
-    } else {
-      auto sc = run_scenario(module, window, unequal, static_cast<int64_t>(unequal.size()), plan, options);
-      sc.name = "unequal";
-      sc.description = "unequal microbatches " + join_sizes(unequal) + " (the mean of microbatch means would differ)";
-      rep.scenarios.push_back(std::move(sc));
-    }
-    // partial: the last window of an epoch, shorter than the plan's per-rank batch, with its own N.
-    if (T < 3) {
-      rep.scenarios.push_back(not_run("partial", "a window of " + std::to_string(T) + " samples is too small to shorten"));
-    } else {
-      const int64_t n = T - std::max<int64_t>(1, T / 4);
-      const int64_t cap = std::max<int64_t>(1, std::min(m, (n + 1) / 2));
-      const auto sizes = split_samples(n, cap, "balanced");
-      auto sc = run_scenario(module, window.slice(0, n), sizes, std::max<int64_t>(1, plan.accumulation_steps), plan,
-                             options);
-      sc.name = "partial";
-      sc.description = "a short last window of " + std::to_string(n) + " of " + std::to_string(T) + " samples as " +
-                       join_sizes(sizes) + " (dividing by the plan's k = " + std::to_string(plan.accumulation_steps) +
-                       " would differ)";
-      rep.scenarios.push_back(std::move(sc));
-    }
-    // token masks: a different number of valid tokens in every microbatch.
-    const at::Tensor& target = window.target;
-    const bool token_target = options.loss.kind == "cross_entropy" && target.defined() && target.dim() == 2 &&
-                              !at::isFloatingType(target.scalar_type()) && target.size(1) >= 2;
-    if (!token_target) {
-      rep.scenarios.push_back(not_run("token-masks", "the target is not per-token (cross_entropy over [B,T] targets)"));
-    } else {
-      std::vector<int64_t> sizes = unequal.empty() ? std::vector<int64_t>(static_cast<size_t>(T), 1) : unequal;
-      if (sizes.size() < 2) sizes = {T};
-      Batch masked = window;
-      masked.target = masked_target(target, sizes, options.loss.ignore_index);
-      auto sc = run_scenario(module, masked, sizes, static_cast<int64_t>(sizes.size()), plan, options);
-      sc.name = "token-masks";
-      sc.description = "microbatches " + join_sizes(sizes) + " with " + join_sizes(sc.units_per_microbatch) +
-                       " units (" + rep.normalization + " normalization)";
-      rep.scenarios.push_back(std::move(sc));
-    }
-  }  // sample plans
+    add_sample_scenarios(module, window, plan, options, rep);
+  }
 
   rep.pass = std::all_of(rep.scenarios.begin(), rep.scenarios.end(), [](const VerifyScenario& s) { return s.pass; });
   if (!rep.pass) {

@@ -60,16 +60,23 @@ class BackendNotBuiltError : public InputError {
 // User text for an error message: at most 80 characters (longer text is cut and ends with
 // "... (N characters)"), control characters shown as '?', so a message stays one short line
 // whatever the input held (a 50 MB string, a newline in a file name).
-inline std::string cut_for_message(const std::string& text, size_t max_chars = 80) {
+// The first `n` bytes of `text` with control characters (C0 and DEL) shown as '?': the one rule
+// that keeps user text on one line, for cut_for_message and path_for_message.
+inline std::string printable_prefix(const std::string& text, size_t n) {
   std::string out;
-  size_t n = text.size() <= max_chars ? text.size() : max_chars;
-  // Never cut inside a UTF-8 sequence: back off to the start of the character.
-  while (n > 0 && n < text.size() && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;
   out.reserve(n + 32);
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n && i < text.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
     out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
   }
+  return out;
+}
+
+inline std::string cut_for_message(const std::string& text, size_t max_chars = 80) {
+  size_t n = text.size() <= max_chars ? text.size() : max_chars;
+  // Never cut inside a UTF-8 sequence: back off to the start of the character.
+  while (n > 0 && n < text.size() && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;
+  std::string out = printable_prefix(text, n);
   if (n < text.size()) out += "... (" + std::to_string(text.size()) + " characters)";
   return out;
 }
@@ -84,12 +91,7 @@ inline std::string cut_for_message(const std::string& text, size_t max_chars = 8
 // limit on its own keeps its start and its end.
 inline std::string path_for_message(const std::string& path, size_t max_chars = 80) {
   static const std::string kEllipsis = "\xE2\x80\xA6";  // "…": one character, three UTF-8 bytes
-  std::string s;
-  s.reserve(path.size());
-  for (const char ch : path) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    s += (c < 0x20 || c == 0x7f) ? '?' : ch;
-  }
+  const std::string s = printable_prefix(path, path.size());
   if (max_chars < 8) max_chars = 8;  // room for "a…/b": below that nothing useful is left
   if (s.size() <= max_chars) return s;
   // Byte offsets moved onto the start of a UTF-8 character (never inside a multi-byte sequence).
