@@ -43,6 +43,7 @@ target_compile_features(accumplan_planner INTERFACE cxx_std_17)
 
 install(TARGETS accumplan RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/planner/schemas/plan.schema.json ${PROJECT_SOURCE_DIR}/planner/schemas/profile.schema.json
+              ${PROJECT_SOURCE_DIR}/planner/schemas/run_stats.schema.json
         DESTINATION ${CMAKE_INSTALL_DATADIR}/accumplan/schemas)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/planner/include/accumplan DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         FILES_MATCHING PATTERN "*.h")

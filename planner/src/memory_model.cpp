@@ -243,7 +243,11 @@ double MemoryModel::predict_bytes(int64_t micro_batch) const {
 }
 
 int64_t MemoryModel::predict_peak_bytes(int64_t micro_batch) const {
-  return saturated_bytes(predict_bytes(micro_batch));
+  return line_peak_bytes(fit_, micro_batch);
+}
+
+int64_t MemoryModel::line_peak_bytes(const FitSummary& fit, int64_t micro_batch) {
+  return saturated_bytes(fit.intercept_bytes + fit.slope_bytes_per_sample * static_cast<double>(micro_batch));
 }
 
 int64_t MemoryModel::largest_fitting(int64_t budget_bytes, int64_t limit_micro_batch, int64_t extra_bytes,

@@ -1,5 +1,5 @@
-// executor/replan.cpp — re-planning below a failed microbatch size. See replan.h.
-#include "executor/replan.h"
+// replan.cpp — re-planning below a failed microbatch size, a short window's split. See replan.h.
+#include "accumplan/replan.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,49 +7,12 @@
 #include <sstream>
 
 #include "accumplan/errors.h"
+#include "accumplan/memory_model.h"
 #include "accumplan/solver.h"
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
 
 namespace accumplan {
-namespace {
-
-
-void set_sizes(Plan& plan, std::vector<int64_t> sizes, int64_t max_micro_batch, int64_t unit) {
-  plan.microbatch_sizes = std::move(sizes);
-  plan.micro_batch = *std::max_element(plan.microbatch_sizes.begin(), plan.microbatch_sizes.end());
-  plan.accumulation_steps = static_cast<int64_t>(plan.microbatch_sizes.size());
-  plan.weights.clear();
-  for (auto n : plan.microbatch_sizes) {
-    plan.weights.push_back(static_cast<double>(n) / static_cast<double>(plan.per_rank_batch));
-  }
-  plan.max_micro_batch = max_micro_batch;
-  plan.uniform.micro_batch = largest_divisor_at_most(plan.per_rank_batch, max_micro_batch, unit);
-  if (plan.uniform.micro_batch < 1) plan.uniform.micro_batch = largest_divisor_at_most(plan.per_rank_batch, max_micro_batch, 1);
-  plan.uniform.accumulation_steps = plan.per_rank_batch / plan.uniform.micro_batch;
-}
-
-}  // namespace
-
-void check_plan_executable(const Plan& plan, const std::string& what) {
-  if (plan.per_rank_batch < 1) {
-    throw InputError(what + ": per_rank_batch is " + std::to_string(plan.per_rank_batch) + "; it must be >= 1");
-  }
-  if (plan.microbatch_sizes.empty()) throw InputError(what + ": microbatch_sizes is empty");
-  int64_t sum = 0;
-  for (auto n : plan.microbatch_sizes) {
-    if (n < 1) throw InputError(what + ": microbatch_sizes holds " + std::to_string(n) + "; sizes must be >= 1");
-    sum += n;
-  }
-  if (sum != plan.per_rank_batch) {
-    throw InputError(what + ": microbatch_sizes (" + join_sizes(plan.microbatch_sizes) + ") sum to " + std::to_string(sum) +
-                     ", not per_rank_batch " + std::to_string(plan.per_rank_batch));
-  }
-  if (!plan.weights.empty() && plan.weights.size() != plan.microbatch_sizes.size()) {
-    throw InputError(what + ": weights has " + std::to_string(plan.weights.size()) + " entries for " +
-                     std::to_string(plan.microbatch_sizes.size()) + " microbatches");
-  }
-}
 
 std::vector<int64_t> window_sizes(const Plan& plan, int64_t samples) {
   if (samples == plan.per_rank_batch) return plan.microbatch_sizes;
@@ -113,11 +76,10 @@ Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* no
     }
   }
   if (!solved) {
-    set_sizes(next, split_samples(plan.per_rank_batch, bound, plan.split == "uniform" ? "uniform" : "balanced", unit), bound,
-              unit);
+    set_window(next, split_samples(plan.per_rank_batch, bound, plan.split == "uniform" ? "uniform" : "balanced", unit), bound,
+               unit);
     if (plan.fit.slope_bytes_per_sample > 0) {
-      next.memory.predicted_peak_bytes = static_cast<int64_t>(
-          std::llround(plan.fit.intercept_bytes + plan.fit.slope_bytes_per_sample * static_cast<double>(next.micro_batch)));
+      next.memory.predicted_peak_bytes = MemoryModel::line_peak_bytes(plan.fit, next.micro_batch);
     }
     how << "re-split " << plan.per_rank_batch << " samples under max_micro_batch " << bound;
   }
@@ -142,13 +104,10 @@ Plan repack_below(const Plan& plan, int64_t failing_tokens) {
   tb.token_budget = std::min(tb.token_budget, failing_tokens - 1);
   tb.max_seq_len = std::min(tb.max_seq_len, tb.token_budget);
   const int64_t m_max = std::max<int64_t>(1, tb.token_budget / tb.max_seq_len);
-  set_sizes(next, split_samples(plan.per_rank_batch, m_max, plan.split == "uniform" ? "uniform" : "balanced", 1), m_max, 1);
-  std::vector<TokenPoint> pts;
-  for (const auto& p : plan.profile.points) {
-    if (p.seq_len) pts.push_back({p.micro_batch, *p.seq_len, p.peak_bytes});
-  }
+  set_window(next, split_samples(plan.per_rank_batch, m_max, plan.split == "uniform" ? "uniform" : "balanced", 1), m_max, 1);
   try {
-    next.memory.predicted_peak_bytes = TokenMemoryModel::fit(pts).worst_packed_peak_bytes(tb.token_budget, tb.max_seq_len);
+    next.memory.predicted_peak_bytes =
+        TokenMemoryModel::fit(plan.profile).worst_packed_peak_bytes(tb.token_budget, tb.max_seq_len);
   } catch (const InputError&) {
     // No token profile to predict from (a plan written by hand): the old prediction stays, an upper bound.
   }

@@ -316,12 +316,20 @@ bool is_major_minor(const std::string& version) {
 
 // Checks `schema` and `schema_version` (another major is refused, a newer minor accepted), then
 // every number's documented range.
+void check_version(const JsonField& root, const char* expected_schema);
+
 void check_header(const JsonField& root, const char* expected_schema) {
   const std::string schema = root.str("schema");
   if (schema != expected_schema) {
     throw SchemaError("$.schema: this is a '" + cut_for_message(schema) + "' document, expected '" +
                       expected_schema + "'");
   }
+  check_version(root, expected_schema);
+  check_ranges(root.raw(), "$", "", false, 0);
+}
+
+// `schema_version`: another major is refused, a newer minor accepted.
+void check_version(const JsonField& root, const char* expected_schema) {
   const std::string version = root.str("schema_version");
   if (!is_major_minor(version)) {
     throw SchemaError("$.schema_version: '" + cut_for_message(version) +
@@ -334,7 +342,6 @@ void check_header(const JsonField& root, const char* expected_schema) {
                       std::to_string(kSchemaMajor) + ".x; use an accumplan that writes " +
                       version.substr(0, version.find('.')) + ".x, or regenerate the file with this one");
   }
-  check_ranges(root.raw(), "$", "", false, 0);
 }
 
 }  // namespace
@@ -461,52 +468,43 @@ ojson to_json(const Plan& p) {
   return j;
 }
 
-Plan plan_from_json(const json& doc) {
-  const JsonField root(doc, "$");
-  check_header(root, kPlanSchema);
-  Plan p;
-  p.target_batch = root.i64("target_batch");
-  p.world_size = root.i64("world_size");
-  p.per_rank_batch = root.i64("per_rank_batch");
-  p.micro_batch = root.i64("micro_batch");
-  p.accumulation_steps = root.i64("accumulation_steps");
-  for (const auto& f : root.at("microbatch_sizes").items()) p.microbatch_sizes.push_back(f.as_int());
-  for (const auto& f : root.at("weights").items()) p.weights.push_back(f.as_double());
-  p.max_micro_batch = root.i64("max_micro_batch");
-  p.split = root.str("split");
-  p.multiple_of = root.opt_i64("multiple_of");
-  const JsonField u = root.at("uniform");
-  p.uniform.micro_batch = u.i64("micro_batch");
-  p.uniform.accumulation_steps = u.i64("accumulation_steps");
-  if (root.has("tokens") && !root.at("tokens").raw().is_null()) {  // 1.3
-    const JsonField tk = root.at("tokens");
-    TokenBudget tb;
-    tb.token_budget = tk.i64("token_budget");
-    tb.max_seq_len = tk.i64("max_seq_len");
-    tb.longest_sequence_alone = tk.i64("longest_sequence_alone");
-    tb.target_tokens = tk.opt_i64("target_tokens");  // 1.4
-    if (tk.has("step_cost") && !tk.at("step_cost").raw().is_null()) {  // 1.4
-      const JsonField sc = tk.at("step_cost");
-      tb.step_cost = TokenStepCost{sc.i64("per_microbatch"), sc.i64("per_token"), sc.i64("per_token_squared")};
-    }
-    if (tb.token_budget < 1 || tb.max_seq_len < 1 || tb.max_seq_len > tb.token_budget) {
-      throw SchemaError("$.tokens: token_budget " + std::to_string(tb.token_budget) + " must hold at least one sequence of max_seq_len " +
-                        std::to_string(tb.max_seq_len) + " tokens (both >= 1)");
-    }
-    p.tokens = tb;
+namespace {
+
+// $.tokens (1.3; step_cost and target_tokens 1.4), or nothing for a sample plan.
+std::optional<TokenBudget> tokens_from(const JsonField& root) {
+  if (!root.has("tokens") || root.at("tokens").raw().is_null()) return std::nullopt;
+  const JsonField tk = root.at("tokens");
+  TokenBudget tb;
+  tb.token_budget = tk.i64("token_budget");
+  tb.max_seq_len = tk.i64("max_seq_len");
+  tb.longest_sequence_alone = tk.i64("longest_sequence_alone");
+  tb.target_tokens = tk.opt_i64("target_tokens");  // 1.4
+  if (tk.has("step_cost") && !tk.at("step_cost").raw().is_null()) {  // 1.4
+    const JsonField sc = tk.at("step_cost");
+    tb.step_cost = TokenStepCost{sc.i64("per_microbatch"), sc.i64("per_token"), sc.i64("per_token_squared")};
   }
-  const JsonField m = root.at("memory");
-  p.memory.budget_bytes = m.i64("budget_bytes");
+  if (tb.token_budget < 1 || tb.max_seq_len < 1 || tb.max_seq_len > tb.token_budget) {
+    throw SchemaError("$.tokens: token_budget " + std::to_string(tb.token_budget) + " must hold at least one sequence of max_seq_len " +
+                      std::to_string(tb.max_seq_len) + " tokens (both >= 1)");
+  }
+  return tb;
+}
+
+// $.memory: the budget, the margin (1.2; a 1.0/1.1 plan's fraction of the budget as a fixed
+// margin) and the breakdown.
+MemoryBreakdown memory_from(const JsonField& m) {
+  MemoryBreakdown mem;
+  mem.budget_bytes = m.i64("budget_bytes");
   if (m.has("margin")) {  // 1.2
     const JsonField g = m.at("margin");
-    p.memory.margin_bytes = m.i64("margin_bytes");
-    p.memory.margin.headroom = g.str("headroom");
-    p.memory.margin.fit_residual_bytes = g.i64("fit_residual_bytes");
-    p.memory.margin.activation_fraction = g.f64("activation_fraction");
-    p.memory.margin.activation_bytes = g.i64("activation_bytes");
-    p.memory.margin.allocator_fragmentation_bytes = g.i64("allocator_fragmentation_bytes");
-    p.memory.margin.fixed_bytes = g.i64("fixed_bytes");
-    p.memory.margin.measured = g.boolean("measured");
+    mem.margin_bytes = m.i64("margin_bytes");
+    mem.margin.headroom = g.str("headroom");
+    mem.margin.fit_residual_bytes = g.i64("fit_residual_bytes");
+    mem.margin.activation_fraction = g.f64("activation_fraction");
+    mem.margin.activation_bytes = g.i64("activation_bytes");
+    mem.margin.allocator_fragmentation_bytes = g.i64("allocator_fragmentation_bytes");
+    mem.margin.fixed_bytes = g.i64("fixed_bytes");
+    mem.margin.measured = g.boolean("measured");
   } else {
     // 1.0/1.1 kept a fraction of the whole budget free: the same bytes, as a fixed margin, so a
     // re-plan after an OOM keeps what the plan kept.
@@ -514,57 +512,53 @@ Plan plan_from_json(const json& doc) {
     if (!(fraction >= 0.0 && fraction < 1.0)) {
       throw SchemaError("$.memory.headroom: a fraction in [0, 1) in a 1.0/1.1 plan, got " + std::to_string(fraction));
     }
-    p.memory.margin_bytes = m.i64("budget_bytes") - m.i64("usable_bytes");
-    p.memory.margin.headroom = format_bytes(p.memory.margin_bytes);
-    p.memory.margin.fixed_bytes = p.memory.margin_bytes;
+    mem.margin_bytes = m.i64("budget_bytes") - m.i64("usable_bytes");
+    mem.margin.headroom = format_bytes(mem.margin_bytes);
+    mem.margin.fixed_bytes = mem.margin_bytes;
   }
-  p.memory.usable_bytes = m.i64("usable_bytes");
-  p.memory.predicted_peak_bytes = m.i64("predicted_peak_bytes");
-  p.memory.weights_bytes = m.i64("weights_bytes");
-  p.memory.gradients_bytes = m.i64("gradients_bytes");
-  p.memory.optimizer_state_bytes = m.i64("optimizer_state_bytes");
-  p.memory.activation_fixed_bytes = m.i64("activation_fixed_bytes");
-  p.memory.activation_bytes_per_sample = m.f64("activation_bytes_per_sample");
-  if (root.has("fit")) {
-    const JsonField f = root.at("fit");
-    p.fit.target = f.str("target");
-    p.fit.intercept_bytes = f.f64("intercept_bytes");
-    p.fit.slope_bytes_per_sample = f.f64("slope_bytes_per_sample");
-    p.fit.max_abs_residual_bytes = f.f64("max_abs_residual_bytes");
-    p.fit.rms_residual_bytes = f.f64("rms_residual_bytes");
-    for (const auto& r : f.at("residuals_bytes").items()) p.fit.residuals_bytes.push_back(r.as_double());
-    p.fit.fitted_from_micro_batch = f.opt_i64("fitted_from_micro_batch").value_or(0);  // 1.1
-  }
-  const JsonField t = root.at("timing");
-  if (!t.raw().is_null()) {
-    Timing timing;
-    timing.window_seconds = t.f64("window_seconds");
-    timing.microbatch_seconds_at_plan = t.f64("microbatch_seconds_at_plan");
-    p.timing = timing;
-  }
-  p.confirmed = root.boolean("confirmed");
-  p.confirmed_peak_bytes = root.opt_i64("confirmed_peak_bytes");
-  p.reason = root.str("reason");
-  p.device = device_from(root.at("device"));
-  p.model = model_from(root.at("model"));
-  p.setup = setup_from(root.at("setup"));
-  p.libtorch_version = root.str("libtorch_version");
-  if (root.has("profile")) {
-    p.profile = profile_body_from(root.at("profile"));
-  } else {
-    // A 1.0 plan flattened its profile: the points and trials beside the plan's own device,
-    // model and setup, the persistent bytes in the breakdown.
-    p.profile.device = p.device;
-    p.profile.model = p.model;
-    p.profile.setup = p.setup;
-    p.profile.libtorch_version = p.libtorch_version;
-    p.profile.persistent = {p.memory.weights_bytes, p.memory.gradients_bytes, p.memory.optimizer_state_bytes};
-    p.profile.points = points_from(root.at("profile_points"));
-    if (root.has("trials")) p.profile.trials = trials_from(root.at("trials"));
-  }
+  mem.usable_bytes = m.i64("usable_bytes");
+  mem.predicted_peak_bytes = m.i64("predicted_peak_bytes");
+  mem.weights_bytes = m.i64("weights_bytes");
+  mem.gradients_bytes = m.i64("gradients_bytes");
+  mem.optimizer_state_bytes = m.i64("optimizer_state_bytes");
+  mem.activation_fixed_bytes = m.i64("activation_fixed_bytes");
+  mem.activation_bytes_per_sample = m.f64("activation_bytes_per_sample");
+  return mem;
+}
 
-  // Cross-field invariants: a hand-edited plan that breaks them would silently mis-weight. The
-  // numbers are bounded above (check_header), the arithmetic is checked all the same.
+FitSummary fit_from(const JsonField& f) {
+  FitSummary fit;
+  fit.target = f.str("target");
+  fit.intercept_bytes = f.f64("intercept_bytes");
+  fit.slope_bytes_per_sample = f.f64("slope_bytes_per_sample");
+  fit.max_abs_residual_bytes = f.f64("max_abs_residual_bytes");
+  fit.rms_residual_bytes = f.f64("rms_residual_bytes");
+  for (const auto& r : f.at("residuals_bytes").items()) fit.residuals_bytes.push_back(r.as_double());
+  fit.fitted_from_micro_batch = f.opt_i64("fitted_from_micro_batch").value_or(0);  // 1.1
+  return fit;
+}
+
+// $.profile (1.1+), or a 1.0 plan's flattened one: the points and trials beside the plan's own
+// device, model and setup, the persistent bytes in the breakdown.
+Profile plan_profile_from(const JsonField& root, const Plan& p) {
+  if (root.has("profile")) return profile_body_from(root.at("profile"));
+  Profile profile;
+  profile.device = p.device;
+  profile.model = p.model;
+  profile.setup = p.setup;
+  profile.libtorch_version = p.libtorch_version;
+  profile.persistent = {p.memory.weights_bytes, p.memory.gradients_bytes, p.memory.optimizer_state_bytes};
+  profile.points = points_from(root.at("profile_points"));
+  if (root.has("trials")) profile.trials = trials_from(root.at("trials"));
+  return profile;
+}
+
+}  // namespace
+
+// Cross-field invariants: a hand-edited plan that breaks them would silently mis-weight. The
+// numbers are bounded above when read (check_header), the arithmetic is checked all the same.
+void check_plan_window(const Plan& p) {
+  if (p.microbatch_sizes.empty()) throw SchemaError("$.microbatch_sizes: a plan has at least one microbatch");
   for (auto n : p.microbatch_sizes) {
     if (n < 1) throw SchemaError("$.microbatch_sizes: every size must be >= 1");
   }
@@ -601,6 +595,39 @@ Plan plan_from_json(const json& doc) {
                       std::to_string(p.uniform.micro_batch) + " does not make per_rank_batch " +
                       std::to_string(p.per_rank_batch) + "; re-plan with `accumplan plan`");
   }
+}
+
+Plan plan_from_json(const json& doc) {
+  const JsonField root(doc, "$");
+  check_header(root, kPlanSchema);
+  Plan p;
+  p.target_batch = root.i64("target_batch");
+  p.world_size = root.i64("world_size");
+  p.per_rank_batch = root.i64("per_rank_batch");
+  p.micro_batch = root.i64("micro_batch");
+  p.accumulation_steps = root.i64("accumulation_steps");
+  for (const auto& f : root.at("microbatch_sizes").items()) p.microbatch_sizes.push_back(f.as_int());
+  for (const auto& f : root.at("weights").items()) p.weights.push_back(f.as_double());
+  p.max_micro_batch = root.i64("max_micro_batch");
+  p.split = root.str("split");
+  p.multiple_of = root.opt_i64("multiple_of");
+  const JsonField u = root.at("uniform");
+  p.uniform.micro_batch = u.i64("micro_batch");
+  p.uniform.accumulation_steps = u.i64("accumulation_steps");
+  p.tokens = tokens_from(root);
+  p.memory = memory_from(root.at("memory"));
+  if (root.has("fit")) p.fit = fit_from(root.at("fit"));
+  const JsonField t = root.at("timing");
+  if (!t.raw().is_null()) p.timing = Timing{t.f64("window_seconds"), t.f64("microbatch_seconds_at_plan")};
+  p.confirmed = root.boolean("confirmed");
+  p.confirmed_peak_bytes = root.opt_i64("confirmed_peak_bytes");
+  p.reason = root.str("reason");
+  p.device = device_from(root.at("device"));
+  p.model = model_from(root.at("model"));
+  p.setup = setup_from(root.at("setup"));
+  p.libtorch_version = root.str("libtorch_version");
+  p.profile = plan_profile_from(root, p);
+  check_plan_window(p);
   return p;
 }
 
@@ -620,6 +647,135 @@ Plan read_plan_file(const std::string& path, const std::string& what) {
   } catch (const SchemaError& e) {
     throw SchemaError(what + " '" + path_for_message(path) + "': " + e.what());
   }
+}
+
+namespace {
+
+ojson window_record_json(const RunWindowRecord& r) {
+  return ojson{{"window", r.window},
+               {"samples", r.samples},
+               {"valid_tokens", r.valid_tokens},
+               {"loss", opt(r.loss)},
+               {"peak_bytes", opt(r.peak_bytes)},
+               {"reserved_peak_bytes", opt(r.reserved_peak_bytes)},
+               {"oom_recoveries", r.oom_recoveries},
+               {"replans", r.replans.value_or(0)},
+               {"microbatch_sizes", r.microbatch_sizes},
+               {"stepped", r.stepped},
+               {"seconds", r.seconds.value_or(0.0)}};
+}
+
+RunWindowRecord window_record_from(const JsonField& f) {
+  RunWindowRecord r;
+  r.window = f.i64("window");
+  r.samples = f.i64("samples");
+  r.valid_tokens = f.opt_i64("valid_tokens").value_or(0);
+  r.loss = f.opt_f64("loss");
+  r.peak_bytes = f.opt_i64("peak_bytes");
+  r.reserved_peak_bytes = f.opt_i64("reserved_peak_bytes");
+  r.oom_recoveries = f.i64("oom_recoveries");
+  r.replans = f.opt_i64("replans");
+  if (f.has("microbatch_sizes")) {
+    for (const JsonField& n : f.at("microbatch_sizes").items()) r.microbatch_sizes.push_back(n.as_int());
+  }
+  if (f.has("stepped")) r.stepped = f.boolean("stepped");
+  r.seconds = f.opt_f64("seconds");
+  return r;
+}
+
+}  // namespace
+
+ojson to_json(const RunRecord& r) {
+  ojson j;
+  j["schema"] = kRunStatsSchema;
+  j["schema_version"] = schema_version_string();
+  j["windows"] = r.windows;
+  j["optimizer_steps"] = r.optimizer_steps;
+  j["skipped_steps"] = r.skipped_steps;
+  j["samples_seen"] = r.samples_seen;
+  j["tokens_seen"] = r.tokens_seen;
+  j["oom_recoveries"] = r.oom_recoveries;
+  j["microbatch_sizes"] = r.microbatch_sizes;
+  j["micro_batch"] = opt(r.micro_batch);
+  j["accumulation_steps"] = r.accumulation_steps;
+  j["per_rank_batch"] = r.per_rank_batch;
+  j["world_size"] = r.world_size;
+  j["rank"] = r.rank;
+  j["backend"] = r.backend;
+  j["sharding"] = r.sharding;
+  j["collectives"] = {{"counter_all_reduces", r.collectives.counter_all_reduces},
+                      {"gradient_exchanges", r.collectives.gradient_exchanges},
+                      {"tensor_all_reduces", r.collectives.tensor_all_reduces}};
+  j["replicas_identical"] = r.replicas_identical;
+  j["normalization"] = r.normalization;
+  j["amp"] = r.amp;
+  j["measured_peak_bytes"] = opt(r.measured_peak_bytes);
+  // On CUDA the plan predicts reserved bytes (the fit's target): this is the figure to compare.
+  // Absent where the probe has none.
+  if (r.measured_reserved_peak_bytes) j["measured_reserved_peak_bytes"] = *r.measured_reserved_peak_bytes;
+  j["predicted_peak_bytes"] = r.predicted_peak_bytes;
+  j["final_predicted_peak_bytes"] = opt(r.final_predicted_peak_bytes);
+  j["budget_bytes"] = opt(r.budget_bytes);
+  j["host_data_bytes"] = r.host_data_bytes;
+  j["probe"] = r.probe;
+  j["mean_window_seconds"] = r.mean_window_seconds.value_or(0.0);
+  j["final_loss"] = opt(r.final_loss);
+  j["loss_scale"] = r.loss_scale;
+  j["model_sha256"] = r.model_sha256;
+  j["model_hash_matches_plan"] = r.model_hash_matches_plan;
+  // One record per window, in order.
+  ojson series = ojson::array();
+  for (const auto& w : r.window_series) series.push_back(window_record_json(w));
+  j["window_series"] = std::move(series);
+  return j;
+}
+
+RunRecord run_record_from_json(const json& doc) {
+  const JsonField root(doc, "$");
+  const std::string schema = root.str("schema");
+  if (schema != kRunStatsSchema) {
+    throw SchemaError("$.schema: expected \"accumplan.run_stats\" (what `accumplan run --stats` writes), found \"" +
+                      cut_for_message(schema) + "\"");
+  }
+  if (root.has("schema_version")) check_version(root, kRunStatsSchema);
+  RunRecord r;
+  r.windows = root.i64("windows");
+  r.optimizer_steps = root.opt_i64("optimizer_steps").value_or(0);
+  r.skipped_steps = root.opt_i64("skipped_steps").value_or(0);
+  r.samples_seen = root.opt_i64("samples_seen").value_or(0);
+  r.tokens_seen = root.opt_i64("tokens_seen").value_or(0);
+  r.oom_recoveries = root.i64("oom_recoveries");
+  for (const JsonField& f : root.at("microbatch_sizes").items()) r.microbatch_sizes.push_back(f.as_int());
+  r.micro_batch = root.opt_i64("micro_batch");
+  r.accumulation_steps = root.opt_i64("accumulation_steps").value_or(static_cast<int64_t>(r.microbatch_sizes.size()));
+  r.per_rank_batch = root.opt_i64("per_rank_batch").value_or(0);
+  r.world_size = root.opt_i64("world_size").value_or(1);
+  r.rank = root.opt_i64("rank").value_or(0);
+  if (root.has("backend")) r.backend = root.str("backend");
+  if (root.has("sharding")) r.sharding = root.str("sharding");
+  if (root.has("collectives")) {
+    const JsonField c = root.at("collectives");
+    r.collectives = {c.i64("counter_all_reduces"), c.i64("gradient_exchanges"), c.i64("tensor_all_reduces")};
+  }
+  if (root.has("replicas_identical")) r.replicas_identical = root.boolean("replicas_identical");
+  if (root.has("normalization")) r.normalization = root.str("normalization");
+  if (root.has("amp")) r.amp = root.str("amp");
+  r.measured_peak_bytes = root.opt_i64("measured_peak_bytes");
+  r.measured_reserved_peak_bytes = root.opt_i64("measured_reserved_peak_bytes");
+  r.predicted_peak_bytes = root.i64("predicted_peak_bytes");
+  r.final_predicted_peak_bytes = root.opt_i64("final_predicted_peak_bytes");
+  r.budget_bytes = root.opt_i64("budget_bytes");
+  r.host_data_bytes = root.opt_i64("host_data_bytes").value_or(0);
+  if (root.has("probe")) r.probe = root.str("probe");
+  r.mean_window_seconds = root.opt_f64("mean_window_seconds");
+  r.final_loss = root.opt_f64("final_loss");
+  r.loss_scale = root.opt_f64("loss_scale").value_or(1.0);
+  if (root.has("model_sha256")) r.model_sha256 = root.str("model_sha256");
+  if (root.has("model_hash_matches_plan")) r.model_hash_matches_plan = root.boolean("model_hash_matches_plan");
+  if (root.has("window_series")) {
+    for (const JsonField& f : root.at("window_series").items()) r.window_series.push_back(window_record_from(f));
+  }
+  return r;
 }
 
 }  // namespace accumplan

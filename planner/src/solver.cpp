@@ -112,19 +112,15 @@ struct MarginModel {
   double fraction = 0;
   double slope = 0;
 
-  bool fraction_is_prediction() const { return spec.kind == HeadroomSpec::Kind::Auto; }
   int64_t activation_bytes(int64_t b) const {
     return ceil_bytes(fraction * slope * static_cast<double>(b));
   }
   // Constant part and fraction that apply to a size nobody ran / to a size a real window ran at.
   int64_t predicted_extra() const { return residual_bytes + fragmentation_bytes + fixed_bytes; }
   double predicted_fraction() const { return fraction; }
-  int64_t measured_extra() const { return fragmentation_bytes + fixed_bytes; }
-  double measured_fraction() const { return fraction_is_prediction() ? 0.0 : fraction; }
   int64_t bytes_at(int64_t b, bool measured) const {
-    const double f = measured ? measured_fraction() : predicted_fraction();
-    return (measured ? measured_extra() : predicted_extra()) +
-           ceil_bytes(f * slope * static_cast<double>(b));
+    if (measured) return kept_margin(describe(b, true)).bytes_at(slope, b);
+    return predicted_extra() + ceil_bytes(predicted_fraction() * slope * static_cast<double>(b));
   }
   Margin describe(int64_t b, bool measured) const {
     Margin m;
@@ -197,16 +193,38 @@ void fill_window(Plan& plan, int64_t B, int64_t W, const std::vector<int64_t>& s
   plan.target_batch = B;
   plan.world_size = W;
   plan.per_rank_batch = T;
-  plan.microbatch_sizes = sizes;
-  plan.micro_batch = *std::max_element(sizes.begin(), sizes.end());
-  plan.accumulation_steps = static_cast<int64_t>(sizes.size());
-  for (auto n : sizes) plan.weights.push_back(static_cast<double>(n) / static_cast<double>(T));
-  plan.max_micro_batch = m_max;
   plan.split = request.split;
   plan.multiple_of = request.multiple_of;
-  plan.uniform.micro_batch = largest_divisor_at_most(T, m_max, unit);
+  set_window(plan, sizes, m_max, unit);
+}
+
+}  // namespace
+
+void set_window(Plan& plan, std::vector<int64_t> sizes, int64_t max_micro_batch, int64_t unit) {
+  const int64_t T = plan.per_rank_batch;
+  plan.microbatch_sizes = std::move(sizes);
+  plan.micro_batch = *std::max_element(plan.microbatch_sizes.begin(), plan.microbatch_sizes.end());
+  plan.accumulation_steps = static_cast<int64_t>(plan.microbatch_sizes.size());
+  plan.weights.clear();
+  for (auto n : plan.microbatch_sizes) plan.weights.push_back(static_cast<double>(n) / static_cast<double>(T));
+  plan.max_micro_batch = max_micro_batch;
+  plan.uniform.micro_batch = largest_divisor_at_most(T, max_micro_batch, unit);
+  if (plan.uniform.micro_batch < 1) plan.uniform.micro_batch = largest_divisor_at_most(T, max_micro_batch, 1);
   plan.uniform.accumulation_steps = T / plan.uniform.micro_batch;
 }
+
+KeptMargin kept_margin(const Margin& margin) {
+  KeptMargin k;
+  k.constant_bytes = margin.allocator_fragmentation_bytes + margin.fixed_bytes;
+  k.activation_fraction = margin.headroom == "auto" ? 0.0 : margin.activation_fraction;
+  return k;
+}
+
+int64_t KeptMargin::bytes_at(double slope_bytes_per_sample, int64_t micro_batch) const {
+  return constant_bytes + ceil_bytes(activation_fraction * slope_bytes_per_sample * static_cast<double>(micro_batch));
+}
+
+namespace {
 
 // What the profile's real windows show under this budget and margin.
 struct Evidence {
@@ -340,33 +358,29 @@ void check_request(const PlanRequest& request) {
   if ((B / W) % unit != 0) check_divisible(B, W * unit, "world size x --multiple-of");
 }
 
-Plan make_plan(const Profile& profile, const PlanRequest& request) {
-  if (is_token_profile(profile)) return make_token_plan(profile, request);
-  check_request(request);
-  const int64_t B = request.target_batch;
-  const int64_t W = request.world_size;
-  const int64_t T = B / W;
+namespace {
+
+// The largest microbatch a sample plan may use, and how it was reached (for `reason`).
+struct SampleBound {
+  int64_t m_line = 0;   // the fitted line plus the whole margin
+  int64_t m_fit = 0;    // memory's answer: m_line or a size a real window ran at, below any failure
+  int64_t m_max = 0;    // m_fit bounded by T, the whole-batch rule, --max-micro-batch and the unit
+  bool user_bound = false;  // --max-micro-batch decided
+};
+
+SampleBound sample_bound(const Profile& profile, const PlanRequest& request, const MemoryModel& model,
+                         const MarginModel& mm, const Evidence& ev, int64_t budget) {
+  const int64_t T = request.target_batch / request.world_size;
   const int64_t unit = request.multiple_of.value_or(1);
-
-  if (request.target_tokens) {
-    throw InputError("--target-tokens " + std::to_string(*request.target_tokens) + " needs variable-length data "
-                     "(inputs with a sequence dimension T and --seq-len, or a ragged --batch-file); this profile "
-                     "measured fixed shapes: give --target-batch");
-  }
-  const MemoryModel model = MemoryModel::fit(profile);
-
-  const int64_t budget = resolve_budget(profile, request);
-  const MarginModel mm = margin_model(model, profile, request.headroom);
-  const Evidence ev = evidence(profile, budget, mm);
-
+  SampleBound sb;
   // Memory's answer, not yet bounded by T: the line plus the whole margin, or a size a real
   // window ran at, whichever is larger; below any size that failed.
   const int64_t below_failure = ev.failed_min == std::numeric_limits<int64_t>::max() ? MemoryModel::kMaxMicroBatch
                                                                                      : ev.failed_min - 1;
-  const int64_t m_line = model.largest_fitting(budget, below_failure, mm.predicted_extra(), mm.predicted_fraction());
-  const int64_t m_fit = std::max(m_line, std::min(ev.measured_max, below_failure));
+  sb.m_line = model.largest_fitting(budget, below_failure, mm.predicted_extra(), mm.predicted_fraction());
+  sb.m_fit = std::max(sb.m_line, std::min(ev.measured_max, below_failure));
   const int64_t margin_at_unit = mm.bytes_at(unit, ev.measured_max >= unit);
-  if (m_fit < unit || model.persistent().total() + margin_at_unit > budget ||
+  if (sb.m_fit < unit || model.persistent().total() + margin_at_unit > budget ||
       model.optimizer_step_peak_bytes() + margin_at_unit > budget) {
     infeasible(model, mm, unit, budget);
   }
@@ -374,10 +388,10 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
     throw InputError("--max-micro-batch " + std::to_string(*request.max_micro_batch) +
                      " is smaller than --multiple-of " + std::to_string(unit));
   }
-  int64_t m_max = std::min(m_fit, T);
+  sb.m_max = std::min(sb.m_fit, T);
   // The whole per-rank batch as one microbatch: no gradient is resident in a one-microbatch
   // window, so it may fit where a steady-state microbatch of that size would not.
-  if (m_max < T && T <= below_failure) {
+  if (sb.m_max < T && T <= below_failure) {
     const bool ran = covering_trial(profile, {T}, budget, mm) != nullptr;
     // The first-microbatch line is trusted up to twice the largest size measured, the reach the
     // probes keep for the steady line; beyond, the steady line decides. (builtin:mlp: first peaks
@@ -386,124 +400,161 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
     int64_t largest_point = 0;
     for (const auto& pt : profile.points) largest_point = std::max(largest_point, pt.micro_batch);
     const int64_t one = T <= 2 * largest_point ? model.predict_window_peak_bytes({T}) : model.predict_peak_bytes(T);
-    if (ran || one + mm.bytes_at(T, false) <= budget) m_max = T;
+    if (ran || one + mm.bytes_at(T, false) <= budget) sb.m_max = T;
   }
-  const bool user_bound = request.max_micro_batch && *request.max_micro_batch < m_max;
-  if (user_bound) m_max = *request.max_micro_batch;
-  m_max = (m_max / unit) * unit;
-
+  sb.user_bound = request.max_micro_batch && *request.max_micro_batch < sb.m_max;
+  if (sb.user_bound) sb.m_max = *request.max_micro_batch;
+  sb.m_max = (sb.m_max / unit) * unit;
   // A window is a list of microbatch sizes held in memory (and run one by one): more than 2^20 of
   // them is a request nobody means, and a list of 2^40 entries would not fit on the host.
-  const int64_t k_needed = T / m_max + (T % m_max != 0 ? 1 : 0);
-  const int64_t k_uniform = request.split == "uniform" ? T / std::max<int64_t>(1, largest_divisor_at_most(T, m_max, unit)) : 0;
+  const int64_t k_needed = T / sb.m_max + (T % sb.m_max != 0 ? 1 : 0);
+  const int64_t k_uniform =
+      request.split == "uniform" ? T / std::max<int64_t>(1, largest_divisor_at_most(T, sb.m_max, unit)) : 0;
   if (std::max(k_needed, k_uniform) > kMaxAccumulationSteps) {
-    throw InfeasibleError("--target-batch " + std::to_string(B) + ": " + std::to_string(T) +
-                          " samples per rank at microbatches of at most " + std::to_string(m_max) + " need " +
+    throw InfeasibleError("--target-batch " + std::to_string(request.target_batch) + ": " + std::to_string(T) +
+                          " samples per rank at microbatches of at most " + std::to_string(sb.m_max) + " need " +
                           std::to_string(std::max(k_needed, k_uniform)) + " microbatches per window; accumplan plans at most " +
                           std::to_string(kMaxAccumulationSteps) + ". Lower --target-batch or raise --memory-budget");
   }
-  // Fewest microbatches first; then, with --use-timing, a larger count if clearly faster.
-  std::vector<int64_t> sizes = split_samples(T, m_max, request.split, unit);
+  return sb;
+}
+
+// --use-timing: a larger microbatch count when the profile's step times predict it at least 10%
+// faster per window. Returns what it did, for `reason` ("" without --use-timing).
+std::string choose_by_timing(const std::optional<TimeModel>& time, const PlanRequest& request, int64_t T,
+                             std::vector<int64_t>& sizes) {
+  if (!request.use_timing) return "";
   const auto k_min = static_cast<int64_t>(sizes.size());  // memory's answer
-  std::string timing_note;  // what --use-timing did, for `reason`; empty without it
-  std::optional<TimeModel> time;
-  if (TimeModel::available(profile)) time = TimeModel::fit(profile);
-  if (request.use_timing && !time) {
-    timing_note = "; --use-timing had no effect: the profile has no step times at two sizes or more";
-  } else if (request.use_timing && k_min > 4096) {
-    timing_note = "; --use-timing had no effect: it weighs windows of at most 4096 microbatches";
-  } else if (request.use_timing && request.split != "balanced") {
-    timing_note = "; --use-timing had no effect: it weighs balanced splits only, not --split " + request.split;
-  } else if (request.use_timing) {
-    const double t_min = time->window_seconds(sizes);
-    double best = t_min;
-    std::vector<int64_t> best_sizes = sizes;
-    for (int64_t k = k_min + 1; k <= std::min(T / unit, 4 * k_min); ++k) {
-      auto candidate = balanced_split(T, k, unit);
-      const double t = time->window_seconds(candidate);
-      if (t < best) {
-        best = t;
-        best_sizes = candidate;
-      }
-    }
-    if (best <= t_min * (1.0 - kFasterBy)) {  // "at least 10% faster", as --help says
-      char buf[160];
-      std::snprintf(buf, sizeof buf,
-                    "; with --use-timing, measured step times predict %zu microbatches %.0f%% faster per window "
-                    "than %lld, so %zu are used",
-                    best_sizes.size(), 100.0 * (1.0 - best / t_min), static_cast<long long>(k_min),
-                    best_sizes.size());
-      timing_note = buf;
-      sizes = best_sizes;
-    } else {
-      timing_note = "; --use-timing found no split predicted at least " + pct(kFasterBy) + " faster per window";
+  if (!time) return "; --use-timing had no effect: the profile has no step times at two sizes or more";
+  if (k_min > 4096) return "; --use-timing had no effect: it weighs windows of at most 4096 microbatches";
+  if (request.split != "balanced") {
+    return "; --use-timing had no effect: it weighs balanced splits only, not --split " + request.split;
+  }
+  const int64_t unit = request.multiple_of.value_or(1);
+  const double t_min = time->window_seconds(sizes);
+  double best = t_min;
+  std::vector<int64_t> best_sizes = sizes;
+  for (int64_t k = k_min + 1; k <= std::min(T / unit, 4 * k_min); ++k) {
+    auto candidate = balanced_split(T, k, unit);
+    const double t = time->window_seconds(candidate);
+    if (t < best) {
+      best = t;
+      best_sizes = candidate;
     }
   }
+  if (!(best <= t_min * (1.0 - kFasterBy))) {  // "at least 10% faster", as --help says
+    return "; --use-timing found no split predicted at least " + pct(kFasterBy) + " faster per window";
+  }
+  char buf[160];
+  std::snprintf(buf, sizeof buf,
+                "; with --use-timing, measured step times predict %zu microbatches %.0f%% faster per window "
+                "than %lld, so %zu are used",
+                best_sizes.size(), 100.0 * (1.0 - best / t_min), static_cast<long long>(k_min), best_sizes.size());
+  sizes = best_sizes;
+  return buf;
+}
 
-  Plan plan;
-  fill_window(plan, B, W, sizes, m_max, request);
-
-  // Confirmed when a real window of the profile covers the plan's (its first two microbatches:
-  // later ones are no larger) within the budget less the kept margin.
-  const Trial* ran = covering_trial(profile, window_head(sizes), budget, mm);
-  plan.confirmed = ran != nullptr;
-  if (ran) plan.confirmed_peak_bytes = ran->peak_bytes;
-
+// The breakdown of a sample plan's memory at its window, and its fit.
+void fill_sample_memory(Plan& plan, const Profile& profile, const MemoryModel& model, const MarginModel& mm,
+                        int64_t budget, const Trial* ran) {
   MemoryBreakdown& mem = plan.memory;
   mem.budget_bytes = budget;
   mem.margin = mm.describe(plan.micro_batch, plan.confirmed);
   mem.margin_bytes = mm.bytes_at(plan.micro_batch, plan.confirmed);
   mem.usable_bytes = budget - mem.margin_bytes;
-  mem.predicted_peak_bytes = model.predict_window_peak_bytes(sizes);
+  mem.predicted_peak_bytes = model.predict_window_peak_bytes(plan.microbatch_sizes);
   // A plan never predicts less than a real run of its own window measured.
-  if (ran && ran->window == window_head(sizes)) mem.predicted_peak_bytes = std::max(mem.predicted_peak_bytes, ran->peak_bytes);
+  if (ran && ran->window == window_head(plan.microbatch_sizes)) {
+    mem.predicted_peak_bytes = std::max(mem.predicted_peak_bytes, ran->peak_bytes);
+  }
   mem.weights_bytes = profile.persistent.weights_bytes;
   mem.gradients_bytes = profile.persistent.gradients_bytes;
   mem.optimizer_state_bytes = profile.persistent.optimizer_state_bytes;
   mem.activation_fixed_bytes = model.activation_fixed_bytes();
   mem.activation_bytes_per_sample = model.summary().slope_bytes_per_sample;
   plan.fit = model.summary();
-  if (time) {
-    plan.timing = Timing{time->window_seconds(sizes), time->predict_seconds(plan.micro_batch)};
-  }
+}
 
+// One sentence: why a sample plan has the window it has.
+std::string sample_reason(const Plan& plan, const SampleBound& sb, const Evidence& ev, const MarginModel& mm,
+                          int64_t k_min, const std::string& timing_note, const PlanRequest& request) {
+  const MemoryBreakdown& mem = plan.memory;
+  const int64_t T = plan.per_rank_batch;
+  const int64_t unit = request.multiple_of.value_or(1);
+  const bool whole = sb.m_max >= T && plan.microbatch_sizes.size() == 1;
   std::ostringstream why;
-  if (m_max >= T && sizes.size() == 1) {
-    why << "The whole per-rank batch of " << T << " fits (predicted peak "
-        << format_bytes(mem.predicted_peak_bytes) << " of " << format_bytes(mem.usable_bytes)
-        << " usable), so no accumulation is needed";
+  if (whole) {
+    why << "The whole per-rank batch of " << T << " fits (predicted peak " << format_bytes(mem.predicted_peak_bytes)
+        << " of " << format_bytes(mem.usable_bytes) << " usable), so no accumulation is needed";
   } else {
-    if (user_bound) {
-      why << "--max-micro-batch bounds the microbatch at " << m_max << " (memory alone would allow "
-          << m_fit << ")";
-    } else if (m_fit > T) {
-      why << "Microbatches are capped at " << m_max;
-    } else if (ev.measured_max >= m_fit && ev.measured_max > m_line) {
-      why << "The largest microbatch a real window ran at within the " << format_bytes(budget) << " budget is " << m_fit
-          << " (the fitted line with the margin alone allows " << m_line << ")";
-      if (m_max != m_fit) why << ", " << m_max << " as a multiple of " << unit;
+    if (sb.user_bound) {
+      why << "--max-micro-batch bounds the microbatch at " << sb.m_max << " (memory alone would allow " << sb.m_fit << ")";
+    } else if (sb.m_fit > T) {
+      why << "Microbatches are capped at " << sb.m_max;
+    } else if (ev.measured_max >= sb.m_fit && ev.measured_max > sb.m_line) {
+      why << "The largest microbatch a real window ran at within the " << format_bytes(mem.budget_bytes) << " budget is "
+          << sb.m_fit << " (the fitted line with the margin alone allows " << sb.m_line << ")";
+      if (sb.m_max != sb.m_fit) why << ", " << sb.m_max << " as a multiple of " << unit;
     } else {
-      why << "The largest microbatch predicted to fit the " << format_bytes(budget) << " budget less its margin (--headroom "
-          << mm.spec.text() << ") is " << m_fit;
-      if (m_max != m_fit) why << ", " << m_max << " as a multiple of " << unit;
+      why << "The largest microbatch predicted to fit the " << format_bytes(mem.budget_bytes)
+          << " budget less its margin (--headroom " << mm.spec.text() << ") is " << sb.m_fit;
+      if (sb.m_max != sb.m_fit) why << ", " << sb.m_max << " as a multiple of " << unit;
     }
     why << "; " << T << " samples per rank need " << k_min << " microbatches";
   }
   why << timing_note;
-  if (!(m_max >= T && sizes.size() == 1)) {
-    why << (timing_note.empty() ? ", split " : "; split ") << request.split << " as " << join_sizes(sizes);
-  }
+  if (!whole) why << (timing_note.empty() ? ", split " : "; split ") << request.split << " as " << join_sizes(plan.microbatch_sizes);
   // The margin is stated once, at the planned microbatch, as memory.margin_bytes and the report's
   // bar state it: it depends on the size (2% of activations) and on whether a window ran there.
   why << "; at " << plan.micro_batch << " the margin kept free is " << format_bytes(mem.margin_bytes)
       << (mem.margin.measured ? " (a real window covering it ran)" : "") << ".";
-  plan.reason = why.str();
+  return why.str();
+}
 
+// What a plan records of the profile it was solved from.
+void copy_provenance(Plan& plan, const Profile& profile) {
   plan.device = profile.device;
   plan.model = profile.model;
   plan.setup = profile.setup;
   plan.libtorch_version = profile.libtorch_version;
   plan.profile = profile;
+}
+
+}  // namespace
+
+Plan make_plan(const Profile& profile, const PlanRequest& request) {
+  if (is_token_profile(profile)) return make_token_plan(profile, request);
+  check_request(request);
+  if (request.target_tokens) {
+    throw InputError("--target-tokens " + std::to_string(*request.target_tokens) + " needs variable-length data "
+                     "(inputs with a sequence dimension T and --seq-len, or a ragged --batch-file); this profile "
+                     "measured fixed shapes: give --target-batch");
+  }
+  const int64_t T = request.target_batch / request.world_size;
+  const MemoryModel model = MemoryModel::fit(profile);
+  const int64_t budget = resolve_budget(profile, request);
+  const MarginModel mm = margin_model(model, profile, request.headroom);
+  const Evidence ev = evidence(profile, budget, mm);
+  const SampleBound sb = sample_bound(profile, request, model, mm, ev, budget);
+
+  // Fewest microbatches first; then, with --use-timing, a larger count if clearly faster.
+  std::vector<int64_t> sizes = split_samples(T, sb.m_max, request.split, request.multiple_of.value_or(1));
+  const auto k_min = static_cast<int64_t>(sizes.size());
+  std::optional<TimeModel> time;
+  if (TimeModel::available(profile)) time = TimeModel::fit(profile);
+  const std::string timing_note = choose_by_timing(time, request, T, sizes);
+
+  Plan plan;
+  fill_window(plan, request.target_batch, request.world_size, sizes, sb.m_max, request);
+  // Confirmed when a real window of the profile covers the plan's (its first two microbatches:
+  // later ones are no larger) within the budget less the kept margin.
+  const Trial* ran = covering_trial(profile, window_head(sizes), budget, mm);
+  plan.confirmed = ran != nullptr;
+  if (ran) plan.confirmed_peak_bytes = ran->peak_bytes;
+  fill_sample_memory(plan, profile, model, mm, budget, ran);
+  if (time) plan.timing = Timing{time->window_seconds(sizes), time->predict_seconds(plan.micro_batch)};
+  plan.reason = sample_reason(plan, sb, ev, mm, k_min, timing_note, request);
+  copy_provenance(plan, profile);
   return plan;
 }
 
@@ -593,7 +644,8 @@ int64_t climb_candidate(const Profile& profile, const PlanRequest& request, cons
   int64_t cap = plan.per_rank_batch;
   if (ev.failed_min != std::numeric_limits<int64_t>::max()) cap = std::min(cap, ev.failed_min - 1);
   if (request.max_micro_batch) cap = std::min(cap, *request.max_micro_batch);
-  int64_t c = model.largest_fitting(budget, cap, mm.measured_extra(), mm.measured_fraction());
+  const KeptMargin kept = kept_margin(mm.describe(cap, true));
+  int64_t c = model.largest_fitting(budget, cap, kept.constant_bytes, kept.activation_fraction);
   const int64_t unit = request.multiple_of.value_or(1);
   c = (c / unit) * unit;
   return c > std::max(ev.measured_max, plan.max_micro_batch) ? c : 0;
@@ -603,123 +655,134 @@ bool is_token_profile(const Profile& profile) {
   return std::any_of(profile.points.begin(), profile.points.end(), [](const ProfilePoint& p) { return p.seq_len.has_value(); });
 }
 
-Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
-  check_request(request);
-  const int64_t W = request.world_size;
-  if (request.multiple_of || request.max_micro_batch || request.use_timing) {
-    const std::string option = request.multiple_of ? "--multiple-of " + std::to_string(*request.multiple_of)
-                               : request.max_micro_batch ? "--max-micro-batch " + std::to_string(*request.max_micro_batch)
-                                                         : std::string("--use-timing");
-    throw InputError(option + " applies to sample plans; variable-length data is packed by tokens");
-  }
-  std::vector<TokenPoint> pts;
-  for (const auto& p : profile.points) {
-    if (p.seq_len) pts.push_back({p.micro_batch, *p.seq_len, p.peak_bytes});
-  }
-  const TokenMemoryModel model = TokenMemoryModel::fit(pts);
-  const TokenFit& f = model.summary();
+namespace {
 
-  const int64_t budget = resolve_budget(profile, request);
-  int64_t t_max = 0;
+// The longest sequence a token plan is made for: --seq-len's longest, else the profile's.
+int64_t planned_max_seq_len(const Profile& profile, const PlanRequest& request) {
   if (request.max_seq_len) {
-    t_max = checked_in_range(*request.max_seq_len, 1, TokenMemoryModel::kMaxSeqLen, "--seq-len's longest length");
-  } else if (!profile.setup.seq_len.empty()) {
-    t_max = parse_seq_len(profile.setup.seq_len, "the profile's setup.seq_len").max;
-  } else {
-    throw InputError("the profile measured variable-length data but records no sequence lengths; give --seq-len");
+    return checked_in_range(*request.max_seq_len, 1, TokenMemoryModel::kMaxSeqLen, "--seq-len's longest length");
   }
-  // --target-tokens N: the sample fields describe the window at T_max, ceil(N / T_max) sequences
-  // rounded up to a multiple of W (windows themselves are cut by token_windows).
-  int64_t B = request.target_batch;
-  if (request.target_tokens) {
-    const int64_t sequences = *request.target_tokens / t_max + (*request.target_tokens % t_max != 0 ? 1 : 0);
-    B = checked_in_range(checked_mul((sequences + W - 1) / W, W, "--target-tokens' sequences"), 1, kMaxSamples,
-                         "--target-tokens / --seq-len's longest, in sequences");
-  }
-  const int64_t T = B / W;
+  if (!profile.setup.seq_len.empty()) return parse_seq_len(profile.setup.seq_len, "the profile's setup.seq_len").max;
+  throw InputError("the profile measured variable-length data but records no sequence lengths; give --seq-len");
+}
 
+// The samples of the window the sample fields describe: --target-batch, or with --target-tokens N
+// the window at T_max, ceil(N / T_max) sequences rounded up to a multiple of W (windows
+// themselves are then cut by token_windows).
+int64_t token_window_samples(const PlanRequest& request, int64_t t_max) {
+  if (!request.target_tokens) return request.target_batch;
+  const int64_t W = request.world_size;
+  const int64_t sequences = *request.target_tokens / t_max + (*request.target_tokens % t_max != 0 ? 1 : 0);
+  return checked_in_range(checked_mul((sequences + W - 1) / W, W, "--target-tokens' sequences"), 1, kMaxSamples,
+                          "--target-tokens / --seq-len's longest, in sequences");
+}
+
+// The token budget and the margin it was solved under.
+struct TokenSolution {
+  double per_token = 0;  // activation bytes per padded token at T_max
+  Margin margin;
+  int64_t margin_bytes = 0;
+  int64_t usable_bytes = 0;
+  int64_t token_budget = 0;
+};
+
+// The largest token budget whose worst microbatch plus the margin fits the budget, bounded by the
+// per-rank window padded to T_max and below any window at T_max that failed.
+TokenSolution solve_token_budget(const Profile& profile, const PlanRequest& request, const TokenMemoryModel& model,
+                                 int64_t budget, int64_t t_max, int64_t T) {
+  const TokenFit& f = model.summary();
+  TokenSolution ts;
   // The margin, by the sample plans' rule (margin_model), on the activations of the worst
   // microbatch: per padded token at T_max.
-  const double per_token = f.bytes_per_token + f.bytes_per_token_squared * static_cast<double>(t_max);
-  const MarginModel mm = margin_model(request.headroom, f.max_abs_residual_bytes, profile, per_token);
+  ts.per_token = f.bytes_per_token + f.bytes_per_token_squared * static_cast<double>(t_max);
+  const MarginModel mm = margin_model(request.headroom, f.max_abs_residual_bytes, profile, ts.per_token);
   // c0 + (1 + fraction)·B·per_token + extra <= budget: B from the closed form, then the fraction's
   // bytes at that B, then the model's own settled budget under what is left.
   const double room = static_cast<double>(budget - mm.predicted_extra()) - f.intercept_bytes;
-  const double estimate = room > 0 ? std::floor(room / (per_token * (1.0 + mm.fraction))) : 0.0;
+  const double estimate = room > 0 ? std::floor(room / (ts.per_token * (1.0 + mm.fraction))) : 0.0;
   const int64_t estimate_tokens = static_cast<int64_t>(std::min(estimate, 1e15));
-  const Margin margin = mm.describe(estimate_tokens, false);
-  const int64_t margin_bytes = mm.bytes_at(estimate_tokens, false);
-  const int64_t usable = budget - margin_bytes;
-  int64_t token_budget = usable > 0 ? model.token_budget(usable, t_max) : 0;
+  ts.margin = mm.describe(estimate_tokens, false);
+  ts.margin.measured = false;  // a token plan keeps its whole margin: short sequences are never measured alone
+  ts.margin_bytes = mm.bytes_at(estimate_tokens, false);
+  ts.usable_bytes = budget - ts.margin_bytes;
+  ts.token_budget = ts.usable_bytes > 0 ? model.token_budget(ts.usable_bytes, t_max) : 0;
   // No microbatch holds more than the per-rank window; none at T_max as large as one that failed.
-  token_budget = std::min(token_budget, checked_mul(T, t_max, "the per-rank batch x --seq-len"));
+  ts.token_budget = std::min(ts.token_budget, checked_mul(T, t_max, "the per-rank batch x --seq-len"));
   for (const auto& t : profile.trials) {
     if (!t.fit && t.seq_len && *t.seq_len >= t_max && !t.window.empty()) {
       const int64_t failed = *std::min_element(t.window.begin(), t.window.end());
-      token_budget = std::min(token_budget, checked_mul(failed, t_max, "a failed window's tokens") - 1);
+      ts.token_budget = std::min(ts.token_budget, checked_mul(failed, t_max, "a failed window's tokens") - 1);
     }
   }
-  if (token_budget < t_max) {
-    const int64_t alone = usable > 0 ? model.longest_sequence(usable) : 0;
+  if (ts.token_budget < t_max) {
+    const int64_t alone = ts.usable_bytes > 0 ? model.longest_sequence(ts.usable_bytes) : 0;
     throw InfeasibleError("one sequence of " + std::to_string(t_max) + " tokens (--seq-len's longest) is predicted to need " +
-                          format_bytes(model.predict_peak_bytes(1, t_max) + margin_bytes) + " with the margin, more than the " +
+                          format_bytes(model.predict_peak_bytes(1, t_max) + ts.margin_bytes) + " with the margin, more than the " +
                           format_bytes(budget) + " budget; the longest sequence that fits alone has " +
                           std::to_string(alone) + " tokens. Truncate to that with --seq-len, or raise --memory-budget");
   }
-  const int64_t m_max = std::min(token_budget / t_max, T);
-  if (T / m_max + (T % m_max != 0 ? 1 : 0) > kMaxAccumulationSteps) {
-    throw InfeasibleError(std::string(request.target_tokens ? "--target-tokens" : "--target-batch") + " " +
-                          std::to_string(request.target_tokens.value_or(B)) + ": " + std::to_string(T) + " samples per rank padded to " +
-                          std::to_string(t_max) + " tokens at " + std::to_string(m_max) + " per microbatch need more than " +
-                          std::to_string(kMaxAccumulationSteps) + " microbatches per window. Lower --target-batch or raise "
-                          "--memory-budget");
-  }
-  const std::vector<int64_t> sizes = split_samples(T, m_max, request.split, 1);
+  return ts;
+}
 
-  Plan plan;
-  fill_window(plan, B, W, sizes, m_max, request);
-  plan.tokens = TokenBudget{token_budget, t_max, model.longest_sequence(usable), request.target_tokens};
-  // What packing trades: the profile's step times, fitted as the memory is (nanoseconds).
+// What packing trades: the profile's step times, fitted as the memory is (nanoseconds).
+std::optional<TokenStepCost> profile_step_cost(const Profile& profile) {
   std::vector<TokenPoint> timed;
   for (const auto& p : profile.points) {
     if (p.seq_len && p.step_seconds && *p.step_seconds > 0) {
       timed.push_back({p.micro_batch, *p.seq_len, static_cast<int64_t>(std::llround(std::min(*p.step_seconds, 1e6) * 1e9))});
     }
   }
-  plan.tokens->step_cost = fit_step_cost(timed);
-  // Confirmed by a window at T_max of at least the budget's sequences, within the budget.
+  return fit_step_cost(timed);
+}
+
+// The profile's window at T_max of at least the budget's sequences that ran within the budget less
+// the kept margin, with the lowest peak; none when no such window ran.
+const Trial* token_confirmation(const Profile& profile, const TokenSolution& ts, int64_t t_max, int64_t budget) {
   const Trial* ran = nullptr;
   for (const auto& t : profile.trials) {
     if (!t.fit || !t.seq_len || *t.seq_len < t_max || t.window.empty() || t.peak_bytes <= 0) continue;
-    if (*std::min_element(t.window.begin(), t.window.end()) * *t.seq_len < (token_budget / t_max) * t_max) continue;
+    if (*std::min_element(t.window.begin(), t.window.end()) * *t.seq_len < (ts.token_budget / t_max) * t_max) continue;
     // Within the budget less what the margin keeps even for a measured size, as covering_trial.
-    if (t.peak_bytes + margin.fixed_bytes + margin.allocator_fragmentation_bytes > budget) continue;
+    const int64_t tokens = *std::max_element(t.window.begin(), t.window.end()) * *t.seq_len;
+    if (t.peak_bytes + kept_margin(ts.margin).bytes_at(ts.per_token, tokens) > budget) continue;
     if (!ran || t.peak_bytes < ran->peak_bytes) ran = &t;
   }
-  plan.confirmed = ran != nullptr;
-  if (ran) plan.confirmed_peak_bytes = ran->peak_bytes;
+  return ran;
+}
 
+// The breakdown of a token plan's memory at its worst packed microbatch, and its fit.
+void fill_token_memory(Plan& plan, const Profile& profile, const TokenMemoryModel& model, const TokenSolution& ts,
+                       int64_t budget) {
+  const TokenFit& f = model.summary();
+  const int64_t t_max = plan.tokens->max_seq_len;
   MemoryBreakdown& mem = plan.memory;
   mem.budget_bytes = budget;
-  mem.margin = margin;
-  mem.margin.measured = false;  // a token plan keeps its whole margin: short sequences are never measured alone
-  mem.margin_bytes = margin_bytes;
-  mem.usable_bytes = usable;
+  mem.margin = ts.margin;
+  mem.margin_bytes = ts.margin_bytes;
+  mem.usable_bytes = ts.usable_bytes;
   // The worst microbatch the packing can form: whole sequences, so at T_max the budget holds
   // floor(B / T_max) of them (the bound c0 + B·per_token is for fractional sequences).
-  mem.predicted_peak_bytes = model.worst_packed_peak_bytes(token_budget, t_max);
+  mem.predicted_peak_bytes = model.worst_packed_peak_bytes(ts.token_budget, t_max);
   mem.weights_bytes = profile.persistent.weights_bytes;
   mem.gradients_bytes = profile.persistent.gradients_bytes;
   mem.optimizer_state_bytes = profile.persistent.optimizer_state_bytes;
   mem.activation_fixed_bytes = ceil_bytes(f.intercept_bytes) - profile.persistent.total();
-  mem.activation_bytes_per_sample = per_token * static_cast<double>(t_max);  // one sequence padded to T_max
+  mem.activation_bytes_per_sample = ts.per_token * static_cast<double>(t_max);  // one sequence padded to T_max
   plan.fit.target = "peak_bytes";
   plan.fit.intercept_bytes = f.intercept_bytes;
   plan.fit.slope_bytes_per_sample = mem.activation_bytes_per_sample;
   plan.fit.residuals_bytes = f.residuals_bytes;
   plan.fit.max_abs_residual_bytes = f.max_abs_residual_bytes;
   plan.fit.rms_residual_bytes = f.rms_residual_bytes;
+}
 
+// One paragraph: why a token plan packs as it does.
+std::string token_reason(const Plan& plan, const TokenFit& f, const PlanRequest& request) {
+  const int64_t t_max = plan.tokens->max_seq_len, token_budget = plan.tokens->token_budget;
+  const int64_t budget = plan.memory.budget_bytes, margin_bytes = plan.memory.margin_bytes;
+  const int64_t T = plan.per_rank_batch, m_max = plan.max_micro_batch, B = plan.target_batch;
+  const MemoryBreakdown& mem = plan.memory;
+  const std::vector<int64_t>& sizes = plan.microbatch_sizes;
   std::ostringstream why;
   why << "Sequences of up to " << t_max << " tokens: a token budget of " << token_budget
       << " padded tokens per microbatch is predicted to fit the " << format_bytes(budget) << " budget less a margin of "
@@ -741,12 +804,45 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
         << " valid tokens over all ranks (--target-tokens); at " << t_max << " tokens a sequence that is " << B
         << " sequences.";
   }
-  plan.reason = why.str();
-  plan.device = profile.device;
-  plan.model = profile.model;
-  plan.setup = profile.setup;
-  plan.libtorch_version = profile.libtorch_version;
-  plan.profile = profile;
+  return why.str();
+}
+
+}  // namespace
+
+Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
+  check_request(request);
+  const int64_t W = request.world_size;
+  if (request.multiple_of || request.max_micro_batch || request.use_timing) {
+    const std::string option = request.multiple_of ? "--multiple-of " + std::to_string(*request.multiple_of)
+                               : request.max_micro_batch ? "--max-micro-batch " + std::to_string(*request.max_micro_batch)
+                                                         : std::string("--use-timing");
+    throw InputError(option + " applies to sample plans; variable-length data is packed by tokens");
+  }
+  const TokenMemoryModel model = TokenMemoryModel::fit(profile);
+  const int64_t budget = resolve_budget(profile, request);
+  const int64_t t_max = planned_max_seq_len(profile, request);
+  const int64_t B = token_window_samples(request, t_max);
+  const int64_t T = B / W;
+  const TokenSolution ts = solve_token_budget(profile, request, model, budget, t_max, T);
+  const int64_t m_max = std::min(ts.token_budget / t_max, T);
+  if (T / m_max + (T % m_max != 0 ? 1 : 0) > kMaxAccumulationSteps) {
+    throw InfeasibleError(std::string(request.target_tokens ? "--target-tokens" : "--target-batch") + " " +
+                          std::to_string(request.target_tokens.value_or(B)) + ": " + std::to_string(T) + " samples per rank padded to " +
+                          std::to_string(t_max) + " tokens at " + std::to_string(m_max) + " per microbatch need more than " +
+                          std::to_string(kMaxAccumulationSteps) + " microbatches per window. Lower --target-batch or raise "
+                          "--memory-budget");
+  }
+
+  Plan plan;
+  fill_window(plan, B, W, split_samples(T, m_max, request.split, 1), m_max, request);
+  plan.tokens = TokenBudget{ts.token_budget, t_max, model.longest_sequence(ts.usable_bytes), request.target_tokens,
+                            profile_step_cost(profile)};
+  const Trial* ran = token_confirmation(profile, ts, t_max, budget);
+  plan.confirmed = ran != nullptr;
+  if (ran) plan.confirmed_peak_bytes = ran->peak_bytes;
+  fill_token_memory(plan, profile, model, ts, budget);
+  plan.reason = token_reason(plan, model.summary(), request);
+  copy_provenance(plan, profile);
   return plan;
 }
 

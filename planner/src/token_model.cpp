@@ -74,6 +74,14 @@ Solved solve(const std::vector<TokenPoint>& pts, size_t columns) {
 
 }  // namespace
 
+TokenMemoryModel TokenMemoryModel::fit(const Profile& profile) {
+  std::vector<TokenPoint> pts;
+  for (const auto& p : profile.points) {
+    if (p.seq_len) pts.push_back({p.micro_batch, *p.seq_len, p.peak_bytes});
+  }
+  return fit(pts);
+}
+
 TokenMemoryModel TokenMemoryModel::fit(const std::vector<TokenPoint>& points) {
   std::set<double> tokens;
   std::set<int64_t> lengths;

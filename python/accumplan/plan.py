@@ -2,7 +2,7 @@
 
 The arithmetic mirrors the C++ planner and executor (planner/src/solver.cpp ``balanced_split``,
 ``split_samples``; planner/src/token_model.cpp ``pack_by_token_budget``, ``token_windows``;
-src/executor/replan.cpp ``window_sizes``, ``replan_below``) so that a Python
+planner/src/replan.cpp ``window_sizes``, ``replan_below``) so that a Python
 trainer splits, weights and re-plans exactly as ``accumplan run`` does. docs/plan-format.md
 describes every field; docs/oom-contract.md the re-planning rule.
 """

@@ -43,12 +43,14 @@
 #include "cli/commands.h"
 #include "dist/communicator.h"
 #include "executor/executor.h"
-#include "executor/replan.h"
+#include "accumplan/replan.h"
+#include "run/run_session.h"
 #include "executor/verify.h"
 #include "observe/progress.h"
 #include "observe/trace.h"
 #include "runtime/batch.h"
 #include "runtime/loss.h"
+#include "runtime/loss_setup.h"
 #include "runtime/model.h"
 #include "runtime/optim.h"
 #include "runtime/step.h"
@@ -134,8 +136,8 @@ Prepared prepare(const RunArgs& a, const std::string& command, const std::option
   if (a.model.empty()) throw InputError("--model is required: the TorchScript file (or builtin:NAME) the plan was made for");
   apply_threads(a.threads);
   Prepared p;
-  p.plan = read_plan_file(a.plan, "--plan");  // SchemaError (exit 2) for another schema or major version
-  check_plan_executable(p.plan, "--plan");
+  // SchemaError (exit 2) for another schema or major version, or a plan that breaks its own rules.
+  p.plan = read_plan_file(a.plan, "--plan");
   const int world = dist ? dist->world_size : 1;
   if (p.plan.world_size != world) {
     if (command == "run") {
@@ -182,14 +184,7 @@ Prepared prepare(const RunArgs& a, const std::string& command, const std::option
   }
   if (p.inputs.empty()) throw InputError("--plan has no input specs (setup.inputs); re-plan with --input");
   if (!s.target.empty()) p.target = parse_tensor_spec(s.target, "plan setup.target");
-  p.loss.kind = s.loss;
-  p.loss.ignore_index = s.ignore_index;
-  if (p.target && p.target->is_integer()) {
-    p.loss.target_classes = p.target->high;
-    p.loss.target_source = "the plan's setup.target " + cut_for_message(s.target);
-  }
-  p.loss.normalization =
-      resolve_normalization(s.normalization, s.loss, p.target ? static_cast<int64_t>(p.target->dims.size()) : 1);
+  p.loss = loss_config(s, p.target, "the plan's setup.target " + cut_for_message(s.target));
   // Record the mode actually used ("auto" resolved), so a --plan-out plan says what ran.
   p.plan.setup.normalization = to_string(p.loss.normalization);
   return p;
@@ -332,19 +327,8 @@ std::string rank_path(const std::string& path, int rank) {
   return out;
 }
 
-// FNV-1a over every parameter's bytes: replicas that applied the same updates are bitwise equal
-// (every rank steps with the same all-reduced gradient), so this is exact, not a tolerance.
-int64_t parameter_fingerprint(const torch::jit::Module& module) {
-  uint64_t h = 1469598103934665603ull;
-  for (const auto& p : module.parameters()) {
-    const at::Tensor t = p.detach().to(at::kCPU).contiguous();
-    const auto* b = static_cast<const unsigned char*>(t.data_ptr());
-    for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
-  }
-  return static_cast<int64_t>(h >> 1);  // non-negative, so a sum over one-hot slots is exact
-}
-
-int run_command(const RunArgs& a) {
+// Every flag of `run` checked before anything loads.
+void check_run_flags(const RunArgs& a) {
   if (a.steps_option->count() > 0) checked_in_range(a.steps, 1, kMaxSamples, "--steps (optimizer windows to run)");
   if (a.epochs_option->count() > 0) checked_in_range(a.epochs, 1, kMaxEpochs, "--epochs");
   if (a.steps_option->count() > 0 && a.epochs_option->count() > 0) {
@@ -355,21 +339,12 @@ int run_command(const RunArgs& a) {
   }
   if (a.clip != 0) check_grad_norm(a.clip, "--clip-grad-norm");  // 0: no clipping; nan and inf refused
   parse_progress_mode(a.progress);  // a bad --progress stops the run before anything loads
-
   if (a.dist_timeout_s < 1) throw InputError("--dist-timeout must be at least 1 second");
-  const std::optional<DistEnv> dist = dist_env_from_environment();
-  Prepared p = prepare(a, "run", dist);
-  // Join the group once the inputs are known good here; every rank checks the same plan and data
-  // specs, so a bad input stops every rank before the rendezvous, not one rank inside it.
-  std::unique_ptr<Communicator> comm;
-  if (dist && dist->world_size > 1) {
-    const std::chrono::milliseconds timeout(int64_t{a.dist_timeout_s} * 1000);
-    comm = p.device.is_cuda() ? make_nccl_communicator(*dist, timeout) : make_gloo_communicator(*dist, timeout);
-  }
-  const int rank = comm ? comm->rank() : 0;
-  const int world = comm ? comm->world_size() : 1;
-  const bool lead = rank == 0;  // writes the human progress lines
-  Setup setup = p.plan.setup;
+}
+
+// The plan's setup with --lr and --amp applied; a mode other than the plan's needs --force.
+Setup run_setup(const RunArgs& a, const Plan& plan) {
+  Setup setup = plan.setup;
   if (a.lr_option->count() > 0) setup.lr = a.lr;
   check_optimizer_values(setup);
   const AmpMode planned_amp = parse_amp_mode(setup.amp, "plan setup.amp");
@@ -384,9 +359,17 @@ int run_command(const RunArgs& a) {
     std::cerr << "accumplan: warning: " << msg << "; running anyway (--force)\n";
   }
   setup.amp = to_string(amp);
-  const int64_t T = p.plan.per_rank_batch;
-  const int64_t B = T * world;  // a global window (of a --target-tokens plan: the window at its longest length)
-  const std::optional<int64_t> target_tokens = p.plan.tokens ? p.plan.tokens->target_tokens : std::nullopt;
+  return setup;
+}
+
+// The run's data and the budget it runs under.
+struct RunData {
+  Batch data;
+  int64_t host_data_bytes = 0;  // CPU: the data's bytes in the counting allocator, outside the budget
+  std::optional<int64_t> budget_bytes;
+};
+
+RunData load_run_data(const RunArgs& a, Prepared& p) {
   if (!a.seq_len_file.empty() && !a.data.empty()) {
     throw InputError("--seq-len-file draws the lengths of synthetic data; with --data the lengths are the data's own");
   }
@@ -394,29 +377,30 @@ int run_command(const RunArgs& a) {
     throw InputError("--seq-len-file applies to plans for variable-length data (setup.seq_len); this plan is for fixed shapes");
   }
   const int64_t default_samples = default_synthetic_samples(a, p.plan, 4);
-
+  RunData d;
   // Host data sits in the same allocator as the "device" on CPU; it would sit in host memory on
   // a GPU. Count its bytes so the budget below can exclude them.
   const int64_t before_data_bytes = p.probe->current_bytes();
   // Every rank loads the whole data set (synthetic samples come from the same seed) and takes its
   // share of each window; a sharded loader is the trainer's business, not the plan's.
-  const Batch data = load_data(a, p, a.synthetic_samples > 0 ? a.synthetic_samples : default_samples);
-  const int64_t host_data_bytes = p.device.is_cpu() ? std::max<int64_t>(0, p.probe->current_bytes() - before_data_bytes) : 0;
-  const int64_t samples = batch_samples(data, "the data");
-
-  std::optional<int64_t> budget_bytes;
+  d.data = load_data(a, p, a.synthetic_samples > 0 ? a.synthetic_samples : default_samples);
+  d.host_data_bytes = p.device.is_cpu() ? std::max<int64_t>(0, p.probe->current_bytes() - before_data_bytes) : 0;
+  batch_samples(d.data, "the data");  // every tensor holds the same samples
   if (!a.budget.empty()) {
-    budget_bytes = parse_budget(a.budget, "--memory-budget").resolve_bytes(p.probe->device_total_bytes());
+    d.budget_bytes = parse_budget(a.budget, "--memory-budget").resolve_bytes(p.probe->device_total_bytes());
     // On CPU the whole data set (e.g. 4 windows of synthetic samples) is allocated through the
     // counting allocator; the profiler only ever held one microbatch's inputs. Enforce the budget
     // on what a device would hold: the budget plus the host data.
-    p.probe->set_budget_bytes(*budget_bytes + host_data_bytes);
+    p.probe->set_budget_bytes(*d.budget_bytes + d.host_data_bytes);
   }
+  return d;
+}
 
-  auto optimizer = make_optimizer(setup, trainable_parameters(p.model.module));
+ExecutorOptions run_executor_options(const RunArgs& a, const Prepared& p, const Setup& setup, Communicator* comm,
+                                     int rank) {
   ExecutorOptions eo;
   eo.loss = p.loss;
-  eo.amp = amp;
+  eo.amp = parse_amp_mode(setup.amp, "--amp");
   // The plan's clipping (measured with it) unless --clip-grad-norm says otherwise.
   if (a.clip > 0) {
     eo.max_grad_norm = a.clip;
@@ -427,198 +411,144 @@ int run_command(const RunArgs& a) {
   eo.padding_mask = setup.padding_mask;
   eo.probe = p.probe.get();
   eo.plan_out = rank_path(a.plan_out, rank);
-  eo.communicator = comm.get();
+  eo.communicator = comm;
+  return eo;
+}
 
-  const auto windows = plan_windows(data, p.plan, p.loss.ignore_index);
-  const int64_t total = a.steps_option->count() > 0
-                            ? a.steps
-                            : checked_mul(static_cast<int64_t>(windows.size()), a.epochs_option->count() > 0 ? a.epochs : 1,
-                                          "windows per epoch x --epochs");
-  // Rank 0 shows progress; every rank's executor log lines go through it (above the bar).
-  const std::shared_ptr<Progress> progress = make_stderr_progress(lead ? a.progress : "none", "window", total);
-  if (lead) eo.log = [progress](const std::string& line) { progress->message(line); };
-  // The trace and the per-window series are fed by the executor's hooks; the window algorithm
-  // itself knows nothing of them.
-  const std::string trace_path = rank_path(a.trace, rank);
-  std::optional<RunTrace> trace;
-  if (!trace_path.empty()) trace.emplace(rank);
-  const MemoryProbe* probe = p.probe.get();
-  auto device_bytes = [probe, host_data_bytes]() { return probe->current_bytes() - host_data_bytes; };
-  int64_t window_replans = 0;
-  eo.on_replan = [&](const ReplanEvent& e) {
-    ++window_replans;
-    if (trace) trace->replanned(e.failing_size, e.microbatch_sizes, e.note, trace->now_us());
-  };
-  if (trace) {
-    eo.before_microbatch = [&](const MicrobatchEvent& e) {
-      const double now = trace->now_us();
-      trace->microbatch_begin(e.index, e.count, e.size, e.attempt, now);
-      trace->memory(device_bytes(), now);
-    };
-    eo.after_microbatch = [&](const MicrobatchEvent&, bool out_of_memory) {
-      const double now = trace->now_us();
-      trace->microbatch_end(out_of_memory, now);
-      trace->memory(device_bytes(), now);
-    };
-    eo.before_optimizer_step = [&](int64_t) { trace->optimizer_begin(trace->now_us()); };
-  }
-  Executor ex(p.model.module, *optimizer, p.plan, eo);
-  if (lead && parse_progress_mode(a.progress) != ProgressMode::None) {  // --progress none: errors only
-    std::cerr << "accumplan: run: " << total << " windows of "
-              << (target_tokens ? "at least " + std::to_string(*target_tokens) + " valid tokens"
-                                : "up to " + std::to_string(B) + " samples")
-              << " (" << samples << " samples in " << windows.size() << " windows per epoch, "
-              << (a.data.empty() ? "synthetic" : a.data) << ")";
-    if (comm) {
-      std::cerr << " on " << world << " ranks (" << comm->backend() << "; rank r takes samples r, r+" << world
-                << ", ... of each window" << (target_tokens ? ")" : ": up to " + std::to_string(T) + " per rank)");
-    }
-    if (p.plan.tokens) {
-      std::cerr << ", each window packed longest first under a token budget of " << p.plan.tokens->token_budget
-                << " padded tokens (sequences up to " << p.plan.tokens->max_seq_len << ")";
-    } else {
-      std::cerr << ", microbatches " << p.plan.accumulation_steps << " x up to " << p.plan.micro_batch;
-    }
-    std::cerr << ", normalization " << to_string(p.loss.normalization) << ", amp " << to_string(amp);
-    if (budget_bytes) {
-      std::cerr << ", budget " << format_bytes(*budget_bytes);
-      if (host_data_bytes > 0) std::cerr << " (+" << format_bytes(host_data_bytes) << " of host data)";
-    }
-    std::cerr << "\n";
-  }
-
-  double last_loss = 0;
-  int64_t samples_done = 0;
-  nlohmann::ordered_json series = nlohmann::ordered_json::array();  // --stats "window_series"
-  for (int64_t w = 0; w < total; ++w) {
-    const auto& [start, count] = windows[static_cast<size_t>(w) % windows.size()];
-    const Batch window = data.slice(start, count);
-    window_replans = 0;
-    if (trace) trace->window_begin(w, trace->now_us());
-    const WindowStats st = naming_data_source(a, [&] { return ex.step(comm ? shard_window(window, rank, world) : window); });
-    const std::optional<int64_t> peak =
-        st.peak_bytes ? std::optional<int64_t>(*st.peak_bytes - host_data_bytes) : std::nullopt;
-    if (trace) trace->window_end(st.samples, st.loss, st.stepped, peak, trace->now_us());
-    last_loss = st.loss;
-    samples_done += st.samples;
-    series.push_back({{"window", w},
-                      {"samples", st.samples},
-                      {"valid_tokens", st.valid_tokens},
-                      {"loss", st.loss},
-                      {"peak_bytes", peak ? nlohmann::ordered_json(*peak) : nlohmann::ordered_json(nullptr)},
-                      {"reserved_peak_bytes", st.reserved_peak_bytes ? nlohmann::ordered_json(*st.reserved_peak_bytes)
-                                                                     : nlohmann::ordered_json(nullptr)},
-                      {"oom_recoveries", st.oom_recoveries},
-                      {"replans", window_replans},
-                      {"microbatch_sizes", st.microbatch_sizes},
-                      {"stepped", st.stepped},
-                      {"seconds", st.seconds}});
-    std::ostringstream detail;
-    detail << "loss " << st.loss << ", " << st.samples << " samples in " << st.microbatch_sizes.size() << " microbatches"
-           << (st.stepped ? "" : ", step skipped") << (peak ? ", peak " + format_bytes(*peak) : std::string());
-    progress->update(w + 1, samples_done, detail.str());
-  }
-  progress->finish();
-
-  Plan final_plan = ex.plan();
-  const ExecutorTotals& t = ex.totals();
-  if (t.oom_recoveries > 0 && t.windows > 0) {
-    // The re-planned sizes have now run whole windows within the budget: a real confirmation.
-    final_plan.confirmed = true;
-    if (t.peak_bytes) final_plan.confirmed_peak_bytes = *t.peak_bytes;
-  }
-  // Counts of the training windows, before the replica check below adds its own collective.
-  const CollectiveCounts collectives = comm ? comm->counts() : CollectiveCounts{};
-  bool replicas_identical = true;
+// The run's one header line on stderr (rank 0; not with --progress none).
+void print_run_header(const RunArgs& a, const Prepared& p, const Communicator* comm, const RunData& d,
+                      const Setup& setup, int64_t total, size_t windows_per_epoch) {
+  const int world = comm ? comm->world_size() : 1;
+  const int64_t T = p.plan.per_rank_batch;
+  const std::optional<int64_t> target_tokens = p.plan.tokens ? p.plan.tokens->target_tokens : std::nullopt;
+  std::cerr << "accumplan: run: " << total << " windows of "
+            << (target_tokens ? "at least " + std::to_string(*target_tokens) + " valid tokens"
+                              : "up to " + std::to_string(T * world) + " samples")
+            << " (" << batch_samples(d.data, "the data") << " samples in " << windows_per_epoch << " windows per epoch, "
+            << (a.data.empty() ? "synthetic" : a.data) << ")";
   if (comm) {
-    std::vector<int64_t> slots(static_cast<size_t>(world), 0);
-    slots[static_cast<size_t>(rank)] = parameter_fingerprint(p.model.module);
-    const std::vector<int64_t> all = comm->all_reduce_counters(slots);
-    replicas_identical = std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == all[0]; });
-    if (!replicas_identical) {
-      std::cerr << "accumplan: warning: rank " << rank << ": the ranks' parameters differ after the run; every rank "
-                << "stepped with the same all-reduced gradient, so this is a bug worth reporting\n";
-    }
+    std::cerr << " on " << world << " ranks (" << comm->backend() << "; rank r takes samples r, r+" << world
+              << ", ... of each window" << (target_tokens ? ")" : ": up to " + std::to_string(T) + " per rank)");
   }
-  const std::string plan_out = rank_path(a.plan_out, rank), save = rank_path(a.save, rank),
-                    stats = rank_path(a.stats, rank);
-  if (!plan_out.empty()) write_text_atomic(plan_out, to_json(final_plan).dump(2) + "\n");
-  if (!save.empty()) save_module_atomic(p.model.module, save);
-  if (trace) {
-    // CUPTI's device timeline (empty for probes that record none), placed on the trace's clock.
-    const std::vector<MemoryTimelinePoint> timeline = p.probe->memory_timeline();
-    const std::optional<uint64_t> clock_ns = p.probe->memory_clock_ns();
-    if (!timeline.empty() && clock_ns) {
-      std::vector<TraceMemoryPoint> points;
-      points.reserve(timeline.size());
-      for (const auto& pt : timeline) points.push_back({pt.timestamp_ns, pt.current_bytes});
-      trace->device_timeline("device memory (CUPTI)", points, *clock_ns, trace->now_us());
-    }
-    emit_output(trace_path, trace->dump());
+  if (p.plan.tokens) {
+    std::cerr << ", each window packed longest first under a token budget of " << p.plan.tokens->token_budget
+              << " padded tokens (sequences up to " << p.plan.tokens->max_seq_len << ")";
+  } else {
+    std::cerr << ", microbatches " << p.plan.accumulation_steps << " x up to " << p.plan.micro_batch;
   }
+  std::cerr << ", normalization " << to_string(p.loss.normalization) << ", amp " << setup.amp;
+  if (d.budget_bytes) {
+    std::cerr << ", budget " << format_bytes(*d.budget_bytes);
+    if (d.host_data_bytes > 0) std::cerr << " (+" << format_bytes(d.host_data_bytes) << " of host data)";
+  }
+  std::cerr << "\n";
+}
 
-  const int64_t measured = t.peak_bytes.value_or(0) - (t.peak_bytes ? host_data_bytes : 0);
-  nlohmann::ordered_json j;
-  j["schema"] = "accumplan.run_stats";
-  j["schema_version"] = schema_version_string();
-  j["windows"] = t.windows;
-  j["optimizer_steps"] = t.optimizer_steps;
-  j["skipped_steps"] = t.skipped_steps;
-  j["samples_seen"] = t.samples_seen;
-  j["tokens_seen"] = t.tokens_seen;
-  j["oom_recoveries"] = t.oom_recoveries;
-  j["microbatch_sizes"] = final_plan.microbatch_sizes;
-  j["micro_batch"] = final_plan.micro_batch;
-  j["accumulation_steps"] = final_plan.accumulation_steps;
-  j["per_rank_batch"] = T;
-  j["world_size"] = world;
-  j["rank"] = rank;
-  j["backend"] = comm ? comm->backend() : std::string("none");
-  j["sharding"] = comm ? "strided: rank r takes samples r, r+W, r+2W, ... of each global window" : "none";
-  j["collectives"] = {{"counter_all_reduces", collectives.counter_all_reduces},
-                      {"gradient_exchanges", collectives.gradient_exchanges},
-                      {"tensor_all_reduces", collectives.tensor_all_reduces}};
-  j["replicas_identical"] = replicas_identical;
-  j["normalization"] = to_string(p.loss.normalization);
-  j["amp"] = to_string(amp);
-  j["measured_peak_bytes"] = t.peak_bytes ? nlohmann::ordered_json(measured) : nlohmann::ordered_json(nullptr);
-  // On CUDA the plan predicts reserved bytes (the fit's target): this is the figure to compare.
-  // Host data is never on the device, so nothing is subtracted. Absent where the probe has none.
-  if (t.reserved_peak_bytes) j["measured_reserved_peak_bytes"] = *t.reserved_peak_bytes;
-  j["predicted_peak_bytes"] = p.plan.memory.predicted_peak_bytes;
-  j["final_predicted_peak_bytes"] = final_plan.memory.predicted_peak_bytes;
-  j["budget_bytes"] = budget_bytes ? nlohmann::ordered_json(*budget_bytes) : nlohmann::ordered_json(nullptr);
-  j["host_data_bytes"] = host_data_bytes;
-  j["probe"] = p.probe->name();
-  j["mean_window_seconds"] = t.windows > 0 ? t.seconds / static_cast<double>(t.windows) : 0.0;
-  j["final_loss"] = last_loss;
-  j["loss_scale"] = ex.loss_scale();
-  j["model_sha256"] = p.model.info.sha256;
-  j["model_hash_matches_plan"] = p.hash_matched;
-  // One record per window, in order: peak_bytes excludes host data as measured_peak_bytes does
-  // (null without a probe peak); replans counts the executor's re-plans in that window.
-  j["window_series"] = std::move(series);
-  if (!stats.empty()) emit_output(stats, j.dump(2) + "\n");
-  if (!lead) return 0;
-
-  std::cerr << "accumplan: run done: " << t.windows << " windows"
-            << (comm ? " on " + std::to_string(world) + " ranks (" + std::to_string(collectives.gradient_exchanges) +
-                           " gradient exchanges)"
-                     : std::string())
-            << ", " << t.optimizer_steps << " optimizer steps ("
-            << t.skipped_steps << " skipped), " << t.samples_seen << " samples"
-            << (t.tokens_seen ? ", " + std::to_string(t.tokens_seen) + " tokens" : std::string()) << ", "
-            << t.oom_recoveries << " OOM recoveries; ";
+// The run's last line on stderr (rank 0).
+void print_run_summary(const RunRecord& r, const Plan& final_plan, const Plan& plan) {
+  std::cerr << "accumplan: run done: " << r.windows << " windows"
+            << (r.world_size > 1 ? " on " + std::to_string(r.world_size) + " ranks (" +
+                                       std::to_string(r.collectives.gradient_exchanges) + " gradient exchanges)"
+                                 : std::string())
+            << ", " << r.optimizer_steps << " optimizer steps (" << r.skipped_steps << " skipped), " << r.samples_seen
+            << " samples" << (r.tokens_seen ? ", " + std::to_string(r.tokens_seen) + " tokens" : std::string()) << ", "
+            << r.oom_recoveries << " OOM recoveries; ";
   if (final_plan.tokens) {
     std::cerr << "token budget " << final_plan.tokens->token_budget << " padded tokens";
   } else {
     std::cerr << "microbatches " << final_plan.accumulation_steps << " (" << join_sizes(final_plan.microbatch_sizes) << ")";
   }
-  if (t.peak_bytes) {
-    std::cerr << "; measured peak " << format_bytes(measured) << " vs predicted "
-              << format_bytes(p.plan.memory.predicted_peak_bytes);
+  if (r.measured_peak_bytes) {
+    std::cerr << "; measured peak " << format_bytes(*r.measured_peak_bytes) << " vs predicted "
+              << format_bytes(plan.memory.predicted_peak_bytes);
   }
-  std::cerr << "; mean window " << format_seconds(t.windows ? t.seconds / static_cast<double>(t.windows) : 0.0) << "\n";
+  std::cerr << "; mean window " << format_seconds(r.mean_window_seconds.value_or(0.0)) << "\n";
+}
+
+// The run's constants, what a RunRecord holds besides what the session measured.
+RunRecord run_record_base(const Prepared& p, const Communicator* comm, const RunData& d, const Setup& setup) {
+  RunRecord r;
+  r.per_rank_batch = p.plan.per_rank_batch;
+  r.world_size = comm ? comm->world_size() : 1;
+  r.rank = comm ? comm->rank() : 0;
+  r.backend = comm ? comm->backend() : std::string("none");
+  r.sharding = comm ? "strided: rank r takes samples r, r+W, r+2W, ... of each global window" : "none";
+  r.normalization = to_string(p.loss.normalization);
+  r.amp = setup.amp;
+  r.predicted_peak_bytes = p.plan.memory.predicted_peak_bytes;
+  r.budget_bytes = d.budget_bytes;
+  r.host_data_bytes = d.host_data_bytes;
+  r.probe = p.probe->name();
+  r.model_sha256 = p.model.info.sha256;
+  r.model_hash_matches_plan = p.hash_matched;
+  return r;
+}
+
+int run_command(const RunArgs& a) {
+  check_run_flags(a);
+  const std::optional<DistEnv> dist = dist_env_from_environment();
+  Prepared p = prepare(a, "run", dist);
+  // Join the group once the inputs are known good here; every rank checks the same plan and data
+  // specs, so a bad input stops every rank before the rendezvous, not one rank inside it.
+  std::unique_ptr<Communicator> comm;
+  if (dist && dist->world_size > 1) {
+    const std::chrono::milliseconds timeout(int64_t{a.dist_timeout_s} * 1000);
+    comm = p.device.is_cuda() ? make_nccl_communicator(*dist, timeout) : make_gloo_communicator(*dist, timeout);
+  }
+  const int rank = comm ? comm->rank() : 0;
+  const bool lead = rank == 0;  // writes the human progress lines
+  const Setup setup = run_setup(a, p.plan);
+  const RunData d = load_run_data(a, p);
+  auto optimizer = make_optimizer(setup, trainable_parameters(p.model.module));
+  ExecutorOptions eo = run_executor_options(a, p, setup, comm.get(), rank);
+
+  auto windows = plan_windows(d.data, p.plan, p.loss.ignore_index);
+  const size_t per_epoch = windows.size();
+  const int64_t total = a.steps_option->count() > 0
+                            ? a.steps
+                            : checked_mul(static_cast<int64_t>(per_epoch), a.epochs_option->count() > 0 ? a.epochs : 1,
+                                          "windows per epoch x --epochs");
+  // Rank 0 shows progress; every rank's executor log lines go through it (above the bar).
+  const std::shared_ptr<Progress> progress = make_stderr_progress(lead ? a.progress : "none", "window", total);
+  if (lead) eo.log = [progress](const std::string& line) { progress->message(line); };
+  const std::string trace_path = rank_path(a.trace, rank);
+  std::optional<RunTrace> trace;
+  if (!trace_path.empty()) trace.emplace(rank);
+  RunSessionOptions so;
+  so.total_windows = total;
+  so.host_data_bytes = d.host_data_bytes;
+  so.trace = trace ? &*trace : nullptr;
+  so.guard = [&a](const std::function<WindowStats()>& step) { return naming_data_source(a, step); };
+  so.on_window = [&progress](int64_t w, int64_t samples_done, const RunWindowRecord& r) {
+    std::ostringstream detail;
+    detail << "loss " << (r.loss ? *r.loss : std::nan("")) << ", " << r.samples << " samples in "
+           << r.microbatch_sizes.size() << " microbatches" << (r.stepped ? "" : ", step skipped")
+           << (r.peak_bytes ? ", peak " + format_bytes(*r.peak_bytes) : std::string());
+    progress->update(w + 1, samples_done, detail.str());
+  };
+  RunSession session(p.model.module, *optimizer, p.plan, std::move(eo), d.data, std::move(windows), std::move(so));
+  if (lead && parse_progress_mode(a.progress) != ProgressMode::None) {  // --progress none: errors only
+    print_run_header(a, p, comm.get(), d, setup, total, per_epoch);
+  }
+  session.run();
+  progress->finish();
+
+  const Plan final_plan = session.final_plan();
+  const bool replicas_identical = session.replicas_identical();
+  if (!replicas_identical) {
+    std::cerr << "accumplan: warning: rank " << rank << ": the ranks' parameters differ after the run; every rank "
+              << "stepped with the same all-reduced gradient, so this is a bug worth reporting\n";
+  }
+  const std::string plan_out = rank_path(a.plan_out, rank), save = rank_path(a.save, rank), stats = rank_path(a.stats, rank);
+  if (!plan_out.empty()) write_text_atomic(plan_out, to_json(final_plan).dump(2) + "\n");
+  if (!save.empty()) save_module_atomic(p.model.module, save);
+  if (trace) {
+    session.add_device_timeline(*p.probe);
+    emit_output(trace_path, trace->dump());
+  }
+  const RunRecord record = session.record(run_record_base(p, comm.get(), d, setup), final_plan, replicas_identical);
+  if (!stats.empty()) emit_output(stats, to_json(record).dump(2) + "\n");
+  if (lead) print_run_summary(record, final_plan, p.plan);
   return 0;
 }
 

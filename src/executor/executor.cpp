@@ -19,7 +19,7 @@
 #include "accumplan/json_io.h"
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
-#include "executor/replan.h"
+#include "accumplan/replan.h"
 #include "executor/step_thread.h"
 #include "runtime/model.h"
 #include "runtime/optim.h"
@@ -141,7 +141,7 @@ Executor::~Executor() = default;
 
 Executor::Executor(torch::jit::Module module, torch::optim::Optimizer& optimizer, Plan plan, ExecutorOptions options)
     : module_(std::move(module)), optimizer_(optimizer), plan_(std::move(plan)), options_(std::move(options)), device_(at::kCPU) {
-  check_plan_executable(plan_);
+  check_plan_window(plan_);  // a plan made in code obeys the reader's rules
   module_.train();
   std::unordered_set<const void*> in_module;
   params_ = trainable_parameters(module_);
@@ -265,54 +265,111 @@ void Executor::recover_packed(int64_t failing_tokens, int64_t longest_sequence, 
   }
 }
 
-WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>& sizes_override) {
-  const auto t0 = std::chrono::steady_clock::now();
-  Communicator* const comm = options_.communicator;
-  const int world = comm ? comm->world_size() : 1;
-  const int rank = comm ? comm->rank() : 0;
-  // One process is a group of one: every collective below is the identity for it, so it is
-  // skipped, and the algorithm is otherwise the same for 1 and W ranks.
-  auto sum_over_ranks = [&](const std::vector<int64_t>& values) {
-    return world > 1 ? comm->all_reduce_counters(values) : values;
-  };
-  const std::string on_any_rank = world > 1 ? " on any rank" : "";
-  const int64_t n = batch_samples(window);
-  if (!sizes_override.empty()) {
-    if (world > 1) {
-      throw InputError("microbatch sizes cannot be overridden in a data-parallel window: every rank must know every "
-                       "rank's split to run the same number of rounds");
+// How a window is cut into microbatches, for sample and packed plans alike: by the plan's sizes
+// (window_sizes; an override on a first attempt), or packed by tokens (pack_by_token_budget).
+// It reads the executor's plan by reference, so a cut after a re-plan follows the new plan.
+class WindowSplit {
+ public:
+  WindowSplit(const Plan& plan, const Batch& window, int64_t n, const std::vector<int64_t>& sizes_override, int world)
+      : plan_(plan), window_(window), n_(n), override_(sizes_override), packed_(plan.tokens.has_value()) {
+    if (!override_.empty()) {
+      if (world > 1) {
+        throw InputError("microbatch sizes cannot be overridden in a data-parallel window: every rank must know every "
+                         "rank's split to run the same number of rounds");
+      }
+      const int64_t sum = std::accumulate(override_.begin(), override_.end(), int64_t{0});
+      if (sum != n || *std::min_element(override_.begin(), override_.end()) < 1) {
+        throw InputError("microbatch sizes " + join(override_) + " do not split a window of " + std::to_string(n) +
+                         " samples");
+      }
     }
-    const int64_t sum = std::accumulate(sizes_override.begin(), sizes_override.end(), int64_t{0});
-    if (sum != n || *std::min_element(sizes_override.begin(), sizes_override.end()) < 1) {
-      throw InputError("microbatch sizes " + join(sizes_override) + " do not split a window of " + std::to_string(n) +
-                       " samples");
+    if (packed_ && n > 0 && !window.ragged()) {
+      throw InputError("this plan packs ragged data by tokens (plan.tokens) but the window holds fixed-shape samples "
+                       "with no sequence lengths; load the data from a torch.save([list_of_1d_token_tensors, targets]) file");
     }
-  }
-  // Packed plans (ragged data): microbatches are cut by the token budget, not by sizes.
-  const bool packed = plan_.tokens.has_value();
-  if (packed && n > 0 && !window.ragged()) {
-    throw InputError("this plan packs ragged data by tokens (plan.tokens) but the window holds fixed-shape samples "
-                     "with no sequence lengths; load the data from a torch.save([list_of_1d_token_tensors, targets]) file");
-  }
-  if (packed && !sizes_override.empty()) {
-    throw InputError("microbatch sizes cannot be overridden under a packed plan: its microbatches are cut by the "
-                     "token budget");
-  }
-  const std::vector<int64_t> lengths = packed && n > 0 ? window.sequence_lengths() : std::vector<int64_t>{};
-  WindowStats st;
-  st.local_samples = n;
-  if (options_.probe) {
-    options_.probe->clear_oom();
-    options_.probe->reset_peak();
+    if (packed_ && !override_.empty()) {
+      throw InputError("microbatch sizes cannot be overridden under a packed plan: its microbatches are cut by the "
+                       "token budget");
+    }
+    if (packed_ && n > 0) lengths_ = window.sequence_lengths();
   }
 
-  // (a) Counts before the first backward, in ONE collective: [units, samples, valid tokens,
-  // samples of rank 0 .. W-1]. The per-rank slots let every rank compute every rank's split
-  // (hence the number of rounds) and check every rank's share identically; a slot of -1 says that
-  // rank could not count its share, and every rank stops. Counting reads the window's target on
-  // the host (the data stays there; microbatches move to the device one at a time): no device sync.
-  // Packed plans add every rank's longest sequence: [..., longest of rank 0 .. W-1].
-  std::vector<int64_t> local(3 + static_cast<size_t>(world) * (packed ? 2 : 1), 0);
+  bool packed() const { return packed_; }
+  const std::vector<int64_t>& lengths() const { return lengths_; }  // packed: each sample's length
+  const std::vector<int64_t>& sizes() const { return sizes_; }
+  // The split of `m` samples of another rank under the plan (sample plans).
+  std::vector<int64_t> split_of(int64_t m) const { return m == 0 ? std::vector<int64_t>{} : window_sizes(plan_, m); }
+
+  // Cuts the window for attempt `attempt` (0: the first; later ones follow the re-planned plan).
+  void cut(int64_t attempt) {
+    if (packed_) {
+      groups_.clear();
+      if (!lengths_.empty()) groups_ = pack_by_token_budget(lengths_, plan_.tokens->token_budget, plan_.tokens->step_cost);
+      sizes_.clear();
+      for (const auto& g : groups_) sizes_.push_back(static_cast<int64_t>(g.size()));
+    } else {
+      sizes_ = attempt == 0 && !override_.empty() ? override_ : split_of(n_);
+    }
+  }
+  // Microbatch i, which starts at sample `start` (sample plans). Ragged data under a sample plan:
+  // the slice, cut to its own longest sequence (samples sorted by length within a window then pad
+  // little, as Hugging Face's group_by_length).
+  Batch microbatch(int64_t i, int64_t start) const {
+    if (packed_) return window_.gather(groups_[static_cast<size_t>(i)]);
+    const int64_t size = sizes_[static_cast<size_t>(i)];
+    return window_.ragged() ? window_.gather(range_indices(start, size)) : window_.slice(start, size);
+  }
+  // Packed: microbatch i's padded tokens (its size × its longest sequence); 0 for sample plans.
+  int64_t padded_tokens(int64_t i) const {
+    if (!packed_) return 0;
+    const auto& g = groups_[static_cast<size_t>(i)];
+    return static_cast<int64_t>(g.size()) * lengths_[static_cast<size_t>(g.front())];
+  }
+
+ private:
+  const Plan& plan_;
+  const Batch& window_;
+  int64_t n_;
+  std::vector<int64_t> override_;
+  bool packed_;
+  std::vector<int64_t> lengths_;
+  std::vector<std::vector<int64_t>> groups_;  // packed: each microbatch's sample indices
+  std::vector<int64_t> sizes_;
+};
+
+// What every rank knows of a window after the counts collective.
+struct Executor::WindowCounts {
+  std::vector<int64_t> rank_samples;  // samples of rank 0 .. W-1
+  int64_t longest_sequence = 0;       // packed: the longest sequence on any rank
+};
+
+// The agreed outcome of one attempt's rounds.
+struct Executor::RoundsOutcome {
+  int64_t failing = 0;       // the smallest size (packed: padded tokens) that ran out of memory; 0 = none
+  int64_t failed_round = 0;
+  int failing_rank = -1;
+  std::string what;          // this rank's out-of-memory message, first line
+};
+
+int Executor::world() const { return options_.communicator ? options_.communicator->world_size() : 1; }
+int Executor::rank() const { return options_.communicator ? options_.communicator->rank() : 0; }
+
+// One process is a group of one: every collective is the identity for it, so it is skipped, and
+// the algorithm is otherwise the same for 1 and W ranks.
+std::vector<int64_t> Executor::sum_over_ranks(const std::vector<int64_t>& values) const {
+  return world() > 1 ? options_.communicator->all_reduce_counters(values) : values;
+}
+
+// (a) Counts before the first backward, in ONE collective: [units, samples, valid tokens,
+// samples of rank 0 .. W-1]. The per-rank slots let every rank compute every rank's split (hence
+// the number of rounds) and check every rank's share identically; a slot of -1 says that rank
+// could not count its share, and every rank stops. Counting reads the window's target on the host
+// (the data stays there; microbatches move to the device one at a time): no device sync. Packed
+// plans add every rank's longest sequence: [..., longest of rank 0 .. W-1].
+Executor::WindowCounts Executor::count_window(const Batch& window, const WindowSplit& split, WindowStats& st) {
+  const int W = world(), r = rank();
+  const int64_t n = st.local_samples;
+  std::vector<int64_t> local(3 + static_cast<size_t>(W) * (split.packed() ? 2 : 1), 0);
   std::exception_ptr count_error;
   try {
     if (n > 0) {
@@ -321,199 +378,220 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
       local[2] = counted.valid_tokens;
     }
     local[1] = n;
-    local[3 + static_cast<size_t>(rank)] = n;
-    if (!lengths.empty()) {
-      local[3 + static_cast<size_t>(world + rank)] = *std::max_element(lengths.begin(), lengths.end());
-    }
+    local[3 + static_cast<size_t>(r)] = n;
+    const auto& lengths = split.lengths();
+    if (!lengths.empty()) local[3 + static_cast<size_t>(W + r)] = *std::max_element(lengths.begin(), lengths.end());
   } catch (const std::exception&) {
-    if (world == 1) throw;
+    if (W == 1) throw;
     count_error = std::current_exception();
-    local[3 + static_cast<size_t>(rank)] = -1;
+    local[3 + static_cast<size_t>(r)] = -1;
   }
   const std::vector<int64_t> global = sum_over_ranks(local);
-  const std::vector<int64_t> rank_samples(global.begin() + 3, global.begin() + 3 + world);
-  const int64_t longest_sequence = packed ? *std::max_element(global.begin() + 3 + world, global.end()) : 0;
-  throw_if_a_rank_failed(rank_samples, count_error, "while counting the units of window " + std::to_string(window_index_));
+  WindowCounts c;
+  c.rank_samples.assign(global.begin() + 3, global.begin() + 3 + W);
+  c.longest_sequence = split.packed() ? *std::max_element(global.begin() + 3 + W, global.end()) : 0;
+  throw_if_a_rank_failed(c.rank_samples, count_error, "while counting the units of window " + std::to_string(window_index_));
   st.units = global[0];
   st.samples = global[1];
   st.valid_tokens = global[2];
-  // Every rank sees the same numbers, so every rank throws the same error: nobody is left waiting.
+  check_window_counts(c, st, split.packed());
+  return c;
+}
+
+// Every rank sees the same numbers, so every rank throws the same error: nobody is left waiting.
+void Executor::check_window_counts(const WindowCounts& c, const WindowStats& st, bool packed) const {
+  const int W = world();
+  const int64_t n = st.local_samples;
   // A --target-tokens plan's windows are cut by tokens (token_windows) and hold any number of samples.
   const bool by_tokens = packed && plan_.tokens->target_tokens.has_value();
-  if (world == 1 && (n < 1 || (n > plan_.per_rank_batch && !by_tokens))) {
+  if (W == 1 && (n < 1 || (n > plan_.per_rank_batch && !by_tokens))) {
     throw InputError("a window holds 1.." + std::to_string(plan_.per_rank_batch) +
                      " samples (the plan's per-rank batch); got " + std::to_string(n));
   }
   if (st.samples < 1) throw InputError("window " + std::to_string(window_index_) + " holds no samples on any rank");
-  for (int r = 0; r < world && !by_tokens; ++r) {
-    if (rank_samples[static_cast<size_t>(r)] > plan_.per_rank_batch) {
-      throw InputError("rank " + std::to_string(r) + " was handed " + std::to_string(rank_samples[static_cast<size_t>(r)]) +
+  for (int r = 0; r < W && !by_tokens; ++r) {
+    if (c.rank_samples[static_cast<size_t>(r)] > plan_.per_rank_batch) {
+      throw InputError("rank " + std::to_string(r) + " was handed " + std::to_string(c.rank_samples[static_cast<size_t>(r)]) +
                        " samples of a global window of " + std::to_string(st.samples) + ", more than the plan's per-rank "
                        "batch " + std::to_string(plan_.per_rank_batch) + ". Shard each global window of " +
-                       std::to_string(plan_.per_rank_batch * world) + " samples strided: rank r takes r, r+W, r+2W, ...");
+                       std::to_string(plan_.per_rank_batch * W) + " samples strided: rank r takes r, r+W, r+2W, ...");
     }
   }
   // A sequence the plan was not made for is refused on every rank alike (every rank knows the
   // longest): the budget was confirmed with sequences of at most max_seq_len tokens, and with an
   // attention-like T^2 cost a longer one under the same budget could need more memory.
-  if (packed && longest_sequence > plan_.tokens->max_seq_len) {
-    throw InputError("window " + std::to_string(window_index_) + " holds a sequence of " + std::to_string(longest_sequence) +
-                     " tokens" + on_any_rank + ", longer than the " + std::to_string(plan_.tokens->max_seq_len) +
+  if (packed && c.longest_sequence > plan_.tokens->max_seq_len) {
+    throw InputError("window " + std::to_string(window_index_) + " holds a sequence of " + std::to_string(c.longest_sequence) +
+                     " tokens" + (W > 1 ? " on any rank" : "") + ", longer than the " +
+                     std::to_string(plan_.tokens->max_seq_len) +
                      " tokens the plan's token budget was planned for (plan.tokens.max_seq_len); truncate the "
                      "sequences or plan again with a longer --seq-len");
   }
-  auto pack = [&]() {
-    std::vector<std::vector<int64_t>> groups;
-    if (!lengths.empty()) groups = pack_by_token_budget(lengths, plan_.tokens->token_budget, plan_.tokens->step_cost);
-    return groups;
-  };
-  auto sizes_of = [](const std::vector<std::vector<int64_t>>& groups) {
-    std::vector<int64_t> sizes;
-    for (const auto& g : groups) sizes.push_back(static_cast<int64_t>(g.size()));
-    return sizes;
-  };
+}
+
+// (b) Same number of rounds everywhere: the largest split of any rank (the plan is the same on
+// every rank, and so is every rank's count). 5 and 4 samples under sizes 2,2,1 give 3 and 2
+// microbatches: rank 1 runs one empty round. Packed, the counts depend on each rank's lengths:
+// one collective of them.
+int64_t Executor::rounds_for(const WindowSplit& split, const WindowCounts& c) const {
+  int64_t rounds = static_cast<int64_t>(split.sizes().size());
+  if (split.packed() && world() > 1) {
+    std::vector<int64_t> counts(static_cast<size_t>(world()), 0);
+    counts[static_cast<size_t>(rank())] = rounds;
+    for (int64_t n : sum_over_ranks(counts)) rounds = std::max(rounds, n);
+  } else if (!split.packed()) {
+    for (int64_t m : c.rank_samples) rounds = std::max(rounds, static_cast<int64_t>(split.split_of(m).size()));
+  }
+  return rounds;
+}
+
+// Microbatch i of this rank's split: forward, loss, backward on the step thread. Returns 0, the
+// size (packed: padded tokens) when it ran out of memory (`what` says how), or -1 for another
+// error on a rank of a group (`error` holds it; alone, it is thrown).
+int64_t Executor::run_microbatch(const WindowSplit& split, const MicrobatchEvent& where, int64_t start, double units,
+                                 at::Tensor& loss_total, std::string& what, std::exception_ptr& error) {
+  int64_t status = 0;
+  try {
+    if (options_.before_microbatch) options_.before_microbatch(where);
+    if (!step_thread_) step_thread_ = std::make_unique<StepThread>(device_);
+    const Batch microbatch = split.microbatch(where.index, start);
+    StepConfig step{options_.loss, options_.amp, device_, options_.probe};
+    step.padding_mask = options_.padding_mask;
+    const at::Tensor scale = scaler_ ? scaler_->scale_tensor() : at::Tensor();
+    at::Tensor loss_sum;
+    step_thread_->run([&] { loss_sum = microbatch_step(module_, microbatch, step, units, scale); });
+    loss_total += loss_sum;
+  } catch (const std::exception& e) {
+    if (is_out_of_memory(e, options_.probe)) {
+      status = split.packed() ? where.padded_tokens : where.size;
+      what = first_line(e.what());
+    } else {
+      if (world() == 1) throw;
+      status = -1;
+      error = std::current_exception();
+    }
+  }
+  // Out of the catch block: the exception and every tensor of a failed microbatch (its inputs on
+  // the device, activations, autograd graph) are released — except what a backward that failed
+  // left in its thread's autograd queue, freed by joining the thread.
+  if (status > 0) step_thread_.reset();
+  if (options_.after_microbatch) options_.after_microbatch(where, status > 0);
+  return status;
+}
+
+// The rounds of one attempt, each ending at (c) its agreement point: one collective of every
+// rank's status, on every rank, whatever happened. Stops at the first round with an OOM anywhere.
+Executor::RoundsOutcome Executor::run_rounds(const WindowSplit& split, int64_t attempt, int64_t rounds, double units,
+                                             at::Tensor& loss_total) {
+  RoundsOutcome out;
+  const auto& sizes = split.sizes();
+  int64_t start = 0;
+  for (int64_t i = 0; i < rounds; ++i) {
+    int64_t status = 0;
+    std::exception_ptr error;
+    if (i < static_cast<int64_t>(sizes.size())) {
+      MicrobatchEvent where{window_index_, i, sizes[static_cast<size_t>(i)], static_cast<int64_t>(sizes.size()), attempt};
+      where.padded_tokens = split.padded_tokens(i);
+      status = run_microbatch(split, where, start, units, loss_total, out.what, error);
+      start += where.size;
+    }
+    std::vector<int64_t> flags(static_cast<size_t>(world()), 0);
+    flags[static_cast<size_t>(rank())] = status;
+    const std::vector<int64_t> all = sum_over_ranks(flags);
+    throw_if_a_rank_failed(all, error, "in window " + std::to_string(window_index_) + " at microbatch round " + std::to_string(i + 1));
+    for (int r = 0; r < world(); ++r) {
+      const int64_t s = all[static_cast<size_t>(r)];
+      // The smallest size that failed anywhere: the tightest bound any rank has evidence for,
+      // and the same number on every rank, so every rank re-plans to the same split.
+      if (s > 0 && (out.failing == 0 || s < out.failing)) {
+        out.failing = s;
+        out.failing_rank = r;
+      }
+    }
+    if (out.failing > 0) {
+      out.failed_round = i;
+      break;
+    }
+  }
+  return out;
+}
+
+// After an attempt that ran out of memory: re-plan (or re-pack) identically on every rank, or,
+// with recovery off, fail naming the microbatch.
+void Executor::recover_from(const RoundsOutcome& o, const WindowSplit& split, int64_t attempt, int64_t rounds,
+                            int64_t longest_sequence) {
+  const MicrobatchEvent where{window_index_, o.failed_round, o.failing, rounds, attempt};
+  const std::string on_rank = world() > 1 ? " on rank " + std::to_string(o.failing_rank) : std::string();
+  if (!options_.oom_recovery) {
+    fail_oom("out of memory in window " + std::to_string(where.window) + " at microbatch " +
+             std::to_string(where.index + 1) + " of " + std::to_string(where.count) + " (" +
+             (split.packed() ? std::to_string(o.failing) + " padded tokens" : "size " + std::to_string(o.failing)) + ")" +
+             on_rank + " and OOM recovery is off" + (o.what.empty() ? std::string() : ": " + o.what));
+  }
+  const std::string said = o.what.empty() ? on_rank : (on_rank.empty() ? o.what : on_rank + ": " + o.what);
+  if (split.packed()) {
+    recover_packed(o.failing, longest_sequence, split.lengths(), where, said);
+  } else {
+    recover(o.failing, where, said);
+  }
+}
+
+// (d) W > 1: ONE gradient exchange per window: every trainable parameter's gradient (zeros where
+// this rank's microbatches produced none, e.g. a rank with no samples, so every rank sends the
+// same list) plus this rank's loss sum, which rides in the last bucket instead of costing a
+// collective of its own. The gradient sums sum_r sum_i (loss_sum_ri / N) = the global mean.
+void Executor::exchange_gradients(at::Tensor& loss_total) {
+  std::vector<at::Tensor> exchange;
+  exchange.reserve(params_.size() + 1);
+  for (auto& p : params_) {
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p.detach());
+    exchange.push_back(p.grad());  // same TensorImpl: the exchange writes into .grad in place
+  }
+  const auto grad_dtype = exchange.back().scalar_type();
+  const bool wide = grad_dtype == at::kFloat || grad_dtype == at::kDouble;
+  exchange.push_back(loss_total.reshape({1}).to(exchange.back().options().dtype(wide ? grad_dtype : at::kFloat)));
+  options_.communicator->all_reduce_gradients(exchange);
+  loss_total = exchange.back();
+}
+
+WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>& sizes_override) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t n = batch_samples(window);
+  WindowSplit split(plan_, window, n, sizes_override, world());
+  WindowStats st;
+  st.local_samples = n;
+  if (options_.probe) {
+    options_.probe->clear_oom();
+    options_.probe->reset_peak();
+  }
+  const WindowCounts counts = count_window(window, split, st);
   if (scaler_) st.loss_scale = scaler_->scale();
   zero_grads();
   if (st.units == 0) {
     st.skipped = true;
-    st.skip_reason = "the window has no valid tokens" + on_any_rank + " (every target is ignore_index)";
-    st.microbatch_sizes = packed ? sizes_of(pack())
-                                 : sizes_override.empty() && n > 0 ? window_sizes(plan_, n) : sizes_override;
+    st.skip_reason = "the window has no valid tokens" + std::string(world() > 1 ? " on any rank" : "") +
+                     " (every target is ignore_index)";
+    if (split.packed() || n > 0) split.cut(0);
+    st.microbatch_sizes = split.sizes();
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return st;
   }
-
-  auto split_of = [&](int64_t m) { return m == 0 ? std::vector<int64_t>{} : window_sizes(plan_, m); };
-  StepConfig step{options_.loss, options_.amp, device_, options_.probe};
-  step.padding_mask = options_.padding_mask;
-  const at::Tensor no_scale;
-  const double units = static_cast<double>(st.units);
   // The window's loss sum stays on the device until the window ends: one host read per window.
   at::Tensor loss_total;
-  std::vector<int64_t> sizes;
-  int64_t rounds = 0;
   for (int64_t attempt = 0;; ++attempt) {
     zero_grads();
     loss_total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
-    std::vector<std::vector<int64_t>> groups;  // packed: each microbatch's sample indices
-    if (packed) {
-      groups = pack();
-      sizes = sizes_of(groups);
-    } else {
-      sizes = attempt == 0 && !sizes_override.empty() ? sizes_override : split_of(n);
-    }
-    // (b) Same number of rounds everywhere: the largest split of any rank (the plan is the same on
-    // every rank, and so is every rank's count). 5 and 4 samples under sizes 2,2,1 give 3 and 2
-    // microbatches: rank 1 runs one empty round. Packed, the counts depend on each rank's lengths:
-    // one collective of them.
-    rounds = static_cast<int64_t>(sizes.size());
-    if (packed && world > 1) {
-      std::vector<int64_t> counts(static_cast<size_t>(world), 0);
-      counts[static_cast<size_t>(rank)] = rounds;
-      for (int64_t c : sum_over_ranks(counts)) rounds = std::max(rounds, c);
-    } else if (!packed) {
-      for (int64_t m : rank_samples) rounds = std::max(rounds, static_cast<int64_t>(split_of(m).size()));
-    }
-    int64_t failing = 0;  // the agreed failing size; 0 = no OOM anywhere
-    int64_t failed_round = 0;
-    int failing_rank = -1;
-    std::string what;
-    int64_t start = 0;
-    for (int64_t i = 0; i < rounds; ++i) {
-      int64_t status = 0;
-      std::exception_ptr error;
-      if (i < static_cast<int64_t>(sizes.size())) {
-        MicrobatchEvent where{window_index_, i, sizes[static_cast<size_t>(i)], static_cast<int64_t>(sizes.size()), attempt};
-        if (packed) where.padded_tokens = where.size * lengths[static_cast<size_t>(groups[static_cast<size_t>(i)].front())];
-        try {
-          if (options_.before_microbatch) options_.before_microbatch(where);
-          if (!step_thread_) step_thread_ = std::make_unique<StepThread>(device_);
-          // Ragged data under a sample plan: the slice, cut to its own longest sequence (samples
-          // sorted by length within a window then pad little, as Hugging Face's group_by_length).
-          const Batch microbatch = packed          ? window.gather(groups[static_cast<size_t>(i)])
-                                   : window.ragged() ? window.gather(range_indices(start, where.size))
-                                                     : window.slice(start, where.size);
-          const at::Tensor scale = scaler_ ? scaler_->scale_tensor() : no_scale;
-          at::Tensor loss_sum;
-          step_thread_->run([&] { loss_sum = microbatch_step(module_, microbatch, step, units, scale); });
-          loss_total += loss_sum;
-        } catch (const std::exception& e) {
-          if (is_out_of_memory(e, options_.probe)) {
-            status = packed ? where.padded_tokens : where.size;
-            what = first_line(e.what());
-          } else {
-            if (world == 1) throw;
-            status = -1;
-            error = std::current_exception();
-          }
-        }
-        // Out of the catch block: the exception and every tensor of a failed microbatch (its
-        // inputs on the device, activations, autograd graph) are released — except what a
-        // backward that failed left in its thread's autograd queue, freed by joining the thread.
-        if (status > 0) step_thread_.reset();
-        start += where.size;
-        if (options_.after_microbatch) options_.after_microbatch(where, status > 0);
-      }
-      // (c) The agreement point of round i: one collective, on every rank, whatever happened.
-      std::vector<int64_t> flags(static_cast<size_t>(world), 0);
-      flags[static_cast<size_t>(rank)] = status;
-      const std::vector<int64_t> all = sum_over_ranks(flags);
-      throw_if_a_rank_failed(all, error,
-                             "in window " + std::to_string(window_index_) + " at microbatch round " + std::to_string(i + 1));
-      for (int r = 0; r < world; ++r) {
-        const int64_t s = all[static_cast<size_t>(r)];
-        // The smallest size that failed anywhere: the tightest bound any rank has evidence for,
-        // and the same number on every rank, so every rank re-plans to the same split.
-        if (s > 0 && (failing == 0 || s < failing)) {
-          failing = s;
-          failing_rank = r;
-        }
-      }
-      if (failing > 0) {
-        failed_round = i;
-        break;
-      }
-    }
-    if (failing == 0) break;
-    const MicrobatchEvent where{window_index_, failed_round, failing, rounds, attempt};
-    const std::string on_rank = world > 1 ? " on rank " + std::to_string(failing_rank) : std::string();
-    if (!options_.oom_recovery) {
-      fail_oom("out of memory in window " + std::to_string(where.window) + " at microbatch " +
-               std::to_string(where.index + 1) + " of " + std::to_string(where.count) + " (" +
-               (packed ? std::to_string(failing) + " padded tokens" : "size " + std::to_string(failing)) + ")" +
-               on_rank + " and OOM recovery is off" +
-               (what.empty() ? std::string() : ": " + what));
-    }
-    const std::string said = what.empty() ? on_rank : (on_rank.empty() ? what : on_rank + ": " + what);
-    if (packed) {
-      recover_packed(failing, longest_sequence, lengths, where, said);
-    } else {
-      recover(failing, where, said);
-    }
+    split.cut(attempt);
+    st.microbatch_rounds = rounds_for(split, counts);
+    const RoundsOutcome o = run_rounds(split, attempt, st.microbatch_rounds, static_cast<double>(st.units), loss_total);
+    if (o.failing == 0) break;
+    recover_from(o, split, attempt, st.microbatch_rounds, counts.longest_sequence);
     ++st.oom_recoveries;
   }
-  st.microbatch_sizes = sizes;
-  st.microbatch_rounds = rounds;
-
-  // (d) W > 1: ONE gradient exchange per window: every trainable parameter's gradient (zeros where
-  // this rank's microbatches produced none, e.g. a rank with no samples, so every rank sends the
-  // same list) plus this rank's loss sum, which rides in the last bucket instead of costing a
-  // collective of its own. The gradient sums sum_r sum_i (loss_sum_ri / N) = the global mean.
-  if (world > 1) {
-    std::vector<at::Tensor> exchange;
-    exchange.reserve(params_.size() + 1);
-    for (auto& p : params_) {
-      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p.detach());
-      exchange.push_back(p.grad());  // same TensorImpl: the exchange writes into .grad in place
-    }
-    const auto grad_dtype = exchange.back().scalar_type();
-    const bool wide = grad_dtype == at::kFloat || grad_dtype == at::kDouble;
-    exchange.push_back(loss_total.reshape({1}).to(exchange.back().options().dtype(wide ? grad_dtype : at::kFloat)));
-    comm->all_reduce_gradients(exchange);
-    loss_total = exchange.back();
-  }
+  st.microbatch_sizes = split.sizes();
+  if (world() > 1) exchange_gradients(loss_total);
   // The one host sync of the window.
-  st.loss = loss_total.item<double>() / units;
+  st.loss = loss_total.item<double>() / static_cast<double>(st.units);
   finish_gradient(st);  // on the global gradient: every rank decides skip/clip identically
   if (options_.probe) {
     st.peak_bytes = options_.probe->peak_bytes();

@@ -65,6 +65,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -85,6 +86,7 @@
 namespace accumplan {
 
 class StepThread;
+class WindowSplit;
 
 // Where a microbatch is about to run; passed to ExecutorOptions::before_microbatch.
 struct MicrobatchEvent {
@@ -214,6 +216,22 @@ class Executor {
   double loss_scale() const;
 
  private:
+  struct WindowCounts;
+  struct RoundsOutcome;
+  // The pieces of accumulate(), in order (executor.cpp): (a) count, (b) rounds, each microbatch,
+  // (c) agreement and recovery, (d) the gradient exchange.
+  int world() const;
+  int rank() const;
+  std::vector<int64_t> sum_over_ranks(const std::vector<int64_t>& values) const;
+  WindowCounts count_window(const Batch& window, const WindowSplit& split, WindowStats& st);
+  void check_window_counts(const WindowCounts& c, const WindowStats& st, bool packed) const;
+  int64_t rounds_for(const WindowSplit& split, const WindowCounts& c) const;
+  int64_t run_microbatch(const WindowSplit& split, const MicrobatchEvent& where, int64_t start, double units,
+                         at::Tensor& loss_total, std::string& what, std::exception_ptr& error);
+  RoundsOutcome run_rounds(const WindowSplit& split, int64_t attempt, int64_t rounds, double units, at::Tensor& loss_total);
+  void recover_from(const RoundsOutcome& o, const WindowSplit& split, int64_t attempt, int64_t rounds,
+                    int64_t longest_sequence);
+  void exchange_gradients(at::Tensor& loss_total);
   void finish_gradient(WindowStats& st);
   void recover(int64_t failing_size, const MicrobatchEvent& where, const std::string& what);
   // Packed plans: the token budget drops below the failing microbatch's padded tokens; a

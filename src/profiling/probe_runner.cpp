@@ -23,6 +23,7 @@
 #include "accumplan/token_model.h"
 #include "executor/executor.h"
 #include "runtime/loss.h"
+#include "runtime/loss_setup.h"
 #include "runtime/optim.h"
 #include "runtime/step.h"
 
@@ -115,15 +116,9 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
                      "or --target float32[B,10]");
   }
   // Resolving now refuses e.g. --normalization tokens with mse before any step runs.
-  loss_.kind = setup.loss;
-  loss_.ignore_index = setup.ignore_index;
-  if (target_spec_ && target_spec_->is_integer()) {
-    loss_.target_classes = target_spec_->high;
-    loss_.target_source = options_.batch_file ? "--batch-file '" + path_for_message(*options_.batch_file) + "'"
-                                              : "--target " + cut_for_message(setup.target);
-  }
-  loss_.normalization =
-      resolve_normalization(setup.normalization, setup.loss, target_spec_ ? static_cast<int64_t>(target_spec_->dims.size()) : 0);
+  loss_ = loss_config(setup, target_spec_,
+                      options_.batch_file ? "--batch-file '" + path_for_message(*options_.batch_file) + "'"
+                                          : "--target " + cut_for_message(setup.target));
   amp_ = parse_amp_mode(setup.amp, "--amp");
   if (setup.max_grad_norm) check_grad_norm(*setup.max_grad_norm, "--max-grad-norm");
   make_optimizer(setup, {});  // validates hyperparameters and lr with no parameters to allocate for
@@ -207,10 +202,7 @@ ExecutorOptions ProbeRunner::executor_options() {
 Plan ProbeRunner::window_plan(const std::vector<int64_t>& sizes) const {
   Plan plan;
   plan.target_batch = plan.per_rank_batch = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-  plan.microbatch_sizes = sizes;
-  plan.micro_batch = *std::max_element(sizes.begin(), sizes.end());
-  plan.accumulation_steps = static_cast<int64_t>(sizes.size());
-  plan.max_micro_batch = plan.micro_batch;
+  set_window(plan, sizes, *std::max_element(sizes.begin(), sizes.end()));
   return plan;
 }
 
@@ -534,9 +526,7 @@ void ProbeRunner::profile_tokens(Profile& p) {
   }
   // Far more sequences predicted at T_max than measured: one window at half that, as for samples.
   try {
-    std::vector<TokenPoint> pts;
-    for (const auto& pt : p.points) pts.push_back({pt.micro_batch, *pt.seq_len, pt.peak_bytes});
-    const TokenMemoryModel model = TokenMemoryModel::fit(pts);
+    const TokenMemoryModel model = TokenMemoryModel::fit(p);
     const int64_t cap = budget_bytes_ ? model.largest_micro_batch(t_max, *budget_bytes_) : 0;
     int64_t bound = options_.max_probe_micro_batch > 0 ? options_.max_probe_micro_batch : cap;
     if (cap > 8 && bound > 4) {
@@ -627,12 +617,8 @@ Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request) {
     WindowMeasurement s = past_the_budget([&] { return whole ? window({next}) : measure(next); });
     s.micro_batch = next;
     ++windows;
-    // Within the budget less the margin's parts a measured size keeps (as make_plan counts it).
-    const Margin& mg = plan.memory.margin;
-    const int64_t kept = mg.allocator_fragmentation_bytes + mg.fixed_bytes +
-                         (mg.headroom == "auto" ? 0
-                                                : static_cast<int64_t>(std::ceil(mg.activation_fraction * plan.fit.slope_bytes_per_sample *
-                                                                                 static_cast<double>(next))));
+    // Within the budget less the margin's parts a measured size keeps (make_plan's own rule).
+    const int64_t kept = kept_margin(plan.memory.margin).bytes_at(plan.fit.slope_bytes_per_sample, next);
     const bool ok = s.fit && s.max_peak_bytes + kept <= plan.memory.budget_bytes;
     const Trial trial{kind, next, ok, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes};
     trials_.push_back(trial);

@@ -1,5 +1,6 @@
 // runtime/loss.cpp — losses as (sum, units). See loss.h for the contract and docs/weighting.md for why.
 #include "runtime/loss.h"
+#include "runtime/loss_setup.h"
 
 #include <ATen/ATen.h>
 
@@ -118,6 +119,20 @@ LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, int64_t sam
     return out;
   }
   throw InputError("--loss '" + config.kind + "' is unknown; use cross_entropy, mse or model");
+}
+
+LossConfig loss_config(const Setup& setup, const std::optional<TensorSpec>& target, const std::string& target_source) {
+  LossConfig c;
+  c.kind = setup.loss;
+  c.ignore_index = setup.ignore_index;
+  if (target && target->is_integer()) {
+    c.target_classes = target->high;
+    c.target_source = target_source;
+  }
+  // No target: 0 dimensions (a model's own loss), samples under "auto".
+  c.normalization = resolve_normalization(setup.normalization, setup.loss,
+                                          target ? static_cast<int64_t>(target->dims.size()) : 0);
+  return c;
 }
 
 }  // namespace accumplan

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "accumplan/solver.h"
 #include "executor/executor.h"
 #include "runtime/batch.h"
 #include "runtime/model.h"
@@ -47,11 +48,7 @@ nlohmann::ordered_json executor_overhead(const nlohmann::json& m, int rounds) {
 
   Plan plan;
   plan.target_batch = plan.per_rank_batch = kMicro * kSteps;
-  plan.micro_batch = plan.max_micro_batch = kMicro;
-  plan.accumulation_steps = kSteps;
-  plan.microbatch_sizes.assign(kSteps, kMicro);
-  plan.weights.assign(kSteps, 1.0 / kSteps);
-  plan.uniform = {kMicro, kSteps};
+  set_window(plan, std::vector<int64_t>(kSteps, kMicro), kMicro);
   plan.setup = setup;
   ExecutorOptions options;
   options.loss.kind = "cross_entropy";

@@ -18,7 +18,7 @@
 #include "cli_runner.h"
 #include "dist_harness.h"
 #include "accumplan/schema.h"
-#include "executor/replan.h"
+#include "accumplan/replan.h"
 #include "executor/verify.h"
 
 #undef CHECK

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "accumplan/schema.h"
+#include "accumplan/solver.h"
 #include "executor/verify.h"
 #include "runtime/batch.h"
 
@@ -92,11 +93,8 @@ inline Plan make_plan_with(std::vector<int64_t> sizes, const std::string& loss =
   p.per_rank_batch = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   p.target_batch = p.per_rank_batch;
   p.world_size = 1;
-  p.microbatch_sizes = sizes;
-  p.micro_batch = *std::max_element(sizes.begin(), sizes.end());
-  p.max_micro_batch = p.micro_batch;
-  p.accumulation_steps = static_cast<int64_t>(sizes.size());
-  for (auto n : sizes) p.weights.push_back(static_cast<double>(n) / static_cast<double>(p.per_rank_batch));
+  const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  set_window(p, std::move(sizes), largest);
   p.setup.loss = loss;
   p.reason = "test plan.";
   return p;

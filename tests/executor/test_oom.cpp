@@ -18,7 +18,6 @@
 #include "accumplan/memory_probe.h"
 #include "cpu_counting_probe.h"
 #include "executor/executor.h"
-#include "executor/replan.h"
 #include "executor/verify.h"
 #include "executor_fixtures.h"
 #include "cli_runner.h"
@@ -341,40 +340,4 @@ TEST_CASE("OOM at microbatch size 1 is a clear error, not a loop — recovery of
   CHECK_THROWS_WITH(ex.step(window), Catch::Contains("microbatch 2 of 2 (size 1) and OOM recovery is off"));
   CHECK(ex.totals().oom_recoveries == 0);
   CHECK(ex.plan().microbatch_sizes == std::vector<int64_t>{2, 1});
-}
-
-TEST_CASE("re-planning below a failing size", "[oom][replan]") {
-  Plan p = make_plan_with({52, 51, 51, 51, 51});
-  p.max_micro_batch = 60;
-  std::string note;
-  Plan q = replan_below(p, 52, &note);
-  CHECK(q.per_rank_batch == 256);
-  CHECK(q.max_micro_batch == 51);
-  CHECK(q.microbatch_sizes == std::vector<int64_t>{43, 43, 43, 43, 42, 42});
-  CHECK(q.micro_batch <= 51);
-  CHECK(std::accumulate(q.microbatch_sizes.begin(), q.microbatch_sizes.end(), int64_t{0}) == 256);
-  CHECK(q.accumulation_steps == 6);  // ceil(256 / 51)
-  double wsum = 0;
-  for (double w : q.weights) wsum += w;
-  CHECK(wsum == Approx(1.0).epsilon(1e-12));
-  CHECK_FALSE(q.confirmed);
-  CHECK(q.reason.find("Re-planned during training after microbatch 52 ran out of memory") != std::string::npos);
-  CHECK(note.find("re-split 256 samples under max_micro_batch 51") != std::string::npos);
-
-  // multiple_of that cannot fit below the failing size is dropped, not looped on.
-  Plan m8 = make_plan_with({8, 8});
-  m8.multiple_of = 8;
-  Plan r = replan_below(m8, 8, &note);
-  CHECK(r.micro_batch == 6);  // 16 under 7: 6,5,5 balanced
-  CHECK(r.microbatch_sizes == std::vector<int64_t>{6, 5, 5});
-  CHECK_FALSE(r.multiple_of.has_value());
-  CHECK_THROWS_AS(replan_below(m8, 1), InfeasibleError);
-
-  // A short last window never uses a microbatch larger than the plan's.
-  Plan big = make_plan_with({52, 51, 51, 51, 51});
-  big.max_micro_batch = 60;
-  CHECK(window_sizes(big, 60) == std::vector<int64_t>{30, 30});
-  CHECK(window_sizes(big, 256) == big.microbatch_sizes);
-  CHECK_THROWS_AS(window_sizes(big, 257), InputError);
-  CHECK_THROWS_AS(window_sizes(big, 0), InputError);
 }

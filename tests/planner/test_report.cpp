@@ -505,12 +505,13 @@ RunStats stats_with_series(const Plan& plan) {
   RunStats s = sample_stats(plan, plan.memory.predicted_peak_bytes + 2048);
   s.windows = 12;
   for (int64_t w = 0; w < s.windows; ++w) {
-    RunWindow r;
+    RunWindowRecord r;
     r.window = w;
     r.samples = plan.per_rank_batch;
     r.loss = 2.3 - 0.1 * static_cast<double>(w);
     r.peak_bytes = plan.memory.predicted_peak_bytes - 40000 * (w % 4) + (w == 3 ? 30000000 : 0);
-    r.oom_recoveries = r.replans = w == 3 ? 1 : 0;
+    r.oom_recoveries = w == 3 ? 1 : 0;
+    r.replans = r.oom_recoveries;
     r.seconds = 0.5;
     s.series.push_back(r);
   }
@@ -552,7 +553,7 @@ TEST_CASE("report: a run's windows: each peak and loss and recovery sits where i
     REQUIRE(peaks.size() == s.series.size());
     REQUIRE(losses.size() == s.series.size());
     for (size_t i = 0; i < s.series.size(); ++i) {
-      const RunWindow& r = s.series[i];
+      const RunWindowRecord& r = s.series[i];
       INFO("window index " << r.window);
       CHECK(peaks[i].window == Approx(static_cast<double>(r.window + 1)).margin(window_tol));  // numbered from 1
       CHECK(peaks[i].value == Approx(static_cast<double>(*r.peak_bytes)).margin(bytes_tol));

@@ -33,6 +33,49 @@ void check_golden(const std::string& rel, const std::string& actual) {
   CHECK(read_text_file(path, "golden") == actual);
 }
 
+// A run of the golden plan as `accumplan run --stats` records it: two windows, the second after
+// an OOM recovery re-planned the window; a CUDA-style reserved peak so every optional key is set.
+RunRecord golden_run() {
+  RunRecord r;
+  r.windows = 2;
+  r.optimizer_steps = 2;
+  r.samples_seen = 512;
+  r.oom_recoveries = 1;
+  r.microbatch_sizes = {43, 43, 43, 43, 42, 42};
+  r.micro_batch = 43;
+  r.accumulation_steps = 6;
+  r.per_rank_batch = 256;
+  r.normalization = "samples";
+  r.amp = "none";
+  r.measured_peak_bytes = 900000000;
+  r.measured_reserved_peak_bytes = 943718400;
+  r.predicted_peak_bytes = 950000000;
+  r.final_predicted_peak_bytes = 880000000;
+  r.budget_bytes = 1073741824;
+  r.probe = "cuda-caching-allocator";
+  r.mean_window_seconds = 0.5;
+  r.final_loss = 1.25;
+  r.model_sha256 = std::string(64, 'a');
+  RunWindowRecord w0;
+  w0.window = 0;
+  w0.samples = 256;
+  w0.loss = 1.5;
+  w0.peak_bytes = 900000000;
+  w0.reserved_peak_bytes = 943718400;
+  w0.oom_recoveries = 1;
+  w0.replans = 1;
+  w0.microbatch_sizes = r.microbatch_sizes;
+  w0.seconds = 0.75;
+  RunWindowRecord w1 = w0;
+  w1.window = 1;
+  w1.loss.reset();  // not finite: written as null
+  w1.oom_recoveries = 0;
+  w1.replans = 0;
+  w1.seconds = 0.25;
+  r.window_series = {w0, w1};
+  return r;
+}
+
 std::string error_of(const json& doc, bool plan) {
   try {
     if (plan) {
@@ -67,6 +110,29 @@ TEST_CASE("Schema: plan round-trips and matches its golden file", "[schema][gold
   const auto twice = to_json(plan_from_json(json::parse(once.dump())));
   CHECK(once == twice);
   check_golden("tests/golden/plan.json", once.dump(2) + "\n");
+}
+
+TEST_CASE("Schema: run stats round-trip and match their golden file", "[schema][golden][run-stats]") {
+  const auto once = to_json(golden_run());
+  CHECK(once["schema"] == "accumplan.run_stats");
+  CHECK(once["window_series"][1]["loss"].is_null());
+  const auto twice = to_json(run_record_from_json(json::parse(once.dump())));
+  CHECK(once == twice);
+  check_golden("tests/golden/run_stats.json", once.dump(2) + "\n");
+}
+
+TEST_CASE("Schema: run stats from another schema or major version are refused", "[schema][run-stats]") {
+  json doc = json::parse(to_json(golden_run()).dump());
+  doc["schema"] = "accumplan.plan";
+  CHECK_THROWS_WITH(run_record_from_json(doc), Catch::Contains("expected \"accumplan.run_stats\""));
+  doc = json::parse(to_json(golden_run()).dump());
+  doc["schema_version"] = "2.0";
+  CHECK_THROWS_AS(run_record_from_json(doc), SchemaError);
+  doc = json::parse(to_json(golden_run()).dump());
+  doc.erase("schema_version");  // written before 1.4: read
+  CHECK(run_record_from_json(doc).windows == 2);
+  doc["window_series"][0].erase("samples");
+  CHECK_THROWS_WITH(run_record_from_json(doc), Catch::Contains("$.window_series[0].samples"));
 }
 
 TEST_CASE("Schema: a newer minor version is read, another major is refused", "[schema][version]") {
@@ -156,6 +222,16 @@ TEST_CASE("Schema: published JSON Schemas match what the writers emit", "[schema
   check("planner/schemas/plan.schema.json", json::parse(to_json(packed).dump()));
   check("planner/schemas/profile.schema.json",
         json::parse(to_json(read_profile_file(source_path("tests/golden/profile.json"))).dump()));
+  check("planner/schemas/run_stats.schema.json", json::parse(to_json(golden_run()).dump()));
+  // One level further for the per-window records.
+  const json run_schema = read_json_file(source_path("planner/schemas/run_stats.schema.json"), "schema");
+  const json& window_props = run_schema["properties"]["window_series"]["items"]["properties"];
+  for (const auto& w : json::parse(to_json(golden_run()).dump())["window_series"]) {
+    for (auto f = w.begin(); f != w.end(); ++f) {
+      INFO("run_stats.schema.json window_series lacks " << f.key());
+      CHECK(window_props.contains(f.key()));
+    }
+  }
 }
 
 TEST_CASE("Schema: a token plan round-trips; sample plans carry no token fields", "[schema][token]") {

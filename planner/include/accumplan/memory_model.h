@@ -29,6 +29,9 @@ class MemoryModel {
 
   double predict_bytes(int64_t micro_batch) const;
   int64_t predict_peak_bytes(int64_t micro_batch) const;  // rounded up
+  // The same line from a plan's fit summary alone (intercept + slope·b, rounded up, saturated):
+  // what a re-split after an OOM predicts when the plan carries no profile to refit.
+  static int64_t line_peak_bytes(const FitSummary& fit, int64_t micro_batch);
   // Largest b in [1, limit_micro_batch] with
   //   predict_peak_bytes(b) + extra_bytes + ceil(fraction · slope · b) <= budget_bytes,
   // or 0 if even b = 1 does not. Closed form, settled against the integer predictor in a bounded

@@ -1,11 +1,13 @@
-// executor/replan.h — the plan after an out-of-memory during training: same target batch, every
+// accumplan/replan.h — the plan after an out-of-memory during training: same target batch, every
 // microbatch strictly below the size that failed.
 //
 // What it is: docs/oom-contract.md, the re-planning step. The failing size becomes an upper
 // bound (max_micro_batch = failing − 1). When the plan carries its profile points and budget, the
 // planner's own make_plan solves again under that bound (so the split, weights, predicted peak
 // and reason are the planner's); otherwise, or if the solver refuses, the same per-rank batch is
-// re-split with split_samples. Also the split of a short (last) window. Torch-free.
+// re-split with split_samples (set_window: the one rule for a plan's sizes, weights and uniform
+// split). Also the split of a short (last) window. Torch-free: the executor calls it, and so can
+// any trainer that follows a plan.
 // What it is not: the recovery itself (dropping references, zeroing gradients, replaying the
 // window): that is Executor (executor.h).
 #pragma once
@@ -34,9 +36,5 @@ Plan repack_below(const Plan& plan, int64_t failing_tokens);
 // short last window split with split_samples under the plan's largest microbatch, which was
 // confirmed or survived training, so the short window never uses a size the full one did not).
 std::vector<int64_t> window_sizes(const Plan& plan, int64_t samples);
-
-// Checks the fields the executor relies on (per_rank_batch, sizes that sum to it, weights);
-// InputError naming the field otherwise.
-void check_plan_executable(const Plan& plan, const std::string& what = "plan");
 
 }  // namespace accumplan

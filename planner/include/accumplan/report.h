@@ -24,18 +24,8 @@
 
 namespace accumplan {
 
-// One window of a run, as `accumplan run --stats` records it in "window_series".
-struct RunWindow {
-  int64_t window = 0;                      // 0-based
-  int64_t samples = 0;
-  std::optional<double> loss;              // null when it was not finite
-  std::optional<int64_t> peak_bytes;       // null without a probe peak; reserved when RunStats::peak_is_reserved
-  int64_t oom_recoveries = 0;
-  int64_t replans = 0;
-  double seconds = 0;
-};
-
-// What `accumplan run --stats` writes ("schema": "accumplan.run_stats"), the fields a report shows.
+// The report's view of `accumplan run --stats` (a RunRecord, schema.h): the fields it draws, with
+// the peak it compares (reserved on a caching allocator) already chosen.
 struct RunStats {
   int64_t windows = 0;
   int64_t oom_recoveries = 0;
@@ -52,9 +42,12 @@ struct RunStats {
   std::optional<int64_t> budget_bytes;     // enforced during the run, if any
   std::optional<double> final_loss;
   double mean_window_seconds = 0;
-  std::vector<RunWindow> series;           // empty in stats written before the series existed
+  // Per window, as read (RunWindowRecord, schema.h) with the view applied: peak_bytes is the
+  // reserved peak when peak_is_reserved, replans defaults to the OOM recoveries, seconds to 0.
+  std::vector<RunWindowRecord> series;     // empty in stats written before the series existed
 };
 
+// Reads through run_record_from_json (schema.h), the one reader of the format.
 RunStats run_stats_from_json(const nlohmann::json& j);
 // InputError if missing or not JSON, SchemaError naming the field if it is not run stats.
 RunStats read_run_stats_file(const std::string& path, const std::string& what = "--stats");

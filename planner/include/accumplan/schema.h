@@ -23,6 +23,7 @@ namespace accumplan {
 
 inline constexpr const char* kProfileSchema = "accumplan.profile";
 inline constexpr const char* kPlanSchema = "accumplan.plan";
+inline constexpr const char* kRunStatsSchema = "accumplan.run_stats";
 inline constexpr int kSchemaMajor = 1;
 // 1.1: a plan nests its whole profile ("profile"); 1.0 plans flattened it (profile_points,
 // trials) and are still read. Setup gains max_grad_norm, points first_microbatch_peak_bytes.
@@ -229,12 +230,79 @@ struct Plan {
   Profile profile;                          // what the plan was solved from, confirmations included
 };
 
+// `accumplan run --stats` (planner/schemas/run_stats.schema.json): what a run did, one record per
+// window. Written by the run driver through to_json, read by the report through
+// run_record_from_json; no other code reads or writes the format. Fields absent from a file
+// written by an older accumplan are nullopt (or 0) when read.
+struct RunWindowRecord {
+  int64_t window = 0;                          // 0-based
+  int64_t samples = 0;
+  int64_t valid_tokens = 0;
+  std::optional<double> loss;                  // null when it was not finite
+  std::optional<int64_t> peak_bytes;           // allocated, host data excluded; null without a probe peak
+  std::optional<int64_t> reserved_peak_bytes;  // a caching allocator's reserved peak, where the probe has one
+  int64_t oom_recoveries = 0;
+  std::optional<int64_t> replans;              // the executor's re-plans in this window
+  std::vector<int64_t> microbatch_sizes;
+  bool stepped = true;
+  std::optional<double> seconds;
+};
+
+struct RunCollectives {
+  int64_t counter_all_reduces = 0;
+  int64_t gradient_exchanges = 0;
+  int64_t tensor_all_reduces = 0;
+};
+
+struct RunRecord {
+  int64_t windows = 0;
+  int64_t optimizer_steps = 0;
+  int64_t skipped_steps = 0;
+  int64_t samples_seen = 0;
+  int64_t tokens_seen = 0;
+  int64_t oom_recoveries = 0;
+  std::vector<int64_t> microbatch_sizes;               // the plan the run ended on
+  std::optional<int64_t> micro_batch;                  // the largest of them
+  int64_t accumulation_steps = 0;
+  int64_t per_rank_batch = 0;
+  int64_t world_size = 1;
+  int64_t rank = 0;
+  std::string backend = "none";
+  std::string sharding = "none";
+  RunCollectives collectives;
+  bool replicas_identical = true;
+  std::string normalization;
+  std::string amp;
+  std::optional<int64_t> measured_peak_bytes;          // allocated, host data excluded
+  std::optional<int64_t> measured_reserved_peak_bytes; // CUDA: the figure the plan predicts; absent elsewhere
+  int64_t predicted_peak_bytes = 0;                    // the plan the run started from
+  std::optional<int64_t> final_predicted_peak_bytes;   // the plan it ended on
+  std::optional<int64_t> budget_bytes;                 // enforced during the run, if any
+  int64_t host_data_bytes = 0;
+  std::string probe;
+  std::optional<double> mean_window_seconds;
+  std::optional<double> final_loss;                    // null when not finite
+  double loss_scale = 1;
+  std::string model_sha256;
+  bool model_hash_matches_plan = true;
+  std::vector<RunWindowRecord> window_series;
+};
+
 // JSON conversion. Readers take the document's root and report paths from `$`.
 // Writers return ordered JSON: keys appear in the order users read them (the answer first).
 nlohmann::ordered_json to_json(const Profile& p);
 nlohmann::ordered_json to_json(const Plan& p);
 Profile profile_from_json(const nlohmann::json& j);
 Plan plan_from_json(const nlohmann::json& j);
+nlohmann::ordered_json to_json(const RunRecord& r);
+// SchemaError naming the field; a file with no schema_version (written before 1.4) is read too.
+RunRecord run_record_from_json(const nlohmann::json& j);
+
+// A plan's cross-field rules (sizes >= 1 summing to per_rank_batch, one weight n_i / per_rank_batch
+// per microbatch, accumulation_steps, per_rank_batch · world_size = target_batch, the uniform
+// split): SchemaError naming the `$.` field. plan_from_json checks every plan it reads with it,
+// and the executor every plan it is given, so a plan made in code obeys the same rules.
+void check_plan_window(const Plan& p);
 
 // Read and parse a file; InputError if it is missing or not JSON, SchemaError if it does not
 // match. `what` names the file's role in messages ("--profile").

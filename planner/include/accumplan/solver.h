@@ -81,6 +81,24 @@ int64_t largest_divisor_at_most(int64_t total, int64_t limit, int64_t unit = 1);
 std::vector<int64_t> split_samples(int64_t total, int64_t max_micro_batch, const std::string& split,
                                    int64_t unit = 1);
 
+// The one rule that sets a plan's window from its sizes: microbatch_sizes, micro_batch (the
+// largest), accumulation_steps, weights n_i / per_rank_batch, max_micro_batch and the uniform
+// alternative (the largest divisor of per_rank_batch up to max_micro_batch, a multiple of `unit`
+// when one divides). plan.per_rank_batch must be set and the sizes must sum to it. make_plan, a
+// re-plan after an OOM and the profiler's measurement windows all use it.
+void set_window(Plan& plan, std::vector<int64_t> sizes, int64_t max_micro_batch, int64_t unit = 1);
+
+// The parts of a margin a size a real window ran at still keeps free: the run-to-run parts (the
+// allocator's fragmentation, a --headroom size, a --headroom fraction of the activations slope·b).
+// The fit's residual and auto's activation fraction are prediction and drop. The one rule for
+// make_plan's evidence, its climb, and the profiler's confirmation windows.
+struct KeptMargin {
+  int64_t constant_bytes = 0;      // fragmentation + a --headroom size
+  double activation_fraction = 0;  // a --headroom fraction; 0 with auto
+  int64_t bytes_at(double slope_bytes_per_sample, int64_t micro_batch) const;  // rounded up
+};
+KeptMargin kept_margin(const Margin& margin);
+
 // The request's own checks (ranges, B divisible by W and by W·multiple_of), without a profile:
 // callers that measure first run it before spending the measurement. Throws like make_plan.
 void check_request(const PlanRequest& request);

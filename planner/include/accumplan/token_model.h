@@ -50,6 +50,9 @@ class TokenMemoryModel {
   // Throws InputError for fewer than two distinct b·T token counts, a point with b < 1 or T < 1,
   // or a per-token cost that is not positive (peaks that do not grow with the tokens).
   static TokenMemoryModel fit(const std::vector<TokenPoint>& points);
+  // The fit over a profile's (b, T) points (those with a seq_len; peak_bytes), as the planner,
+  // the profiler and a re-pack after an OOM all take it.
+  static TokenMemoryModel fit(const Profile& profile);
 
   const TokenFit& summary() const { return fit_; }
   double predict_bytes(int64_t micro_batch, int64_t seq_len) const;
