@@ -24,6 +24,7 @@
 #include "executor/executor.h"
 #include "runtime/loss.h"
 #include "runtime/loss_setup.h"
+#include "runtime/host_data.h"
 #include "runtime/optim.h"
 #include "runtime/step.h"
 
@@ -70,9 +71,9 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
     // The file is the data set, held on the host like `accumplan run --data` holds it: on the CPU
     // device its bytes are outside every peak and the budget (as run subtracts its host data). A
     // 1600-sequence file (26 MB) once inflated every probe of a token plan by 25 MiB.
-    const int64_t before_file = probe_.current_bytes();
-    file_batch_ = load_batch_file(*options_.batch_file, /*has_target=*/true, "--batch-file", setup.ignore_index);
-    host_bytes_ = std::max<int64_t>(0, probe_.current_bytes() - before_file);
+    file_batch_ = load_host_data(
+        probe_, [&] { return load_batch_file(*options_.batch_file, /*has_target=*/true, "--batch-file", setup.ignore_index); },
+        host_bytes_);
     setup.inputs.clear();
     // Ragged data: the padded dimension is the sequence dimension T ("int64[B,T]:50257"), and the
     // file's own lengths are the range planned for unless --seq-len says otherwise.
@@ -239,10 +240,8 @@ WindowMeasurement ProbeRunner::window(const std::vector<int64_t>& sizes) {
   };
   try {
     probe_.set_budget_bytes(std::nullopt);
-    const int64_t before_data = probe_.current_bytes();
-    const Batch data = window_data(samples);
-    data_bytes = std::max<int64_t>(0, probe_.current_bytes() - before_data);
-    if (budget) probe_.set_budget_bytes(*budget + data_bytes);
+    const Batch data = load_host_data(probe_, [&] { return window_data(samples); }, data_bytes);
+    enforce_budget_beside(probe_, budget, data_bytes);
     Executor executor(model_.module, *optimizer_, window_plan(sizes), eo);
     WindowStats st = executor.accumulate(data);
     sync();

@@ -42,6 +42,10 @@ class RunSession {
   RunSession(torch::jit::Module module, torch::optim::Optimizer& optimizer, const Plan& plan, ExecutorOptions eo,
              const Batch& data, std::vector<std::pair<int64_t, int64_t>> windows, RunSessionOptions options);
 
+  // The executor's hooks hold `this`: a session stays where it was made.
+  RunSession(const RunSession&) = delete;
+  RunSession& operator=(const RunSession&) = delete;
+
   // Runs every window; a rank of a group steps its strided share of each (shard_window).
   void run();
 
