@@ -12,10 +12,14 @@ import hashlib
 import json
 import math
 import operator
+import os
+import stat
 
 SCHEMA = "accumplan.plan"
 SUPPORTED_MAJOR = 1
 SPLITS = ("balanced", "uniform")
+# The C++ reader's limit (json_io.h kMaxInputFileBytes): a plan is a few KiB; 256 MiB is a wrong file.
+MAX_PLAN_BYTES = 256 << 20
 
 
 class PlanError(ValueError):
@@ -509,6 +513,43 @@ class Plan:
         return train.train_window(self, model, optimizer, inputs, target, **kwargs)
 
 
+def _read_plan_document(path):
+    """The JSON object in the file at ``path``. Refuses, with PlanError naming the path, before
+    reading anything it cannot hold: a directory, a FIFO (which would block for ever), a device or
+    socket, a file over MAX_PLAN_BYTES; then text that is not UTF-8, not JSON, nested too deep, or
+    not an object."""
+    name = repr(os.fsdecode(path))
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise PlanError("cannot read plan %s: %s" % (name, e.strerror)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise PlanError("plan %s is a directory; give the path of plan.json in it" % name)
+    if not stat.S_ISREG(st.st_mode):
+        raise PlanError("plan %s is not a regular file (a FIFO, device or socket); give the path of plan.json" % name)
+    if st.st_size > MAX_PLAN_BYTES:
+        raise PlanError("plan %s holds %d bytes, more than a plan can (%d); is it the right file?"
+                        % (name, st.st_size, MAX_PLAN_BYTES))
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_PLAN_BYTES + 1)
+    except OSError as e:
+        raise PlanError("cannot read plan %s: %s" % (name, e.strerror)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PlanError("plan %s is not UTF-8 text (byte %d); is it the right file?" % (name, e.start)) from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PlanError("plan %s is not JSON: %s" % (name, e)) from None
+    except RecursionError:
+        raise PlanError("plan %s nests its JSON too deep to be a plan" % name) from None
+    if not isinstance(doc, dict):
+        raise PlanError("plan %s holds a JSON %s, not a plan object" % (name, type(doc).__name__))
+    return doc
+
+
 def load_plan(path_or_doc, model=None, force=False):
     """Reads and validates a plan: a path to plan.json, or the already parsed dict.
 
@@ -516,15 +557,11 @@ def load_plan(path_or_doc, model=None, force=False):
     accepts a different one). Accepts schema_version 1.x (1.0 to 1.4); refuses other majors."""
     if isinstance(path_or_doc, dict):
         plan = Plan(path_or_doc, source="plan")
+    elif isinstance(path_or_doc, (str, bytes, os.PathLike)):
+        plan = Plan(_read_plan_document(path_or_doc), source=os.fsdecode(path_or_doc))
     else:
-        try:
-            with open(path_or_doc) as f:
-                doc = json.load(f)
-        except OSError as e:
-            raise PlanError("cannot read plan %s: %s" % (path_or_doc, e.strerror)) from e
-        except json.JSONDecodeError as e:
-            raise PlanError("%s is not JSON: %s" % (path_or_doc, e)) from e
-        plan = Plan(doc, source=str(path_or_doc))
+        raise TypeError("load_plan: path_or_doc must be a path (str, bytes, os.PathLike) or a dict, not %s"
+                        % type(path_or_doc).__name__)
     if model is not None:
         plan.check_model(model, force=force)
     return plan

@@ -79,6 +79,34 @@ class LoadPlan(unittest.TestCase):
         with self.assertRaisesRegex(accumplan.PlanError, "x world_size 2 is not target_batch 256"):
             accumplan.load_plan(doc)
 
+    def test_hostile_files_are_refused_with_plan_error_before_reading(self):
+        with tempfile.TemporaryDirectory() as d:
+            fifo = os.path.join(d, "fifo")
+            os.mkfifo(fifo)  # no writer: opening it would block for ever
+            with self.assertRaisesRegex(accumplan.PlanError, "not a regular file"):
+                accumplan.load_plan(fifo)
+            with self.assertRaisesRegex(accumplan.PlanError, "is a directory"):
+                accumplan.load_plan(d)
+            with self.assertRaisesRegex(accumplan.PlanError, "not a regular file"):
+                accumplan.load_plan("/dev/zero")  # was a MemoryError
+            latin = os.path.join(d, "latin1.json")
+            with open(latin, "wb") as f:
+                f.write(b'{"reason": "caf\xe9"}')
+            with self.assertRaisesRegex(accumplan.PlanError, "not UTF-8"):
+                accumplan.load_plan(latin)
+            deep = os.path.join(d, "deep.json")
+            with open(deep, "w") as f:
+                f.write("[" * 100000 + "]" * 100000)
+            with self.assertRaisesRegex(accumplan.PlanError, "too deep|not a plan object"):
+                accumplan.load_plan(deep)
+            array = os.path.join(d, "array.json")
+            with open(array, "w") as f:
+                f.write("[1, 2]")
+            with self.assertRaisesRegex(accumplan.PlanError, "not a plan object"):
+                accumplan.load_plan(array)
+            with self.assertRaisesRegex(TypeError, "path_or_doc"):
+                accumplan.load_plan(42)
+
     def test_file_errors_and_the_model_hash(self):
         with tempfile.TemporaryDirectory() as d:
             with self.assertRaisesRegex(accumplan.PlanError, "cannot read plan"):
