@@ -12,6 +12,7 @@
 
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
+#include "accumplan/json_io.h"
 #include "accumplan/memory_model.h"
 #include "accumplan/setup_rules.h"
 #include "accumplan/solver.h"
@@ -171,10 +172,6 @@ Training training_of(const Plan& plan) {
   t.world = plan.world_size;
   return t;
 }
-
-// JSON text of an export: a path or value that is not UTF-8 (a legal file name) is written with
-// U+FFFD in its place instead of failing after the work.
-std::string json_text(const ojson& j) { return j.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n"; }
 
 // The plan's optimizer as torch.optim's class and keyword arguments: what every trainer that
 // takes a class (Lightning's class_path, Trainer's optimizer_cls_and_kwargs) builds exactly.

@@ -641,4 +641,8 @@ std::vector<std::string> JsonField::strings(const char* key) const {
   return out;
 }
 
+std::string json_text(const nlohmann::ordered_json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+}
+
 }  // namespace accumplan

@@ -48,6 +48,7 @@ RunStats run_stats_from_json(const nlohmann::json& j) {
   // A CUDA run is drawn by its reserved peaks: the caching allocator's bytes are what its plan predicts.
   s.peak_is_reserved = r.measured_reserved_peak_bytes.has_value();
   s.measured_peak_bytes = s.peak_is_reserved ? r.measured_reserved_peak_bytes : r.measured_peak_bytes;
+  s.per_rank_batch = r.per_rank_batch;
   s.predicted_peak_bytes = r.predicted_peak_bytes;
   if (r.final_predicted_peak_bytes && *r.final_predicted_peak_bytes != s.predicted_peak_bytes) {
     s.final_predicted_peak_bytes = r.final_predicted_peak_bytes;
@@ -62,6 +63,20 @@ RunStats run_stats_from_json(const nlohmann::json& j) {
     s.series.push_back(std::move(w));
   }
   return s;
+}
+
+void check_stats_of_plan(const Plan& plan, const RunStats& stats, const std::string& what) {
+  const int64_t predicted = plan.memory.predicted_peak_bytes;
+  const bool same_prediction = stats.predicted_peak_bytes == predicted ||
+                               (stats.final_predicted_peak_bytes && *stats.final_predicted_peak_bytes == predicted);
+  if (stats.per_rank_batch > 0 && stats.per_rank_batch != plan.per_rank_batch) {
+    throw InputError(what + " is from a run with a per-rank batch of " + std::to_string(stats.per_rank_batch) +
+                     ", this plan's is " + std::to_string(plan.per_rank_batch) + "; give the stats of a run of this plan");
+  }
+  if (!same_prediction) {
+    throw InputError(what + " is from a run of another plan: it predicted " + format_bytes(stats.predicted_peak_bytes) +
+                     ", this plan " + format_bytes(predicted) + "; give the stats of a run of this plan");
+  }
 }
 
 RunStats read_run_stats_file(const std::string& path, const std::string& what) {

@@ -665,21 +665,32 @@ ojson window_record_json(const RunWindowRecord& r) {
                {"seconds", r.seconds.value_or(0.0)}};
 }
 
+// Ranges a run's figures can have: counts up to 2^40 (kMaxSamples), bytes up to kMaxBytes,
+// seconds finite and not negative. A report drawn from anything else would mislead.
+constexpr IntRange kCount{0, kMaxSamples};
+constexpr IntRange kSize{1, kMaxSamples};
+constexpr IntRange kBytes{0, kMaxBytes};
+constexpr RealRange kSeconds{0.0, 1e12};
+
+std::vector<int64_t> sizes_from(const JsonField& f) {
+  std::vector<int64_t> sizes;
+  for (const JsonField& n : f.items()) sizes.push_back(n.as_int(kSize));
+  return sizes;
+}
+
 RunWindowRecord window_record_from(const JsonField& f) {
   RunWindowRecord r;
-  r.window = f.i64("window");
-  r.samples = f.i64("samples");
-  r.valid_tokens = f.opt_i64("valid_tokens").value_or(0);
+  r.window = f.i64("window", kCount);
+  r.samples = f.i64("samples", kCount);
+  r.valid_tokens = f.opt_i64("valid_tokens", kCount).value_or(0);
   r.loss = f.opt_f64("loss");
-  r.peak_bytes = f.opt_i64("peak_bytes");
-  r.reserved_peak_bytes = f.opt_i64("reserved_peak_bytes");
-  r.oom_recoveries = f.i64("oom_recoveries");
-  r.replans = f.opt_i64("replans");
-  if (f.has("microbatch_sizes")) {
-    for (const JsonField& n : f.at("microbatch_sizes").items()) r.microbatch_sizes.push_back(n.as_int());
-  }
+  r.peak_bytes = f.opt_i64("peak_bytes", kBytes);
+  r.reserved_peak_bytes = f.opt_i64("reserved_peak_bytes", kBytes);
+  r.oom_recoveries = f.i64("oom_recoveries", kCount);
+  r.replans = f.opt_i64("replans", kCount);
+  if (f.has("microbatch_sizes")) r.microbatch_sizes = sizes_from(f.at("microbatch_sizes"));
   if (f.has("stepped")) r.stepped = f.boolean("stepped");
-  r.seconds = f.opt_f64("seconds");
+  r.seconds = f.opt_f64("seconds", kSeconds);
   return r;
 }
 
@@ -739,13 +750,14 @@ RunRecord run_record_from_json(const json& doc) {
   }
   if (root.has("schema_version")) check_version(root, kRunStatsSchema);
   RunRecord r;
-  r.windows = root.i64("windows");
+  r.windows = root.i64("windows", kCount);
   r.optimizer_steps = root.opt_i64("optimizer_steps").value_or(0);
   r.skipped_steps = root.opt_i64("skipped_steps").value_or(0);
   r.samples_seen = root.opt_i64("samples_seen").value_or(0);
   r.tokens_seen = root.opt_i64("tokens_seen").value_or(0);
-  r.oom_recoveries = root.i64("oom_recoveries");
-  for (const JsonField& f : root.at("microbatch_sizes").items()) r.microbatch_sizes.push_back(f.as_int());
+  r.oom_recoveries = root.i64("oom_recoveries", kCount);
+  r.microbatch_sizes = sizes_from(root.at("microbatch_sizes"));
+  if (r.microbatch_sizes.empty()) throw SchemaError("$.microbatch_sizes: a run has at least one microbatch");
   r.micro_batch = root.opt_i64("micro_batch");
   r.accumulation_steps = root.opt_i64("accumulation_steps").value_or(static_cast<int64_t>(r.microbatch_sizes.size()));
   r.per_rank_batch = root.opt_i64("per_rank_batch").value_or(0);
@@ -760,20 +772,27 @@ RunRecord run_record_from_json(const json& doc) {
   if (root.has("replicas_identical")) r.replicas_identical = root.boolean("replicas_identical");
   if (root.has("normalization")) r.normalization = root.str("normalization");
   if (root.has("amp")) r.amp = root.str("amp");
-  r.measured_peak_bytes = root.opt_i64("measured_peak_bytes");
-  r.measured_reserved_peak_bytes = root.opt_i64("measured_reserved_peak_bytes");
-  r.predicted_peak_bytes = root.i64("predicted_peak_bytes");
-  r.final_predicted_peak_bytes = root.opt_i64("final_predicted_peak_bytes");
-  r.budget_bytes = root.opt_i64("budget_bytes");
-  r.host_data_bytes = root.opt_i64("host_data_bytes").value_or(0);
+  r.measured_peak_bytes = root.opt_i64("measured_peak_bytes", kBytes);
+  r.measured_reserved_peak_bytes = root.opt_i64("measured_reserved_peak_bytes", kBytes);
+  r.predicted_peak_bytes = root.i64("predicted_peak_bytes", kBytes);
+  r.final_predicted_peak_bytes = root.opt_i64("final_predicted_peak_bytes", kBytes);
+  r.budget_bytes = root.opt_i64("budget_bytes", kBytes);
+  r.host_data_bytes = root.opt_i64("host_data_bytes", kBytes).value_or(0);
   if (root.has("probe")) r.probe = root.str("probe");
-  r.mean_window_seconds = root.opt_f64("mean_window_seconds");
+  r.mean_window_seconds = root.opt_f64("mean_window_seconds", kSeconds);
   r.final_loss = root.opt_f64("final_loss");
   r.loss_scale = root.opt_f64("loss_scale").value_or(1.0);
   if (root.has("model_sha256")) r.model_sha256 = root.str("model_sha256");
   if (root.has("model_hash_matches_plan")) r.model_hash_matches_plan = root.boolean("model_hash_matches_plan");
   if (root.has("window_series")) {
-    for (const JsonField& f : root.at("window_series").items()) r.window_series.push_back(window_record_from(f));
+    for (const JsonField& f : root.at("window_series").items()) {
+      r.window_series.push_back(window_record_from(f));
+      // Windows in order from 0, as the run wrote them.
+      if (r.window_series.back().window != static_cast<int64_t>(r.window_series.size()) - 1) {
+        throw SchemaError(f.path() + ".window: " + std::to_string(r.window_series.back().window) + ", expected " +
+                          std::to_string(r.window_series.size() - 1) + " (windows are numbered in order from 0)");
+      }
+    }
   }
   return r;
 }

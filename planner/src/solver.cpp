@@ -68,7 +68,7 @@ void validate(const PlanRequest& r) {
   if (r.multiple_of) checked_in_range(*r.multiple_of, 1, kMaxSamples, "--multiple-of");
   if (r.max_micro_batch) checked_in_range(*r.max_micro_batch, 1, kMaxSamples, "--max-micro-batch");
   if (r.split != "balanced" && r.split != "uniform") {
-    throw InputError("--split must be 'balanced' or 'uniform', got '" + r.split + "'");
+    throw InputError("--split must be 'balanced' or 'uniform', got '" + cut_for_message(r.split) + "'");
   }
 }
 

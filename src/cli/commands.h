@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "accumplan/outputs.h"
+
 namespace CLI {
 class App;
 }
@@ -49,5 +51,11 @@ std::vector<int64_t> read_seq_len_file(const std::string& path);
 
 // Writes `text` to `path` atomically, or to stdout when `path` is empty or "-".
 void emit_output(const std::string& path, const std::string& text);
+
+// The output option `name` of `app` with its value, for check_outputs (accumplan/outputs.h):
+// given when it was on the command line; `stdout_when_absent` for an output that then goes to
+// standard output.
+OutputOption output_option(const CLI::App* app, const std::string& name, const std::string& path,
+                           bool stdout_when_absent = false);
 
 }  // namespace accumplan::cli

@@ -193,7 +193,8 @@ RunnerOptions runner_options(const DeviceArgs& a) {
     if (a.hyper_options[i]->count() > 0) s.hyperparameters[names[i]] = values[i];
   }
   s.normalization = a.normalization;
-  s.ignore_index = a.ignore_index;
+  // The range a plan's reader accepts (a 32-bit class index): a plan nobody could read is refused now.
+  s.ignore_index = checked_in_range(a.ignore_index, int64_t{-2147483648LL}, int64_t{2147483647}, "--ignore-index");
   s.amp = to_string(parse_amp_mode(a.amp, "--amp"));
   if (a.max_grad_norm_option->count() > 0) s.max_grad_norm = a.max_grad_norm;
   if (!a.seq_len.empty() && !a.seq_len_file.empty()) {
@@ -300,7 +301,9 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
   profile->add_option("--world-size", pargs->plan.world_size, "data-parallel ranks (bounds probes by B / W)")
       ->capture_default_str();
   profile->add_option("--out", pargs->out, "write profile.json here (atomically); default stdout");
-  commands.push_back({profile, [pargs]() {
+  commands.push_back({profile, [pargs, profile]() {
+                        check_outputs({output_option(profile, "--out", pargs->out, true)},
+                                      {{"--model", pargs->model}, {"--batch-file", pargs->batch_file}});
                         RunnerOptions o = runner_options(*pargs);
                         const std::shared_ptr<Progress> progress = make_stderr_progress(pargs->progress, "step", 0);
                         o.progress = step_callback(progress);
@@ -321,7 +324,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
                                   << format_bytes(p.persistent.optimizer_state_bytes) << "; " << p.points.size()
                                   << " microbatch sizes measured on " << p.device.name << "\n"
                                   << steps_summary(p.trials);
-                        emit_output(pargs->out, to_json(p).dump(2) + "\n");
+                        emit_output(pargs->out, json_text(to_json(p)));
                         return 0;
                       }});
 
@@ -333,7 +336,6 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
                                "builtin:convnet --target-batch 256 --device cpu --memory-budget 256MiB), or a "
                                "subcommand; run `accumplan --help`");
             }
-            (void)root;
             if (args->plan.target_batch < 1 && !by_tokens) {
               throw InputError("--target-batch is required and must be at least 1 (the effective batch per optimizer "
                                "step), got " + std::to_string(args->plan.target_batch) +
@@ -341,6 +343,9 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
             }
             PlanRequest req = plan_request_from(args->plan);
             check_request(req);  // the planner's own checks, before the device is touched
+            check_outputs({output_option(&root, "--out", args->out, true), output_option(&root, "--report", args->report)},
+                          {{"--model", args->model}, {"--batch-file", args->batch_file}});
+            if (!args->report.empty()) report_format_for("", args->report);
             RunnerOptions o = runner_options(*args);
             if (by_tokens && o.setup.seq_len.empty() && !o.batch_file) {
               throw InputError("--target-tokens " + std::to_string(args->plan.target_tokens) + " counts the tokens of "
@@ -358,7 +363,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
             const Plan plan = runner.plan_and_confirm(profile, req);
             progress->finish();
             std::cerr << describe_plan(plan) << steps_summary(plan.profile.trials);
-            emit_output(args->out, to_json(plan).dump(2) + "\n");
+            emit_output(args->out, json_text(to_json(plan)));
             if (!args->report.empty()) {
               emit_output(args->report, render_report(report_input_from_plan(plan), report_format_for("", args->report)));
             }

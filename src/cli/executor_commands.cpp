@@ -49,6 +49,7 @@
 #include "observe/progress.h"
 #include "observe/trace.h"
 #include "runtime/batch.h"
+#include "runtime/host_data.h"
 #include "runtime/loss.h"
 #include "runtime/loss_setup.h"
 #include "runtime/model.h"
@@ -101,7 +102,9 @@ struct RunArgs {
   double rtol = 1e-5;
   std::string json_out;
   bool freeze_batch_dependent = false;  // verify: those layers in eval mode
+  const CLI::App* app = nullptr;  // the subcommand, to tell which outputs were given
 };
+
 
 std::string short_hash(const std::string& h) { return h.size() > 12 ? h.substr(0, 12) + "…" : h; }
 
@@ -327,6 +330,27 @@ std::string rank_path(const std::string& path, int rank) {
   return out;
 }
 
+// Every output of `run` (for this rank: "{rank}" filled in; a rank > 0 writes only paths with
+// "{rank}") or `verify`, and the inputs it must not replace, checked before anything loads.
+void check_run_outputs(const RunArgs& a, int rank) {
+  auto out = [&](const char* name, const std::string& path) {
+    OutputOption o = output_option(a.app, name, path);
+    if (o.given && !path.empty()) {
+      o.path = rank_path(path, rank);
+      o.given = !o.path.empty();
+    }
+    return o;
+  };
+  std::vector<OutputOption> outputs;
+  if (a.app->get_name() == "verify") {
+    // The table always goes to standard output: --json - would mix JSON into it.
+    outputs = {OutputOption{"the verification table", "-", false, true}, out("--json", a.json_out)};
+  } else {
+    outputs = {out("--save", a.save), out("--stats", a.stats), out("--plan-out", a.plan_out), out("--trace", a.trace)};
+  }
+  check_outputs(outputs, {{"--plan", a.plan}, {"--model", a.model}, {"--data", a.data}, {"--seq-len-file", a.seq_len_file}});
+}
+
 // Every flag of `run` checked before anything loads.
 void check_run_flags(const RunArgs& a) {
   if (a.steps_option->count() > 0) checked_in_range(a.steps, 1, kMaxSamples, "--steps (optimizer windows to run)");
@@ -378,20 +402,16 @@ RunData load_run_data(const RunArgs& a, Prepared& p) {
   }
   const int64_t default_samples = default_synthetic_samples(a, p.plan, 4);
   RunData d;
-  // Host data sits in the same allocator as the "device" on CPU; it would sit in host memory on
-  // a GPU. Count its bytes so the budget below can exclude them.
-  const int64_t before_data_bytes = p.probe->current_bytes();
   // Every rank loads the whole data set (synthetic samples come from the same seed) and takes its
-  // share of each window; a sharded loader is the trainer's business, not the plan's.
-  d.data = load_data(a, p, a.synthetic_samples > 0 ? a.synthetic_samples : default_samples);
-  d.host_data_bytes = p.device.is_cpu() ? std::max<int64_t>(0, p.probe->current_bytes() - before_data_bytes) : 0;
+  // share of each window; a sharded loader is the trainer's business, not the plan's. On the CPU
+  // device its bytes are host data (runtime/host_data.h): outside every peak and the budget.
+  d.data = load_host_data(
+      *p.probe, [&] { return load_data(a, p, a.synthetic_samples > 0 ? a.synthetic_samples : default_samples); },
+      d.host_data_bytes);
   batch_samples(d.data, "the data");  // every tensor holds the same samples
   if (!a.budget.empty()) {
     d.budget_bytes = parse_budget(a.budget, "--memory-budget").resolve_bytes(p.probe->device_total_bytes());
-    // On CPU the whole data set (e.g. 4 windows of synthetic samples) is allocated through the
-    // counting allocator; the profiler only ever held one microbatch's inputs. Enforce the budget
-    // on what a device would hold: the budget plus the host data.
-    p.probe->set_budget_bytes(*d.budget_bytes + d.host_data_bytes);
+    enforce_budget_beside(*p.probe, d.budget_bytes, d.host_data_bytes);
   }
   return d;
 }
@@ -487,6 +507,7 @@ RunRecord run_record_base(const Prepared& p, const Communicator* comm, const Run
 int run_command(const RunArgs& a) {
   check_run_flags(a);
   const std::optional<DistEnv> dist = dist_env_from_environment();
+  check_run_outputs(a, dist ? dist->rank : 0);
   Prepared p = prepare(a, "run", dist);
   // Join the group once the inputs are known good here; every rank checks the same plan and data
   // specs, so a bad input stops every rank before the rendezvous, not one rank inside it.
@@ -540,20 +561,21 @@ int run_command(const RunArgs& a) {
               << "stepped with the same all-reduced gradient, so this is a bug worth reporting\n";
   }
   const std::string plan_out = rank_path(a.plan_out, rank), save = rank_path(a.save, rank), stats = rank_path(a.stats, rank);
-  if (!plan_out.empty()) write_text_atomic(plan_out, to_json(final_plan).dump(2) + "\n");
+  if (!plan_out.empty()) write_text_atomic(plan_out, json_text(to_json(final_plan)));
   if (!save.empty()) save_module_atomic(p.model.module, save);
   if (trace) {
     session.add_device_timeline(*p.probe);
     emit_output(trace_path, trace->dump());
   }
   const RunRecord record = session.record(run_record_base(p, comm.get(), d, setup), final_plan, replicas_identical);
-  if (!stats.empty()) emit_output(stats, to_json(record).dump(2) + "\n");
+  if (!stats.empty()) emit_output(stats, json_text(to_json(record)));
   if (lead) print_run_summary(record, final_plan, p.plan);
   return 0;
 }
 
 int verify_command(const RunArgs& a) {
   if (!(a.rtol > 0)) throw InputError("--rtol must be positive, got " + std::to_string(a.rtol));
+  check_run_outputs(a, 0);
   Prepared p = prepare(a, "verify");
   const int64_t T = p.plan.per_rank_batch;
   Batch data = load_data(a, p, default_synthetic_samples(a, p.plan, 1));
@@ -590,7 +612,7 @@ int verify_command(const RunArgs& a) {
   const VerifyReport rep = naming_data_source(a, [&] { return verify_accumulation(p.model.module, window, p.plan, vo); });
   std::cout << format_table(rep) << std::flush;
   for (const auto& w : rep.warnings) std::cerr << "accumplan: warning: " << w << "\n";
-  if (!a.json_out.empty()) emit_output(a.json_out, to_json(rep).dump(2) + "\n");
+  if (!a.json_out.empty()) emit_output(a.json_out, json_text(to_json(rep)));
   return rep.pass ? 0 : kExitVerifyDiffers;
 }
 
@@ -658,6 +680,7 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
       "(a plan made with --world-size W). Each global window of B samples is sharded strided: rank r takes "
       "samples r, r+W, r+2W, .... Rank 0 writes --stats/--save/--plan-out/--trace; put {rank} in a path to have every rank "
       "write its own.");
+  args->app = run;
   commands.push_back({run, [args]() { return run_command(*args); }});
 
   auto vargs = std::make_shared<RunArgs>();
@@ -672,6 +695,7 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
                    "BatchNorm and other batch-dependent layers in eval mode (their running statistics) in both "
                    "updates: a check of the weighting alone, which such layers otherwise make differ");
   verify->footer("Exit codes: 0 equal within --rtol, 3 they differ, 2 bad input, 1 internal error.");
+  vargs->app = verify;
   commands.push_back({verify, [vargs]() { return verify_command(*vargs); }});
 }
 

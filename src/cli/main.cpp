@@ -25,6 +25,11 @@ void emit_output(const std::string& path, const std::string& text) {
   }
 }
 
+OutputOption output_option(const CLI::App* app, const std::string& name, const std::string& path,
+                           bool stdout_when_absent) {
+  return OutputOption{name, path, app->count(name) > 0, stdout_when_absent};
+}
+
 namespace {
 
 // `accumplan help [COMMAND]` is `accumplan [COMMAND] --help`: the words people type first.
@@ -86,7 +91,7 @@ int main(int argc, char** argv) {
   try {
     args = cli::with_help_command(argc, argv, app);
   } catch (const InputError& e) {
-    std::cerr << "accumplan: error: " << e.what() << "\n";
+    std::cerr << "accumplan: error: " << one_line(e.what()) << "\n";
     return kExitInput;
   }
   std::vector<char*> arg_pointers;
@@ -123,7 +128,8 @@ int main(int argc, char** argv) {
     }
     return root_job.run();
   } catch (const accumplan::Error& e) {
-    std::cerr << "accumplan: error: " << e.what();
+    // One line whatever a value echoed into the message held (a newline in an option's value).
+    std::cerr << "accumplan: error: " << one_line(e.what());
     if (!e.detail().empty()) {
       if (verbose) {
         std::cerr << "\n" << e.detail();

@@ -11,6 +11,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/exporters.h"
+#include "accumplan/json_io.h"
 #include "accumplan/report.h"
 #include "accumplan/schema.h"
 #include "accumplan/solver.h"
@@ -59,14 +60,15 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
       ->group("Plan");
   plan->add_option("--out", args->out, "write plan.json here (atomically); default stdout");
 
-  commands.push_back({plan, [args]() {
+  commands.push_back({plan, [args, plan]() {
+                        check_outputs({output_option(plan, "--out", args->out, true)}, {{"--profile", args->profile}});
                         const Profile profile = read_profile_file(args->profile, "--profile");
                         PlanRequest req = plan_request_from(args->plan);
                         if (!args->budget.empty()) req.budget = parse_budget(args->budget, "--memory-budget");
                         const Plan p = make_plan(profile, req);
                         // Written first: a bad --out is then one error line, not a summary of a
                         // plan that was never saved followed by the error.
-                        emit_output(args->out, to_json(p).dump(2) + "\n");
+                        emit_output(args->out, json_text(to_json(p)));
                         std::cerr << describe_plan(p);
                         return 0;
                       }});
@@ -85,8 +87,9 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
   exp->add_option("--lightning-datamodule", eargs->lightning_datamodule,
                   "lightning: your LightningDataModule's class path (my_project.data.TextDataModule); the "
                   "batch size then goes to data: class_path/init_args, as LightningCLI's subclass mode reads it");
-  commands.push_back({exp, [eargs]() {
+  commands.push_back({exp, [eargs, exp]() {
                         check_lightning_datamodule(eargs->lightning_datamodule);  // before reading anything
+                        check_outputs({output_option(exp, "--out", eargs->out, true)}, {{"--plan", eargs->plan}});
                         const Plan p = read_plan_file(eargs->plan, "--plan");
                         std::string note;
                         ExportOptions options;
@@ -110,10 +113,15 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
   rep->add_option("--stats", rargs->stats, "run statistics from `accumplan run --stats`: the run's peak and OOM recoveries");
   rep->add_option("--out", rargs->out, "write the report here (atomically); - for stdout")->required();
   choice(rep->add_option("--format", rargs->format, "html | svg (default: what --out's extension names, else html)"));
-  commands.push_back({rep, [rargs]() {
+  commands.push_back({rep, [rargs, rep]() {
                         const std::string format = report_format_for(rargs->format, rargs->out);
+                        check_outputs({output_option(rep, "--out", rargs->out)},
+                                      {{"report input", rargs->input}, {"--stats", rargs->stats}});
                         ReportInput in = read_report_input(rargs->input, "report input");
-                        if (!rargs->stats.empty()) in.stats = read_run_stats_file(rargs->stats, "--stats");
+                        if (!rargs->stats.empty()) {
+                          in.stats = read_run_stats_file(rargs->stats, "--stats");
+                          if (in.plan) check_stats_of_plan(*in.plan, *in.stats);
+                        }
                         emit_output(rargs->out, render_report(in, format));
                         return 0;
                       }});

@@ -225,7 +225,7 @@ void Executor::recover(int64_t failing_size, const MicrobatchEvent& where, const
   log(line.str());
   // Every rank re-plans identically; one writer is enough and avoids W renames onto one path.
   const bool writer = !options_.communicator || options_.communicator->rank() == 0;
-  if (!options_.plan_out.empty() && writer) write_text_atomic(options_.plan_out, to_json(plan_).dump(2) + "\n");
+  if (!options_.plan_out.empty() && writer) write_text_atomic(options_.plan_out, json_text(to_json(plan_)));
   if (options_.on_replan) options_.on_replan(ReplanEvent{where.window, failing_size, plan_.microbatch_sizes, note});
 }
 
@@ -253,7 +253,7 @@ void Executor::recover_packed(int64_t failing_tokens, int64_t longest_sequence, 
       " padded tokens); token budget lowered to " + std::to_string(budget) +
       " padded tokens per microbatch; re-packing and replaying the window from its first sample");
   const bool writer = !options_.communicator || options_.communicator->rank() == 0;
-  if (!options_.plan_out.empty() && writer) write_text_atomic(options_.plan_out, to_json(plan_).dump(2) + "\n");
+  if (!options_.plan_out.empty() && writer) write_text_atomic(options_.plan_out, json_text(to_json(plan_)));
   if (options_.on_replan) {
     std::vector<int64_t> sizes;
     if (!lengths.empty()) {

@@ -44,7 +44,7 @@ ProgressMode parse_progress_mode(const std::string& text, const std::string& wha
   if (text == "bar") return ProgressMode::Bar;
   if (text == "plain") return ProgressMode::Plain;
   if (text == "none") return ProgressMode::None;
-  throw InputError(what + " must be auto, bar, plain or none, got '" + text +
+  throw InputError(what + " must be auto, bar, plain or none, got '" + cut_for_message(text) +
                    "' (auto: one updating line on a terminal, plain lines in a log)");
 }
 

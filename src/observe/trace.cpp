@@ -153,6 +153,9 @@ nlohmann::json RunTrace::to_json() const {
           {"otherData", {{"producer", "accumplan run --trace"}, {"time_unit", "microseconds since the run began"}}}};
 }
 
-std::string RunTrace::dump() const { return to_json().dump(1) + "\n"; }
+// A name that is not UTF-8 (a model file from a non-UTF-8 locale) is written as U+FFFD.
+std::string RunTrace::dump() const {
+  return to_json().dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
 
 }  // namespace accumplan

@@ -165,9 +165,9 @@ TEST_CASE("CLI hostile: --out onto a directory, a FIFO without a reader, a missi
   // `report`: it prints nothing else on stderr, so the refusal is the only line (`plan` prints
   // its summary first, then the same refusal).
   auto report_to = [&](const std::string& o) { return std::vector<std::string>{"report", kPlan, "--out", o}; };
-  expect_refusal(out, report_to(out + "/adir"), "it is a directory");
+  expect_refusal(out, report_to(out + "/adir"), "is a directory");  // checked before reading (outputs.h)
   expect_refusal(out, report_to(fifo), "it is a FIFO (named pipe) with no reader");
-  expect_refusal(out, report_to(out + "/no/such/report.html"), "No such file or directory");
+  expect_refusal(out, report_to(out + "/no/such/report.html"), "no such directory");
   expect_refusal(out, report_to("/dev/full"), "disk full");
   struct stat st {};
   REQUIRE(::lstat(fifo.c_str(), &st) == 0);

@@ -168,3 +168,30 @@ TEST_CASE("CLI: choice values in any case; an option given twice is said in prod
   // A newline inside a choice value is not echoed into a second line.
   expect_input_error({"export", "--plan", plan, "--to", "deep\nspeed"}, "is not a known trainer");
 }
+
+TEST_CASE("CLI outputs: checked before anything is read, and nothing is replaced", "[cli][outputs][errors]") {
+  const std::string dir = scratch_dir("planner-outputs");
+  const std::string profile = dir + "/profile.json";
+  std::ofstream(profile) << slurp(kProfile);
+  const std::string before = slurp(profile);
+  // An output onto its own input: the profile would be replaced by the plan made from it.
+  expect_refusal(dir, {"plan", "--profile", profile, "--target-batch", "8", "--out", profile},
+                 "is the --profile file it is made from");
+  CHECK(slurp(profile) == before);
+  expect_refusal(dir, {"plan", "--profile", profile, "--target-batch", "8", "--out", ""}, "--out '': an empty path");
+  expect_refusal(dir, {"report", profile, "--out", dir + "/no-such-dir/r.html"}, "no such directory");
+  expect_refusal(dir, {"report", profile, "--out", dir}, "is a directory");
+  expect_refusal(dir, {"export", "--plan", profile, "--to", "hf", "--out", dir + "/missing/hf.json"}, "no such directory");
+}
+
+TEST_CASE("CLI: a newline inside any value never breaks the one error line", "[cli][errors][one-line]") {
+  const std::string dir = scratch_dir("one-line");
+  for (const std::vector<std::string>& extra : std::vector<std::vector<std::string>>{
+           {"--split", "a\nb"}, {"--memory-budget", "1\n2GiB"}, {"--headroom", "0.1\n"}, {"--target-batch", "8\n"}}) {
+    std::vector<std::string> args = {"plan", "--profile", kProfile, "--target-batch", "8"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    expect_refusal(dir, args, "accumplan: error:");
+  }
+  expect_refusal(dir, {"plan", "--profile", "no\nsuch.json", "--target-batch", "8"}, "no?such.json");
+  expect_refusal(dir, {"export", "--plan", kProfile, "--to", "h\nf"}, "accumplan: error:");
+}

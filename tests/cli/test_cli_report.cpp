@@ -96,3 +96,16 @@ TEST_CASE("CLI report: bad input exits 2 and names it", "[cli][report][errors]")
   expect_input_error({"report", kPlan, "--out", "/nonexistent-dir/r.html"}, "/nonexistent-dir/r.html");
   CHECK(files_in(dir) == 1);  // only stats.json: no report was written
 }
+
+TEST_CASE("CLI report: stats from a run of another plan are refused", "[cli][report][errors]") {
+  const std::string dir = scratch_dir("report-other-plan");
+  json s = json::parse(slurp(write_stats(dir)));
+  s["predicted_peak_bytes"] = s["predicted_peak_bytes"].get<int64_t>() + 4096;
+  const std::string other = dir + "/other-stats.json";
+  std::ofstream(other) << s.dump();
+  expect_refusal(dir, {"report", kPlan, "--stats", other, "--out", dir + "/r.html"}, "is from a run of another plan");
+  s = json::parse(slurp(dir + "/stats.json"));
+  s["per_rank_batch"] = 3;
+  std::ofstream(other) << s.dump();
+  expect_refusal(dir, {"report", kPlan, "--stats", other, "--out", dir + "/r.html"}, "per-rank batch of 3");
+}

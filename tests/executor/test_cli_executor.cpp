@@ -22,6 +22,8 @@
 #undef CHECK
 #include <catch2/catch.hpp>
 
+#include "cli_expect.h"  // after Catch
+
 using namespace accumplan::test;
 using nlohmann::json;
 
@@ -139,6 +141,44 @@ TEST_CASE("run over a data file: epochs of ceil(N/B) windows, the last one short
   CHECK(s["windows"] == 6);          // kTarget, kTarget, 88 per epoch
   CHECK(s["optimizer_steps"] == 6);  // 2 * ceil(n / kTarget)
   CHECK(s["samples_seen"] == 2 * n);
+}
+
+TEST_CASE("CLI outputs: every output is checked before measuring or training; nothing is replaced",
+          "[cli][outputs][errors]") {
+  const Fixture& f = mlp_plan();
+  const std::string dir = scratch_dir("executor-outputs-" + std::to_string(::getpid()));
+  const std::string old_plan = dir + "/plan.json";
+  std::ofstream(old_plan) << "an earlier plan";
+  const std::vector<std::string> job = {"--model", "builtin:mlp", "--target-batch", "64", "--device", "cpu",
+                                        "--memory-budget", kBudget, "--threads", "2"};
+  auto with = [](std::vector<std::string> a, const std::vector<std::string>& extra) {
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  // The main job: a --report into a missing directory used to be found after measuring, with
+  // --out already replaced.
+  expect_refusal(dir, with(job, {"--out", old_plan, "--report", dir + "/no-such-dir/r.html"}), "no such directory");
+  CHECK(slurp(old_plan) == "an earlier plan");
+  expect_refusal(dir, with(job, {"--out", old_plan, "--report", old_plan}), "name the same file");
+  expect_refusal(dir, with(job, {"--report", "-"}), "--out and --report would both write to standard output");
+  // run: --trace '' was ignored; a bad --trace was found after training and writing --plan-out.
+  const std::vector<std::string> run = {"run", "--plan", f.plan, "--model", "builtin:mlp", "--steps", "1", "--threads", "2"};
+  expect_refusal(dir, with(run, {"--trace", ""}), "--trace '': an empty path");
+  expect_refusal(dir, with(run, {"--plan-out", dir + "/p.json", "--trace", dir + "/missing/t.json"}), "no such directory");
+  expect_refusal(dir, with(run, {"--stats", "-", "--trace", "-"}), "both write to standard output");
+  expect_refusal(dir, with(run, {"--plan-out", f.plan}), "is the --plan file it is made from");
+  // verify: the table was printed, then --json failed.
+  const std::vector<std::string> verify = {"verify", "--plan", f.plan, "--model", "builtin:mlp", "--threads", "2"};
+  expect_refusal(dir, with(verify, {"--json", dir + "/missing/v.json"}), "no such directory");
+  expect_refusal(dir, with(verify, {"--json", "-"}), "the verification table and --json would both write to standard output");
+}
+
+TEST_CASE("CLI: --ignore-index outside what a plan's reader accepts is refused before measuring", "[cli][errors]") {
+  const std::string dir = scratch_dir("ignore-index-" + std::to_string(::getpid()));
+  expect_refusal(dir,
+                 {"--model", "builtin:mlp", "--target-batch", "64", "--device", "cpu", "--memory-budget", kBudget,
+                  "--ignore-index", "4294967296", "--out", dir + "/plan.json"},
+                 "--ignore-index");
 }
 
 TEST_CASE("run refuses bad input with exit code 2 and a clear message", "[cli][run][errors]") {

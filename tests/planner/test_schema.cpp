@@ -288,3 +288,30 @@ TEST_CASE("Schema: a 1.0 plan still reads, its flattened profile nested as 1.1 w
   CHECK(again.contains("profile"));
   CHECK_FALSE(again.contains("profile_points"));
 }
+
+TEST_CASE("Schema: run stats out of range are refused, naming the field", "[schema][run-stats]") {
+  auto refusal = [](const json& doc) {
+    try {
+      run_record_from_json(doc);
+    } catch (const SchemaError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const json good = json::parse(to_json(golden_run()).dump());
+  json doc = good;
+  doc["measured_peak_bytes"] = -5;
+  CHECK(refusal(doc).find("$.measured_peak_bytes") != std::string::npos);
+  doc = good;
+  doc["window_series"][0]["seconds"] = -1.0;
+  CHECK(refusal(doc).find("$.window_series[0].seconds") != std::string::npos);
+  doc = good;
+  doc["window_series"][1]["window"] = int64_t{1} << 62;
+  CHECK(refusal(doc).find("$.window_series[1].window") != std::string::npos);
+  doc = good;
+  doc["microbatch_sizes"] = json::array();
+  CHECK(refusal(doc).find("$.microbatch_sizes") != std::string::npos);
+  doc = good;
+  doc["window_series"][0]["microbatch_sizes"] = {4, 0};
+  CHECK(refusal(doc).find("$.window_series[0].microbatch_sizes[1]") != std::string::npos);
+}

@@ -72,6 +72,10 @@ inline std::string printable_prefix(const std::string& text, size_t n) {
   return out;
 }
 
+// A whole message on one line: control characters as '?', nothing cut. The CLI prints every
+// refusal through it, so a value a message echoes uncut still cannot break the line.
+inline std::string one_line(const std::string& text) { return printable_prefix(text, text.size()); }
+
 inline std::string cut_for_message(const std::string& text, size_t max_chars = 80) {
   size_t n = text.size() <= max_chars ? text.size() : max_chars;
   // Never cut inside a UTF-8 sequence: back off to the start of the character.

@@ -53,6 +53,11 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& where
 // Throws InputError naming the path and the reason (no such directory, disk full, ...).
 void write_text_atomic(const std::string& path, const std::string& text);
 
+// The text of a document accumplan writes: indented by `indent`, ending in a newline. Text that
+// is not valid UTF-8 (a path or a name from a non-UTF-8 locale) is written with U+FFFD in place
+// of the bad bytes rather than failing the write after the work (nlohmann's type_error.316).
+std::string json_text(const nlohmann::ordered_json& j, int indent = 2);
+
 // Inclusive bounds for a number read from a document; `lo_open`/`hi_open` make an end exclusive.
 struct IntRange {
   int64_t lo;

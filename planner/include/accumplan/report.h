@@ -35,6 +35,7 @@ struct RunStats {
   // the caching allocator's reserved bytes, the fit's target there), else the allocated peak.
   std::optional<int64_t> measured_peak_bytes;
   bool peak_is_reserved = false;           // measured_peak_bytes is measured_reserved_peak_bytes
+  int64_t per_rank_batch = 0;              // the plan's per-rank batch (0 in stats from before 1.4)
   int64_t predicted_peak_bytes = 0;        // the plan's prediction the run started from
   // The prediction of the plan the run ended on, when an OOM recovery re-planned it (the peak of
   // a re-planned run is compared with this one); nullopt when the run kept its plan.
@@ -49,6 +50,10 @@ struct RunStats {
 
 // Reads through run_record_from_json (schema.h), the one reader of the format.
 RunStats run_stats_from_json(const nlohmann::json& j);
+// Stats drawn beside a plan must come from a run of that plan (or of the plan a run re-planned it
+// to): the same per-rank batch, and the plan's predicted peak is the run's starting or final
+// prediction. InputError naming `what` otherwise: a report mixing two runs would mislead.
+void check_stats_of_plan(const Plan& plan, const RunStats& stats, const std::string& what = "--stats");
 // InputError if missing or not JSON, SchemaError naming the field if it is not run stats.
 RunStats read_run_stats_file(const std::string& path, const std::string& what = "--stats");
 
