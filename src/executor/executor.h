@@ -172,13 +172,7 @@ struct WindowStats {
   std::optional<int64_t> reserved_peak_bytes;
 };
 
-struct ExecutorTotals {
-  int64_t windows = 0;
-  int64_t optimizer_steps = 0;
-  int64_t skipped_steps = 0;
-  int64_t samples_seen = 0;
-  int64_t tokens_seen = 0;
-  int64_t oom_recoveries = 0;
+struct ExecutorTotals : RunCounts {  // windows, steps, samples, tokens, OOM recoveries (schema.h)
   double seconds = 0;
   std::optional<int64_t> peak_bytes;     // max over windows
   std::optional<int64_t> reserved_peak_bytes;  // max over windows, where the probe has one

@@ -128,12 +128,7 @@ void RunSession::add_device_timeline(const MemoryProbe& probe) {
 
 RunRecord RunSession::record(RunRecord r, const Plan& final_plan, bool replicas_identical) const {
   const ExecutorTotals& t = executor_->totals();
-  r.windows = t.windows;
-  r.optimizer_steps = t.optimizer_steps;
-  r.skipped_steps = t.skipped_steps;
-  r.samples_seen = t.samples_seen;
-  r.tokens_seen = t.tokens_seen;
-  r.oom_recoveries = t.oom_recoveries;
+  static_cast<RunCounts&>(r) = t;
   r.microbatch_sizes = final_plan.microbatch_sizes;
   r.micro_batch = final_plan.micro_batch;
   r.accumulation_steps = final_plan.accumulation_steps;

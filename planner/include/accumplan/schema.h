@@ -254,13 +254,17 @@ struct RunCollectives {
   int64_t tensor_all_reduces = 0;
 };
 
-struct RunRecord {
+// What a run counted: the executor keeps these (ExecutorTotals), a run's stats record them.
+struct RunCounts {
   int64_t windows = 0;
   int64_t optimizer_steps = 0;
   int64_t skipped_steps = 0;
   int64_t samples_seen = 0;
   int64_t tokens_seen = 0;
   int64_t oom_recoveries = 0;
+};
+
+struct RunRecord : RunCounts {
   std::vector<int64_t> microbatch_sizes;               // the plan the run ended on
   std::optional<int64_t> micro_batch;                  // the largest of them
   int64_t accumulation_steps = 0;
