@@ -6,6 +6,7 @@
 // What it is not: the documents' schema (schema.cpp).
 #include "accumplan/json_io.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -13,9 +14,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -396,15 +399,45 @@ void write_in_place(const std::string& path, const std::string& text) {
   write_all(f.fd, text, path);
 }
 
-// `.` + 8 hex digits + `.tmp`: 13 characters, so a 255-character final name still works.
+// `.ap` + 6 hex digits + `.tmp` (".ap3f09c1.tmp"): 13 characters, so a 255-character final name
+// still works, and a prefix that says whose it is, so only accumplan's own are ever swept.
 std::string temp_name_in(const std::string& dir, unsigned attempt) {
   static std::atomic<unsigned> counter{0};
   const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
   unsigned x = static_cast<unsigned>(::getpid()) * 2654435761u ^ static_cast<unsigned>(now) ^
                (counter.fetch_add(1) * 40503u) ^ (attempt * 97u);
   char buf[16];
-  std::snprintf(buf, sizeof buf, ".%08x.tmp", x);
+  std::snprintf(buf, sizeof buf, ".ap%06x.tmp", x & 0xffffffu);
   return dir + "/" + buf;
+}
+
+bool is_our_temp_name(const char* name) {
+  if (std::strlen(name) != 13 || std::strncmp(name, ".ap", 3) != 0 || std::strcmp(name + 9, ".tmp") != 0) return false;
+  for (int i = 3; i < 9; ++i) {
+    if (!std::isxdigit(static_cast<unsigned char>(name[i]))) return false;
+  }
+  return true;
+}
+
+// A SIGKILL between naming the temp file and renaming it over the target (microseconds, but no
+// handler runs) leaves a temp name behind; the next write into the directory removes ours that
+// are older than 10 minutes — no write holds its temp name for more than the seconds its text
+// takes to write.
+constexpr int64_t kStaleTempSeconds = 600;
+
+void sweep_stale_temps(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  const time_t now = ::time(nullptr);
+  while (const dirent* e = ::readdir(d)) {
+    if (!is_our_temp_name(e->d_name)) continue;
+    const std::string path = dir + "/" + e->d_name;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > kStaleTempSeconds) {
+      (void)::unlink(path.c_str());
+    }
+  }
+  ::closedir(d);
 }
 
 void fsync_dir(const std::string& dir, const std::string& path) {
@@ -440,6 +473,7 @@ void write_text_atomic(const std::string& path, const std::string& text) {
     return;
   }
   const std::string dir = dir_of(target);
+  sweep_stale_temps(dir);
   const mode_t mode = exists ? (st.st_mode & 07777) : 0666;
   TempName temp;
   int fd = -1;

@@ -101,6 +101,23 @@ TEST_CASE("Files: a regular file is replaced whole and no temp file is left", "[
   CHECK((st.st_mode & 0777) == 0640);  // an existing file's permissions are kept
 }
 
+TEST_CASE("Files: a stale temp name of ours left by a SIGKILL is swept by the next write; others stay", "[files]") {
+  const std::string dir = fresh_dir("sweep");
+  auto make = [&](const std::string& name, int64_t age_seconds) {
+    std::ofstream(dir + "/" + name) << "left behind";
+    const timespec when[2] = {{::time(nullptr) - age_seconds, 0}, {::time(nullptr) - age_seconds, 0}};
+    REQUIRE(::utimensat(AT_FDCWD, (dir + "/" + name).c_str(), when, 0) == 0);
+  };
+  make(".ap3f09c1.tmp", 3600);  // ours, an hour old: a write killed between link and rename
+  make(".ap00aa11.tmp", 5);     // ours, seconds old: another write may still hold it
+  make(".3f09c1aa.tmp", 3600);  // not ours (no prefix): never touched
+  write_text_atomic(dir + "/plan.json", "{}\n");
+  CHECK_FALSE(fs::exists(dir + "/.ap3f09c1.tmp"));
+  CHECK(fs::exists(dir + "/.ap00aa11.tmp"));
+  CHECK(fs::exists(dir + "/.3f09c1aa.tmp"));
+  CHECK(read_all(dir + "/plan.json") == "{}\n");
+}
+
 TEST_CASE("Files: a 255-character file name can be written", "[files]") {
   const std::string dir = fresh_dir("long-name");
   const std::string name = std::string(250, 'p') + ".json";
@@ -235,7 +252,7 @@ TEST_CASE("Files: SIGTERM or SIGINT during writes leaves the old or the new file
     if (pid == 0) {
       ::signal(SIGTERM, SIG_DFL);  // the test runner's own handlers, reset as in a fresh process
       ::signal(SIGINT, SIG_DFL);
-      // The named `.<8 hex>.tmp` path: the signal handlers' registry is what removes it.
+      // The named `.ap<6 hex>.tmp` path: the signal handlers' registry is what removes it.
       if (named_temp) ::setenv("ACCUMPLAN_NO_TMPFILE", "1", 1);
       for (int i = 0; i < 100000; ++i) write_text_atomic(path, text);
       ::_exit(0);

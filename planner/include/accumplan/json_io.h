@@ -41,7 +41,7 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& where
 // Writes `text` to `path` so that `path` holds either its old contents or all of `text`, never a
 // part, even across a crash or a power loss:
 //  - a regular file (or a new name) is written to an unnamed O_TMPFILE in the same directory
-//    (Linux; ACCUMPLAN_NO_TMPFILE=1 in the environment skips it), else to `.<8 hex>.tmp` there, fsync'ed, renamed over `path`, and the directory
+//    (Linux; ACCUMPLAN_NO_TMPFILE=1 in the environment skips it), else to `.ap<6 hex>.tmp` there, fsync'ed, renamed over `path`, and the directory
 //    fsync'ed; a temp name is removed on every exit path, SIGINT, SIGTERM and SIGHUP included
 //    (their handlers unlink live temp names, then re-raise). The temp name is 13 characters, so a
 //    255-character final name works. A symlink is followed: its target is replaced, the link kept.
