@@ -425,6 +425,206 @@ def _forward_sum(model, mb_inputs, mb_target, n, loss_kind, loss_fn, norm, ignor
         return loss_sum(output, target, "model" if is_loss else loss_kind, norm, ignore_index, n)
 
 
+class _Window:
+    """What every step of one window shares: the plan, the model and where it runs, the data of
+    this rank, the loss settings and the process group. ``train_window`` fills it once."""
+
+    def __init__(self, plan, model, inputs, target, lengths, loss_kind, loss_fn, ii, autocast, scaler, group):
+        self.plan, self.model, self.inputs, self.target, self.lengths = plan, model, inputs, target, lengths
+        self.loss_kind, self.loss_fn, self.ii, self.autocast, self.scaler = loss_kind, loss_fn, ii, autocast, scaler
+        self.group = group
+        self.world = _world(group)
+        self.distributed = self.world > 1
+        self.inner = model.module if _is_ddp(model) else model
+        self.params = _parameters(self.inner)
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        self.device = self.params[0].device
+        self.cdev = _collective_device(group, self.params) if self.distributed else None
+        self.packed = plan.tokens is not None
+        self.ddp_ctx = model.no_sync if _is_ddp(model) else contextlib.nullcontext
+        self.norm, self.units, self.longest = None, 0, 0
+
+    def rank(self):
+        return dist.get_rank(self.group)
+
+
+def _check_share(w, normalization):
+    """This rank's share: its samples, lengths (packed plans) and units. Returns n; sets w.norm,
+    w.units, w.longest and w.lengths. Raises ValueError naming what is wrong."""
+    n = _samples(w.inputs, w.target)
+    w.norm = resolve_normalization(normalization or w.plan.normalization, None if w.loss_fn else w.loss_kind, w.target)
+    if w.packed:
+        if w.lengths is None:
+            raise ValueError("this plan packs ragged data by tokens (plan.tokens): pass lengths=, each sample's "
+                             "length (accumplan.pad_sequences returns them)")
+        lengths = [int(x) for x in (w.lengths.tolist() if hasattr(w.lengths, "tolist") else w.lengths)]
+        if len(lengths) != n:
+            raise ValueError("lengths has %d entries for a window of %d samples" % (len(lengths), n))
+        for i, length in enumerate(lengths):
+            if length < 1:
+                raise ValueError("lengths[%d] is %d; every sequence needs at least one token" % (i, length))
+        w.lengths = lengths
+        w.longest = max(lengths) if lengths else 0
+        for i, t in enumerate(list(w.inputs) + ([w.target] if w.target is not None else [])):
+            if t.dim() >= 2 and w.longest > t.shape[1]:
+                raise ValueError("lengths says sequence %d has %d tokens but tensor %d of the window holds %d "
+                                 "positions (dim 1); pass the lengths of these padded sequences"
+                                 % (lengths.index(w.longest), w.longest, i, t.shape[1]))
+    w.units = count_units(w.target, n, w.norm, w.ii) if n > 0 else 0
+    return n
+
+
+def _agree_counts(w, st, n, local_error):
+    """The counts every rank agrees on before the first backward, in one all-reduce: [units,
+    samples, samples of rank 0 .. W-1 (-1: that rank failed), longest of rank 0 .. W-1]. Returns
+    every rank's samples; sets st.samples, w.units and w.longest to the global figures."""
+    if not w.distributed:
+        st.samples = n
+        return [n]
+    world, rank = w.world, w.rank()
+    counts = [0] * (2 + world * (2 if w.packed else 1))
+    if local_error is None:
+        counts[0], counts[1], counts[2 + rank] = w.units, n, n
+        if w.packed:
+            counts[2 + world + rank] = w.longest
+    else:
+        counts[2 + rank] = -1
+    counts = _all_reduce_ints(counts, w.group, w.cdev)
+    w.units, st.samples, rank_samples = counts[0], counts[1], counts[2:2 + world]
+    _raise_if_a_rank_failed(rank_samples, local_error, rank, "while checking its share of the window")
+    if w.packed:
+        w.longest = max(counts[2 + world:])
+    return rank_samples
+
+
+def _check_counts(w, st, rank_samples):
+    """Every rank sees every rank's count, so every rank raises the same error. A plan with
+    target_tokens windows by valid tokens: a window (and a rank's share) holds any number of samples."""
+    plan = w.plan
+    if not plan.windows_by_tokens:
+        for r, m in enumerate(rank_samples):
+            if m > plan.per_rank_batch and w.distributed:
+                raise ValueError("rank %d was handed %d samples of a global window of %d, more than the plan's "
+                                 "per-rank batch of %d; shard each global window of at most target_batch %d samples "
+                                 "over the %d ranks"
+                                 % (r, m, st.samples, plan.per_rank_batch, plan.target_batch, w.world))
+            if m > plan.per_rank_batch:
+                raise ValueError("a window holds at most the plan's per-rank batch of %d samples; got %d"
+                                 % (plan.per_rank_batch, m))
+    if w.packed and w.longest > plan.tokens["max_seq_len"]:
+        plan.pack([w.longest])  # raises PlanError naming the sequence and the fix
+
+
+def _cut(w, n, rank_samples):
+    """This rank's microbatches under the plan as it is now: (sizes, groups of sample indices for
+    packed plans, rounds every rank runs — the most microbatches of any rank)."""
+    plan = w.plan
+    if w.packed:
+        groups = plan.pack(w.lengths) if n > 0 else []
+        sizes = [len(g) for g in groups]
+        rounds = len(sizes)
+        if w.distributed:
+            per_rank = [0] * w.world
+            per_rank[w.rank()] = rounds
+            rounds = max(_all_reduce_ints(per_rank, w.group, w.cdev))
+        return sizes, groups, rounds
+    sizes = plan.window_sizes(n) if n > 0 else []
+    rounds = max(len(plan.window_sizes(m)) if m > 0 else 0 for m in rank_samples) if w.distributed else len(sizes)
+    return sizes, None, rounds
+
+
+def _run_microbatch(w, i, m, groups, start, oom_recovery):
+    """Microbatch i (m samples from `start`, or the packed group i): forward, loss sum, backward of
+    sum / N. Returns (loss sum, status, error): status 0, the failing size (packed: padded tokens)
+    on out-of-memory, or -1 with the error on another failure under torch.distributed."""
+    # Before the try: an out-of-memory while gathering must still report this size.
+    padded = m * max(w.lengths[j] for j in groups[i]) if w.packed else 0
+    try:
+        mask = None
+        if w.packed:
+            mb_inputs, mb_target, mb_longest = _gather(w.inputs, w.target, groups[i], w.lengths)
+            if w.plan.padding_mask:
+                mask = padding_mask([w.lengths[j] for j in groups[i]], mb_longest)
+        else:
+            mb_inputs, mb_target = _slice(w.inputs, w.target, start, m)
+        with w.ddp_ctx():
+            s = _forward_sum(w.model, mb_inputs, mb_target, m, w.loss_kind, w.loss_fn, w.norm, w.ii, w.autocast,
+                             w.device, mask)
+            total = float(s.detach())
+            obj = s / w.units
+            (w.scaler.scale(obj) if w.scaler is not None else obj).backward()
+        del s, obj
+        return total, 0, None
+    except Exception as e:  # noqa: BLE001 - only out-of-memory is recovered
+        if not (oom_recovery and is_oom(e)):
+            if not w.distributed:
+                raise
+            return 0.0, -1, e
+        return 0.0, (padded if w.packed else m), None
+
+
+def _agree_status(w, status, error):
+    """The agreement point of a round: every rank's status in one all-reduce. Raises when any rank
+    failed otherwise than for memory; returns the smallest failing size anywhere (0: none)."""
+    if not w.distributed:
+        return status
+    flags = [0] * w.world
+    flags[w.rank()] = status
+    flags = _all_reduce_ints(flags, w.group, w.cdev)
+    if any(f < 0 for f in flags):
+        if status < 0:
+            raise error
+        raise RuntimeError("rank %d failed in a microbatch (its own error says why); this rank stops with it"
+                           % flags.index(min(flags)))
+    failed = [f for f in flags if f > 0]
+    return min(failed) if failed else 0
+
+
+def _run_rounds(w, sizes, groups, rounds, oom_recovery):
+    """One attempt at the window. Returns (loss sum, failing size or 0)."""
+    total, start = 0.0, 0
+    for i in range(rounds):
+        status, error = 0, None
+        if i < len(sizes):
+            part, status, error = _run_microbatch(w, i, sizes[i], groups, start, oom_recovery)
+            total += part
+            start += sizes[i]
+        failing = _agree_status(w, status, error)
+        if failing:
+            return total, failing
+    return total, 0
+
+
+def _step(w, optimizer, st, max_grad_norm, scheduler):
+    """The AMP order: unscale once, clip the combined gradient, step, update; no step on a
+    non-finite gradient; the scheduler only after a real step."""
+    scaler, params = w.scaler, w.params
+    if scaler is not None and max_grad_norm is not None:
+        scaler.unscale_(optimizer)
+    if max_grad_norm is not None:
+        st.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    elif scaler is None:
+        # As the C++ executor: the combined gradient's norm, and no step on inf/NaN (a scaler
+        # finds those itself, on the unscaled gradient).
+        norms = [p.grad.detach().norm(2) for p in params if p.grad is not None]
+        st.grad_norm = float(torch.stack(norms).norm(2)) if norms else 0.0
+    if scaler is not None:
+        before = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        st.stepped = not (scaler.get_scale() < before)
+        if not st.stepped:
+            st.skipped, st.skip_reason = True, "non-finite gradient at loss scale %g" % before
+    elif st.grad_norm is not None and not math.isfinite(st.grad_norm):
+        st.skipped, st.skip_reason = True, "non-finite gradient norm"
+    else:
+        optimizer.step()
+        st.stepped = True
+    if st.stepped and scheduler is not None:
+        scheduler.step()
+
+
 def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss_fn=None, scaler=None,
                  max_grad_norm=None, scheduler=None, autocast=None, normalization=None, ignore_index=None,
                  oom_recovery=True, group=None, on_oom=None, lengths=None):
@@ -461,153 +661,41 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     if loss_fn is None and loss_kind not in LOSSES:
         raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss_kind,))
     ii = plan.ignore_index if ignore_index is None else ignore_index
-    inner = model.module if _is_ddp(model) else model
-    params = _parameters(inner)
-    if not params:
-        raise ValueError("the model has no trainable parameters")
-    device = params[0].device
-    distributed = world > 1
-    cdev = _collective_device(group, params) if distributed else None
-    packed = plan.tokens is not None
+    w = _Window(plan, model, inputs, target, lengths, loss_kind, loss_fn, ii, autocast, scaler, group)
 
-    # This rank's share (its samples, lengths and units), checked before the first collective.
-    # Under torch.distributed a rank whose share is bad must not raise here (its peers would wait
-    # in the counts all-reduce forever): it reports -1 in its slot and every rank raises after it.
-    n, units, longest, norm, local_error = 0, 0, 0, None, None
+    # This rank's share, checked before the first collective. Under torch.distributed a rank whose
+    # share is bad must not raise here (its peers would wait in the counts all-reduce forever): it
+    # reports -1 in its slot and every rank raises after it.
+    n, local_error = 0, None
     try:
-        n = _samples(inputs, target)
-        norm = resolve_normalization(normalization or plan.normalization, None if loss_fn else loss_kind, target)
-        if packed:
-            if lengths is None:
-                raise ValueError("this plan packs ragged data by tokens (plan.tokens): pass lengths=, each sample's "
-                                 "length (accumplan.pad_sequences returns them)")
-            lengths = [int(x) for x in (lengths.tolist() if hasattr(lengths, "tolist") else lengths)]
-            if len(lengths) != n:
-                raise ValueError("lengths has %d entries for a window of %d samples" % (len(lengths), n))
-            for i, length in enumerate(lengths):
-                if length < 1:
-                    raise ValueError("lengths[%d] is %d; every sequence needs at least one token" % (i, length))
-            longest = max(lengths) if lengths else 0
-            for i, t in enumerate(list(inputs) + ([target] if target is not None else [])):
-                if t.dim() >= 2 and longest > t.shape[1]:
-                    raise ValueError("lengths says sequence %d has %d tokens but tensor %d of the window holds %d "
-                                     "positions (dim 1); pass the lengths of these padded sequences"
-                                     % (lengths.index(longest), longest, i, t.shape[1]))
-        units = count_units(target, n, norm, ii) if n > 0 else 0
+        n = _check_share(w, normalization)
     except Exception as e:  # noqa: BLE001 - re-raised after the collective, on every rank
-        if not distributed:
+        if not w.distributed:
             raise
         local_error = e
-
     st = WindowStats()
     st.local_samples = n
-    rank_samples = [n]
-    if distributed:
-        rank = dist.get_rank(group)
-        # [units, samples, samples of rank 0 .. W-1 (-1: that rank failed), longest of rank 0 .. W-1]
-        counts = [0] * (2 + world * (2 if packed else 1))
-        if local_error is None:
-            counts[0], counts[1], counts[2 + rank] = units, n, n
-            if packed:
-                counts[2 + world + rank] = longest
-        else:
-            counts[2 + rank] = -1
-        counts = _all_reduce_ints(counts, group, cdev)
-        units, st.samples, rank_samples = counts[0], counts[1], counts[2:2 + world]
-        _raise_if_a_rank_failed(rank_samples, local_error, rank, "while checking its share of the window")
-        if packed:
-            longest = max(counts[2 + world:])
-    else:
-        st.samples = n
-    # Every rank sees every rank's count, so every rank raises the same error. A plan with
-    # target_tokens windows by valid tokens: a window (and a rank's share) holds any number of samples.
-    if not plan.windows_by_tokens:
-        for r, m in enumerate(rank_samples):
-            if m > plan.per_rank_batch and distributed:
-                raise ValueError("rank %d was handed %d samples of a global window of %d, more than the plan's "
-                                 "per-rank batch of %d; shard each global window of at most target_batch %d samples "
-                                 "over the %d ranks"
-                                 % (r, m, st.samples, plan.per_rank_batch, plan.target_batch, world))
-            if m > plan.per_rank_batch:
-                raise ValueError("a window holds at most the plan's per-rank batch of %d samples; got %d"
-                                 % (plan.per_rank_batch, m))
-    if packed and longest > plan.tokens["max_seq_len"]:
-        plan.pack([longest])  # raises PlanError naming the sequence and the fix
-    st.units = units
-    _zero_grads(params, optimizer)
-    if units == 0:
+    rank_samples = _agree_counts(w, st, n, local_error)
+    _check_counts(w, st, rank_samples)
+    st.units = w.units
+    _zero_grads(w.params, optimizer)
+    if w.units == 0:
         st.skipped, st.skip_reason = True, "the window has no valid tokens (every target is ignore_index)"
         st.seconds = time.perf_counter() - t0
         return st
 
-    ddp_ctx = model.no_sync if _is_ddp(model) else contextlib.nullcontext
     while True:
-        _zero_grads(params, optimizer)
-        if packed:
-            groups = plan.pack(lengths) if n > 0 else []
-            sizes = [len(g) for g in groups]
-            rounds = len(sizes)
-            if distributed:
-                per_rank = [0] * world
-                per_rank[dist.get_rank(group)] = rounds
-                rounds = max(_all_reduce_ints(per_rank, group, cdev))
-        else:
-            sizes = plan.window_sizes(n) if n > 0 else []
-            rounds = max(len(plan.window_sizes(m)) if m > 0 else 0 for m in rank_samples) if distributed else len(sizes)
-        total, failing, start = 0.0, 0, 0
-        for i in range(rounds):
-            status = 0
-            if i < len(sizes):
-                m = sizes[i]
-                # Before the try: an out-of-memory while gathering must still report this size.
-                padded = m * max(lengths[j] for j in groups[i]) if packed else 0
-                try:
-                    mask = None
-                    if packed:
-                        mb_inputs, mb_target, mb_longest = _gather(inputs, target, groups[i], lengths)
-                        if plan.padding_mask:
-                            mask = padding_mask([lengths[j] for j in groups[i]], mb_longest)
-                    else:
-                        mb_inputs, mb_target = _slice(inputs, target, start, m)
-                    with ddp_ctx():
-                        s = _forward_sum(model, mb_inputs, mb_target, m, loss_kind, loss_fn, norm, ii, autocast, device,
-                                         mask)
-                        total += float(s.detach())
-                        obj = s / units
-                        (scaler.scale(obj) if scaler is not None else obj).backward()
-                    del s, obj
-                except Exception as e:  # noqa: BLE001 - only out-of-memory is recovered
-                    if not (oom_recovery and is_oom(e)):
-                        if not distributed:
-                            raise
-                        status = -1
-                        error = e
-                    else:
-                        status = padded if packed else m
-                start += m
-            if distributed:
-                flags = [0] * world
-                flags[dist.get_rank(group)] = status
-                flags = _all_reduce_ints(flags, group, cdev)
-                if any(f < 0 for f in flags):
-                    if status < 0:
-                        raise error
-                    raise RuntimeError("rank %d failed in a microbatch (its own error says why); this rank stops with it"
-                                       % flags.index(min(flags)))
-                failed = [f for f in flags if f > 0]
-                failing = min(failed) if failed else 0
-            else:
-                failing = status
-            if failing:
-                break
+        _zero_grads(w.params, optimizer)
+        sizes, groups, rounds = _cut(w, n, rank_samples)
+        total, failing = _run_rounds(w, sizes, groups, rounds, oom_recovery)
         if not failing:
             break
         # Out of the except block: the failed microbatch's tensors are released already.
-        _zero_grads(params, optimizer)
+        _zero_grads(w.params, optimizer)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        if packed:
-            note = plan.repack_below(failing, longest)  # raises OutOfMemoryAtOne below the longest sequence
+        if w.packed:
+            note = plan.repack_below(failing, w.longest)  # raises OutOfMemoryAtOne below the longest sequence
         else:
             note = plan.replan_below(failing)  # raises OutOfMemoryAtOne at size 1
         st.oom_recoveries += 1
@@ -615,38 +703,13 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
             on_oom(note)
 
     st.microbatch_sizes = sizes
-    if distributed:
-        total = all_reduce_gradients(params, group, extra=total)
-    st.loss = total / units
-
-    # The AMP order: unscale once, clip the combined gradient, step, update.
-    if scaler is not None and max_grad_norm is not None:
-        scaler.unscale_(optimizer)
-    if max_grad_norm is not None:
-        st.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
-    elif scaler is None:
-        # As the C++ executor: the combined gradient's norm, and no step on inf/NaN (a scaler
-        # finds those itself, on the unscaled gradient).
-        norms = [p.grad.detach().norm(2) for p in params if p.grad is not None]
-        st.grad_norm = float(torch.stack(norms).norm(2)) if norms else 0.0
-    if scaler is not None:
-        before = scaler.get_scale()
-        scaler.step(optimizer)
-        scaler.update()
-        st.stepped = not (scaler.get_scale() < before)
-        if not st.stepped:
-            st.skipped, st.skip_reason = True, "non-finite gradient at loss scale %g" % before
-    elif st.grad_norm is not None and not math.isfinite(st.grad_norm):
-        st.skipped, st.skip_reason = True, "non-finite gradient norm"
-    else:
-        optimizer.step()
-        st.stepped = True
-    if st.stepped and scheduler is not None:
-        scheduler.step()
-    _zero_grads(params, optimizer)
+    if w.distributed:
+        total = all_reduce_gradients(w.params, group, extra=total)
+    st.loss = total / w.units
+    _step(w, optimizer, st, max_grad_norm, scheduler)
+    _zero_grads(w.params, optimizer)
     st.seconds = time.perf_counter() - t0
     return st
-
 
 __all__ = ["is_oom", "resolve_normalization", "count_units", "model_output", "loss_sum", "split", "pad_sequences",
            "padding_mask", "valid_token_counts",
