@@ -65,10 +65,9 @@ namespace {
 constexpr int kExitVerifyDiffers = 3;
 // Passes over the data: a million is beyond any training run and keeps windows x epochs in int64.
 constexpr int64_t kMaxEpochs = 1000000;
-// The synthetic data set lives in host memory: at most 2^30 samples and 16 GiB (1e9 samples of
-// a small model used to fail deep in the allocator).
+// The synthetic data set lives in host memory: at most 2^30 samples, and its bytes within
+// max_host_data_bytes() (runtime/host_data.h).
 constexpr int64_t kMaxSyntheticSamples = int64_t{1} << 30;
-constexpr int64_t kMaxSyntheticBytes = int64_t{16} << 30;
 
 struct RunArgs {
   std::string plan;
@@ -293,13 +292,11 @@ Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) 
   for (const auto& spec : p.inputs) add(spec);
   if (p.target) add(*p.target);
   const int64_t bytes = checked_mul(bytes_per_sample, synthetic_samples, "--synthetic-samples x bytes per sample");
-  if (bytes > kMaxSyntheticBytes) {
-    throw InputError("--synthetic-samples " + std::to_string(synthetic_samples) +
-                     (a.synthetic_option && a.synthetic_option->count() > 0 ? "" : " (the default, 4 global windows)") + " would take " +
-                     format_bytes(bytes) + " of host memory (" + format_bytes(bytes_per_sample) +
-                     " per sample), more than " + format_bytes(kMaxSyntheticBytes) +
-                     "; give fewer --synthetic-samples or real samples with --data");
-  }
+  check_host_data_bytes(bytes,
+                        "--synthetic-samples " + std::to_string(synthetic_samples) +
+                            (a.synthetic_option && a.synthetic_option->count() > 0 ? "" : " (the default, 4 global windows)"),
+                        "give fewer --synthetic-samples (" + format_bytes(bytes_per_sample) +
+                            " per sample) or real samples with --data");
   if (range) {
     return synthetic_ragged_batch(p.inputs, p.target, synthetic_lengths(a, *range, synthetic_samples), a.seed,
                                   p.loss.ignore_index);

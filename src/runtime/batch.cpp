@@ -2,6 +2,7 @@
 // See batch.h. What it is not: a data pipeline; the profiler only needs tensors of the right
 // shapes and dtypes on the device, and the executor needs exact sample slices.
 #include "runtime/batch.h"
+#include "runtime/host_data.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
@@ -247,6 +248,13 @@ Batch ragged_batch(const std::vector<at::Tensor>& sequences, const std::vector<a
     longest = std::max(longest, s.size(0));
   }
   const int64_t n = static_cast<int64_t>(sequences.size());
+  // Padded to the longest, the set takes n x longest elements per tensor: the input, the target
+  // (given, or the next-token one made from the input) and one temporary of that size.
+  const int64_t padded = checked_mul(n, longest, what + ": sequences x the longest");
+  check_host_data_bytes(checked_mul(padded, 3 * 8, what + ": padded bytes"),
+                        what + " padded to its longest sequence (" + std::to_string(n) + " sequences of up to " +
+                            std::to_string(longest) + " tokens)",
+                        "truncate the longest sequences or split the file");
   Batch b;
   at::Tensor input = at::zeros({n, longest}, at::TensorOptions(at::kLong));
   for (int64_t i = 0; i < n; ++i) input[i].narrow(0, 0, lengths[static_cast<size_t>(i)]).copy_(sequences[static_cast<size_t>(i)]);

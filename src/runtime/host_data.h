@@ -4,15 +4,20 @@
 // allocator sees the data set too (a device would not hold it): its bytes, measured around the
 // load, are left out of every peak and added to the enforced budget, so only the training step is
 // held to the budget. A GPU probe does not count host allocations, so there they are 0.
-// What it is not: a limit on host memory.
+// Also the limit on host data: a data set that would take more than max_host_data_bytes() once
+// made or padded is refused with its figure before anything is allocated.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
+#include <string>
 #include <utility>
 
+#include "accumplan/errors.h"
 #include "accumplan/memory_probe.h"
+#include "accumplan/units.h"
 
 namespace accumplan {
 
@@ -29,6 +34,26 @@ auto load_host_data(MemoryProbe& probe, Load&& load, int64_t& host_bytes) -> dec
 // the data (nullopt: none).
 inline void enforce_budget_beside(MemoryProbe& probe, std::optional<int64_t> budget_bytes, int64_t host_bytes) {
   probe.set_budget_bytes(budget_bytes ? std::optional<int64_t>(*budget_bytes + host_bytes) : std::nullopt);
+}
+
+// The most host memory a data set may take once made or padded: 16 GiB (a billion samples of a
+// small model used to fail deep in the allocator; a 21 MB ragged file padded to its longest
+// sequence needed 320 GB), or ACCUMPLAN_MAX_HOST_DATA (a size: "64GiB") when set.
+inline constexpr int64_t kDefaultMaxHostDataBytes = int64_t{16} << 30;
+inline int64_t max_host_data_bytes() {
+  const char* env = std::getenv("ACCUMPLAN_MAX_HOST_DATA");
+  if (env == nullptr || *env == '\0') return kDefaultMaxHostDataBytes;
+  return parse_size_bytes(env, "ACCUMPLAN_MAX_HOST_DATA");
+}
+
+// InputError when `bytes` of host data (`what`, e.g. "--data 'f.pt' padded to its longest
+// sequence of 90000 tokens") exceed max_host_data_bytes(); `fix` says what to do instead.
+inline void check_host_data_bytes(int64_t bytes, const std::string& what, const std::string& fix) {
+  const int64_t limit = max_host_data_bytes();
+  if (bytes > limit) {
+    throw InputError(what + " would take " + format_bytes(bytes) + " of host memory, more than the " + format_bytes(limit) +
+                     " allowed for host data (ACCUMPLAN_MAX_HOST_DATA raises it); " + fix);
+  }
 }
 
 }  // namespace accumplan

@@ -165,3 +165,16 @@ TEST_CASE("synthetic ragged data has the given lengths, padded as a file loads",
                     Catch::Contains("has no sequence dimension T"));
   CHECK_THROWS_WITH(synthetic_batch({in}, tg, 2, 1, at::kCPU), Catch::Contains("synthetic samples need their lengths"));
 }
+
+TEST_CASE("ragged data whose padding would exceed the host-data limit is refused before it is padded",
+          "[batch][ragged][host-memory]") {
+  // 2 sequences, one of 1000 tokens: padded, 2 x 1000 x 24 bytes (input, target, a temporary) = 48 000.
+  const std::vector<at::Tensor> sequences = {torch::ones({1000}, torch::kLong), torch::ones({3}, torch::kLong)};
+  ::setenv("ACCUMPLAN_MAX_HOST_DATA", "40kB", 1);
+  CHECK_THROWS_WITH(ragged_batch(sequences, {}, -100, "--data 'x.pt'"),
+                    Catch::Contains("--data 'x.pt' padded to its longest sequence (2 sequences of up to 1000 tokens) "
+                                    "would take 46.9 KiB of host memory, more than the 39.1 KiB allowed"));
+  ::setenv("ACCUMPLAN_MAX_HOST_DATA", "64kB", 1);
+  CHECK(ragged_batch(sequences, {}, -100, "--data 'x.pt'").inputs[0].sizes() == at::IntArrayRef({2, 1000}));
+  ::unsetenv("ACCUMPLAN_MAX_HOST_DATA");
+}
