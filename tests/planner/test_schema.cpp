@@ -226,7 +226,8 @@ TEST_CASE("Schema: published JSON Schemas match what the writers emit", "[schema
   // One level further for the per-window records.
   const json run_schema = read_json_file(source_path("planner/schemas/run_stats.schema.json"), "schema");
   const json& window_props = run_schema["properties"]["window_series"]["items"]["properties"];
-  for (const auto& w : json::parse(to_json(golden_run()).dump())["window_series"]) {
+  const json run_doc = json::parse(to_json(golden_run()).dump());  // named: the loop below reads into it
+  for (const auto& w : run_doc["window_series"]) {
     for (auto f = w.begin(); f != w.end(); ++f) {
       INFO("run_stats.schema.json window_series lacks " << f.key());
       CHECK(window_props.contains(f.key()));
