@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "accumplan/errors.h"
+#include "test_helpers.h"
 #include "accumplan/json_io.h"
 
 using namespace accumplan;
@@ -24,12 +25,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(ACCUMPLAN_SCRATCH_DIR) / "files" / name;  // 160+ characters deep (tests/CMakeLists.txt)
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
+std::string fresh_dir(const std::string& name) { return test::fresh_dir("files", name); }
 
 std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

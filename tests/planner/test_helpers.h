@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 
 #include "accumplan/schema.h"
@@ -29,5 +30,13 @@ inline Profile linear_profile(int64_t weights_bytes, int64_t fixed_bytes, int64_
 }
 
 inline std::string source_path(const std::string& rel) { return std::string(ACCUMPLAN_SOURCE_DIR) + "/" + rel; }
+
+// An empty scratch directory `area`/`name`, 160+ characters deep (ACCUMPLAN_SCRATCH_DIR, tests/CMakeLists.txt).
+inline std::string fresh_dir(const std::string& area, const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::path(ACCUMPLAN_SCRATCH_DIR) / area / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
 
 }  // namespace accumplan::test

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "accumplan/errors.h"
+#include "test_helpers.h"
 #include "accumplan/outputs.h"
 
 using namespace accumplan;
@@ -16,12 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(ACCUMPLAN_SCRATCH_DIR) / "outputs" / name;  // 160+ characters deep
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
+std::string fresh_dir(const std::string& name) { return test::fresh_dir("outputs", name); }
 
 std::string refusal(const std::vector<OutputOption>& outs, const std::vector<InputOption>& ins = {}) {
   try {
