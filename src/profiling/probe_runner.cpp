@@ -97,13 +97,25 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
     seq_range_ = parse_seq_len(setup.seq_len, "--seq-len");
     setup.seq_len = seq_range_->text();
     seq_len_ = seq_range_->min;  // the persistent-memory step: one shortest sequence
+  } else if (!setup.seq_len.empty()) {
+    throw InputError("--seq-len " + setup.seq_len + " needs variable-length inputs: give every --input a sequence "
+                     "dimension T after B, e.g. --input int64[B,T]:50257");
+  }
+  if (file_batch_) {
+    // The data check `run --data` makes, made here first: data planned for is data that trains.
+    DataRules rules = data_rules(input_specs_, target_spec_, setup.ignore_index);
+    // The specs' upper bounds are the file's own largest ids: only the lower bound checks anything.
+    rules.input_high.assign(rules.input_high.size(), std::nullopt);
+    rules.target_high.reset();
+    if (seq_range_) rules.max_length = seq_range_->max, rules.max_length_source = "--seq-len " + setup.seq_len;
+    check_batch_values(*file_batch_, rules, "--batch-file '" + path_for_message(*options_.batch_file) + "'",
+                       "fix the data or its --ignore-index");
+  }
+  if (sequences) {
     // Windows of variable-length data are synthetic (exactly T tokens each): a ragged file gave
     // its specs and lengths and is not needed further.
     file_batch_.reset();
     host_bytes_ = 0;
-  } else if (!setup.seq_len.empty()) {
-    throw InputError("--seq-len " + setup.seq_len + " needs variable-length inputs: give every --input a sequence "
-                     "dimension T after B, e.g. --input int64[B,T]:50257");
   }
   if (setup.padding_mask && !sequences) {
     throw InputError("--padding-mask needs variable-length inputs (an --input with T, or a ragged --batch-file)");

@@ -3,14 +3,12 @@
 // shapes and dtypes on the device, and the executor needs exact sample slices.
 #include "runtime/batch.h"
 #include "runtime/host_data.h"
+#include "runtime/torch_save_reader.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
@@ -237,6 +235,12 @@ Batch ragged_batch(const std::vector<at::Tensor>& sequences, const std::vector<a
     if (s.size(0) < 1) throw InputError(name + " is empty; every sequence needs at least one token");
     if (!targets.empty()) {
       const at::Tensor& t = targets[i];
+      if (t.defined() && targets.front().defined() &&
+          at::isFloatingType(t.scalar_type()) != at::isFloatingType(targets.front().scalar_type())) {
+        // The padded target takes target 0's kind: a float target after integer ones was truncated.
+        throw InputError(what + ": target " + std::to_string(i) + " is " + dtype_name(t.scalar_type()) + " but target 0 is " +
+                         dtype_name(targets.front().scalar_type()) + "; every target needs one kind (class ids or values)");
+      }
       if (!t.defined() || t.dim() != 1 || t.size(0) != s.size(0)) {
         throw InputError(what + ": target " + std::to_string(i) + " has shape " +
                          (t.defined() ? shape_text(t.sizes()) : std::string("(none)")) + " but sequence " +
@@ -336,18 +340,7 @@ Batch synthetic_ragged_batch(const std::vector<TensorSpec>& inputs, const std::o
 Batch load_batch_file(const std::string& path, bool has_target, const std::string& option, int64_t ignore_index) {
   const std::string file = option + " '" + path_for_message(path) + "'";  // how every message names the file
   require_regular_file(path, option, "a file written by torch.save([inputs..., target], f)");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open " + file);
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue value;
-  try {
-    value = torch::jit::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    std::string msg = e.what();
-    msg = msg.substr(0, msg.find('\n'));
-    throw InputError(file + " is not a file written by torch.save([inputs..., target], f) (" +
-                     msg + "). Save with torch.save in its default (zip) format");
-  }
+  const c10::IValue value = read_torch_save(path, file);
   std::vector<c10::IValue> items;
   if (value.isList()) {
     for (const auto& v : value.toListRef()) items.push_back(v);
@@ -418,6 +411,70 @@ void check_batch_matches(const Batch& batch, const std::vector<TensorSpec>& inpu
     throw InputError(what + (target ? " has no target tensor" : " has a target the loss does not take"));
   }
   if (target) check_tensor(batch.target, *target, what + " target");
+}
+
+DataRules data_rules(const std::vector<TensorSpec>& inputs, const std::optional<TensorSpec>& target, int64_t ignore_index) {
+  DataRules r;
+  for (const auto& spec : inputs) r.input_high.push_back(spec.is_integer() ? spec.high : std::nullopt);
+  if (target && target->is_integer()) r.target_high = target->high;
+  r.ignore_index = ignore_index;
+  return r;
+}
+
+namespace {
+
+// Integer values of `t` outside [0, high) (nullopt high: [0, inf)), `ignore` allowed too when set.
+void check_ids(const at::Tensor& t, std::optional<int64_t> high, std::optional<int64_t> ignore, const std::string& name,
+               const std::string& fix) {
+  if (t.numel() == 0 || !at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) return;
+  const at::Tensor named = ignore ? t.masked_select(t.ne(*ignore)) : t.reshape({-1});
+  if (named.numel() == 0) return;
+  const int64_t lo = named.min().item<int64_t>(), hi = named.max().item<int64_t>();
+  if (lo >= 0 && (!high || hi < *high)) return;
+  const std::string allowed = high ? "[0, " + std::to_string(*high - 1) + "]" : "0 or more";
+  throw InputError(name + " range over [" + std::to_string(lo) + ", " + std::to_string(hi) + "] but must be " + allowed +
+                   (ignore ? " (or " + std::to_string(*ignore) + " to ignore)" : std::string()) + "; " + fix);
+}
+
+}  // namespace
+
+// NaN or infinity in floating data gives a non-finite loss: every step it is in would be skipped.
+static void check_finite(const at::Tensor& t, const std::string& name) {
+  if (!t.defined() || t.numel() == 0 || !at::isFloatingType(t.scalar_type())) return;
+  const at::Tensor bad = t.isfinite().logical_not().reshape({t.size(0), -1}).any(1);
+  if (!bad.any().item<bool>()) return;
+  const int64_t samples = bad.sum().item<int64_t>(), first = bad.nonzero()[0][0].item<int64_t>();
+  throw InputError(name + " holds NaN or infinite values in " + std::to_string(samples) + " sample(s), the first sample " +
+                   std::to_string(first) + "; their loss would be non-finite and every step with them skipped");
+}
+
+void check_batch_values(const Batch& batch, const DataRules& rules, const std::string& what, const std::string& fix) {
+  for (size_t i = 0; i < batch.inputs.size(); ++i) check_finite(batch.inputs[i], what + ": input " + std::to_string(i));
+  check_finite(batch.target, what + ": the target");
+  for (size_t i = 0; i < batch.inputs.size(); ++i) {
+    const std::optional<int64_t> high = i < rules.input_high.size() ? rules.input_high[i] : std::nullopt;
+    const std::string name = what + ": the ids of input " + std::to_string(i) + (batch.ragged() ? " (token ids)" : "");
+    // Ragged inputs are padded with 0 past each length: a valid id, so the padding is harmless here.
+    check_ids(batch.inputs[i], high, std::nullopt, name, fix);
+  }
+  const at::Tensor& target = batch.target;
+  if (target.defined() && at::isIntegralType(target.scalar_type(), /*includeBool=*/false)) {
+    check_ids(target, rules.target_high, rules.ignore_index, what + ": its targets (class ids)", fix);
+    if (target.numel() > 0 && !target.ne(rules.ignore_index).any().item<bool>()) {
+      throw InputError(what + " has no valid target: every target is the ignore index " + std::to_string(rules.ignore_index) +
+                       (batch.ragged() ? " (one-token sequences have no next-token target)" : "") +
+                       ", so the loss has nothing to average and no optimizer step could be taken; " + fix);
+    }
+  }
+  if (batch.ragged() && rules.max_length) {
+    const std::vector<int64_t> lengths = batch.sequence_lengths();
+    const auto longest = std::max_element(lengths.begin(), lengths.end());
+    if (longest != lengths.end() && *longest > *rules.max_length) {
+      throw InputError(what + ": sequence " + std::to_string(longest - lengths.begin()) + " has " + std::to_string(*longest) +
+                       " tokens, more than the " + std::to_string(*rules.max_length) + " of " + rules.max_length_source +
+                       "; truncate the longest sequences or plan for longer ones");
+    }
+  }
 }
 
 std::string spec_text_of(const at::Tensor& samples, bool sequence_dim) {

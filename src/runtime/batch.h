@@ -57,6 +57,25 @@ Batch synthetic_batch(const std::vector<TensorSpec>& inputs, const std::optional
 Batch synthetic_ragged_batch(const std::vector<TensorSpec>& inputs, const std::optional<TensorSpec>& target,
                              const std::vector<int64_t>& lengths, uint64_t seed, int64_t ignore_index = -100);
 
+// The one data check (the main job's --batch-file, `run --data`, `verify --data`): what a data set
+// must hold for the loss and the plan, checked once on the host before anything is measured or
+// trained, so data the main job accepts is data `run` accepts.
+//   - integer inputs are ids (tokens, classes, positions): in [0, high) — high from the spec, or
+//     unbounded above when the spec came from the file itself;
+//   - integer targets are class ids: in [0, high) or ignore_index, and at least one is not
+//     ignore_index (a loss over no target is NaN: no optimizer step could be taken);
+//   - ragged data: no sequence longer than `max_length` (the --seq-len maximum or the plan's).
+// InputError names `what` ("--data 'd.pt'"), the offending value and `fix`.
+struct DataRules {
+  std::vector<std::optional<int64_t>> input_high;  // per input, integer dtypes only
+  std::optional<int64_t> target_high;              // integer targets only
+  int64_t ignore_index = -100;
+  std::optional<int64_t> max_length;  // ragged data only
+  std::string max_length_source;      // "--seq-len 16..512", "the plan (tokens.max_seq_len)"
+};
+DataRules data_rules(const std::vector<TensorSpec>& inputs, const std::optional<TensorSpec>& target, int64_t ignore_index);
+void check_batch_values(const Batch& batch, const DataRules& rules, const std::string& what, const std::string& fix);
+
 // Reads `torch.save([inputs..., target], f)` (zip format). `has_target` says whether the last
 // tensor is the target. Throws InputError for a missing or unreadable file, a file that is not a
 // list of tensors, or tensors whose dim 0 disagree; its messages name the file as `option` 'path'.

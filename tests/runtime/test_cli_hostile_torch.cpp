@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -56,7 +57,10 @@ void put32(std::string& s, size_t at, uint32_t v) {
 // entries uncompressed with a data descriptor (general-purpose flag bit 3: the local header's CRC
 // and sizes are 0, the real ones follow the data and sit in the central directory), so the edit
 // keeps every length and both CRC-32 copies of data.pkl are updated.
-std::string write_lying_batch_file(const std::string& path) {
+// With `declare_more`, the sizes become [15, 17] and the storage's declared element count 255
+// (1020 bytes) over the same 40-byte record: every element the tensor addresses lies inside the
+// declared storage, only the record is short.
+std::string write_lying_batch_file(const std::string& path, bool declare_more = false) {
   c10::List<at::Tensor> list;
   list.push_back(torch::arange(10, torch::kFloat).reshape({2, 5}));
   list.push_back(torch::zeros({2}, torch::kLong));
@@ -80,7 +84,12 @@ std::string write_lying_batch_file(const std::string& path) {
   const std::string sizes("(K\x02K\x05t", 6);
   const size_t s = pkl.find(sizes);
   if (s == std::string::npos) throw std::runtime_error("the sizes (2, 5) are not in data.pkl");
-  pkl.replace(s, sizes.size(), std::string("(K\x20K\x40t", 6));
+  pkl.replace(s, sizes.size(), declare_more ? std::string("(K\x0fK\x11t", 6) : std::string("(K\x20K\x40t", 6));
+  if (declare_more) {  // ('storage', FloatStorage, '0', 'cpu', 10): the element count follows "cpu"
+    const size_t n = pkl.find("K\x0a", pkl.find("cpu"));
+    if (n == std::string::npos) throw std::runtime_error("the storage's element count 10 is not in data.pkl");
+    pkl[n + 1] = '\xff';
+  }
   zip.replace(data_at, data_len, pkl);
   const uint32_t crc = crc32_of(pkl);
   put32(zip, central + 16, crc);
@@ -151,6 +160,24 @@ TEST_CASE("CLI hostile torch: batch files that are directories, damaged, or name
   expect_refusal(out, job("/dev/null"), "is empty (/dev/null)");
   // Sizes [32, 64] over 40 bytes of storage: read past its end before (or SIGSEGV for [2^40, 64]).
   expect_refusal(out, job(write_lying_batch_file(f.dir + "/lying.pt")), "(shape [32,64]) claims 876 bytes but its storage holds 40");
+  // A storage declared as 1020 bytes over a 40-byte record: read past the record's end before.
+  expect_refusal(out, job(write_lying_batch_file(f.dir + "/short-record.pt", true)),
+                 "a tensor's storage declares 1020 bytes but its record in the archive holds 40");
+  // Data the main job used to plan for and `run --data` then refused: one data check for both.
+  const std::string negative =
+      write_torch_save(f.dir + "/negative.pt", {torch::randn({4, 64}), torch::tensor({1, -2, 5, 3}, torch::kLong)});
+  expect_refusal(out, job(negative), "its targets (class ids) range over [-2, 5] but must be 0 or more (or -100 to ignore)");
+  const std::string ignored = write_torch_save(f.dir + "/ignored.pt", {torch::randn({4, 64}), torch::full({4}, -100, torch::kLong)});
+  expect_refusal(out, job(ignored), "has no valid target: every target is the ignore index -100");
+  at::Tensor nan_inputs = torch::randn({4, 64});
+  nan_inputs[3][0] = std::numeric_limits<float>::infinity();
+  const std::string nan = write_torch_save(f.dir + "/nan.pt", {nan_inputs, torch::zeros({4}, torch::kLong)});
+  expect_refusal(out, job(nan), "input 0 holds NaN or infinite values in 1 sample(s), the first sample 3");
+  const std::string rag = write_ragged_save(f.dir + "/long.pt", {torch::ones({30}, torch::kLong), torch::ones({4}, torch::kLong)}, {});
+  expect_refusal(out,
+                 {"--model", "builtin:tinylm", "--batch-file", rag, "--seq-len", "2..20", "--target-batch", "16", "--device",
+                  "cpu", "--memory-budget", "64MiB", "--progress", "none", "--out", out + "/plan.json"},
+                 "sequence 0 has 30 tokens, more than the 20 of --seq-len 2..20");
   // builtin:mlp has 10 classes; class 50 in the file makes the target spec int64[B]:51.
   const std::string classes =
       write_torch_save(f.dir + "/classes.pt", {torch::randn({4, 64}), torch::tensor({1, 2, 50, 3}, torch::kLong)});
@@ -188,7 +215,10 @@ TEST_CASE("CLI hostile torch: run and verify refuse bad numbers, bad data and a 
   expect_refusal(out, run({"--data", f.dir}), "--data '" + accumplan::path_for_message(f.dir) + "' is a directory");
   const std::string classes =
       write_torch_save(f.dir + "/run-classes.pt", {torch::randn({4, 64}), torch::tensor({1, 2, 50, 3}, torch::kLong)});
-  expect_refusal(out, run({"--data", classes}), "its targets range over [1, 50]");
+  expect_refusal(out, run({"--data", classes}), "its targets (class ids) range over [1, 50] but must be [0, 9]");
+  const std::string none_valid =
+      write_torch_save(f.dir + "/run-ignored.pt", {torch::randn({4, 64}), torch::full({4}, -100, torch::kLong)});
+  expect_refusal(out, run({"--data", none_valid}), "has no valid target: every target is the ignore index -100");
   // A model that rejects the plan's inputs (builtin:mlp takes 64 features; this plan says 63):
   // exit 2, one line ending in the model's own error.
   nlohmann::json doc = nlohmann::json::parse(slurp(f.plan));

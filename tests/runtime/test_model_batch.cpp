@@ -2,12 +2,14 @@
 #include <torch/script.h>
 
 #include <fstream>
+#include <limits>
 
 #include "accumplan/errors.h"
 #include "accumplan/tensor_spec.h"
 #include "cli_runner.h"
 #include "runtime/batch.h"
 #include "runtime/model.h"
+#include "runtime/torch_save_reader.h"
 #include "torch_save_file.h"
 
 #include "catch_after_torch.h"  // last: after glog's CHECK from LibTorch
@@ -177,4 +179,68 @@ TEST_CASE("ragged data whose padding would exceed the host-data limit is refused
   ::setenv("ACCUMPLAN_MAX_HOST_DATA", "64kB", 1);
   CHECK(ragged_batch(sequences, {}, -100, "--data 'x.pt'").inputs[0].sizes() == at::IntArrayRef({2, 1000}));
   ::unsetenv("ACCUMPLAN_MAX_HOST_DATA");
+}
+
+TEST_CASE("Batch file: a storage shared by many views is read once", "[batch][host-memory]") {
+  // 1000 views of one [1000, 64] tensor: torch.save writes one storage record and 1000 references.
+  const at::Tensor base = torch::randn({1000, 64});
+  std::vector<at::Tensor> views;
+  for (int64_t i = 0; i < 1000; ++i) views.push_back(base[i]);
+  const std::string path = test::write_torch_save(test::scratch_dir("shared-storage") + "/views.pt", views);
+  const c10::IValue v = read_torch_save(path, "--data 'views.pt'");
+  const auto list = v.toListRef();
+  REQUIRE(list.size() == 1000);
+  const void* first = list[0].toTensor().storage().data();
+  for (const auto& e : list) CHECK(e.toTensor().storage().data() == first);  // one buffer, not 1000 copies
+  CHECK(list[999].toTensor().equal(base[999]));
+}
+
+TEST_CASE("Batch file: the file larger than the host-data limit is refused before it is read", "[batch][host-memory]") {
+  const std::string path = test::write_torch_save(test::scratch_dir("big-file") + "/big.pt", {torch::zeros({1000, 64})});
+  ::setenv("ACCUMPLAN_MAX_HOST_DATA", "10kB", 1);
+  CHECK_THROWS_WITH(read_torch_save(path, "--data 'big.pt'"), Catch::Contains("--data 'big.pt' would take"));
+  ::unsetenv("ACCUMPLAN_MAX_HOST_DATA");
+}
+
+TEST_CASE("Data check: ids, targets, valid targets, lengths and finiteness are checked once, naming the value",
+          "[batch][data-check]") {
+  const DataRules rules = data_rules({parse_tensor_spec("int64[B,4]:50", "--input")},
+                                     parse_tensor_spec("int64[B]:10", "--target"), -100);
+  auto batch = [](at::Tensor x, at::Tensor y) {
+    Batch b;
+    b.inputs.push_back(x);
+    b.target = y;
+    return b;
+  };
+  const at::Tensor ids = torch::randint(0, 50, {4, 4}, torch::kLong);
+  CHECK_NOTHROW(check_batch_values(batch(ids, torch::tensor({0, 9, -100, 3}, torch::kLong)), rules, "d", "fix"));
+  CHECK_THROWS_WITH(check_batch_values(batch(ids, torch::tensor({0, 10, 1, 3}, torch::kLong)), rules, "d", "fix"),
+                    Catch::Contains("d: its targets (class ids) range over [0, 10] but must be [0, 9] (or -100 to ignore); fix"));
+  CHECK_THROWS_WITH(check_batch_values(batch(ids, torch::tensor({0, -3, 1, 3}, torch::kLong)), rules, "d", "fix"),
+                    Catch::Contains("range over [-3, 3]"));
+  CHECK_THROWS_WITH(check_batch_values(batch(ids, torch::full({4}, -100, torch::kLong)), rules, "d", "fix"),
+                    Catch::Contains("d has no valid target: every target is the ignore index -100"));
+  CHECK_THROWS_WITH(check_batch_values(batch(ids.clone().fill_(-1), torch::zeros({4}, torch::kLong)), rules, "d", "fix"),
+                    Catch::Contains("d: the ids of input 0 range over [-1, -1] but must be [0, 49]"));
+  const DataRules floats = data_rules({parse_tensor_spec("float32[B,4]", "--input")}, parse_tensor_spec("int64[B]:10", "--target"), -100);
+  at::Tensor x = torch::randn({4, 4});
+  x[2][1] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_WITH(check_batch_values(batch(x, torch::zeros({4}, torch::kLong)), floats, "d", "fix"),
+                    Catch::Contains("d: input 0 holds NaN or infinite values in 1 sample(s), the first sample 2"));
+  // Ragged: a sequence longer than the plan allows.
+  Batch r = ragged_batch({torch::ones({3}, torch::kLong), torch::ones({9}, torch::kLong)}, {}, -100, "r");
+  r.target = next_token_targets(r, -100);
+  DataRules longest = data_rules({parse_tensor_spec("int64[B,T]:50", "--input")}, parse_tensor_spec("int64[B,T]:50", "--target"), -100);
+  longest.max_length = 8;
+  longest.max_length_source = "--seq-len 2..8";
+  CHECK_THROWS_WITH(check_batch_values(r, longest, "r", "fix"),
+                    Catch::Contains("r: sequence 1 has 9 tokens, more than the 8 of --seq-len 2..8"));
+  longest.max_length = 9;
+  CHECK_NOTHROW(check_batch_values(r, longest, "r", "fix"));
+}
+
+TEST_CASE("Ragged data: a float target after integer ones is refused, not truncated", "[batch][ragged][data-check]") {
+  CHECK_THROWS_WITH(ragged_batch({torch::ones({2}, torch::kLong), torch::ones({2}, torch::kLong)},
+                                 {torch::ones({2}, torch::kLong), torch::full({2}, 0.5)}, -100, "r"),
+                    Catch::Contains("r: target 1 is float32 but target 0 is int64"));
 }
