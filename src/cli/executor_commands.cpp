@@ -265,21 +265,9 @@ Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) 
     check_batch_matches(b, p.inputs, p.target, "--data '" + path_for_message(a.data) + "'");
     const int64_t n = batch_samples(b, "--data '" + path_for_message(a.data) + "'");
     if (n < 1) throw InputError("--data '" + path_for_message(a.data) + "' has no samples");
-    if (p.target && p.target->is_integer() && p.target->high && b.target.numel() > 0) {
-      // Once, on the host: class indices the plan's target spec does not allow would reach the
-      // loss (on a GPU, a device-side assert). ignore_index positions are allowed.
-      const at::Tensor valid = b.target.ne(p.loss.ignore_index);
-      const at::Tensor named = b.target.masked_select(valid);
-      if (named.numel() > 0) {
-        const int64_t lo = named.min().item<int64_t>(), hi = named.max().item<int64_t>();
-        if (lo < 0 || hi >= *p.target->high) {
-          throw InputError("--data '" + path_for_message(a.data) + "': its targets range over [" + std::to_string(lo) +
-                           ", " + std::to_string(hi) + "] but the plan's target spec " + p.target->to_string() +
-                           " allows [0, " + std::to_string(*p.target->high - 1) + "] (and " +
-                           std::to_string(p.loss.ignore_index) + " to ignore); re-plan with this data (--batch-file)");
-        }
-      }
-    }
+    DataRules rules = data_rules(p.inputs, p.target, p.loss.ignore_index);
+    if (p.plan.tokens) rules.max_length = p.plan.tokens->max_seq_len, rules.max_length_source = "the plan (tokens.max_seq_len)";
+    check_batch_values(b, rules, "--data '" + path_for_message(a.data) + "'", "re-plan with this data (--batch-file)");
     return b;
   }
   const std::optional<SeqLenRange> range = synthetic_range(p.plan);
@@ -556,6 +544,11 @@ int run_command(const RunArgs& a) {
   if (!replicas_identical) {
     std::cerr << "accumplan: warning: rank " << rank << ": the ranks' parameters differ after the run; every rank "
               << "stepped with the same all-reduced gradient, so this is a bug worth reporting\n";
+  }
+  if (session.executor().totals().optimizer_steps == 0) {
+    // Exit 0 here once told a script that it had trained. Nothing is written: no model changed.
+    throw InputError("the run took no optimizer step: all " + std::to_string(total) + " window(s) were skipped (window 0: " +
+                     session.first_skip_reason() + "); nothing was written. Check the data and the loss");
   }
   const std::string plan_out = rank_path(a.plan_out, rank), save = rank_path(a.save, rank), stats = rank_path(a.stats, rank);
   if (!plan_out.empty()) write_text_atomic(plan_out, json_text(to_json(final_plan)));

@@ -76,6 +76,7 @@ void RunSession::run() {
     const std::optional<int64_t> peak = device_peak(st.peak_bytes);
     if (trace) trace->window_end(st.samples, st.loss, st.stepped, peak, trace->now_us());
     last_loss_ = finite(st.loss);
+    if (!st.stepped && first_skip_reason_.empty()) first_skip_reason_ = st.skip_reason.empty() ? "skipped" : st.skip_reason;
     samples_done += st.samples;
     RunWindowRecord r;
     r.window = w;

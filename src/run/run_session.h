@@ -60,6 +60,10 @@ class RunSession {
   // The probe's device timeline (CUPTI), where it has one, placed on the trace.
   void add_device_timeline(const MemoryProbe& probe);
 
+  // Why the first skipped window was skipped ("" when none was): a run that took no optimizer
+  // step at all is refused with it.
+  const std::string& first_skip_reason() const { return first_skip_reason_; }
+
   const Executor& executor() const { return *executor_; }
   // A peak with the host data left out.
   std::optional<int64_t> device_peak(std::optional<int64_t> peak) const;
@@ -76,6 +80,7 @@ class RunSession {
   int64_t window_replans_ = 0;  // the executor's re-plans in the current window
   std::vector<RunWindowRecord> series_;
   std::optional<double> last_loss_;
+  std::string first_skip_reason_;
   CollectiveCounts training_collectives_;  // before the replica check adds its own
   std::unique_ptr<Executor> executor_;
 };
