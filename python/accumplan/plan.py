@@ -15,6 +15,8 @@ import operator
 import os
 import stat
 
+from ._args import MAX_COUNT, int_arg, lengths_arg
+
 SCHEMA = "accumplan.plan"
 SUPPORTED_MAJOR = 1
 SPLITS = ("balanced", "uniform")
@@ -361,6 +363,7 @@ class Plan:
         same per-rank batch, every microbatch strictly smaller, the fewest microbatches the memory
         model allows, split as the plan splits. Returns a one-line note. Raises OutOfMemoryAtOne
         when the failing size is 1."""
+        failing_micro_batch = int_arg(failing_micro_batch, "failing_micro_batch", 1, MAX_COUNT)
         if failing_micro_batch <= 1:
             budget = self.memory.get("budget_bytes")
             raise OutOfMemoryAtOne(
@@ -403,7 +406,8 @@ class Plan:
         if self.tokens is None:
             raise PlanError("%s packs no tokens: it is a sample plan (no $.tokens); split its windows by "
                             "microbatch_sizes" % self.source)
-        longest = max((int(n) for n in lengths), default=0)
+        lengths = lengths_arg(lengths, "lengths", minimum=1)
+        longest = max(lengths, default=0)
         if longest > self.tokens["max_seq_len"]:
             raise PlanError("the window holds a sequence of %d tokens, longer than the %d tokens the plan's token "
                             "budget was planned for ($.tokens.max_seq_len); truncate the sequences or plan again "
@@ -414,6 +418,8 @@ class Plan:
         """Lowers the token budget in place below ``failing_tokens`` (the padded tokens of a
         microbatch that ran out of memory), as the C++ executor does. Returns a one-line note.
         Raises OutOfMemoryAtOne when the new budget cannot hold ``longest_sequence``."""
+        failing_tokens = int_arg(failing_tokens, "failing_tokens", 1, MAX_COUNT)
+        longest_sequence = int_arg(longest_sequence, "longest_sequence", 1, MAX_COUNT)
         budget = min(self.tokens["token_budget"], failing_tokens - 1)
         if budget < longest_sequence:
             raise OutOfMemoryAtOne(

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ._args import INT32_MAX, INT32_MIN, int_arg, lengths_arg
 from .plan import OutOfMemoryAtOne
 
 LOSSES = ("cross_entropy", "mse", "model")
@@ -201,10 +202,7 @@ def valid_token_counts(lengths, target=None, ignore_index=-100):
     [n, T] (``pad_sequences``), the positions whose target is not ``ignore_index`` (next-token
     targets give length - 1; padding is ``ignore_index``); with ``target=None``, a float target
     (mse values) or one target per sequence, the lengths themselves."""
-    lengths = [int(x) for x in (lengths.tolist() if hasattr(lengths, "tolist") else lengths)]
-    for i, n in enumerate(lengths):
-        if n < 0:
-            raise ValueError("lengths[%d] is %d; a sequence's length is >= 0" % (i, n))
+    lengths = lengths_arg(lengths, "lengths", minimum=0)
     if target is None:
         return lengths
     if not isinstance(target, torch.Tensor):
@@ -346,7 +344,7 @@ def split(plan, inputs, target=None, *, ignore_index=None, normalization=None, l
     valid tokens. No OOM recovery here: use ``train_window`` for that."""
     inputs = _as_tuple(inputs)
     loss_kind = loss if loss is not None else plan.loss
-    ii = plan.ignore_index if ignore_index is None else ignore_index
+    ii = plan.ignore_index if ignore_index is None else int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     world = _world(group)
     # This rank's share is checked before the collective; under torch.distributed a bad share is
     # reported in the collective (a slot of -1) and every rank raises after it, so none hangs.
@@ -458,12 +456,9 @@ def _check_share(w, normalization):
         if w.lengths is None:
             raise ValueError("this plan packs ragged data by tokens (plan.tokens): pass lengths=, each sample's "
                              "length (accumplan.pad_sequences returns them)")
-        lengths = [int(x) for x in (w.lengths.tolist() if hasattr(w.lengths, "tolist") else w.lengths)]
+        lengths = lengths_arg(w.lengths, "lengths", minimum=1)  # every sequence needs at least one token
         if len(lengths) != n:
             raise ValueError("lengths has %d entries for a window of %d samples" % (len(lengths), n))
-        for i, length in enumerate(lengths):
-            if length < 1:
-                raise ValueError("lengths[%d] is %d; every sequence needs at least one token" % (i, length))
         w.lengths = lengths
         w.longest = max(lengths) if lengths else 0
         for i, t in enumerate(list(w.inputs) + ([w.target] if w.target is not None else [])):
@@ -660,7 +655,7 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     loss_kind = loss if loss is not None else plan.loss
     if loss_fn is None and loss_kind not in LOSSES:
         raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss_kind,))
-    ii = plan.ignore_index if ignore_index is None else ignore_index
+    ii = plan.ignore_index if ignore_index is None else int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     w = _Window(plan, model, inputs, target, lengths, loss_kind, loss_fn, ii, autocast, scaler, group)
 
     # This rank's share, checked before the first collective. Under torch.distributed a rank whose
