@@ -29,6 +29,7 @@
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
 #include "cli/commands.h"
+#include "runtime/host_data.h"
 #include "cli/plan_options.h"
 #include "observe/progress.h"
 #include "profiling/probe_runner.h"
@@ -205,6 +206,7 @@ RunnerOptions runner_options(const DeviceArgs& a) {
     const std::vector<int64_t> lengths = read_seq_len_file(a.seq_len_file);
     s.seq_len = SeqLenRange{*std::min_element(lengths.begin(), lengths.end()),
                             *std::max_element(lengths.begin(), lengths.end())}.text();
+    o.seq_len_source = "--seq-len-file '" + path_for_message(a.seq_len_file) + "' (lengths " + s.seq_len + ")";
   }
   s.padding_mask = a.padding_mask;
   if (!a.batch_file.empty()) {
@@ -277,7 +279,23 @@ std::vector<int64_t> read_seq_len_file(const std::string& path) {
   return parse_seq_len_list(read_text_file(path, "--seq-len-file", "a text file of sequence lengths"), "--seq-len-file '" + path_for_message(path) + "'");
 }
 
+// Every device command's run, with a host allocation LibTorch could not make said in one line
+// (exit 2) instead of an internal error with a C++ backtrace.
+std::function<int()> with_host_memory_errors(std::function<int()> run) {
+  return [run = std::move(run)]() -> int {
+    try {
+      return run();
+    } catch (const accumplan::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (const auto bytes = failed_host_allocation_bytes(e.what())) throw host_out_of_memory(*bytes, "");
+      throw;
+    }
+  };
+}
+
 Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
+  const size_t first_device_command = commands.size();
   // --- the root job: profile, plan, confirm ---------------------------------------------------
   auto args = std::make_shared<DeviceArgs>();
   add_setup_options(&root, *args);
@@ -329,7 +347,8 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
                       }});
 
   add_executor_commands(root, commands);
-  return {&root, [args, &root]() -> int {
+  for (size_t i = first_device_command; i < commands.size(); ++i) commands[i].run = with_host_memory_errors(commands[i].run);
+  return {&root, with_host_memory_errors([args, &root]() -> int {
             const bool by_tokens = args->plan.target_tokens_option->count() > 0;
             if (args->model.empty() && args->plan.target_batch == 0 && !by_tokens) {
               throw InputError("nothing to do: give --model and --target-batch (e.g. accumplan --model "
@@ -368,7 +387,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
               emit_output(args->report, render_report(report_input_from_plan(plan), report_format_for("", args->report)));
             }
             return 0;
-          }};
+          })};
 }
 
 }  // namespace accumplan::cli

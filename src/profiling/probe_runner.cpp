@@ -98,7 +98,7 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
     setup.seq_len = seq_range_->text();
     seq_len_ = seq_range_->min;  // the persistent-memory step: one shortest sequence
   } else if (!setup.seq_len.empty()) {
-    throw InputError("--seq-len " + setup.seq_len + " needs variable-length inputs: give every --input a sequence "
+    throw InputError(seq_len_source() + " needs variable-length inputs: give every --input a sequence "
                      "dimension T after B, e.g. --input int64[B,T]:50257");
   }
   if (file_batch_) {
@@ -107,7 +107,7 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
     // The specs' upper bounds are the file's own largest ids: only the lower bound checks anything.
     rules.input_high.assign(rules.input_high.size(), std::nullopt);
     rules.target_high.reset();
-    if (seq_range_) rules.max_length = seq_range_->max, rules.max_length_source = "--seq-len " + setup.seq_len;
+    if (seq_range_) rules.max_length = seq_range_->max, rules.max_length_source = seq_len_source();
     check_batch_values(*file_batch_, rules, "--batch-file '" + path_for_message(*options_.batch_file) + "'",
                        "fix the data or its --ignore-index");
   }

@@ -65,6 +65,9 @@ struct RunnerOptions {
   std::function<LoadedModel(const torch::Device&)> loader;
   Setup setup;                          // optimizer, lr, loss, input/target specs (complete: no defaults applied here)
   std::optional<std::string> batch_file;  // replaces synthetic inputs; setup.inputs/target are then derived from it
+  // How messages name where setup.seq_len came from: "--seq-len 16..1024", or the
+  // --seq-len-file it was read from; empty: "--seq-len " + setup.seq_len.
+  std::string seq_len_source;
   std::string device = "cpu";           // "cpu", "cuda", "cuda:1"
   BudgetSpec budget;                    // enforced while measuring; unset: the device's own limit
   // Measured first; then, while the fit predicts more than 4x the largest, one size halfway toward
@@ -187,6 +190,9 @@ class ProbeRunner {
   int64_t host_bytes_ = 0;  // the --batch-file's bytes held through the probe (CPU), outside every peak
   std::optional<SeqLenRange> seq_range_;
   int64_t seq_len_ = 0;
+  std::string seq_len_source() const {
+    return options_.seq_len_source.empty() ? "--seq-len " + options_.setup.seq_len : options_.seq_len_source;
+  }
 };
 
 }  // namespace accumplan

@@ -39,7 +39,15 @@ std::string dtype_name(at::ScalarType t) {
   }
 }
 
+// Synthetic data is made on the host (and moved to the device after): its bytes are held to the
+// host-data limit before anything is allocated. 16 bytes an element: the int64 draw (or float32
+// draw and its conversion) and, for ragged data, the padded copy. --input float32[B,2147483647] or
+// --seq-len 1..2147483647 used to end in LibTorch's allocator or the kernel's OOM killer.
 at::Tensor synthetic_tensor(const TensorSpec& spec, int64_t samples, at::Generator& gen, int64_t seq_len = 1) {
+  const std::string what = "a synthetic " + spec.to_string() + " of " + std::to_string(samples) + " sample(s)" +
+                           (spec.has_seq_dim() ? " of " + std::to_string(seq_len) + " tokens" : std::string());
+  check_host_data_bytes(checked_mul(checked_mul(spec.elements_per_sample(seq_len), samples, what), 16, what), what,
+                        "give smaller --input/--target shapes, --seq-len or --target-batch");
   const std::vector<int64_t> shape = spec.shape(samples, seq_len);
   const at::ScalarType type = scalar_type_of(spec.dtype);
   if (type == at::kBool) return at::randint(2, shape, gen, at::TensorOptions(at::kLong)).to(at::kBool);

@@ -88,6 +88,7 @@ c10::IValue read_torch_save(const std::string& path, const std::string& file) {
     throw InputError(file + " declares records larger than this machine can allocate; the file is damaged or was not "
                      "written by torch.save");
   } catch (const std::exception& e) {
+    if (const auto bytes = failed_host_allocation_bytes(e.what())) throw host_out_of_memory(*bytes, "reading " + file);
     std::string msg = e.what();
     msg = msg.substr(0, msg.find('\n'));
     throw InputError(file + " is not a file written by torch.save (" + msg +

@@ -8,6 +8,7 @@
 #include "accumplan/tensor_spec.h"
 #include "cli_runner.h"
 #include "runtime/batch.h"
+#include "runtime/host_data.h"
 #include "runtime/model.h"
 #include "runtime/torch_save_reader.h"
 #include "torch_save_file.h"
@@ -243,4 +244,21 @@ TEST_CASE("Ragged data: a float target after integer ones is refused, not trunca
   CHECK_THROWS_WITH(ragged_batch({torch::ones({2}, torch::kLong), torch::ones({2}, torch::kLong)},
                                  {torch::ones({2}, torch::kLong), torch::full({2}, 0.5)}, -100, "r"),
                     Catch::Contains("r: target 1 is float32 but target 0 is int64"));
+}
+
+TEST_CASE("Host memory: an allocation LibTorch's CPU allocator cannot make is recognised with its size",
+          "[batch][host-memory]") {
+  // 2^45 bytes (32 TiB): more than any machine here; malloc refuses it even with overcommit.
+  const int64_t bytes = int64_t{1} << 45;
+  try {
+    const at::Tensor t = at::empty({bytes}, at::TensorOptions(at::kByte));
+    FAIL("allocated " << t.numel() << " bytes");
+  } catch (const std::exception& e) {
+    const std::optional<int64_t> asked = failed_host_allocation_bytes(e.what());
+    REQUIRE(asked.has_value());
+    CHECK(*asked == bytes);
+    CHECK_THAT(host_out_of_memory(*asked, "reading --data 'd.pt'").what(),
+               Catch::Contains("the host ran out of memory reading --data 'd.pt': LibTorch could not allocate 32.0 TiB more"));
+  }
+  CHECK_FALSE(failed_host_allocation_bytes("RuntimeError: mat1 and mat2 shapes cannot be multiplied").has_value());
 }
