@@ -706,10 +706,25 @@ std::string header_line(const ReportInput& in) {
 
 }  // namespace
 
+// Also keeps the document well-formed XML whatever a plan's strings hold: control characters
+// (an ESC in a model path, 0x01 in a device name) become '?' and the non-characters U+FFFE and
+// U+FFFF become U+FFFD — XML 1.0 allows neither, and a browser or xmllint refused the report.
 std::string xml_escape(const std::string& s) {
   std::string out;
   out.reserve(s.size());
-  for (char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\t' && c != '\n' && c != '\r') || u == 0x7F) {
+      out += '?';
+      continue;
+    }
+    if (u == 0xEF && i + 2 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0xBF &&
+        (static_cast<unsigned char>(s[i + 2]) & 0xFE) == 0xBE) {
+      out += "\xEF\xBF\xBD";
+      i += 2;
+      continue;
+    }
     switch (c) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;

@@ -688,7 +688,10 @@ RunWindowRecord window_record_from(const JsonField& f) {
   r.reserved_peak_bytes = f.opt_i64("reserved_peak_bytes", kBytes);
   r.oom_recoveries = f.i64("oom_recoveries", kCount);
   r.replans = f.opt_i64("replans", kCount);
-  if (f.has("microbatch_sizes")) r.microbatch_sizes = sizes_from(f.at("microbatch_sizes"));
+  if (f.has("microbatch_sizes")) {
+    r.microbatch_sizes = sizes_from(f.at("microbatch_sizes"));
+    if (r.microbatch_sizes.empty()) throw SchemaError(f.path() + ".microbatch_sizes: a window ran at least one microbatch");
+  }
   if (f.has("stepped")) r.stepped = f.boolean("stepped");
   r.seconds = f.opt_f64("seconds", kSeconds);
   return r;
@@ -792,6 +795,11 @@ RunRecord run_record_from_json(const json& doc) {
         throw SchemaError(f.path() + ".window: " + std::to_string(r.window_series.back().window) + ", expected " +
                           std::to_string(r.window_series.size() - 1) + " (windows are numbered in order from 0)");
       }
+    }
+    // The run writes one record per window it ran.
+    if (static_cast<int64_t>(r.window_series.size()) != r.windows) {
+      throw SchemaError("$.window_series: " + std::to_string(r.window_series.size()) + " records for the " +
+                        std::to_string(r.windows) + " windows the run says it ran ($.windows)");
     }
   }
   return r;

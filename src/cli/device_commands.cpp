@@ -183,6 +183,7 @@ RunnerOptions runner_options(const DeviceArgs& a) {
   o.model = a.model;
   Setup& s = o.setup;
   const std::optional<ModelDefaults> defaults = builtin_defaults(a.model);  // InputError for an unknown builtin
+  if (!defaults) check_model_file(a.model);
   s.loss = !a.loss.empty() ? a.loss : defaults ? defaults->loss : "cross_entropy";
   s.optimizer = a.optimizer;
   // Conventional defaults: adaptive optimizers diverge at SGD's 0.01 on many models.

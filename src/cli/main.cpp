@@ -57,6 +57,27 @@ std::string parse_error_text(const CLI::ParseError& e) {
   return text.substr(0, at) + " was given " + text.substr(at + marker.size()) + " times; give it once";
 }
 
+// One syntax for every integer option: decimal digits with an optional sign. CLI11 reads integers
+// with base 0: `--target-batch 010` planned 8 samples (octal), `0x10` 16 and '' 0 ("must be at least
+// 1, got 0"). The validator runs on the text before CLI11 converts it, and drops leading zeros.
+void decimal_integers(CLI::App& app) {
+  const CLI::Validator decimal(
+      [](std::string& text) -> std::string {
+        const size_t digits = text.find_first_not_of("+-") == 1 ? 1 : 0;
+        if (text.size() <= digits || text.find_first_not_of("0123456789", digits) != std::string::npos) {
+          return "'" + cut_for_message(text, 40) + "' is not a decimal integer";
+        }
+        const size_t first = text.find_first_not_of('0', digits);
+        text = text.substr(0, digits) + (first == std::string::npos ? "0" : text.substr(first));
+        return "";
+      },
+      "", "decimal");
+  for (CLI::Option* o : app.get_options()) {
+    if (o->get_type_name() == "INT" || o->get_type_name() == "UINT") o->transform(decimal);
+  }
+  for (CLI::App* sub : app.get_subcommands({})) decimal_integers(*sub);
+}
+
 }  // namespace
 }  // namespace accumplan::cli
 
@@ -86,6 +107,7 @@ int main(int argc, char** argv) {
   const std::string verbose_help = "on an error, also print its details (e.g. the model's TorchScript traceback)";
   app.add_flag("--verbose", verbose, verbose_help);
   for (CLI::App* sub : app.get_subcommands({})) sub->add_flag("--verbose", verbose, verbose_help);
+  cli::decimal_integers(app);
 
   std::vector<std::string> args;
   try {

@@ -76,7 +76,20 @@ void check_tensor(const at::Tensor& t, const TensorSpec& spec, const std::string
 // tensor says [2^40, 64] over 40 bytes of storage used to crash (SIGSEGV) on the first read, and
 // one saying [32, 64] over 40 bytes read past its storage. The furthest element it addresses must
 // lie inside its storage; computed in checked int64 (the claimed extents may overflow it).
+// Also its dtype: one of those a spec can name (a QUInt8 or complex tensor used to surface as a bad
+// --input spec the user never gave).
 void check_storage(const at::Tensor& t, const std::string& what) {
+  const std::string dtype = dtype_name(t.scalar_type());
+  bool known = true;
+  try {
+    scalar_type_of(dtype);  // the inverse of dtype_name on the dtypes a spec names
+  } catch (const InternalError&) {
+    known = false;
+  }
+  if (!known) {
+    throw InputError(what + " is a " + dtype + " tensor; data files hold float32, float64, float16, bfloat16, int64, "
+                     "int32, int16, int8, uint8 or bool tensors");
+  }
   const std::string why = what + " (shape " + shape_text(t.sizes()) + ")";
   int64_t last = t.storage_offset();  // the furthest element, in elements
   bool empty = false;

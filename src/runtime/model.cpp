@@ -20,6 +20,7 @@
 #include <unordered_set>
 
 #include "accumplan/errors.h"
+#include "accumplan/json_io.h"
 #include "runtime/sha256.h"
 
 namespace accumplan {
@@ -195,6 +196,20 @@ std::optional<ModelDefaults> builtin_defaults(const std::string& path_or_builtin
   return find_builtin(builtin_name(path_or_builtin)).second;
 }
 
+void check_model_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    throw InputError("cannot open model file '" + path_for_message(path) +
+                     "': no such file. Give a TorchScript file (torch.jit.script(model).save(path)) or one of "
+                     "the built-in examples, e.g. builtin:convnet");
+  }
+  if (fs::is_directory(path, ec)) {
+    throw InputError("--model '" + path_for_message(path) + "' is a directory, not a TorchScript file");
+  }
+  require_regular_file(path, "--model", "a TorchScript file (torch.jit.script(model).save(path))");
+}
+
 LoadedModel load_model(const std::string& path_or_builtin, const torch::Device& device) {
   LoadedModel out;
   out.info.path = path_or_builtin;
@@ -203,16 +218,7 @@ LoadedModel load_model(const std::string& path_or_builtin, const torch::Device& 
     out.info.sha256 = sha256_hex(serialize(out.module));
     if (!device.is_cpu()) out.module.to(device);
   } else {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    if (!fs::exists(path_or_builtin, ec)) {
-      throw InputError("cannot open model file '" + path_for_message(path_or_builtin) +
-                       "': no such file. Give a TorchScript file (torch.jit.script(model).save(path)) or one of "
-                       "the built-in examples, e.g. builtin:convnet");
-    }
-    if (fs::is_directory(path_or_builtin, ec)) {
-      throw InputError("--model '" + path_for_message(path_or_builtin) + "' is a directory, not a TorchScript file");
-    }
+    check_model_file(path_or_builtin);
     out.info.sha256 = sha256_of_file(path_or_builtin);
     try {
       out.module = torch::jit::load(path_or_builtin, device);

@@ -30,6 +30,11 @@ std::vector<std::string> builtin_model_names();
 // The module is moved to `device` and put in training mode.
 LoadedModel load_model(const std::string& path_or_builtin, const torch::Device& device);
 
+// InputError unless `path` (not a builtin) is a regular file: missing, a directory, a FIFO (it
+// blocked torch::jit::load for ever) or a device (/dev/zero: read for ever). Called before
+// anything else is checked, so a wrong --model is what the user hears about first.
+void check_model_file(const std::string& path);
+
 // Saves a built-in example model as TorchScript (for `accumplan example-model` and tests).
 void save_builtin_model(const std::string& name, const std::string& path);
 

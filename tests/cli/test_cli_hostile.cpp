@@ -200,3 +200,21 @@ TEST_CASE("CLI hostile: --out onto /dev/null, a symlink, a 255-character name an
   CHECK(json::parse(r.out)["target_batch"] == 8);
   CHECK(listing(out) == std::set<std::string>{"real.json", "link.json", std::string(250, 'n') + ".json"});
 }
+
+TEST_CASE("CLI hostile: integer options are decimal: 010 is ten, hex, exponents and '' are refused",
+          "[cli][hostile][plan]") {
+  const std::string dir = scratch_dir("hostile-decimal");
+  auto plan = [&](const std::string& target_batch, const std::string& extra = "--multiple-of", const std::string& value = "1") {
+    return std::vector<std::string>{"plan", "--profile", kProfile, "--target-batch", target_batch, "--memory-budget", "1GiB",
+                                    extra, value, "--out", dir + "/plan.json"};
+  };
+  // CLI11 reads base 0: 010 was octal 8, a plan for 8 samples when 10 were typed.
+  const CliResult r = run_cli(plan("010"));
+  REQUIRE(r.exit_code == 0);
+  CHECK(json::parse(slurp(dir + "/plan.json"))["target_batch"] == 10);
+  fs::remove(dir + "/plan.json");
+  expect_refusal(dir, plan("0x10"), "--target-batch: '0x10' is not a decimal integer");
+  expect_refusal(dir, plan("1e3"), "--target-batch: '1e3' is not a decimal integer");
+  expect_refusal(dir, plan(""), "--target-batch: '' is not a decimal integer");
+  expect_refusal(dir, plan("8", "--multiple-of", "0b11"), "--multiple-of: '0b11' is not a decimal integer");
+}

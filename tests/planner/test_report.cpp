@@ -448,6 +448,24 @@ TEST_CASE("report: names that look like markup stay text", "[report]") {
   }
 }
 
+TEST_CASE("report: control characters and non-characters in a plan's strings keep the report well-formed XML",
+          "[report]") {
+  Plan plan = read_plan_file(source_path("tests/golden/plan.json"));
+  // (Literals split where a hex escape would run on: "\x01" "b" is 0x01 then 'b'.)
+  plan.model.path = "m\x1b" "[31m.pt";
+  plan.device.name = "a\x01" "b \xEF\xBF\xBF" " end";  // U+FFFF: valid UTF-8, not an XML character
+  plan.reason = "line\x07" "bell";
+  for (const std::string format : {"svg", "html"}) {
+    const std::string text = render_report(report_input_from_plan(plan), format);
+    const XmlDoc d = parse_xml(text);
+    REQUIRE(d.doc);
+    CHECK(d.errors.empty());
+    CHECK(text.find('\x1b') == std::string::npos);
+    CHECK(text.find('\x01') == std::string::npos);
+    CHECK(text.find("m?[31m.pt") != std::string::npos);
+  }
+}
+
 TEST_CASE("report: bad formats and documents are refused by name", "[report][errors]") {
   CHECK(check_report_format("svg") == "svg");
   CHECK_THROWS_WITH(check_report_format("png"), Catch::Contains("--format must be html or svg, got 'png'"));

@@ -135,6 +135,18 @@ TEST_CASE("Schema: run stats from another schema or major version are refused", 
   CHECK_THROWS_WITH(run_record_from_json(doc), Catch::Contains("$.window_series[0].samples"));
 }
 
+TEST_CASE("Schema: run stats whose window series disagrees with its window count, or a window of no microbatch, are refused",
+          "[schema][run-stats]") {
+  json doc = json::parse(to_json(golden_run()).dump());
+  doc["window_series"][1]["microbatch_sizes"] = json::array();
+  CHECK_THROWS_WITH(run_record_from_json(doc), Catch::Contains("$.window_series[1].microbatch_sizes: a window ran at least one"));
+  doc = json::parse(to_json(golden_run()).dump());
+  doc["window_series"] = json::array();
+  CHECK_THROWS_WITH(run_record_from_json(doc), Catch::Contains("$.window_series: 0 records for the 2 windows"));
+  doc.erase("window_series");  // stats written before the series: read
+  CHECK(run_record_from_json(doc).window_series.empty());
+}
+
 TEST_CASE("Schema: a newer minor version is read, another major is refused", "[schema][version]") {
   json doc = json::parse(to_json(golden_plan()).dump());
   doc["schema_version"] = "1.7";
