@@ -2,6 +2,7 @@
 #include <torch/script.h>
 
 #include <fstream>
+#include <iterator>
 #include <limits>
 
 #include "accumplan/errors.h"
@@ -261,4 +262,22 @@ TEST_CASE("Host memory: an allocation LibTorch's CPU allocator cannot make is re
                Catch::Contains("the host ran out of memory reading --data 'd.pt': LibTorch could not allocate 32.0 TiB more"));
   }
   CHECK_FALSE(failed_host_allocation_bytes("RuntimeError: mat1 and mat2 shapes cannot be multiplied").has_value());
+}
+
+TEST_CASE("Batch file: a compressed record is refused before anything is inflated", "[batch][host-memory]") {
+  // torch.save stores records uncompressed; the central directory says "deflated" here (method 8 at
+  // offset 10 of every entry), as a zip bomb's would.
+  const std::string path = test::write_torch_save(test::scratch_dir("deflated") + "/d.pt", {torch::zeros({4, 3})});
+  std::string zip;
+  {
+    std::ifstream in(path, std::ios::binary);
+    zip.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  int entries = 0;
+  for (size_t at = zip.find("PK\x01\x02"); at != std::string::npos; at = zip.find("PK\x01\x02", at + 4), ++entries) zip[at + 10] = 8;
+  REQUIRE(entries > 0);
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(zip.data(), static_cast<std::streamsize>(zip.size()));
+  CHECK_THROWS_WITH(read_torch_save(path, "--data 'd.pt'"),
+                    Catch::Contains("--data 'd.pt' is damaged or was not written by torch.save: record '") &&
+                        Catch::Contains("is compressed (zip method 8)"));
 }
