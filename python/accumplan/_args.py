@@ -7,7 +7,9 @@ turns it into Python ints here, or raises TypeError/ValueError naming the argume
 list of strings was parsed. What it is not: the plan's validation (plan.py's reader does that).
 """
 
+import math
 import numbers
+import os
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 MAX_COUNT = 2 ** 40  # the C++ options' bound on samples and microbatch sizes
@@ -50,3 +52,51 @@ def lengths_arg(lengths, name="lengths", minimum=1):
     else:
         values = list(lengths)
     return [int_arg(v, "%s[%d]" % (name, i), minimum, INT32_MAX) for i, v in enumerate(values)]
+
+
+def real_arg(value, name, lo, hi, lo_open=False):
+    """``value`` as a finite float in [lo, hi] ((lo, hi] with ``lo_open``): a real number (not a
+    bool) or a 0-dim real tensor. TypeError or ValueError naming ``name``."""
+    if _is_tensor(value) and value.dim() == 0 and not value.is_complex() and str(value.dtype) != "torch.bool":
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError("%s must be a number, not %s (%s)" % (name, type(value).__name__, _shown(value)))
+    try:
+        value = float(value)
+    except OverflowError:
+        value = math.inf
+    if not (math.isfinite(value) and (lo < value if lo_open else lo <= value) and value <= hi):
+        raise ValueError("%s is %s, out of range %s%s, %s]" % (name, _shown(value), "(" if lo_open else "[",
+                                                               bound_text(lo), bound_text(hi)))
+    return value
+
+
+def choice_arg(value, name, choices):
+    """``value`` if it is one of the strings ``choices``; else TypeError or ValueError naming ``name``."""
+    if not isinstance(value, str):
+        raise TypeError("%s must be a string, one of %s; not %s (%s)"
+                        % (name, ", ".join(choices), type(value).__name__, _shown(value)))
+    if value not in choices:
+        raise ValueError("%s is %s; use one of %s" % (name, _shown(value), ", ".join(choices)))
+    return value
+
+
+def path_arg(value, name):
+    """``value`` as a str or bytes path: a str, bytes or os.PathLike whose ``__fspath__`` gives one
+    (an int would be a file descriptor to ``open``). TypeError naming ``name``; ValueError for an
+    empty path or one holding a NUL byte."""
+    if not isinstance(value, (str, bytes, os.PathLike)):
+        raise TypeError("%s must be a path (str, bytes or os.PathLike), not %s (%s)"
+                        % (name, type(value).__name__, _shown(value)))
+    try:
+        path = os.fspath(value)
+    except TypeError as e:
+        raise TypeError("%s: %s" % (name, e)) from None
+    if not path or ("\0" if isinstance(path, str) else b"\0") in path:
+        raise ValueError("%s %s: %s" % (name, _shown(path), "an empty path" if not path else "a NUL byte in the path"))
+    return path
+
+
+def bound_text(v):
+    """A bound as the C++ messages print it: integral values as integers, others as %g."""
+    return "%d" % v if abs(v) < 9.007199254740992e15 and v == int(v) else "%g" % v

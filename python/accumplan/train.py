@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ._args import INT32_MAX, INT32_MIN, int_arg, lengths_arg
+from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, _shown, choice_arg, int_arg, lengths_arg, real_arg
 from .plan import OutOfMemoryAtOne
 
 LOSSES = ("cross_entropy", "mse", "model")
@@ -63,6 +63,13 @@ def _samples(inputs, target):
     return n
 
 
+def _refuse_empty(samples, world):
+    """A window of no samples at all (over every rank: each sees the same count, so each raises)."""
+    if samples == 0:
+        raise ValueError("the window holds no samples (dim 0 of its tensors is 0%s); pass at least one"
+                         % (" on every rank" if world > 1 else ""))
+
+
 def _world(group=None):
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(group)
@@ -90,10 +97,14 @@ def resolve_normalization(name, loss, target):
 
 def count_units(target, samples, normalization, ignore_index=-100):
     """The units of a window or microbatch: its samples, or its valid tokens."""
+    normalization = choice_arg(normalization, "normalization", ("samples", "tokens"))
     if normalization == "samples":
-        return samples
+        return int_arg(samples, "samples", 0, MAX_COUNT)
+    ignore_index = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     if target is None:
         raise ValueError("tokens normalization needs a target to count tokens in")
+    if not isinstance(target, torch.Tensor):
+        raise TypeError("tokens normalization needs a target tensor to count tokens in, not %s" % type(target).__name__)
     return int(target.ne(ignore_index).sum().item())
 
 
@@ -123,6 +134,7 @@ def loss_sum(output, target, loss="cross_entropy", normalization="samples", igno
     loss is the mean over its valid positions. mse: a sample's loss is the mean over its elements.
     model: ``output`` is the microbatch's mean loss; its sum is mean x samples (samples mode only).
     """
+    ignore_index = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     if loss == "cross_entropy":
         ok2 = output.dim() == 2 and target is not None and target.dim() == 1 and target.shape[0] == output.shape[0]
         ok3 = (output.dim() == 3 and target is not None and target.dim() == 2 and
@@ -130,7 +142,8 @@ def loss_sum(output, target, loss="cross_entropy", normalization="samples", igno
         if not (ok2 or ok3):
             raise ValueError("cross_entropy needs logits [B,C] with target [B], or [B,T,C] with [B,T]; got output %s "
                              "and target %s" % (list(output.shape), None if target is None else list(target.shape)))
-        per = F.cross_entropy(output.reshape(-1, output.shape[-1]).float(), target.reshape(-1),
+        _check_class_target(target, output.shape[-1], ignore_index)
+        per = F.cross_entropy(output.reshape(-1, output.shape[-1]).float(), target.reshape(-1).long(),
                               reduction="none", ignore_index=ignore_index).reshape(target.shape)
         if normalization == "tokens" or per.dim() == 1:
             return per.sum()
@@ -151,6 +164,20 @@ def loss_sum(output, target, loss="cross_entropy", normalization="samples", igno
     raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss,))
 
 
+def _check_class_target(target, classes, ignore_index):
+    """A cross-entropy target: integer class indices in [0, classes) or ``ignore_index``. ValueError
+    naming the first bad one (torch would raise an IndexError, or assert on a GPU)."""
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        raise ValueError("cross_entropy needs a target of integer class indices, not %s; use loss='mse' for "
+                         "values" % str(target.dtype).replace("torch.", ""))
+    bad = target.ne(ignore_index) & (target.lt(0) | target.ge(classes))
+    if bool(bad.any()):
+        where = bad.reshape(-1).nonzero()[0].item()
+        raise ValueError("the target holds class %d (at flat position %d of the microbatch), outside the output's "
+                         "%d classes [0, %d] and not ignore_index %d"
+                         % (target.reshape(-1)[where].item(), where, classes, classes - 1, ignore_index))
+
+
 def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
     """Ragged data as accumplan holds it (the layout `accumplan run --data` reads from
     ``torch.save([sequences, targets_or_None], f)``): returns ``(inputs, target, lengths)`` with
@@ -158,18 +185,23 @@ def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
     ``targets``, in their own dtype — int64 class indices, or float values for mse — which every
     target must share; or, with ``next_token=True`` and no targets, the inputs shifted left by one,
     int64, the last position ignored; else None) and lengths int64 [n]."""
+    ignore_index = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
+    if not isinstance(next_token, bool):
+        raise TypeError("next_token must be True or False, not %s (%s)" % (type(next_token).__name__, _shown(next_token)))
+    sequences = _vectors(sequences, "sequences", integer=True)
     n = len(sequences)
     if n == 0:
-        raise ValueError("no sequences")
+        raise ValueError("sequences is empty: no sequences to pad")
     lengths = torch.tensor([int(s.numel()) for s in sequences], dtype=torch.long)
     if int(lengths.min()) < 1:
-        raise ValueError("sequence %d is empty; every sequence needs at least one token" % int(lengths.argmin()))
+        raise ValueError("sequences[%d] is empty; every sequence needs at least one token" % int(lengths.argmin()))
     longest = int(lengths.max())
     inputs = torch.zeros(n, longest, dtype=torch.long)
     for i, s in enumerate(sequences):
         inputs[i, :s.numel()] = s
     target = None
     if targets is not None:
+        targets = _vectors(targets, "targets", integer=False)
         if len(targets) != n:
             raise ValueError("%d sequences but %d targets" % (n, len(targets)))
         dtype = targets[0].dtype
@@ -196,6 +228,23 @@ def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
     return inputs, target, lengths
 
 
+def _vectors(tensors, name, integer):
+    """``tensors`` (a list or tuple) as a list of 1-D tensors: of integer dtype (token ids) when
+    ``integer``, else of a real dtype (class indices or values; not bool or complex). TypeError
+    naming ``name[i]``."""
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError("%s must be a list of 1-D tensors, not %s (%s)" % (name, type(tensors).__name__, _shown(tensors)))
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1:
+            raise TypeError("%s[%d] must be a 1-D tensor, not %s" % (
+                name, i, "a tensor of shape %s" % list(t.shape) if isinstance(t, torch.Tensor) else
+                "%s (%s)" % (type(t).__name__, _shown(t))))
+        if t.is_complex() or t.dtype == torch.bool or (integer and t.is_floating_point()):
+            raise TypeError("%s[%d] is a %s tensor; %s" % (name, i, str(t.dtype).replace("torch.", ""),
+                            "token ids are integers" if integer else "targets are integers or floats"))
+    return list(tensors)
+
+
 def valid_token_counts(lengths, target=None, ignore_index=-100):
     """Each sequence's valid tokens, a list of ints in data order (what ``token_windows`` takes),
     the rule of the C++ executor (valid_tokens_per_sample): with an integer per-token target
@@ -203,6 +252,7 @@ def valid_token_counts(lengths, target=None, ignore_index=-100):
     targets give length - 1; padding is ``ignore_index``); with ``target=None``, a float target
     (mse values) or one target per sequence, the lengths themselves."""
     lengths = lengths_arg(lengths, "lengths", minimum=0)
+    ignore_index = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     if target is None:
         return lengths
     if not isinstance(target, torch.Tensor):
@@ -218,8 +268,9 @@ def valid_token_counts(lengths, target=None, ignore_index=-100):
 
 def padding_mask(lengths, padded_length):
     """bool [n, padded_length], True at padding (nn.TransformerEncoder's src_key_padding_mask)."""
-    lengths = torch.as_tensor(lengths, dtype=torch.long)
-    return torch.arange(padded_length).unsqueeze(0) >= lengths.unsqueeze(1)
+    lengths = lengths_arg(lengths, "lengths", minimum=0)
+    padded_length = int_arg(padded_length, "padded_length", max(lengths, default=0), INT32_MAX)
+    return torch.arange(padded_length).unsqueeze(0) >= torch.tensor(lengths, dtype=torch.long).reshape(-1, 1)
 
 
 def _gather(inputs, target, indices, lengths):
@@ -370,6 +421,7 @@ def split(plan, inputs, target=None, *, ignore_index=None, normalization=None, l
         counts = _all_reduce_ints(counts, group, _collective_device(group, model_params))
         units, rank_samples = counts[0], counts[1:]
         _raise_if_a_rank_failed(rank_samples, local_error, rank, "while checking its share of the window")
+    _refuse_empty(sum(rank_samples), world)
     if units == 0:
         return
     ddp = model is not None and _is_ddp(model)
@@ -421,6 +473,37 @@ def _forward_sum(model, mb_inputs, mb_target, n, loss_kind, loss_fn, norm, ignor
             return loss_fn(out, target)
         output, is_loss = model_output(out)
         return loss_sum(output, target, "model" if is_loss else loss_kind, norm, ignore_index, n)
+
+
+_AUTOCAST_NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+
+
+def _autocast_dtype(autocast, device):
+    """The dtype ``train_window`` runs forwards under, or None: torch.bfloat16 or torch.float16, or
+    its name as the plan's setup.amp writes it ("bf16", "fp16"; "none" for None). ValueError naming
+    autocast for another dtype, or one torch cannot autocast to on ``device``."""
+    if autocast is None or (isinstance(autocast, str) and autocast == "none"):
+        return None
+    dtype = _AUTOCAST_NAMES.get(autocast) if isinstance(autocast, str) else autocast
+    if not isinstance(dtype, torch.dtype) or dtype not in (torch.bfloat16, torch.float16):
+        kind = TypeError if not isinstance(autocast, (str, torch.dtype)) else ValueError
+        raise kind("autocast must be torch.bfloat16, torch.float16, 'bf16', 'fp16', 'none' or None, not %s"
+                   % _shown(autocast))
+    import warnings
+    why = None
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.autocast(device_type=device.type, dtype=dtype):
+                pass
+        # newer releases warn and disable it
+        why = next((str(c.message) for c in caught if "autocast" in str(c.message).lower()), None)
+    except RuntimeError as e:  # torch 1.13 on a CPU: "AutocastCPU only support Bfloat16"
+        why = str(e)
+    if why:
+        raise ValueError("autocast %s is not supported on %s by this torch: %s"
+                         % (_shown(autocast), device.type, (why.strip().splitlines() or [""])[0]))
+    return dtype
 
 
 class _Window:
@@ -656,7 +739,10 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     if loss_fn is None and loss_kind not in LOSSES:
         raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss_kind,))
     ii = plan.ignore_index if ignore_index is None else int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
-    w = _Window(plan, model, inputs, target, lengths, loss_kind, loss_fn, ii, autocast, scaler, group)
+    if max_grad_norm is not None:
+        max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)  # setup.max_grad_norm's range
+    w = _Window(plan, model, inputs, target, lengths, loss_kind, loss_fn, ii, None, scaler, group)
+    w.autocast = _autocast_dtype(autocast, w.device)
 
     # This rank's share, checked before the first collective. Under torch.distributed a rank whose
     # share is bad must not raise here (its peers would wait in the counts all-reduce forever): it
@@ -672,6 +758,7 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     st.local_samples = n
     rank_samples = _agree_counts(w, st, n, local_error)
     _check_counts(w, st, rank_samples)
+    _refuse_empty(st.samples, w.world)
     st.units = w.units
     _zero_grads(w.params, optimizer)
     if w.units == 0:

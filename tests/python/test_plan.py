@@ -137,7 +137,7 @@ class LoadPlan(unittest.TestCase):
             # atomic: a save that cannot replace its target leaves the directory as it was
             os.mkdir(os.path.join(d, "taken"))
             before = sorted(os.listdir(d))
-            with self.assertRaises(OSError):
+            with self.assertRaisesRegex(ValueError, "is a directory"):
                 plan.save(os.path.join(d, "taken"))
             self.assertEqual(sorted(os.listdir(d)), before)
             self.assertEqual(os.stat(out).st_mode & 0o777, 0o666 & ~_umask())
