@@ -433,6 +433,19 @@ void check_exportable(const Plan& plan, const std::string& target, const ExportO
     for (const auto& t : export_targets()) list += (list.empty() ? "" : ", ") + t;
     throw InputError("--to '" + cut_for_message(target) + "' is not a known trainer; choose one of: " + list);
   }
+  // Values written into a shell line: single quotes carry any byte, but a newline, a carriage return
+  // or an escape sequence in a printed command runs a second command or rewrites the terminal.
+  auto shell_safe = [](const std::string& value, const std::string& what) {
+    for (char c : value) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {
+        throw InputError(what + " '" + cut_for_message(value) + "' holds a control character; a shell line cannot "
+                         "carry it safely. Rename the file");
+      }
+    }
+  };
+  shell_safe(options.binary, "--binary");
+  shell_safe(options.plan_path, "--plan");
+  if (target == "torchrun") shell_safe(plan.model.path, "the plan's model.path");
   check_lightning_datamodule(options.lightning_datamodule);
   if (!options.lightning_datamodule.empty() && target != "lightning") {
     throw InputError("--lightning-datamodule is for --to lightning, not " + target);

@@ -6,6 +6,7 @@
 // What it is not: the documents' schema (schema.cpp).
 #include "accumplan/json_io.h"
 
+#include <algorithm>
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -667,6 +668,15 @@ std::optional<double> JsonField::opt_f64(const char* key, RealRange range) const
 std::optional<std::string> JsonField::opt_str(const char* key) const {
   if (!has(key) || (*value_)[key].is_null()) return std::nullopt;
   return at(key).as_string();
+}
+
+std::string JsonField::one_of(const char* key, const std::vector<std::string>& choices) const {
+  const JsonField f = at(key);
+  const std::string v = f.as_string();
+  if (std::find(choices.begin(), choices.end(), v) != choices.end()) return v;
+  std::string list;
+  for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+  throw SchemaError(f.path() + ": '" + cut_for_message(v, 40) + "' is not one of " + list);
 }
 
 std::vector<std::string> JsonField::strings(const char* key) const {

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <filesystem>
 #include <optional>
 
@@ -46,6 +47,18 @@ void check_writable(const OutputOption& o) {
     if (!S_ISREG(st->st_mode)) return;  // a device or a FIFO is written directly, never replaced
   }
   const std::string dir = parent_of(o.path);
+  // A name the file system cannot hold failed only at the final write, after the work ("File name
+  // too long" after a profile, with the plan already on stdout).
+  const size_t name_bytes = fs::path(o.path).filename().string().size();
+  const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  if (name_bytes > static_cast<size_t>(name_max > 0 ? name_max : 255)) {
+    throw InputError(named(o) + ": its file name is " + std::to_string(name_bytes) + " bytes, more than the " +
+                     std::to_string(name_max > 0 ? name_max : 255) + " this file system allows; choose a shorter name");
+  }
+  if (o.path.size() >= PATH_MAX) {
+    throw InputError(named(o) + ": the path is " + std::to_string(o.path.size()) + " bytes, more than the " +
+                     std::to_string(PATH_MAX - 1) + " a path may have");
+  }
   const auto d = stat_of(dir);
   if (!d) {
     throw InputError(named(o) + ": no such directory '" + path_for_message(dir) + "'; create it first or choose another path");
@@ -58,12 +71,26 @@ void check_writable(const OutputOption& o) {
 
 // Two names of one file: the same inode when both exist, else the same path once symlinks and
 // '..' in the existing part are resolved.
+// A path with its symlinks followed, dangling ones included (l.json -> a.json with no a.json yet:
+// writing l.json creates a.json), then '..' and the existing part resolved.
+fs::path resolved(const std::string& path, std::error_code& ec) {
+  fs::path p = fs::absolute(path, ec);
+  std::error_code missing;  // symlink_status of a path that does not exist sets it: not an error here
+  for (int hops = 0; !ec && hops < 40 && fs::is_symlink(fs::symlink_status(p, missing)); ++hops) {
+    const fs::path target = fs::read_symlink(p, ec);
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  return ec ? p : fs::weakly_canonical(p, ec);
+}
+
+// Two names of one file: the same inode when both exist, else the same path once symlinks and
+// '..' are resolved.
 bool same_file(const std::string& a, const std::string& b) {
   const auto sa = stat_of(a), sb = stat_of(b);
   if (sa && sb) return sa->st_dev == sb->st_dev && sa->st_ino == sb->st_ino;
   if (sa || sb) return false;
   std::error_code ea, eb;
-  const fs::path ca = fs::weakly_canonical(fs::absolute(a, ea), ea), cb = fs::weakly_canonical(fs::absolute(b, eb), eb);
+  const fs::path ca = resolved(a, ea), cb = resolved(b, eb);
   return !ea && !eb && ca == cb;
 }
 

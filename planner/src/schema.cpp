@@ -1,6 +1,7 @@
 // schema.cpp — JSON for profile.json and plan.json. See schema.h for the rules; field order in
 // the writers is the order users read, so golden files stay stable and diffs stay small.
 #include "accumplan/schema.h"
+#include "accumplan/setup_rules.h"
 
 #include <cctype>
 #include <cmath>
@@ -37,7 +38,7 @@ ojson device_json(const DeviceInfo& d) {
 }
 DeviceInfo device_from(const JsonField& f) {
   DeviceInfo d;
-  d.type = f.str("type");
+  d.type = f.one_of("type", {"cpu", "cuda"});
   d.index = static_cast<int>(f.i64("index"));
   d.name = f.str("name");
   d.total_bytes = f.i64("total_bytes");
@@ -78,7 +79,7 @@ ojson setup_json(const Setup& s) {
 }
 Setup setup_from(const JsonField& f) {
   Setup s;
-  s.optimizer = f.str("optimizer");
+  s.optimizer = f.one_of("optimizer", optimizer_names());
   // The learning rate is not a memory fact: a profile written by another tool may leave it out,
   // and then the optimizer's conventional default applies (as on the command line).
   if (auto lr = f.opt_f64("lr")) {
@@ -93,10 +94,12 @@ Setup setup_from(const JsonField& f) {
       s.hyperparameters[it.key()] = JsonField(it.value(), hp.path() + "." + cut_for_message(it.key(), 40)).as_double();
     }
   }
-  if (auto n = f.opt_str("normalization")) s.normalization = *n;
-  s.amp = f.str("amp");
+  if (f.has("normalization") && !f.at("normalization").raw().is_null()) {
+    s.normalization = f.one_of("normalization", {"auto", "samples", "tokens"});
+  }
+  s.amp = f.one_of("amp", {"none", "fp16", "bf16"});
   s.max_grad_norm = f.opt_f64("max_grad_norm");  // 1.1; absent in 1.0 (no clipping measured)
-  s.loss = f.str("loss");
+  s.loss = f.one_of("loss", {"cross_entropy", "mse", "model"});
   s.inputs = f.strings("inputs");
   s.target = f.str("target");
   if (auto ii = f.opt_i64("ignore_index")) s.ignore_index = *ii;
@@ -609,7 +612,7 @@ Plan plan_from_json(const json& doc) {
   for (const auto& f : root.at("microbatch_sizes").items()) p.microbatch_sizes.push_back(f.as_int());
   for (const auto& f : root.at("weights").items()) p.weights.push_back(f.as_double());
   p.max_micro_batch = root.i64("max_micro_batch");
-  p.split = root.str("split");
+  p.split = root.one_of("split", {"balanced", "uniform"});
   p.multiple_of = root.opt_i64("multiple_of");
   const JsonField u = root.at("uniform");
   p.uniform.micro_batch = u.i64("micro_batch");

@@ -322,7 +322,8 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
   profile->add_option("--out", pargs->out, "write profile.json here (atomically); default stdout");
   commands.push_back({profile, [pargs, profile]() {
                         check_outputs({output_option(profile, "--out", pargs->out, true)},
-                                      {{"--model", pargs->model}, {"--batch-file", pargs->batch_file}});
+                                      {{"--model", pargs->model}, {"--batch-file", pargs->batch_file},
+                                       {"--seq-len-file", pargs->seq_len_file}});
                         RunnerOptions o = runner_options(*pargs);
                         const std::shared_ptr<Progress> progress = make_stderr_progress(pargs->progress, "step", 0);
                         o.progress = step_callback(progress);
@@ -364,7 +365,8 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
             PlanRequest req = plan_request_from(args->plan);
             check_request(req);  // the planner's own checks, before the device is touched
             check_outputs({output_option(&root, "--out", args->out, true), output_option(&root, "--report", args->report)},
-                          {{"--model", args->model}, {"--batch-file", args->batch_file}});
+                          {{"--model", args->model}, {"--batch-file", args->batch_file},
+                           {"--seq-len-file", args->seq_len_file}});
             if (!args->report.empty()) report_format_for("", args->report);
             RunnerOptions o = runner_options(*args);
             if (by_tokens && o.setup.seq_len.empty() && !o.batch_file) {

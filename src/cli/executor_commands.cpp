@@ -571,14 +571,15 @@ int verify_command(const RunArgs& a) {
   Batch data = load_data(a, p, default_synthetic_samples(a, p.plan, 1));
   const int64_t n = batch_samples(data, "the data");
   Batch window;
+  std::vector<std::string> notes;  // said after the check ran: a refusal stays one line
   if (p.plan.tokens && p.plan.tokens->target_tokens) {
     // The plan's first window: the sequences that first reach target_tokens valid tokens.
     const auto [start, count] = plan_windows(data, p.plan, p.loss.ignore_index).front();
     window = data.slice(start, count);
   } else {
     if (n < T) {
-      std::cerr << "accumplan: note: --data holds " << n << " samples, fewer than the plan's per-rank batch " << T
-                << "; verifying on a window of " << n << "\n";
+      notes.push_back("--data holds " + std::to_string(n) + " samples, fewer than the plan's per-rank batch " +
+                      std::to_string(T) + "; verifying on a window of " + std::to_string(n));
     }
     window = data.slice(0, std::min(n, T));
   }
@@ -595,11 +596,13 @@ int verify_command(const RunArgs& a) {
     }
   }
   if (p.plan.setup.amp != "none") {
-    std::cerr << "accumplan: note: verification runs in float32, where " << a.rtol
-              << " is a meaningful tolerance; the plan trains with " << p.plan.setup.amp
-              << ", whose rounding is not part of this check\n";
+    std::ostringstream note;
+    note << "verification runs in float32, where " << a.rtol << " is a meaningful tolerance; the plan trains with "
+         << p.plan.setup.amp << ", whose rounding is not part of this check";
+    notes.push_back(note.str());
   }
   const VerifyReport rep = naming_data_source(a, [&] { return verify_accumulation(p.model.module, window, p.plan, vo); });
+  for (const auto& note : notes) std::cerr << "accumplan: note: " << note << "\n";
   std::cout << format_table(rep) << std::flush;
   for (const auto& w : rep.warnings) std::cerr << "accumplan: warning: " << w << "\n";
   if (!a.json_out.empty()) emit_output(a.json_out, json_text(to_json(rep)));

@@ -129,6 +129,18 @@ TEST_CASE("CLI hostile: export refuses bad plans with one line naming the value"
                  "$.world_size: 4611686018427387904 is out of range");
   expect_refusal(out, exp(variant(in, "v.json", kPlan, [](json& d) { d["schema_version"] = "1.0.0"; })),
                  "$.schema_version: '1.0.0' is not MAJOR.MINOR");
+  // Enumerations are read exactly: "balanced\n" was taken for balanced, "none\n" for no AMP.
+  expect_refusal(out, exp(variant(in, "split.json", kPlan, [](json& d) { d["split"] = "balanced\n"; })),
+                 "$.split: 'balanced?' is not one of balanced, uniform");
+  expect_refusal(out, exp(variant(in, "amp.json", kPlan, [](json& d) { d["setup"]["amp"] = "none\n"; })),
+                 "$.setup.amp: 'none?' is not one of none, fp16, bf16");
+  expect_refusal(out, exp(variant(in, "loss.json", kPlan, [](json& d) { d["setup"]["loss"] = "cross_entropy\x1b"; })),
+                 "$.setup.loss: 'cross_entropy?' is not one of cross_entropy, mse, model");
+  expect_refusal(out, exp(variant(in, "device.json", kPlan, [](json& d) { d["device"]["type"] = "cpu\x07"; })),
+                 "$.device.type: 'cpu?' is not one of cpu, cuda");
+  // A newline in a value printed into the torchrun line would start a second command.
+  expect_refusal(out, {"export", "--plan", kPlan, "--to", "torchrun", "--binary", "accumplan\nrm -rf x", "--out", o},
+                 "--binary 'accumplan?rm -rf x' holds a control character");
   // An option the command does not have, said as typed (CLI11 listed it back to front).
   expect_refusal(out, {"export", "--plan", kPlan, "--to", "deepspeed", "--split", "uniform", "--out", o},
                  "`accumplan export` does not take --split uniform");

@@ -91,3 +91,17 @@ TEST_CASE("Outputs: two outputs on standard output are refused", "[outputs]") {
   CHECK(refusal({{"--stats", "-"}, {"--trace", "-"}}).find("both write to standard output") != std::string::npos);
   CHECK(refusal({{"--out", "", false, true}, {"--report", "-", false}}).empty());  // --report not given
 }
+
+TEST_CASE("Outputs: a file name longer than the file system allows is refused before any work", "[outputs]") {
+  const std::string dir = fresh_dir("long-name");
+  const std::string msg = refusal({{"--out", dir + "/" + std::string(300, 'n') + ".json"}});
+  CHECK(msg.find("its file name is 305 bytes, more than the 255 this file system allows") != std::string::npos);
+  CHECK(refusal({{"--out", dir + "/" + std::string(250, 'n') + ".json"}}).empty());
+}
+
+TEST_CASE("Outputs: a dangling symlink and the file it names are one output", "[outputs]") {
+  const std::string dir = fresh_dir("dangling");
+  std::filesystem::create_symlink("a.json", dir + "/l.json");  // a.json does not exist yet
+  CHECK(refusal({{"--stats", dir + "/l.json"}, {"--trace", dir + "/a.json"}}).find("name the same file") != std::string::npos);
+  CHECK(refusal({{"--stats", dir + "/l.json"}, {"--trace", dir + "/b.json"}}).empty());
+}

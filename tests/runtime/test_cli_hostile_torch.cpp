@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <stdexcept>
@@ -163,6 +164,15 @@ TEST_CASE("CLI hostile torch: batch files that are directories, damaged, or name
   // A storage declared as 1020 bytes over a 40-byte record: read past the record's end before.
   expect_refusal(out, job(write_lying_batch_file(f.dir + "/short-record.pt", true)),
                  "a tensor's storage declares 1020 bytes but its record in the archive holds 40");
+  // --seq-len-file is an input: --out onto it replaced the lengths with the plan (exit 0).
+  const std::string lengths = out + "/lengths.txt";
+  std::ofstream(lengths) << "5 9 12\n";
+  expect_refusal(out,
+                 {"--model", "builtin:tinylm", "--seq-len-file", lengths, "--input", "int64[B,T]:1000", "--target",
+                  "int64[B,T]:1000", "--target-batch", "8", "--device", "cpu", "--memory-budget", "64MiB", "--out", lengths},
+                 "is the --seq-len-file file it is made from");
+  CHECK(slurp(lengths) == "5 9 12\n");
+  std::filesystem::remove(lengths);
   // Data the main job used to plan for and `run --data` then refused: one data check for both.
   const std::string negative =
       write_torch_save(f.dir + "/negative.pt", {torch::randn({4, 64}), torch::tensor({1, -2, 5, 3}, torch::kLong)});

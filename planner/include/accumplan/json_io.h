@@ -106,6 +106,8 @@ class JsonField {
   std::optional<double> opt_f64(const char* key, RealRange range) const;
   std::optional<std::string> opt_str(const char* key) const;
   std::vector<std::string> strings(const char* key) const;
+  // A required string that must be one of `choices` exactly ("balanced\n" is not "balanced").
+  std::string one_of(const char* key, const std::vector<std::string>& choices) const;
 
   [[noreturn]] void fail(const std::string& expected) const;
   // "-5", "9223372036854775808", "\"abc\"": this value as JSON, cut to 80 characters.
