@@ -43,11 +43,15 @@ std::string dtype_name(at::ScalarType t) {
 // host-data limit before anything is allocated. 16 bytes an element: the int64 draw (or float32
 // draw and its conversion) and, for ragged data, the padded copy. --input float32[B,2147483647] or
 // --seq-len 1..2147483647 used to end in LibTorch's allocator or the kernel's OOM killer.
-at::Tensor synthetic_tensor(const TensorSpec& spec, int64_t samples, at::Generator& gen, int64_t seq_len = 1) {
+void check_synthetic_bytes(const TensorSpec& spec, int64_t samples, int64_t seq_len) {
   const std::string what = "a synthetic " + spec.to_string() + " of " + std::to_string(samples) + " sample(s)" +
                            (spec.has_seq_dim() ? " of " + std::to_string(seq_len) + " tokens" : std::string());
   check_host_data_bytes(checked_mul(checked_mul(spec.elements_per_sample(seq_len), samples, what), 16, what), what,
                         "give smaller --input/--target shapes, --seq-len or --target-batch");
+}
+
+at::Tensor synthetic_tensor(const TensorSpec& spec, int64_t samples, at::Generator& gen, int64_t seq_len = 1) {
+  check_synthetic_bytes(spec, samples, seq_len);
   const std::vector<int64_t> shape = spec.shape(samples, seq_len);
   const at::ScalarType type = scalar_type_of(spec.dtype);
   if (type == at::kBool) return at::randint(2, shape, gen, at::TensorOptions(at::kLong)).to(at::kBool);
@@ -326,6 +330,10 @@ Batch synthetic_ragged_batch(const std::vector<TensorSpec>& inputs, const std::o
   const int64_t n = static_cast<int64_t>(lengths.size());
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
   if (*std::min_element(lengths.begin(), lengths.end()) < 1) throw InternalError("synthetic_ragged_batch: a length below 1");
+  // Every tensor checked before the first is made: the padding mask alone is [n, T] (a 2^31-token
+  // --seq-len made a 16 GiB arange before any spec was checked).
+  for (const auto& spec : inputs) check_synthetic_bytes(spec, n, longest);
+  if (target) check_synthetic_bytes(*target, n, target->has_seq_dim() ? longest : 1);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   Batch b;
   b.lengths = at::tensor(lengths, at::TensorOptions(at::kLong));
