@@ -193,8 +193,13 @@ Batch ProbeRunner::window_data(int64_t samples) {
   // On the host, as `accumplan run` keeps its data: the executor moves each microbatch to the
   // device. (On the CPU device the host IS the device; window() subtracts these bytes.)
   if (seq_range_) {
-    return synthetic_ragged_batch(input_specs_, target_spec_, std::vector<int64_t>(static_cast<size_t>(samples), seq_len_),
-                                  next_seed_++, options_.setup.ignore_index);
+    try {
+      return synthetic_ragged_batch(input_specs_, target_spec_, std::vector<int64_t>(static_cast<size_t>(samples), seq_len_),
+                                    next_seed_++, options_.setup.ignore_index);
+    } catch (const InputError& e) {
+      // The lengths are the user's: say where they came from.
+      throw InputError(std::string(e.what()) + " (the lengths planned for: " + seq_len_source() + ")");
+    }
   }
   return file_batch_ ? tile_batch(*file_batch_, samples)
                      : synthetic_batch(input_specs_, target_spec_, samples, next_seed_++, at::kCPU);

@@ -281,3 +281,16 @@ TEST_CASE("Batch file: a compressed record is refused before anything is inflate
                     Catch::Contains("--data 'd.pt' is damaged or was not written by torch.save: record '") &&
                         Catch::Contains("is compressed (zip method 8)"));
 }
+
+TEST_CASE("Host memory: synthetic data over the host-data limit is refused before anything is made",
+          "[batch][host-memory]") {
+  ::setenv("ACCUMPLAN_MAX_HOST_DATA", "10kB", 1);
+  const TensorSpec tokens = parse_tensor_spec("int64[B,T]:50", "--input");
+  // 1 sequence of 1000 tokens: 16 000 bytes at 16 bytes an element (the draw and the padded copy).
+  CHECK_THROWS_WITH(synthetic_ragged_batch({tokens}, tokens, {1000}, 1),
+                    Catch::Contains("a synthetic int64[B,T]:50 of 1 sample(s) of 1000 tokens would take 15.6 KiB of host memory"));
+  CHECK_THROWS_WITH(synthetic_batch({parse_tensor_spec("float32[B,1000]", "--input")}, std::nullopt, 1, 1, torch::kCPU),
+                    Catch::Contains("a synthetic float32[B,1000] of 1 sample(s) would take 15.6 KiB"));
+  CHECK(synthetic_ragged_batch({tokens}, tokens, {100}, 1).inputs[0].sizes() == at::IntArrayRef({1, 100}));
+  ::unsetenv("ACCUMPLAN_MAX_HOST_DATA");
+}
