@@ -42,7 +42,7 @@ inline constexpr int kSchemaMinor = 4;
 const std::string& schema_version_string();  // "1.4"
 
 struct DeviceInfo {
-  std::string type;          // "cpu" or "cuda"
+  std::string type = "cpu";  // "cpu" or "cuda"
   int index = 0;
   std::string name;          // e.g. "cpu (counting allocator)", "NVIDIA H200"
   int64_t total_bytes = 0;   // device memory (CPU: the enforced budget, else machine memory)
