@@ -428,6 +428,7 @@ ojson to_json(const Plan& p) {
       j["tokens"]["step_cost"] = ojson{{"per_microbatch", p.tokens->step_cost->per_microbatch},
                                        {"per_token", p.tokens->step_cost->per_token},
                                        {"per_token_squared", p.tokens->step_cost->per_token_squared}};
+      if (p.tokens->step_cost->token_seconds > 0) j["tokens"]["step_cost"]["token_seconds"] = p.tokens->step_cost->token_seconds;  // 1.5
     }
   }
   const MemoryBreakdown& m = p.memory;
@@ -473,7 +474,7 @@ ojson to_json(const Plan& p) {
 
 namespace {
 
-// $.tokens (1.3; step_cost and target_tokens 1.4), or nothing for a sample plan.
+// $.tokens (1.3; step_cost and target_tokens 1.4; step_cost.token_seconds 1.5), or nothing for a sample plan.
 std::optional<TokenBudget> tokens_from(const JsonField& root) {
   if (!root.has("tokens") || root.at("tokens").raw().is_null()) return std::nullopt;
   const JsonField tk = root.at("tokens");
@@ -484,7 +485,8 @@ std::optional<TokenBudget> tokens_from(const JsonField& root) {
   tb.target_tokens = tk.opt_i64("target_tokens");  // 1.4
   if (tk.has("step_cost") && !tk.at("step_cost").raw().is_null()) {  // 1.4
     const JsonField sc = tk.at("step_cost");
-    tb.step_cost = TokenStepCost{sc.i64("per_microbatch"), sc.i64("per_token"), sc.i64("per_token_squared")};
+    tb.step_cost = TokenStepCost{sc.i64("per_microbatch"), sc.i64("per_token"), sc.i64("per_token_squared"),
+                                 sc.opt_f64("token_seconds").value_or(0)};  // token_seconds: 1.5
   }
   if (tb.token_budget < 1 || tb.max_seq_len < 1 || tb.max_seq_len > tb.token_budget) {
     throw SchemaError("$.tokens: token_budget " + std::to_string(tb.token_budget) + " must hold at least one sequence of max_seq_len " +
@@ -655,7 +657,7 @@ Plan read_plan_file(const std::string& path, const std::string& what) {
 namespace {
 
 ojson window_record_json(const RunWindowRecord& r) {
-  return ojson{{"window", r.window},
+  ojson j{{"window", r.window},
                {"samples", r.samples},
                {"valid_tokens", r.valid_tokens},
                {"loss", opt(r.loss)},
@@ -666,6 +668,10 @@ ojson window_record_json(const RunWindowRecord& r) {
                {"microbatch_sizes", r.microbatch_sizes},
                {"stepped", r.stepped},
                {"seconds", r.seconds.value_or(0.0)}};
+  if (r.microbatch_seconds) j["microbatch_seconds"] = *r.microbatch_seconds;  // 1.5
+  if (r.microbatch_seconds || r.predicted_seconds) j["predicted_seconds"] = opt(r.predicted_seconds);
+  if (r.predicted_peak_bytes) j["predicted_peak_bytes"] = *r.predicted_peak_bytes;
+  return j;
 }
 
 // Ranges a run's figures can have: counts up to 2^40 (kMaxSamples), bytes up to kMaxBytes,
@@ -697,7 +703,28 @@ RunWindowRecord window_record_from(const JsonField& f) {
   }
   if (f.has("stepped")) r.stepped = f.boolean("stepped");
   r.seconds = f.opt_f64("seconds", kSeconds);
+  r.microbatch_seconds = f.opt_f64("microbatch_seconds", kSeconds);  // 1.5
+  r.predicted_seconds = f.opt_f64("predicted_seconds", kSeconds);
+  r.predicted_peak_bytes = f.opt_i64("predicted_peak_bytes", kBytes);
   return r;
+}
+
+// $.time_model (1.5): errors are relative, finite and not negative.
+RunTimeModel time_model_from(const JsonField& f) {
+  static constexpr RealRange kError{0.0, 1e12};
+  RunTimeModel t;
+  t.packing = f.one_of("packing", {"time", "fill"});
+  t.microbatches = f.i64("microbatches", kCount);
+  t.median_abs_error = f.f64("median_abs_error", kError);
+  t.p90_abs_error = f.f64("p90_abs_error", kError);
+  t.refits = f.i64("refits", kCount);
+  if (f.has("final_cost") && !f.at("final_cost").raw().is_null()) {
+    const JsonField c = f.at("final_cost");
+    t.final_cost = TokenStepCost{c.i64("per_microbatch", {0, int64_t{1} << 50}), c.i64("per_token", {1, int64_t{1} << 16}),
+                                 c.i64("per_token_squared", {0, int64_t{1} << 30}),
+                                 c.f64("token_seconds", kSeconds)};
+  }
+  return t;
 }
 
 }  // namespace
@@ -740,6 +767,21 @@ ojson to_json(const RunRecord& r) {
   j["loss_scale"] = r.loss_scale;
   j["model_sha256"] = r.model_sha256;
   j["model_hash_matches_plan"] = r.model_hash_matches_plan;
+  if (r.packed_predicted_peak_bytes) j["packed_predicted_peak_bytes"] = *r.packed_predicted_peak_bytes;  // 1.5
+  if (r.time_model) {  // 1.5, packed runs
+    const RunTimeModel& t = *r.time_model;
+    j["time_model"] = ojson{{"packing", t.packing},
+                            {"microbatches", t.microbatches},
+                            {"median_abs_error", t.median_abs_error},
+                            {"p90_abs_error", t.p90_abs_error},
+                            {"refits", t.refits}};
+    if (t.final_cost) {
+      j["time_model"]["final_cost"] = ojson{{"per_microbatch", t.final_cost->per_microbatch},
+                                            {"per_token", t.final_cost->per_token},
+                                            {"per_token_squared", t.final_cost->per_token_squared},
+                                            {"token_seconds", t.final_cost->token_seconds}};
+    }
+  }
   // One record per window, in order.
   ojson series = ojson::array();
   for (const auto& w : r.window_series) series.push_back(window_record_json(w));
@@ -790,6 +832,8 @@ RunRecord run_record_from_json(const json& doc) {
   r.loss_scale = root.opt_f64("loss_scale").value_or(1.0);
   if (root.has("model_sha256")) r.model_sha256 = root.str("model_sha256");
   if (root.has("model_hash_matches_plan")) r.model_hash_matches_plan = root.boolean("model_hash_matches_plan");
+  if (root.has("time_model")) r.time_model = time_model_from(root.at("time_model"));
+  r.packed_predicted_peak_bytes = root.opt_i64("packed_predicted_peak_bytes", kBytes);
   if (root.has("window_series")) {
     for (const JsonField& f : root.at("window_series").items()) {
       r.window_series.push_back(window_record_from(f));

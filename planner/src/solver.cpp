@@ -13,6 +13,7 @@
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
+#include "accumplan/step_time.h"
 #include "accumplan/tensor_spec.h"
 #include "accumplan/token_model.h"
 
@@ -724,15 +725,16 @@ TokenSolution solve_token_budget(const Profile& profile, const PlanRequest& requ
   return ts;
 }
 
-// What packing trades: the profile's step times, fitted as the memory is (nanoseconds).
+// What packing trades, as the plan starts: the profile's step times (accumplan/step_time.h);
+// `accumplan run` refits from its own microbatches as it goes.
 std::optional<TokenStepCost> profile_step_cost(const Profile& profile) {
-  std::vector<TokenPoint> timed;
+  std::vector<TimedMicrobatch> timed;
   for (const auto& p : profile.points) {
-    if (p.seq_len && p.step_seconds && *p.step_seconds > 0) {
-      timed.push_back({p.micro_batch, *p.seq_len, static_cast<int64_t>(std::llround(std::min(*p.step_seconds, 1e6) * 1e9))});
-    }
+    if (p.seq_len && p.step_seconds && *p.step_seconds > 0) timed.push_back({p.micro_batch, *p.seq_len, *p.step_seconds});
   }
-  return fit_step_cost(timed);
+  const std::optional<StepTimeFit> fit = fit_step_time(timed);
+  if (!fit) return std::nullopt;
+  return fit->cost();
 }
 
 // The profile's window at T_max of at least the budget's sequences that ran within the budget less

@@ -11,6 +11,7 @@
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/units.h"
+#include "least_squares.h"
 #include "settle.h"
 
 namespace accumplan {
@@ -23,44 +24,24 @@ struct Solved {
   double rms = 0;
 };
 
-// Weighted least squares over the columns given by `features(point)`, each point weighted by its
-// tokens b·T (the plan lives at the large end, as the sample model weighs by b). The columns are
-// scaled to a largest entry of 1 before the normal equations, so b·T² near 1e12 and 1 in the same
-// system stay well conditioned; Gaussian elimination with partial pivoting on at most 3×3.
+// Weighted least squares (least_squares.h) over the columns 1, b·T[, b·T²], each point weighted
+// by its tokens b·T (the plan lives at the large end, as the sample model weighs by b).
 Solved solve(const std::vector<TokenPoint>& pts, size_t columns) {
   auto feature = [](const TokenPoint& p, size_t j) {
     const double bt = static_cast<double>(p.micro_batch) * static_cast<double>(p.seq_len);
     return j == 0 ? 1.0 : j == 1 ? bt : bt * static_cast<double>(p.seq_len);
   };
-  std::vector<double> scale(columns, 0.0);
+  std::vector<std::vector<double>> rows;
+  std::vector<double> y, w;
   for (const auto& p : pts) {
-    for (size_t j = 0; j < columns; ++j) scale[j] = std::max(scale[j], std::fabs(feature(p, j)));
+    rows.push_back({feature(p, 0), feature(p, 1), feature(p, 2)});
+    y.push_back(static_cast<double>(p.peak_bytes));
+    w.push_back(static_cast<double>(p.micro_batch) * static_cast<double>(p.seq_len));
   }
-  for (auto& s : scale) s = s > 0 ? s : 1.0;
-  std::vector<std::vector<double>> a(columns, std::vector<double>(columns + 1, 0.0));
-  for (const auto& p : pts) {
-    const double w = static_cast<double>(p.micro_batch) * static_cast<double>(p.seq_len);
-    for (size_t i = 0; i < columns; ++i) {
-      const double fi = feature(p, i) / scale[i];
-      for (size_t j = 0; j < columns; ++j) a[i][j] += w * fi * feature(p, j) / scale[j];
-      a[i][columns] += w * fi * static_cast<double>(p.peak_bytes);
-    }
-  }
-  for (size_t c = 0; c < columns; ++c) {
-    size_t pivot = c;
-    for (size_t r = c + 1; r < columns; ++r) {
-      if (std::fabs(a[r][c]) > std::fabs(a[pivot][c])) pivot = r;
-    }
-    std::swap(a[c], a[pivot]);
-    if (std::fabs(a[c][c]) < 1e-300) throw InputError("the token memory fit is singular: measure at least two token counts");
-    for (size_t r = 0; r < columns; ++r) {
-      if (r == c) continue;
-      const double f = a[r][c] / a[c][c];
-      for (size_t k = c; k <= columns; ++k) a[r][k] -= f * a[c][k];
-    }
-  }
+  const std::optional<std::vector<double>> coef = detail::weighted_least_squares(rows, y, w, columns);
+  if (!coef) throw InputError("the token memory fit is singular: measure at least two token counts");
   Solved s;
-  for (size_t j = 0; j < columns; ++j) s.coef.push_back(a[j][columns] / a[j][j] / scale[j]);
+  s.coef = *coef;
   for (const auto& p : pts) {
     double predicted = 0;
     for (size_t j = 0; j < columns; ++j) predicted += s.coef[j] * feature(p, j);
@@ -195,35 +176,6 @@ int64_t TokenMemoryModel::worst_packed_peak_bytes(int64_t token_budget, int64_t 
     l = last + 1;
   }
   return worst;
-}
-
-std::optional<TokenStepCost> fit_step_cost(const std::vector<TokenPoint>& points_ns) {
-  std::set<double> tokens;
-  for (const auto& p : points_ns) {
-    if (p.micro_batch < 1 || p.seq_len < 1 || p.peak_bytes <= 0) return std::nullopt;
-    tokens.insert(static_cast<double>(p.micro_batch) * static_cast<double>(p.seq_len));
-  }
-  if (tokens.size() < 3 || points_ns.size() < 4) return std::nullopt;
-  // Time has an attention term whenever the model attends, so T² is kept whenever it is positive
-  // (not only when it halves the line's miss, as for memory); else the line.
-  Solved fit = solve(points_ns, 3);
-  if (!(fit.coef[2] > 0) || !(fit.coef[1] > 0)) fit = solve(points_ns, 2);
-  const double t0 = fit.coef[0], t1 = fit.coef[1], t2 = fit.coef.size() > 2 ? fit.coef[2] : 0.0;
-  if (!(t1 > 0) || !(t0 > 0)) return std::nullopt;
-  // Step times of a few probe steps are noisy (on 2 busy CPU cores one b=1 x 1024 step took 1.41 s
-  // where b=2 x 1024 took 1.90 s and the fit's intercept came out at -0.1 s): a cost the times do not
-  // bear out would cut windows worse than filling them, so every point must lie within 25% of it.
-  for (size_t i = 0; i < points_ns.size(); ++i) {
-    if (std::fabs(fit.residuals[i]) > 0.25 * static_cast<double>(points_ns[i].peak_bytes)) return std::nullopt;
-  }
-  const double unit = static_cast<double>(kStepCostPerToken) / t1;
-  auto scaled = [&](double v, double ceiling) { return static_cast<int64_t>(std::llround(std::min(v * unit, ceiling))); };
-  TokenStepCost c;
-  c.per_token = kStepCostPerToken;
-  c.per_microbatch = scaled(t0, static_cast<double>(int64_t{1} << 50));
-  c.per_token_squared = scaled(t2, static_cast<double>(int64_t{1} << 30));
-  if (c.per_microbatch < 1) return std::nullopt;  // below a 65536th of a token's time: nothing to trade
-  return c;
 }
 
 std::vector<std::vector<int64_t>> pack_by_token_budget(const std::vector<int64_t>& lengths, int64_t token_budget,

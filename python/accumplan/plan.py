@@ -480,6 +480,9 @@ class Plan:
                     raise PlanError("%s: $.tokens.step_cost.%s must be an integer in [%d, %d], got %r"
                                     % (self.source, key, lo, hi, v))
             self.step_cost = {k: cost[k] for k in limits}
+            # 1.5: the seconds of per_token units, so the cost predicts seconds (ranged as every *_seconds).
+            if cost.get("token_seconds") is not None:
+                self.step_cost["token_seconds"] = _field(cost, "token_seconds", "$.tokens.step_cost", (int, float))
         self.confirmed = _field(d, "confirmed", p, (bool,), required=False, default=False)
         self.reason = _field(d, "reason", p, (str,), required=False, default="")
 

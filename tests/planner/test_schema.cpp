@@ -66,12 +66,19 @@ RunRecord golden_run() {
   w0.replans = 1;
   w0.microbatch_sizes = r.microbatch_sizes;
   w0.seconds = 0.75;
+  // The 1.5 keys of packed runs, set here too so the golden file holds every key.
+  w0.microbatch_seconds = 0.625;
+  w0.predicted_seconds = 0.5;
+  w0.predicted_peak_bytes = 890000000;
+  r.packed_predicted_peak_bytes = 890000000;
+  r.time_model = RunTimeModel{"time", 12, 0.0625, 0.25, 1, TokenStepCost{131072, 65536, 64, 2.5e-6}};
   RunWindowRecord w1 = w0;
   w1.window = 1;
   w1.loss.reset();  // not finite: written as null
   w1.oom_recoveries = 0;
   w1.replans = 0;
   w1.seconds = 0.25;
+  w1.predicted_seconds.reset();  // no model with seconds yet: written as null
   r.window_series = {w0, w1};
   return r;
 }
@@ -106,7 +113,7 @@ TEST_CASE("Schema: plan round-trips and matches its golden file", "[schema][gold
   const Plan plan = golden_plan();
   const auto once = to_json(plan);
   CHECK(once["schema"] == "accumplan.plan");
-  CHECK(once["schema_version"] == "1.4");
+  CHECK(once["schema_version"] == "1.5");
   const auto twice = to_json(plan_from_json(json::parse(once.dump())));
   CHECK(once == twice);
   check_golden("tests/golden/plan.json", once.dump(2) + "\n");
@@ -295,9 +302,9 @@ TEST_CASE("Schema: a 1.0 plan still reads, its flattened profile nested as 1.1 w
   CHECK(old_plan.memory.margin.fixed_bytes == old_plan.memory.budget_bytes - old_plan.memory.usable_bytes);
   r.headroom = headroom_of(old_plan.memory.margin);
   CHECK(make_plan(old_plan.profile, r).microbatch_sizes == old_plan.microbatch_sizes);
-  // Written again, it is a 1.4 plan with the profile nested.
+  // Written again, it is a 1.5 plan with the profile nested.
   const json again = json::parse(to_json(old_plan).dump());
-  CHECK(again["schema_version"] == "1.4");
+  CHECK(again["schema_version"] == "1.5");
   CHECK(again.contains("profile"));
   CHECK_FALSE(again.contains("profile_points"));
 }

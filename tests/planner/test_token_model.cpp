@@ -17,6 +17,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
+#include "accumplan/step_time.h"
 #include "accumplan/token_model.h"
 
 using namespace accumplan;
@@ -277,33 +278,92 @@ TEST_CASE("Token packing: the C++ rule and the Python reader agree on the shared
   }
 }
 
-TEST_CASE("Token step cost: fitted from step times, in per-token units; none without a microbatch cost",
-          "[token][step-cost]") {
-  // seconds(b, T) = 2 ms + 1 µs·b·T + 1 ns·b·T², in nanoseconds.
-  std::vector<TokenPoint> pts;
+TEST_CASE("Step time: fitted from timed microbatches, in per-token units; predicts seconds", "[token][step-time]") {
+  // seconds(b, L) = 2 ms + 1 µs·b·L + 1 ns·b·L².
+  std::vector<TimedMicrobatch> ms;
   for (int64_t b : {1, 2, 4}) {
-    for (int64_t t : {64, 256, 1024}) pts.push_back({b, t, 2000000 + 1000 * b * t + b * t * t});
+    for (int64_t t : {64, 256, 1024}) ms.push_back({b, t, 2e-3 + 1e-6 * double(b * t) + 1e-9 * double(b * t * t)});
   }
-  const std::optional<TokenStepCost> c = fit_step_cost(pts);
-  REQUIRE(c.has_value());
-  CHECK(c->per_token == kStepCostPerToken);
-  CHECK(c->per_microbatch == Approx(2000.0 * kStepCostPerToken).epsilon(1e-3));  // 2 ms = 2000 tokens' time
-  CHECK(c->per_token_squared == Approx(kStepCostPerToken / 1000.0).epsilon(1e-2));
-  // Times that fall to zero or below at no tokens leave nothing to trade padding against.
-  std::vector<TokenPoint> free_microbatches;
-  for (const auto& p : pts) free_microbatches.push_back({p.micro_batch, p.seq_len, 1000 * p.micro_batch * p.seq_len});
-  CHECK_FALSE(fit_step_cost(free_microbatches).has_value());
-  CHECK_FALSE(fit_step_cost({pts.front()}).has_value());
-  // Step times as the token benchmark's profile measured them on 2 CPU cores (ns): too noisy to
-  // bear a per-microbatch cost (the fit's intercept is below zero), so none.
-  const std::vector<TokenPoint> measured{{1, 256, 249735848},  {1, 512, 412569692},  {1, 1024, 1410061492},
-                                         {2, 256, 351998805},  {2, 512, 816758761},  {2, 1024, 1896460744},
-                                         {4, 1024, 4559658383}};
-  CHECK_FALSE(fit_step_cost(measured).has_value());
-  // One point of the exact times at twice its time: refused as well; 10% off: kept.
-  std::vector<TokenPoint> noisy = pts;
-  noisy[4].peak_bytes = noisy[4].peak_bytes * 2;
-  CHECK_FALSE(fit_step_cost(noisy).has_value());
-  noisy[4].peak_bytes = pts[4].peak_bytes * 11 / 10;
-  CHECK(fit_step_cost(noisy).has_value());
+  const std::optional<StepTimeFit> f = fit_step_time(ms);
+  REQUIRE(f.has_value());
+  CHECK(f->per_microbatch_seconds == Approx(2e-3).epsilon(1e-6));
+  CHECK(f->per_token_seconds == Approx(1e-6).epsilon(1e-6));
+  CHECK(f->per_token_squared_seconds == Approx(1e-9).epsilon(1e-6));
+  CHECK(f->used == 9);
+  CHECK(f->set_aside == 0);
+  const TokenStepCost c = f->cost();
+  CHECK(c.per_token == kStepCostPerToken);
+  CHECK(c.per_microbatch == Approx(2000.0 * kStepCostPerToken).epsilon(1e-6));  // 2 ms = 2000 tokens' time
+  CHECK(c.per_token_squared == Approx(kStepCostPerToken / 1000.0).epsilon(1e-2));
+  CHECK(c.token_seconds == Approx(1e-6));
+  // The plan's integer cost predicts the same seconds; a cost without seconds predicts none.
+  REQUIRE(predicted_seconds(c, 3, 500).has_value());
+  // per_token_squared is an integer (65.536 units rounds to 66): within 0.2% here.
+  CHECK(*predicted_seconds(c, 3, 500) == Approx(f->predict_seconds(3, 500)).epsilon(2e-3));
+  CHECK(f->predict_seconds(3, 500) == Approx(2e-3 + 1.5e-3 + 0.75e-3));
+  CHECK_FALSE(predicted_seconds(TokenStepCost{5, kStepCostPerToken, 0}, 3, 500).has_value());
+}
+
+TEST_CASE("Step time: coefficients never below zero; too little or bad data gives no fit", "[token][step-time]") {
+  std::vector<TimedMicrobatch> ms;
+  for (int64_t b : {1, 2, 4}) {
+    for (int64_t t : {64, 256, 1024}) ms.push_back({b, t, 1e-6 * double(b * t)});
+  }
+  // No per-microbatch time: t0 is 0, and packing then trades padding alone.
+  const std::optional<StepTimeFit> free = fit_step_time(ms);
+  REQUIRE(free.has_value());
+  CHECK(free->per_microbatch_seconds == 0);
+  CHECK(free->cost().per_microbatch == 0);
+  CHECK_FALSE(fit_step_time({ms[0], ms[1], ms[2]}).has_value());      // fewer than 4
+  CHECK_FALSE(fit_step_time({ms[0], ms[0], ms[0], ms[1]}).has_value());  // 2 shapes
+  std::vector<TimedMicrobatch> bad = ms;
+  bad[3].seconds = 0;
+  CHECK_FALSE(fit_step_time(bad).has_value());
+  bad[3].seconds = std::nan("");
+  CHECK_FALSE(fit_step_time(bad).has_value());
+  // Step times as the token benchmark's profile measured them on 2 CPU cores: the unconstrained
+  // line's intercept is -0.1 s (which had dropped the cost whole); the fit keeps t0 >= 0.
+  const std::vector<TimedMicrobatch> measured{{1, 256, 0.249735848}, {1, 512, 0.412569692}, {1, 1024, 1.410061492},
+                                              {2, 256, 0.351998805}, {2, 512, 0.816758761}, {2, 1024, 1.896460744},
+                                              {4, 1024, 4.559658383}};
+  const std::optional<StepTimeFit> m = fit_step_time(measured);
+  REQUIRE(m.has_value());
+  CHECK(m->per_microbatch_seconds >= 0);
+  CHECK(m->per_token_seconds > 0);
+  CHECK(m->per_token_squared_seconds >= 0);
+}
+
+TEST_CASE("Step time: a preempted step is set aside, not fitted", "[token][step-time]") {
+  std::vector<TimedMicrobatch> ms;
+  for (int64_t b : {1, 2, 4, 8}) {
+    for (int64_t t : {32, 128, 512}) ms.push_back({b, t, 5e-3 + 2e-6 * double(b * t)});
+  }
+  ms[4].seconds *= 3;  // one step in twelve ran three times as long (another process took the cores)
+  const std::optional<StepTimeFit> f = fit_step_time(ms);
+  REQUIRE(f.has_value());
+  CHECK(f->set_aside == 1);
+  CHECK(f->used == 11);
+  CHECK(f->per_microbatch_seconds == Approx(5e-3).epsilon(1e-6));
+  CHECK(f->per_token_seconds == Approx(2e-6).epsilon(1e-6));
+  CHECK(f->median_abs_error == Approx(0).margin(1e-9));
+}
+
+TEST_CASE("Step time model: fits the run's most recent microbatches, and follows a change", "[token][step-time]") {
+  StepTimeModel model;
+  CHECK_FALSE(model.refit());
+  auto feed = [&](double per_token, int rounds) {
+    for (int r = 0; r < rounds; ++r) {
+      for (int64_t b : {1, 3}) {
+        for (int64_t t : {40, 200}) model.observe({b, t, 1e-3 + per_token * double(b * t)});
+      }
+    }
+  };
+  feed(1e-6, 2);
+  REQUIRE(model.refit());
+  CHECK(model.fit()->per_token_seconds == Approx(1e-6).epsilon(1e-6));
+  feed(4e-6, 200);  // 800 microbatches on a slower machine: the first 8 have dropped out
+  CHECK(model.held() == StepTimeModel::kRecentMicrobatches);
+  REQUIRE(model.refit());
+  CHECK(model.fit()->per_token_seconds == Approx(4e-6).epsilon(1e-6));
+  CHECK(model.refits() == 2);
 }

@@ -38,8 +38,11 @@ inline constexpr int kSchemaMajor = 1;
 // target_batch samples; and `tokens.step_cost`, the measured cost packing minimises (padded
 // tokens against microbatches) instead of filling each microbatch. Plans without them read and
 // mean what they did in 1.3.
-inline constexpr int kSchemaMinor = 4;
-const std::string& schema_version_string();  // "1.4"
+// 1.5: `tokens.step_cost.token_seconds`, so the step cost predicts seconds (the plan's predicted
+// window time); run stats gain the time model's record (`time_model`, each window's
+// `predicted_seconds` and `microbatch_seconds`). Absent, everything means what it did in 1.4.
+inline constexpr int kSchemaMinor = 5;
+const std::string& schema_version_string();  // "1.5"
 
 struct DeviceInfo {
   std::string type = "cpu";  // "cpu" or "cuda"
@@ -181,10 +184,13 @@ struct Timing {
 // tokens, in integer units: per_microbatch + per_token·b·L + per_token_squared·b·L², with
 // per_token = kStepCostPerToken (accumplan/token_model.h). Fitted from the profile's step times;
 // absent, packing makes the fewest microbatches (as 1.3 did).
+// 1.5: token_seconds, the seconds of per_token units (one padded token's time), so the cost
+// predicts seconds (accumplan/step_time.h); 0 where unknown (1.4 plans, a cost given by hand).
 struct TokenStepCost {
   int64_t per_microbatch = 0;
   int64_t per_token = 0;
   int64_t per_token_squared = 0;
+  double token_seconds = 0;
 };
 
 struct TokenBudget {
@@ -246,6 +252,24 @@ struct RunWindowRecord {
   std::vector<int64_t> microbatch_sizes;
   bool stepped = true;
   std::optional<double> seconds;
+  // 1.5, packed runs: the microbatches' forward + backward seconds as measured, and as the time
+  // model in force when the window was cut predicted them (null: no model with seconds yet).
+  std::optional<double> microbatch_seconds;
+  std::optional<double> predicted_seconds;
+  // 1.5, packed runs: the largest peak the plan's token memory model predicts for the
+  // microbatches the window ran (null: the plan carries no token profile).
+  std::optional<int64_t> predicted_peak_bytes;
+};
+
+// 1.5, packed runs: how well the time model packing follows (accumplan/step_time.h) predicted
+// each microbatch it could predict: |predicted − measured| / measured.
+struct RunTimeModel {
+  std::string packing;             // "time" (cut where the model predicts least) or "fill"
+  int64_t microbatches = 0;        // microbatches with a prediction
+  double median_abs_error = 0;
+  double p90_abs_error = 0;
+  int64_t refits = 0;              // fits made from the run's own microbatches
+  std::optional<TokenStepCost> final_cost;  // the cost the last window was cut by
 };
 
 struct RunCollectives {
@@ -289,6 +313,10 @@ struct RunRecord : RunCounts {
   double loss_scale = 1;
   std::string model_sha256;
   bool model_hash_matches_plan = true;
+  std::optional<RunTimeModel> time_model;              // 1.5, packed runs
+  // 1.5, packed runs: the largest of the windows' predicted_peak_bytes: the plan's prediction of
+  // what this run packed, to hold measured_peak_bytes against.
+  std::optional<int64_t> packed_predicted_peak_bytes;
   std::vector<RunWindowRecord> window_series;
 };
 

@@ -11,7 +11,7 @@
 // alone, the token budget (padded tokens per microbatch) that fits at the longest allowed length,
 // and `pack_by_token_budget`, which packs a window's sequences (longest first, each microbatch
 // padded to its own longest) under that budget at the least measured cost (`TokenStepCost`:
-// microbatches against padded tokens), and `token_windows`, which cuts data into windows of a
+// microbatches against padded tokens, fitted in accumplan/step_time.h), and `token_windows`, which cuts data into windows of a
 // number of valid tokens (--target-tokens).
 // What it is not: a guarantee: like the sample model it is a prediction that a real window
 // confirms (the profiler, src/profiling/probe_runner.h). Nor torch-aware: the executor and the
@@ -84,14 +84,6 @@ class TokenMemoryModel {
 // The integer unit of TokenStepCost: one padded token costs this much (2^16, so a per-token cost
 // 1/2^16 of a token's is still told from zero).
 inline constexpr int64_t kStepCostPerToken = int64_t{1} << 16;
-
-// A microbatch's measured time, seconds(b, T) ≈ t0 + t1·b·T + t2·b·T², fitted by the memory fit's
-// weighted least squares (on step times in nanoseconds, held in `points_ns`' peak_bytes; the T²
-// term kept whenever positive), then put in kStepCostPerToken units. nullopt when the times cannot
-// say what a microbatch costs against a token: fewer than four points at three token counts, a
-// per-token or per-microbatch time that is not positive, or a point more than 25% off the fit
-// (then packing fills each microbatch, as without step times).
-std::optional<TokenStepCost> fit_step_cost(const std::vector<TokenPoint>& points_ns);
 
 // Packs sequences of `lengths` (tokens, each >= 1) into microbatches under a token budget: indices
 // sorted by length, longest first (ties in index order), cut into consecutive runs of that order,

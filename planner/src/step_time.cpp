@@ -1,0 +1,157 @@
+// planner/src/step_time.cpp — seconds(b, L) = t0 + t1·b·L + t2·b·L², fitted robustly from timed
+// microbatches. See accumplan/step_time.h.
+#include "accumplan/step_time.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <set>
+#include <utility>
+
+#include "accumplan/token_model.h"
+#include "least_squares.h"
+
+namespace accumplan {
+namespace {
+
+using Coef = std::array<double, 3>;  // t0, t1, t2
+
+double feature(const TimedMicrobatch& m, size_t column) {
+  const double bl = static_cast<double>(m.micro_batch) * static_cast<double>(m.seq_len);
+  return column == 0 ? 1.0 : column == 1 ? bl : bl * static_cast<double>(m.seq_len);
+}
+
+double predict(const Coef& c, const TimedMicrobatch& m) {
+  return c[0] * feature(m, 0) + c[1] * feature(m, 1) + c[2] * feature(m, 2);
+}
+
+// Of the weighted fits over t1 and each subset of {t0, t2}, the one of least weighted squared
+// error with every coefficient >= 0 and t1 > 0 (a non-negative least squares over three columns,
+// by enumeration). nullopt when none qualifies.
+std::optional<Coef> nonnegative_fit(const std::vector<TimedMicrobatch>& ms) {
+  static const std::vector<std::vector<size_t>> kSubsets = {{0, 1, 2}, {0, 1}, {1, 2}, {1}};
+  std::optional<Coef> best;
+  double best_error = 0;
+  std::vector<double> y, w;
+  for (const auto& m : ms) {
+    y.push_back(m.seconds);
+    w.push_back(1.0 / m.seconds);
+  }
+  for (const auto& subset : kSubsets) {
+    std::vector<std::vector<double>> rows;
+    for (const auto& m : ms) {
+      std::vector<double> row;
+      for (size_t column : subset) row.push_back(feature(m, column));
+      rows.push_back(std::move(row));
+    }
+    const std::optional<std::vector<double>> solved = detail::weighted_least_squares(rows, y, w, subset.size());
+    if (!solved) continue;
+    Coef c{0, 0, 0};
+    for (size_t j = 0; j < subset.size(); ++j) c[subset[j]] = (*solved)[j];
+    if (!(c[1] > 0) || !(c[0] >= 0) || !(c[2] >= 0) || !std::isfinite(c[0] + c[1] + c[2])) continue;
+    double error = 0;
+    for (size_t i = 0; i < ms.size(); ++i) error += w[i] * (y[i] - predict(c, ms[i])) * (y[i] - predict(c, ms[i]));
+    if (!best || error < best_error) {
+      best = c;
+      best_error = error;
+    }
+  }
+  return best;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  return v[mid];
+}
+
+size_t distinct_shapes(const std::vector<TimedMicrobatch>& ms) {
+  std::set<std::pair<int64_t, int64_t>> shapes;
+  for (const auto& m : ms) shapes.insert({m.micro_batch, m.seq_len});
+  return shapes.size();
+}
+
+}  // namespace
+
+double StepTimeFit::predict_seconds(int64_t micro_batch, int64_t seq_len) const {
+  return predict(Coef{per_microbatch_seconds, per_token_seconds, per_token_squared_seconds},
+                 TimedMicrobatch{micro_batch, seq_len, 0});
+}
+
+TokenStepCost StepTimeFit::cost() const {
+  const double unit = static_cast<double>(kStepCostPerToken) / per_token_seconds;
+  auto scaled = [&](double v, double ceiling) { return static_cast<int64_t>(std::llround(std::min(v * unit, ceiling))); };
+  TokenStepCost c;
+  c.per_token = kStepCostPerToken;
+  c.per_microbatch = scaled(per_microbatch_seconds, static_cast<double>(int64_t{1} << 50));
+  c.per_token_squared = scaled(per_token_squared_seconds, static_cast<double>(int64_t{1} << 30));
+  c.token_seconds = per_token_seconds;
+  return c;
+}
+
+std::optional<StepTimeFit> fit_step_time(const std::vector<TimedMicrobatch>& microbatches) {
+  for (const auto& m : microbatches) {
+    if (m.micro_batch < 1 || m.seq_len < 1 || !(m.seconds > 0) || !std::isfinite(m.seconds)) return std::nullopt;
+  }
+  if (microbatches.size() < 4 || distinct_shapes(microbatches) < 3) return std::nullopt;
+  std::vector<TimedMicrobatch> kept = microbatches;
+  std::optional<Coef> c = nonnegative_fit(kept);
+  if (!c) return std::nullopt;
+  // Set aside the microbatches the fit misses by far more than it misses the rest (a preempted
+  // step), at most a quarter of them, and fit again; three rounds at most.
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::pair<double, size_t>> misses;
+    for (size_t i = 0; i < microbatches.size(); ++i) {
+      misses.push_back({std::fabs(predict(*c, microbatches[i]) - microbatches[i].seconds) / microbatches[i].seconds, i});
+    }
+    std::vector<double> miss_only;
+    for (const auto& m : misses) miss_only.push_back(m.first);
+    const double limit = std::max(0.10, 5.0 * median(miss_only));
+    std::sort(misses.begin(), misses.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    std::vector<bool> out(microbatches.size(), false);
+    for (size_t k = 0; k < microbatches.size() / 4 && misses[k].first > limit; ++k) out[misses[k].second] = true;
+    std::vector<TimedMicrobatch> next;
+    for (size_t i = 0; i < microbatches.size(); ++i) {
+      if (!out[i]) next.push_back(microbatches[i]);
+    }
+    if (next.size() == kept.size() || distinct_shapes(next) < 3) break;
+    const std::optional<Coef> refit = nonnegative_fit(next);
+    if (!refit) break;
+    kept = std::move(next);
+    c = refit;
+  }
+  StepTimeFit f;
+  f.per_microbatch_seconds = (*c)[0];
+  f.per_token_seconds = (*c)[1];
+  f.per_token_squared_seconds = (*c)[2];
+  f.used = static_cast<int64_t>(kept.size());
+  f.set_aside = static_cast<int64_t>(microbatches.size() - kept.size());
+  std::vector<double> misses;
+  for (const auto& m : kept) misses.push_back(std::fabs(predict(*c, m) - m.seconds) / m.seconds);
+  f.median_abs_error = median(misses);
+  return f;
+}
+
+std::optional<double> predicted_seconds(const TokenStepCost& cost, int64_t micro_batch, int64_t seq_len) {
+  if (!(cost.token_seconds > 0) || cost.per_token < 1) return std::nullopt;
+  const double bl = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
+  const double units = static_cast<double>(cost.per_microbatch) + static_cast<double>(cost.per_token) * bl +
+                       static_cast<double>(cost.per_token_squared) * bl * static_cast<double>(seq_len);
+  return units / static_cast<double>(cost.per_token) * cost.token_seconds;
+}
+
+void StepTimeModel::observe(const TimedMicrobatch& microbatch) {
+  recent_.push_back(microbatch);
+  if (recent_.size() > kRecentMicrobatches) recent_.pop_front();
+}
+
+bool StepTimeModel::refit() {
+  if (std::optional<StepTimeFit> f = fit_step_time(std::vector<TimedMicrobatch>(recent_.begin(), recent_.end()))) {
+    fit_ = std::move(f);
+    ++refits_;
+  }
+  return fit_.has_value();
+}
+
+}  // namespace accumplan
