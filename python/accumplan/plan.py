@@ -408,7 +408,7 @@ class Plan:
             raise PlanError("%s: $.schema is %r, not %r%s" % (self.source, schema, SCHEMA, hint))
         version = d.get("schema_version")
         if not isinstance(version, str) or len(version) > 19 or not re.fullmatch(r"[0-9]+\.[0-9]+", version):
-            raise PlanError("%s: $.schema_version: %s is not MAJOR.MINOR (digits, a dot, digits, e.g. \"1.4\")"
+            raise PlanError("%s: $.schema_version: %s is not MAJOR.MINOR (digits, a dot, digits, e.g. \"1.5\")"
                             % (self.source, _shown(version)))
         major = int(version.split(".")[0])
         if major != SUPPORTED_MAJOR:
@@ -789,7 +789,7 @@ def load_plan(path_or_doc, model=None, force=False):
     """Reads and validates a plan: a path to plan.json, or the already parsed dict.
 
     ``model`` (a path) also checks the model file's SHA-256 against the plan's (``force=True``
-    accepts a different one). Accepts schema_version 1.x (1.0 to 1.4); refuses other majors."""
+    accepts a different one). Accepts schema_version 1.x (1.0 to 1.5); refuses other majors."""
     if isinstance(path_or_doc, dict):
         plan = Plan(path_or_doc, source="plan")
     elif isinstance(path_or_doc, (str, bytes, os.PathLike)):

@@ -94,6 +94,7 @@ struct RunArgs {
   int64_t synthetic_samples = 0;
   CLI::Option* synthetic_option = nullptr;
   std::string seq_len_file;  // run: synthetic lengths drawn from these observed ones
+  std::string packing;       // run, packed plans: time (default) or fill
   uint64_t seed = 1234;
   int threads = 0;
   int dist_timeout_s = 120;
@@ -337,6 +338,15 @@ void check_run_outputs(const RunArgs& a, int rank) {
 }
 
 // Every flag of `run` checked before anything loads.
+// The one parser of --packing.
+Packing parse_packing(const std::string& text) {
+  if (text == "time" || text.empty()) return Packing::Time;
+  if (text == "fill") return Packing::Fill;
+  throw InputError("--packing must be time or fill, got '" + cut_for_message(text) +
+                   "' (time: cut each window where the measured step times predict the least time; fill: each "
+                   "microbatch filled to the token budget)");
+}
+
 void check_run_flags(const RunArgs& a) {
   if (a.steps_option->count() > 0) checked_in_range(a.steps, 1, kMaxSamples, "--steps (optimizer windows to run)");
   if (a.epochs_option->count() > 0) checked_in_range(a.epochs, 1, kMaxEpochs, "--epochs");
@@ -348,12 +358,17 @@ void check_run_flags(const RunArgs& a) {
   }
   if (a.clip != 0) check_grad_norm(a.clip, "--clip-grad-norm");  // 0: no clipping; nan and inf refused
   parse_progress_mode(a.progress);  // a bad --progress stops the run before anything loads
+  parse_packing(a.packing);
   if (a.dist_timeout_s < 1) throw InputError("--dist-timeout must be at least 1 second");
 }
 
 // The plan's setup with --lr and --amp applied; a mode other than the plan's needs --force.
 Setup run_setup(const RunArgs& a, const Plan& plan) {
   Setup setup = plan.setup;
+  if (!a.packing.empty() && !plan.tokens) {
+    throw InputError("--packing applies to plans that pack variable-length data by tokens (plan.tokens); this plan "
+                     "splits fixed-size samples: drop --packing");
+  }
   if (a.lr_option->count() > 0) setup.lr = a.lr;
   check_optimizer_values(setup);
   const AmpMode planned_amp = parse_amp_mode(setup.amp, "plan setup.amp");
@@ -414,6 +429,7 @@ ExecutorOptions run_executor_options(const RunArgs& a, const Prepared& p, const 
   }
   eo.oom_recovery = !a.no_recovery;
   eo.padding_mask = setup.padding_mask;
+  eo.packing = parse_packing(a.packing);
   eo.probe = p.probe.get();
   eo.plan_out = rank_path(a.plan_out, rank);
   eo.communicator = comm;
@@ -467,7 +483,12 @@ void print_run_summary(const RunRecord& r, const Plan& final_plan, const Plan& p
     std::cerr << "; measured peak " << format_bytes(*r.measured_peak_bytes) << " vs predicted "
               << format_bytes(plan.memory.predicted_peak_bytes);
   }
-  std::cerr << "; mean window " << format_seconds(r.mean_window_seconds.value_or(0.0)) << "\n";
+  std::cerr << "; mean window " << format_seconds(r.mean_window_seconds.value_or(0.0));
+  if (r.time_model && r.time_model->microbatches > 0) {
+    std::cerr << "; step times predicted within " << std::lround(100 * r.time_model->median_abs_error)
+              << "% (median over " << r.time_model->microbatches << " microbatches)";
+  }
+  std::cerr << "\n";
 }
 
 // The run's constants, what a RunRecord holds besides what the session measured.
@@ -657,6 +678,10 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
                   "memory timeline on a CUDA build with CUPTI)");
   add_progress_option(run, args->progress);
   run->add_flag("--no-oom-recovery", args->no_recovery, "fail on the first out-of-memory instead of re-planning");
+  choice(run->add_option("--packing", args->packing,
+                         "plans packed by tokens: time (default) cuts each window where the step times predict the "
+                         "least time, the plan's at first, then those of this run's own microbatches (cpu); fill "
+                         "fills each microbatch to the token budget"));
   args->synthetic_option =
       run->add_option("--synthetic-samples", args->synthetic_samples,
                       "samples in the synthetic data set when --data is absent, 1.." +

@@ -162,6 +162,15 @@ Executor::Executor(torch::jit::Module module, torch::optim::Optimizer& optimizer
                      std::to_string(options_.communicator->world_size()));
   }
   if (options_.amp == AmpMode::FP16) scaler_.emplace(options_.scaler, device_);
+  if (plan_.tokens) {
+    // The plan's own memory model, to predict the peak of what each window packs. A plan made in
+    // code (tests) may carry no token profile: then no prediction.
+    try {
+      token_memory_ = TokenMemoryModel::fit(plan_.profile);
+    } catch (const InputError&) {
+      token_memory_.reset();
+    }
+  }
   if (options_.max_grad_norm && !(*options_.max_grad_norm > 0)) {
     throw InputError("max gradient norm must be positive, got " + std::to_string(*options_.max_grad_norm));
   }
@@ -300,11 +309,13 @@ class WindowSplit {
   // The split of `m` samples of another rank under the plan (sample plans).
   std::vector<int64_t> split_of(int64_t m) const { return m == 0 ? std::vector<int64_t>{} : window_sizes(plan_, m); }
 
-  // Cuts the window for attempt `attempt` (0: the first; later ones follow the re-planned plan).
-  void cut(int64_t attempt) {
+  // Cuts the window for attempt `attempt` (0: the first; later ones follow the re-planned plan);
+  // packed plans by `cost` (none: each microbatch filled).
+  void cut(int64_t attempt, const std::optional<TokenStepCost>& cost) {
     if (packed_) {
       groups_.clear();
-      if (!lengths_.empty()) groups_ = pack_by_token_budget(lengths_, plan_.tokens->token_budget, plan_.tokens->step_cost);
+      cost_ = cost;
+      if (!lengths_.empty()) groups_ = pack_by_token_budget(lengths_, plan_.tokens->token_budget, cost);
       sizes_.clear();
       for (const auto& g : groups_) sizes_.push_back(static_cast<int64_t>(g.size()));
     } else {
@@ -318,6 +329,11 @@ class WindowSplit {
     if (packed_) return window_.gather(groups_[static_cast<size_t>(i)]);
     const int64_t size = sizes_[static_cast<size_t>(i)];
     return window_.ragged() ? window_.gather(range_indices(start, size)) : window_.slice(start, size);
+  }
+  const std::optional<TokenStepCost>& cost() const { return cost_; }  // packed: what the cut minimised
+  // Packed: microbatch i's longest sequence, what it is padded to; 0 for sample plans.
+  int64_t padded_length(int64_t i) const {
+    return packed_ ? lengths_[static_cast<size_t>(groups_[static_cast<size_t>(i)].front())] : 0;
   }
   // Packed: microbatch i's padded tokens (its size × its longest sequence); 0 for sample plans.
   int64_t padded_tokens(int64_t i) const {
@@ -334,6 +350,7 @@ class WindowSplit {
   bool packed_;
   std::vector<int64_t> lengths_;
   std::vector<std::vector<int64_t>> groups_;  // packed: each microbatch's sample indices
+  std::optional<TokenStepCost> cost_;
   std::vector<int64_t> sizes_;
 };
 
@@ -349,6 +366,9 @@ struct Executor::RoundsOutcome {
   int64_t failed_round = 0;
   int failing_rank = -1;
   std::string what;          // this rank's out-of-memory message, first line
+  double microbatch_seconds = 0;         // packed: the microbatches that ran, measured
+  std::optional<double> predicted_seconds = 0.0;  // and predicted (nullopt: no prediction)
+  std::optional<int64_t> predicted_peak_bytes;    // packed: the memory model's largest
 };
 
 int Executor::world() const { return options_.communicator ? options_.communicator->world_size() : 1; }
@@ -492,7 +512,11 @@ Executor::RoundsOutcome Executor::run_rounds(const WindowSplit& split, int64_t a
     if (i < static_cast<int64_t>(sizes.size())) {
       MicrobatchEvent where{window_index_, i, sizes[static_cast<size_t>(i)], static_cast<int64_t>(sizes.size()), attempt};
       where.padded_tokens = split.padded_tokens(i);
+      const auto t0 = std::chrono::steady_clock::now();
       status = run_microbatch(split, where, start, units, loss_total, out.what, error);
+      if (status == 0 && split.packed()) {
+        time_microbatch(split, where, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), out);
+      }
       start += where.size;
     }
     std::vector<int64_t> flags(static_cast<size_t>(world()), 0);
@@ -571,7 +595,7 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
     st.skipped = true;
     st.skip_reason = "the window has no valid tokens" + std::string(world() > 1 ? " on any rank" : "") +
                      " (every target is ignore_index)";
-    if (split.packed() || n > 0) split.cut(0);
+    if (split.packed() || n > 0) split.cut(0, step_cost());
     st.microbatch_sizes = split.sizes();
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return st;
@@ -581,14 +605,23 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
   for (int64_t attempt = 0;; ++attempt) {
     zero_grads();
     loss_total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
-    split.cut(attempt);
+    split.cut(attempt, step_cost());
     st.microbatch_rounds = rounds_for(split, counts);
     const RoundsOutcome o = run_rounds(split, attempt, st.microbatch_rounds, static_cast<double>(st.units), loss_total);
-    if (o.failing == 0) break;
+    if (o.failing == 0) {
+      if (split.packed()) {
+        st.microbatch_seconds = o.microbatch_seconds;
+        st.predicted_seconds = o.predicted_seconds;
+        st.predicted_peak_bytes = o.predicted_peak_bytes;
+      }
+      break;
+    }
     recover_from(o, split, attempt, st.microbatch_rounds, counts.longest_sequence);
     ++st.oom_recoveries;
   }
   st.microbatch_sizes = split.sizes();
+  // The next window is cut by the fit over every microbatch so far, this window's included.
+  if (split.packed() && options_.packing == Packing::Time && device_.is_cpu()) step_time_.refit();
   if (world() > 1) exchange_gradients(loss_total);
   // The one host sync of the window.
   st.loss = loss_total.item<double>() / static_cast<double>(st.units);
@@ -689,6 +722,47 @@ void Executor::apply(WindowStats& st) {
   totals_.tokens_seen += st.valid_tokens;
   totals_.seconds += st.seconds;
   ++window_index_;
+}
+
+std::optional<TokenStepCost> Executor::step_cost() const {
+  if (!plan_.tokens || options_.packing == Packing::Fill) return std::nullopt;
+  if (step_time_.fit()) return step_time_.fit()->cost();
+  return plan_.tokens->step_cost;
+}
+
+void Executor::time_microbatch(const WindowSplit& split, const MicrobatchEvent& where, double seconds,
+                               RoundsOutcome& out) {
+  const int64_t length = split.padded_length(where.index);
+  out.microbatch_seconds += seconds;
+  const std::optional<double> predicted =
+      split.cost() ? predicted_seconds(*split.cost(), where.size, length) : std::optional<double>();
+  if (predicted && out.predicted_seconds) {
+    *out.predicted_seconds += *predicted;
+    if (seconds > 0 && time_errors_.size() < kMaxTimeErrors) time_errors_.push_back(std::fabs(*predicted - seconds) / seconds);
+  } else {
+    out.predicted_seconds.reset();
+  }
+  if (options_.packing == Packing::Time && device_.is_cpu()) step_time_.observe({where.size, length, seconds});
+  if (token_memory_) {
+    const int64_t peak = token_memory_->predict_peak_bytes(where.size, length);
+    out.predicted_peak_bytes = std::max(out.predicted_peak_bytes.value_or(0), peak);
+  }
+}
+
+std::optional<RunTimeModel> Executor::time_model() const {
+  if (!plan_.tokens) return std::nullopt;
+  RunTimeModel t;
+  t.packing = options_.packing == Packing::Time ? "time" : "fill";
+  t.microbatches = static_cast<int64_t>(time_errors_.size());
+  if (!time_errors_.empty()) {
+    std::vector<double> sorted = time_errors_;
+    std::sort(sorted.begin(), sorted.end());
+    t.median_abs_error = sorted[sorted.size() / 2];
+    t.p90_abs_error = sorted[std::min(sorted.size() - 1, sorted.size() * 9 / 10)];
+  }
+  t.refits = step_time_.refits();
+  t.final_cost = step_cost();
+  return t;
 }
 
 WindowStats Executor::step(const Batch& window) {

@@ -60,6 +60,12 @@
 // Ragged data under a sample plan: the plan's sizes, each microbatch cut to its own longest
 // sequence. With W > 1, each rank packs its own share; every rank's longest sequence travels in the counts
 // collective and every attempt adds one collective of the ranks' microbatch counts.
+// The cut of a packed window minimises predicted time (ExecutorOptions::packing, Packing::Time):
+// at first by the plan's step cost (fitted from the profile's probe steps), then, on the CPU
+// device, by the fit over this run's own microbatches (accumplan/step_time.h), redone after every
+// window; each microbatch is timed and its prediction's miss kept for the run's stats. On CUDA a
+// microbatch's wall time is not its device time (steps are queued, one sync per window), so the
+// plan's cost stays.
 // What it is not: a data loader (callers hand it windows and shard them), or a checkpointer.
 #pragma once
 
@@ -78,6 +84,8 @@
 #include "accumplan/errors.h"
 #include "accumplan/memory_probe.h"
 #include "accumplan/schema.h"
+#include "accumplan/step_time.h"
+#include "accumplan/token_model.h"
 #include "dist/communicator.h"
 #include "runtime/amp.h"
 #include "runtime/batch.h"
@@ -115,6 +123,12 @@ struct StepEvent {
   double loss = 0;
 };
 
+// How a packed plan cuts each window under its token budget (pack_by_token_budget).
+enum class Packing {
+  Time,  // where the step time model predicts the least time (the plan's cost, then the run's own fit)
+  Fill,  // each microbatch filled to the budget: the fewest microbatches, no time model
+};
+
 struct ExecutorOptions {
   LossConfig loss;                       // kind, normalization (samples|tokens), ignore_index
   AmpMode amp = AmpMode::None;
@@ -146,6 +160,7 @@ struct ExecutorOptions {
   Communicator* communicator = nullptr;
   // Ragged data: pass the padding mask as one more forward argument (StepConfig::padding_mask).
   bool padding_mask = false;
+  Packing packing = Packing::Time;       // packed plans only
 };
 
 // With a communicator, samples/units/valid_tokens/loss are GLOBAL (summed over ranks) and
@@ -166,6 +181,15 @@ struct WindowStats {
   int64_t oom_recoveries = 0;            // OOM events recovered from in this window
   double loss_scale = 1;                 // fp16: the scale used through this window
   double seconds = 0;
+  // Packed plans: the completed attempt's microbatches, forward + backward, measured; and as the
+  // step cost the window was cut by predicted them (nullopt: a cost without seconds, or Fill).
+  double microbatch_seconds = 0;
+  std::optional<double> predicted_seconds;
+  // Packed plans: the largest peak the plan's token memory model (fitted from its profile)
+  // predicts for the microbatches this window ran: the prediction of what was run, to hold the
+  // measured peak against (the plan's own predicted peak is the worst the budget allows, which a
+  // time-cut window may never reach). nullopt when the plan carries no token profile.
+  std::optional<int64_t> predicted_peak_bytes;
   std::optional<int64_t> peak_bytes;     // probe's peak during the window
   // The caching allocator's reserved peak (CUDA: what a GPU runs out on, and what a CUDA plan's
   // fit predicts); nullopt where the probe has no reserved figure (the CPU counting allocator).
@@ -207,6 +231,8 @@ class Executor {
 
   const Plan& plan() const { return plan_; }
   const ExecutorTotals& totals() const { return totals_; }
+  // Packed plans: how the time model predicted the microbatches so far; nullopt for sample plans.
+  std::optional<RunTimeModel> time_model() const;
   double loss_scale() const;
 
  private:
@@ -234,6 +260,11 @@ class Executor {
                       const MicrobatchEvent& where, const std::string& what);
   // An OOM that is not recovered: drops the gradients, clears the probe's flag, throws.
   [[noreturn]] void fail_oom(const std::string& message);
+  // Packed plans: the cost the next window is cut by (Packing::Time: the run's own fit once there
+  // is one, else the plan's; Fill: none).
+  std::optional<TokenStepCost> step_cost() const;
+  // A microbatch that ran: learn its time (CPU), keep the prediction's miss, predict its peak.
+  void time_microbatch(const WindowSplit& split, const MicrobatchEvent& where, double seconds, RoundsOutcome& out);
   void log(const std::string& line) const;
   void zero_grads();
 
@@ -249,6 +280,12 @@ class Executor {
   // Where microbatch steps run; dropped (joined) after an out-of-memory so the autograd work a
   // failed backward left queued on it is freed (executor/step_thread.h), made again on next use.
   std::unique_ptr<StepThread> step_thread_;
+  StepTimeModel step_time_;            // this run's microbatches (CPU device, Packing::Time)
+  std::optional<TokenMemoryModel> token_memory_;  // packed plans with a token profile
+  // Each predicted microbatch's |predicted − measured| / measured, the first kMaxTimeErrors of
+  // the run (8 bytes each: 0.5 MiB at most).
+  std::vector<double> time_errors_;
+  static constexpr size_t kMaxTimeErrors = 65536;
 };
 
 // [start, count) of each window of an epoch of `samples` samples in windows of `per_rank_batch`,

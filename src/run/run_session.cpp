@@ -90,6 +90,11 @@ void RunSession::run() {
     r.microbatch_sizes = st.microbatch_sizes;
     r.stepped = st.stepped;
     r.seconds = st.seconds;
+    if (executor_->plan().tokens) {
+      r.microbatch_seconds = st.microbatch_seconds;
+      r.predicted_seconds = st.predicted_seconds;
+      r.predicted_peak_bytes = st.predicted_peak_bytes;
+    }
     series_.push_back(r);
     if (options_.on_window) options_.on_window(w, samples_done, series_.back());
   }
@@ -143,6 +148,10 @@ RunRecord RunSession::record(RunRecord r, const Plan& final_plan, bool replicas_
   r.mean_window_seconds = t.windows > 0 ? t.seconds / static_cast<double>(t.windows) : 0.0;
   r.final_loss = last_loss_;
   r.loss_scale = executor_->loss_scale();
+  r.time_model = executor_->time_model();
+  for (const auto& w : series_) {
+    if (w.predicted_peak_bytes) r.packed_predicted_peak_bytes = std::max(r.packed_predicted_peak_bytes.value_or(0), *w.predicted_peak_bytes);
+  }
   r.window_series = series_;
   return r;
 }

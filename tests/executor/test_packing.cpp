@@ -340,3 +340,56 @@ TEST_CASE("Packing: what a packed plan cannot run is refused with the fix", "[pa
                         Catch::Contains("Truncate the sequences"));
   CHECK(probe->current_bytes() >= 0);
 }
+
+TEST_CASE("Packing: a run cuts later windows by the fit over its own microbatch times; fill fills",
+          "[packing][step-time]") {
+  const auto model = make_tiny_lm(2, kVocab, 5);
+  std::vector<Batch> windows;
+  for (uint64_t seed = 31; seed < 36; ++seed) {
+    const Ragged data = make_ragged(13, 20, seed);
+    windows.push_back(ragged_batch(data.sequences, data.targets));
+  }
+  const Plan plan = packed_plan(13, 40, 20);  // no step cost: the first window is filled
+  auto run = [&](Packing packing, const std::function<void(Executor&, size_t, const std::vector<MicrobatchEvent>&)>& check) {
+    auto m = clone_module(model);
+    auto params = params_of(m);
+    torch::optim::SGD opt(params, torch::optim::SGDOptions(0.1));
+    std::vector<MicrobatchEvent> events;
+    ExecutorOptions o;
+    o.loss.normalization = Normalization::Tokens;
+    o.packing = packing;
+    o.before_microbatch = [&](const MicrobatchEvent& e) { events.push_back(e); };
+    Executor ex(m, opt, plan, o);
+    for (size_t w = 0; w < windows.size(); ++w) {
+      events.clear();
+      const std::optional<TokenStepCost> next = ex.time_model()->final_cost;  // what window w is cut by
+      const WindowStats st = ex.step(windows[w]);
+      const auto groups = pack_by_token_budget(windows[w].sequence_lengths(), 40, next);
+      REQUIRE(events.size() == groups.size());
+      for (size_t i = 0; i < groups.size(); ++i) CHECK(events[i].size == static_cast<int64_t>(groups[i].size()));
+      CHECK(st.microbatch_seconds > 0);
+      CHECK(st.predicted_seconds.has_value() == (next && next->token_seconds > 0));
+      check(ex, w, events);
+    }
+    return *ex.time_model();
+  };
+  // Time: the first window has no cost (filled); every later one is cut by a fit with seconds,
+  // made from the windows before it.
+  const RunTimeModel learned = run(Packing::Time, [](Executor& ex, size_t, const std::vector<MicrobatchEvent>&) {
+    const std::optional<TokenStepCost> c = ex.time_model()->final_cost;
+    REQUIRE(c.has_value());
+    CHECK(c->token_seconds > 0);
+  });
+  CHECK(learned.packing == "time");
+  CHECK(learned.refits == static_cast<int64_t>(windows.size()));
+  CHECK(learned.microbatches > 0);
+  CHECK(learned.median_abs_error >= 0);
+  CHECK(learned.p90_abs_error >= learned.median_abs_error);
+  // Fill: never a cost, every window filled, no fit.
+  const RunTimeModel filled = run(Packing::Fill, [](Executor& ex, size_t, const std::vector<MicrobatchEvent>&) {
+    CHECK_FALSE(ex.time_model()->final_cost.has_value());
+  });
+  CHECK(filled.packing == "fill");
+  CHECK(filled.refits == 0);
+  CHECK(filled.microbatches == 0);
+}
