@@ -186,9 +186,11 @@ struct WindowStats {
   double microbatch_seconds = 0;
   std::optional<double> predicted_seconds;
   // Packed plans: the largest peak the plan's token memory model (fitted from its profile)
-  // predicts for the microbatches this window ran: the prediction of what was run, to hold the
-  // measured peak against (the plan's own predicted peak is the worst the budget allows, which a
-  // time-cut window may never reach). nullopt when the plan carries no token profile.
+  // predicts for the microbatches this window ran, less what was not resident yet (a window's
+  // first microbatch has no gradient; before the first optimizer step, no lazily made optimizer
+  // state): the prediction of what was run, to hold the measured peak against (the plan's own
+  // predicted peak is the worst the budget allows, which a time-cut window may never reach).
+  // nullopt when the plan carries no token profile.
   std::optional<int64_t> predicted_peak_bytes;
   std::optional<int64_t> peak_bytes;     // probe's peak during the window
   // The caching allocator's reserved peak (CUDA: what a GPU runs out on, and what a CUDA plan's
