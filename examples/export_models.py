@@ -6,7 +6,8 @@ initialisation, no downloads), a GPT-style decoder built from PyTorch's own Tran
 layers with a causal mask (token inputs, per-token loss with masked positions), and an LSTM
 sequence classifier, each saved as `torch.jit.script(...)` under examples/models/, with a small
 batch file (`torch.save([inputs..., target], f)`) and a manifest.json that the benchmark harness
-reads (input specs, target, loss, optimizer, budgets).
+reads (input specs, target, loss, optimizer, budgets). It also defines TokenTagger, a bidirectional
+encoder tagger taking a padding mask, which tests/bench/tokens_bench.py exports itself (not here).
 What it is not: training code. Generated files are build outputs and are not committed.
 
 Run with Debian's Python: /usr/bin/python3 examples/export_models.py [--out DIR]
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -46,6 +48,37 @@ class CausalLM(nn.Module):
         x = self.tok(tokens) + self.pos(positions)
         x = self.blocks(x, mask=self.mask[:t, :t])
         return self.head(self.norm(x))  # [B, T, vocab]
+
+
+class TokenTagger(nn.Module):
+    """Bidirectional token tagger: token + position embeddings, a TransformerEncoder that attends
+    over the valid tokens only (src_key_padding_mask), per-token class logits [B, T, classes].
+
+    forward(tokens, padding_mask): padding_mask is bool [B, T], true at padding (what
+    `accumplan --padding-mask` passes). Without one (a fixed-shape data file, where no lengths are
+    known), the mask is taken from the tokens: id `pad` (0) marks padding, so real tokens must
+    avoid it.
+    """
+
+    def __init__(self, vocab: int = 2048, context: int = 512, width: int = 96, layers: int = 3, heads: int = 4,
+                 classes: int = 16, pad: int = 0):
+        super().__init__()
+        self.pad = pad
+        self.tok = nn.Embedding(vocab, width)
+        self.pos = nn.Embedding(context, width)
+        block = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, layers)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, tokens: torch.Tensor, padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if padding_mask is None:
+            padding_mask = tokens == self.pad
+        t = tokens.size(1)
+        positions = torch.arange(t, device=tokens.device)
+        x = self.tok(tokens) + self.pos(positions)
+        x = self.blocks(x, src_key_padding_mask=padding_mask)
+        return self.head(self.norm(x))  # [B, T, classes]
 
 
 class LSTMClassifier(nn.Module):
