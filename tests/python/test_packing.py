@@ -119,6 +119,20 @@ class Packing(unittest.TestCase):
         with self.assertRaisesRegex(accumplan.PlanError, r"\$\.tokens\.step_cost\.per_token must be an integer in \[1, 65536\], got 0"):
             accumplan.load_plan(d)
 
+    def test_a_step_costs_seconds_are_read_checked_and_written_back(self):
+        # 1.5: token_seconds turns the cost's units back into seconds (accumplan/step_time.h).
+        d = packed_doc(6, 400, 100)
+        d["schema_version"] = "1.5"
+        d["tokens"]["step_cost"] = {"per_microbatch": 50, "per_token": 65536, "per_token_squared": 0,
+                                    "token_seconds": 2.5e-4}
+        plan = accumplan.load_plan(d)
+        self.assertEqual(plan.step_cost["token_seconds"], 2.5e-4)
+        self.assertEqual(plan.to_dict()["tokens"]["step_cost"], d["tokens"]["step_cost"])
+        for bad, pattern in ((-1.0, r"token_seconds: -1.0 is out of range"), ("fast", r"token_seconds must be an integer or a number")):
+            d["tokens"]["step_cost"]["token_seconds"] = bad
+            with self.subTest(token_seconds=bad), self.assertRaisesRegex(accumplan.PlanError, pattern):
+                accumplan.load_plan(d)
+
     def test_the_packing_rule_is_the_executors(self):
         # Longest first, ties in index order, floor(budget / longest) per microbatch
         # (tests/planner/test_token_model.cpp checks the same case in C++).
