@@ -722,7 +722,7 @@ RunTimeModel time_model_from(const JsonField& f) {
     const JsonField c = f.at("final_cost");
     t.final_cost = TokenStepCost{c.i64("per_microbatch", {0, int64_t{1} << 50}), c.i64("per_token", {1, int64_t{1} << 16}),
                                  c.i64("per_token_squared", {0, int64_t{1} << 30}),
-                                 c.f64("token_seconds", kSeconds)};
+                                 c.f64("token_seconds", {0.0, 1e9})};
   }
   return t;
 }

@@ -734,7 +734,13 @@ std::optional<TokenStepCost> profile_step_cost(const Profile& profile) {
   }
   const std::optional<StepTimeFit> fit = fit_step_time(timed);
   if (!fit) return std::nullopt;
-  return fit->cost();
+  // A plan's cost may be all a trainer ever packs by (CUDA, Python's train_window): one that says
+  // a microbatch costs nothing would put every sequence in a microbatch of its own, so a cost
+  // without a per-microbatch time is left out and packing fills. `accumplan run` on the CPU
+  // refits from its own microbatches whatever the plan says.
+  const TokenStepCost cost = fit->cost();
+  if (cost.per_microbatch < 1) return std::nullopt;
+  return cost;
 }
 
 // The profile's window at T_max of at least the budget's sequences that ran within the budget less

@@ -48,7 +48,9 @@ std::optional<Coef> nonnegative_fit(const std::vector<TimedMicrobatch>& ms) {
     if (!solved) continue;
     Coef c{0, 0, 0};
     for (size_t j = 0; j < subset.size(); ++j) c[subset[j]] = (*solved)[j];
-    if (!(c[1] > 0) || !(c[0] >= 0) || !(c[2] >= 0) || !std::isfinite(c[0] + c[1] + c[2])) continue;
+    // t1 > 0 and finite ratios: a per-token time below 1e-30 s is no measurement (and 65536 / t1
+    // would overflow the cost's unit).
+    if (!(c[1] > 1e-30) || !(c[0] >= 0) || !(c[2] >= 0) || !std::isfinite(c[0] + c[1] + c[2])) continue;
     double error = 0;
     for (size_t i = 0; i < ms.size(); ++i) error += w[i] * (y[i] - predict(c, ms[i])) * (y[i] - predict(c, ms[i]));
     if (!best || error < best_error) {
@@ -80,13 +82,19 @@ double StepTimeFit::predict_seconds(int64_t micro_batch, int64_t seq_len) const 
 }
 
 TokenStepCost StepTimeFit::cost() const {
-  const double unit = static_cast<double>(kStepCostPerToken) / per_token_seconds;
-  auto scaled = [&](double v, double ceiling) { return static_cast<int64_t>(std::llround(std::min(v * unit, ceiling))); };
+  // One unit for all three, so their ratios (what packing trades) survive the integers: a token's
+  // time is 65536 units unless t0 or t2 would then pass its field's ceiling (a t1 tiny next to
+  // them), and then the unit shrinks until they fit; per_token is at least 1.
+  constexpr double kMicrobatchCeiling = static_cast<double>(int64_t{1} << 50);
+  constexpr double kSquaredCeiling = static_cast<double>(int64_t{1} << 30);
+  double unit = static_cast<double>(kStepCostPerToken) / per_token_seconds;
+  if (per_microbatch_seconds * unit > kMicrobatchCeiling) unit = kMicrobatchCeiling / per_microbatch_seconds;
+  if (per_token_squared_seconds * unit > kSquaredCeiling) unit = kSquaredCeiling / per_token_squared_seconds;
   TokenStepCost c;
-  c.per_token = kStepCostPerToken;
-  c.per_microbatch = scaled(per_microbatch_seconds, static_cast<double>(int64_t{1} << 50));
-  c.per_token_squared = scaled(per_token_squared_seconds, static_cast<double>(int64_t{1} << 30));
-  c.token_seconds = per_token_seconds;
+  c.per_token = std::clamp<int64_t>(std::llround(per_token_seconds * unit), 1, kStepCostPerToken);
+  c.per_microbatch = std::llround(std::min(per_microbatch_seconds * unit, kMicrobatchCeiling));
+  c.per_token_squared = std::llround(std::min(per_token_squared_seconds * unit, kSquaredCeiling));
+  c.token_seconds = static_cast<double>(c.per_token) / unit;  // seconds of per_token units
   return c;
 }
 
@@ -100,6 +108,7 @@ std::optional<StepTimeFit> fit_step_time(const std::vector<TimedMicrobatch>& mic
   if (!c) return std::nullopt;
   // Set aside the microbatches the fit misses by far more than it misses the rest (a preempted
   // step), at most a quarter of them, and fit again; three rounds at most.
+  std::vector<bool> set_aside(microbatches.size(), false);
   for (int round = 0; round < 3; ++round) {
     std::vector<std::pair<double, size_t>> misses;
     for (size_t i = 0; i < microbatches.size(); ++i) {
@@ -115,10 +124,11 @@ std::optional<StepTimeFit> fit_step_time(const std::vector<TimedMicrobatch>& mic
     for (size_t i = 0; i < microbatches.size(); ++i) {
       if (!out[i]) next.push_back(microbatches[i]);
     }
-    if (next.size() == kept.size() || distinct_shapes(next) < 3) break;
+    if (out == set_aside || distinct_shapes(next) < 3) break;  // the same ones as the fit it has
     const std::optional<Coef> refit = nonnegative_fit(next);
     if (!refit) break;
     kept = std::move(next);
+    set_aside = std::move(out);
     c = refit;
   }
   StepTimeFit f;

@@ -337,7 +337,6 @@ void check_run_outputs(const RunArgs& a, int rank) {
   check_outputs(outputs, {{"--plan", a.plan}, {"--model", a.model}, {"--data", a.data}, {"--seq-len-file", a.seq_len_file}});
 }
 
-// Every flag of `run` checked before anything loads.
 // The one parser of --packing.
 Packing parse_packing(const std::string& text) {
   if (text == "time" || text.empty()) return Packing::Time;
@@ -347,6 +346,7 @@ Packing parse_packing(const std::string& text) {
                    "microbatch filled to the token budget)");
 }
 
+// Every flag of `run` checked before anything loads.
 void check_run_flags(const RunArgs& a) {
   if (a.steps_option->count() > 0) checked_in_range(a.steps, 1, kMaxSamples, "--steps (optimizer windows to run)");
   if (a.epochs_option->count() > 0) checked_in_range(a.epochs, 1, kMaxEpochs, "--epochs");

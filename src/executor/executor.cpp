@@ -366,9 +366,14 @@ struct Executor::RoundsOutcome {
   int64_t failed_round = 0;
   int failing_rank = -1;
   std::string what;          // this rank's out-of-memory message, first line
-  double microbatch_seconds = 0;         // packed: the microbatches that ran, measured
-  std::optional<double> predicted_seconds = 0.0;  // and predicted (nullopt: no prediction)
-  std::optional<int64_t> predicted_peak_bytes;    // packed: the memory model's largest
+  // Packed plans, this attempt's microbatches that ran; kept only if the attempt completes (a
+  // replay runs them again).
+  double microbatch_seconds = 0;               // measured (CPU)
+  double predicted_seconds = 0;                // as the cut's cost predicted them
+  bool every_one_predicted = true;             // false: predicted_seconds means nothing
+  std::vector<TimedMicrobatch> timed;          // for the step time fit
+  std::vector<double> misses;                  // |predicted − measured| / measured
+  std::optional<int64_t> predicted_peak_bytes; // the memory model's largest
 };
 
 int Executor::world() const { return options_.communicator ? options_.communicator->world_size() : 1; }
@@ -469,17 +474,21 @@ int64_t Executor::rounds_for(const WindowSplit& split, const WindowCounts& c) co
 // size (packed: padded tokens) when it ran out of memory (`what` says how), or -1 for another
 // error on a rank of a group (`error` holds it; alone, it is thrown).
 int64_t Executor::run_microbatch(const WindowSplit& split, const MicrobatchEvent& where, int64_t start, double units,
-                                 at::Tensor& loss_total, std::string& what, std::exception_ptr& error) {
+                                 at::Tensor& loss_total, std::string& what, std::exception_ptr& error,
+                                 double& seconds) {
   int64_t status = 0;
   try {
     if (options_.before_microbatch) options_.before_microbatch(where);
     if (!step_thread_) step_thread_ = std::make_unique<StepThread>(device_);
+    // Timed: the microbatch's gather (padding) and its step, not the hooks around them.
+    const auto t0 = std::chrono::steady_clock::now();
     const Batch microbatch = split.microbatch(where.index, start);
     StepConfig step{options_.loss, options_.amp, device_, options_.probe};
     step.padding_mask = options_.padding_mask;
     const at::Tensor scale = scaler_ ? scaler_->scale_tensor() : at::Tensor();
     at::Tensor loss_sum;
     step_thread_->run([&] { loss_sum = microbatch_step(module_, microbatch, step, units, scale); });
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     loss_total += loss_sum;
   } catch (const std::exception& e) {
     if (is_out_of_memory(e, options_.probe)) {
@@ -512,11 +521,9 @@ Executor::RoundsOutcome Executor::run_rounds(const WindowSplit& split, int64_t a
     if (i < static_cast<int64_t>(sizes.size())) {
       MicrobatchEvent where{window_index_, i, sizes[static_cast<size_t>(i)], static_cast<int64_t>(sizes.size()), attempt};
       where.padded_tokens = split.padded_tokens(i);
-      const auto t0 = std::chrono::steady_clock::now();
-      status = run_microbatch(split, where, start, units, loss_total, out.what, error);
-      if (status == 0 && split.packed()) {
-        time_microbatch(split, where, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), out);
-      }
+      double seconds = 0;
+      status = run_microbatch(split, where, start, units, loss_total, out.what, error, seconds);
+      if (status == 0 && split.packed()) time_microbatch(split, where, seconds, out);
       start += where.size;
     }
     std::vector<int64_t> flags(static_cast<size_t>(world()), 0);
@@ -609,19 +616,13 @@ WindowStats Executor::accumulate(const Batch& window, const std::vector<int64_t>
     st.microbatch_rounds = rounds_for(split, counts);
     const RoundsOutcome o = run_rounds(split, attempt, st.microbatch_rounds, static_cast<double>(st.units), loss_total);
     if (o.failing == 0) {
-      if (split.packed()) {
-        st.microbatch_seconds = o.microbatch_seconds;
-        st.predicted_seconds = o.predicted_seconds;
-        st.predicted_peak_bytes = o.predicted_peak_bytes;
-      }
+      if (split.packed()) keep_times(o, st);
       break;
     }
     recover_from(o, split, attempt, st.microbatch_rounds, counts.longest_sequence);
     ++st.oom_recoveries;
   }
   st.microbatch_sizes = split.sizes();
-  // The next window is cut by the fit over every microbatch so far, this window's included.
-  if (split.packed() && options_.packing == Packing::Time && device_.is_cpu()) step_time_.refit();
   if (world() > 1) exchange_gradients(loss_total);
   // The one host sync of the window.
   st.loss = loss_total.item<double>() / static_cast<double>(st.units);
@@ -731,18 +732,8 @@ std::optional<TokenStepCost> Executor::step_cost() const {
 }
 
 void Executor::time_microbatch(const WindowSplit& split, const MicrobatchEvent& where, double seconds,
-                               RoundsOutcome& out) {
+                               RoundsOutcome& out) const {
   const int64_t length = split.padded_length(where.index);
-  out.microbatch_seconds += seconds;
-  const std::optional<double> predicted =
-      split.cost() ? predicted_seconds(*split.cost(), where.size, length) : std::optional<double>();
-  if (predicted && out.predicted_seconds) {
-    *out.predicted_seconds += *predicted;
-    if (seconds > 0 && time_errors_.size() < kMaxTimeErrors) time_errors_.push_back(std::fabs(*predicted - seconds) / seconds);
-  } else {
-    out.predicted_seconds.reset();
-  }
-  if (options_.packing == Packing::Time && device_.is_cpu()) step_time_.observe({where.size, length, seconds});
   if (token_memory_) {
     // The fit is of steady microbatches: the gradient resident, the optimizer's state allocated.
     // A window's first microbatch runs with no gradient (it is set to none), and before the run's
@@ -753,6 +744,31 @@ void Executor::time_microbatch(const WindowSplit& split, const MicrobatchEvent& 
     if (optimizer_.state().empty()) peak -= plan_.profile.persistent.optimizer_state_bytes;
     out.predicted_peak_bytes = std::max(out.predicted_peak_bytes.value_or(0), peak);
   }
+  // On CUDA the wall time of a queued step is not its device time: nothing to learn or judge.
+  if (!device_.is_cpu()) return;
+  out.microbatch_seconds += seconds;
+  const std::optional<double> predicted =
+      split.cost() ? predicted_seconds(*split.cost(), where.size, length) : std::optional<double>();
+  if (predicted) {
+    out.predicted_seconds += *predicted;
+    if (seconds > 0) out.misses.push_back(std::fabs(*predicted - seconds) / seconds);
+  } else {
+    out.every_one_predicted = false;
+  }
+  if (options_.packing == Packing::Time) out.timed.push_back({where.size, length, seconds});
+}
+
+void Executor::keep_times(const RoundsOutcome& o, WindowStats& st) {
+  st.predicted_peak_bytes = o.predicted_peak_bytes;
+  if (!device_.is_cpu()) return;
+  st.microbatch_seconds = o.microbatch_seconds;
+  if (o.every_one_predicted && !o.timed.empty()) st.predicted_seconds = o.predicted_seconds;
+  for (double m : o.misses) {
+    if (time_errors_.size() < kMaxTimeErrors) time_errors_.push_back(m);
+  }
+  // The next window is cut by the fit over every microbatch so far, this window's included.
+  for (const auto& t : o.timed) step_time_.observe(t);
+  if (!o.timed.empty()) step_time_.refit();
 }
 
 std::optional<RunTimeModel> Executor::time_model() const {
@@ -761,10 +777,15 @@ std::optional<RunTimeModel> Executor::time_model() const {
   t.packing = options_.packing == Packing::Time ? "time" : "fill";
   t.microbatches = static_cast<int64_t>(time_errors_.size());
   if (!time_errors_.empty()) {
+    // Nearest rank: the smallest miss with at least p of them at or below it.
     std::vector<double> sorted = time_errors_;
     std::sort(sorted.begin(), sorted.end());
-    t.median_abs_error = sorted[sorted.size() / 2];
-    t.p90_abs_error = sorted[std::min(sorted.size() - 1, sorted.size() * 9 / 10)];
+    auto rank = [&](double p) {
+      const size_t k = static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size())));
+      return sorted[std::clamp<size_t>(k, 1, sorted.size()) - 1];
+    };
+    t.median_abs_error = rank(0.5);
+    t.p90_abs_error = rank(0.9);
   }
   t.refits = step_time_.refits();
   t.final_cost = step_cost();

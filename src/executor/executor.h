@@ -63,9 +63,11 @@
 // The cut of a packed window minimises predicted time (ExecutorOptions::packing, Packing::Time):
 // at first by the plan's step cost (fitted from the profile's probe steps), then, on the CPU
 // device, by the fit over this run's own microbatches (accumplan/step_time.h), redone after every
-// window; each microbatch is timed and its prediction's miss kept for the run's stats. On CUDA a
-// microbatch's wall time is not its device time (steps are queued, one sync per window), so the
-// plan's cost stays.
+// window; there each microbatch (its gather and step) is timed and its prediction's miss kept for
+// the run's stats, from completed attempts only. On CUDA a microbatch's wall time is not its
+// device time (steps are queued, one sync per window): the plan's cost stays, and no time is
+// recorded. With W > 1 each rank fits its own times and cuts its own share; the ranks still agree
+// on the rounds (the largest count of any rank), and the stats hold rank 0's model.
 // What it is not: a data loader (callers hand it windows and shard them), or a checkpointer.
 #pragma once
 
@@ -183,7 +185,7 @@ struct WindowStats {
   double seconds = 0;
   // Packed plans: the completed attempt's microbatches, forward + backward, measured; and as the
   // step cost the window was cut by predicted them (nullopt: a cost without seconds, or Fill).
-  double microbatch_seconds = 0;
+  std::optional<double> microbatch_seconds;  // CPU only
   std::optional<double> predicted_seconds;
   // Packed plans: the largest peak the plan's token memory model (fitted from its profile)
   // predicts for the microbatches this window ran, less what was not resident yet (a window's
@@ -248,8 +250,9 @@ class Executor {
   WindowCounts count_window(const Batch& window, const WindowSplit& split, WindowStats& st);
   void check_window_counts(const WindowCounts& c, const WindowStats& st, bool packed) const;
   int64_t rounds_for(const WindowSplit& split, const WindowCounts& c) const;
+  // `seconds`: the microbatch's gather and step, measured (when it ran).
   int64_t run_microbatch(const WindowSplit& split, const MicrobatchEvent& where, int64_t start, double units,
-                         at::Tensor& loss_total, std::string& what, std::exception_ptr& error);
+                         at::Tensor& loss_total, std::string& what, std::exception_ptr& error, double& seconds);
   RoundsOutcome run_rounds(const WindowSplit& split, int64_t attempt, int64_t rounds, double units, at::Tensor& loss_total);
   void recover_from(const RoundsOutcome& o, const WindowSplit& split, int64_t attempt, int64_t rounds,
                     int64_t longest_sequence);
@@ -265,8 +268,12 @@ class Executor {
   // Packed plans: the cost the next window is cut by (Packing::Time: the run's own fit once there
   // is one, else the plan's; Fill: none).
   std::optional<TokenStepCost> step_cost() const;
-  // A microbatch that ran: learn its time (CPU), keep the prediction's miss, predict its peak.
-  void time_microbatch(const WindowSplit& split, const MicrobatchEvent& where, double seconds, RoundsOutcome& out);
+  // A microbatch that ran: predict its peak; on the CPU note its time and the prediction's miss
+  // in the attempt's outcome.
+  void time_microbatch(const WindowSplit& split, const MicrobatchEvent& where, double seconds, RoundsOutcome& out) const;
+  // The completed attempt's times into the window's stats, the run's misses and the step time
+  // fit (refitted for the next window). A failed attempt's are dropped: its replay runs them again.
+  void keep_times(const RoundsOutcome& o, WindowStats& st);
   void log(const std::string& line) const;
   void zero_grads();
 

@@ -227,6 +227,12 @@ TEST_CASE("run refuses bad input with exit code 2 and a clear message", "[cli][r
     CHECK(r.exit_code == 2);
     CHECK(r.err.find("--data") != std::string::npos);
   }
+  SECTION("--packing on a plan that splits fixed-size samples") {
+    const CliResult r = run(f.plan, {"--packing", "fill"});
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("--packing applies to plans that pack variable-length data by tokens") != std::string::npos);
+    CHECK(r.err.find("drop --packing") != std::string::npos);
+  }
   SECTION("--steps 0") {
     const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--steps", "0"});
     CHECK(r.exit_code == 2);

@@ -65,13 +65,43 @@ TEST_CASE("CLI tokens: --seq-len plans a confirmed token budget that run packs u
   const json stats = json::parse(slurp(stats_path));
   CHECK(stats["oom_recoveries"] == 0);
   CHECK(stats["measured_peak_bytes"].get<int64_t>() <= 40 * 1024 * 1024);
+  for (const auto& w : stats["window_series"]) CHECK(w["valid_tokens"].get<int64_t>() > 0);
+  // The run's own step times: every window after the first is cut by a fit made from them, and
+  // the stats say how each window's microbatch seconds were predicted.
+  REQUIRE(stats.contains("time_model"));
+  CHECK(stats["time_model"]["packing"] == "time");
+  CHECK(stats["time_model"]["refits"].get<int64_t>() >= 1);
+  CHECK(stats["time_model"]["microbatches"].get<int64_t>() > 0);
+  CHECK(stats["time_model"]["final_cost"]["token_seconds"].get<double>() > 0);
+  CHECK(stats["packed_predicted_peak_bytes"].get<int64_t>() > 0);
+  for (const auto& w : stats["window_series"]) {
+    CHECK(w["microbatch_seconds"].get<double>() > 0);
+    CHECK(w["predicted_peak_bytes"].get<int64_t>() > 0);
+  }
+  CHECK_FALSE(stats["window_series"].back()["predicted_seconds"].is_null());
+  // --packing fill: every microbatch filled (at most as many microbatches), no fit; short
+  // sequences share microbatches, so windows need fewer than the padded split's.
+  const CliResult filled = run_cli({"run", "--model", "builtin:tinylm", "--plan", plan_path, "--device", "cpu",
+                                    "--memory-budget", "40MiB", "--threads", "2", "--epochs", "2", "--packing", "FILL",
+                                    "--stats", stats_path});
+  INFO(filled.err);
+  REQUIRE(filled.exit_code == 0);
+  const json fill_stats = json::parse(slurp(stats_path));
+  CHECK(fill_stats["time_model"]["packing"] == "fill");
+  CHECK(fill_stats["time_model"]["refits"] == 0);
+  REQUIRE(fill_stats["window_series"].size() == stats["window_series"].size());
   const int64_t padded_k = plan["accumulation_steps"].get<int64_t>();
   int64_t fewer = 0;
-  for (const auto& w : stats["window_series"]) {
-    CHECK(w["valid_tokens"].get<int64_t>() > 0);
+  for (size_t i = 0; i < stats["window_series"].size(); ++i) {
+    const auto& w = fill_stats["window_series"][i];
+    CHECK(w["microbatch_sizes"].size() <= stats["window_series"][i]["microbatch_sizes"].size());
     if (static_cast<int64_t>(w["microbatch_sizes"].size()) < padded_k) ++fewer;
   }
-  CHECK(fewer > 0);  // short sequences share microbatches
+  CHECK(fewer > 0);
+  // A bad --packing, or --packing on a plan that packs nothing, is refused before anything runs.
+  const CliResult bad_packing = run_cli({"run", "--model", "builtin:tinylm", "--plan", plan_path, "--packing", "fastest"});
+  CHECK(bad_packing.exit_code == 2);
+  CHECK_THAT(bad_packing.err, Catch::Contains("--packing must be time or fill, got 'fastest'"));
 
   // A ragged file as Python's torch.save([sequences, None]) writes it: next-token targets.
   std::vector<at::Tensor> seqs;
@@ -199,10 +229,11 @@ TEST_CASE("CLI tokens: after an OOM re-pack, the written plan is the re-packed o
   INFO(planned.err);
   REQUIRE(planned.exit_code == 0);
   const json plan = json::parse(slurp(plan_path));
-  // Run under less memory than planned: the executor lowers the token budget and replays.
+  // Run under less memory than planned: the executor lowers the token budget and replays. Filled
+  // microbatches (--packing fill) reach the budget; cut by time they may stay below it.
   const std::string out_path = dir + "/replanned.json";
   const CliResult ran = run_cli({"run", "--model", "builtin:tinylm", "--plan", plan_path, "--device", "cpu",
-                                 "--memory-budget", "30MiB", "--threads", "2", "--plan-out", out_path});
+                                 "--memory-budget", "30MiB", "--threads", "2", "--packing", "fill", "--plan-out", out_path});
   INFO(ran.err);
   REQUIRE(ran.exit_code == 0);
   REQUIRE_THAT(ran.err, Catch::Contains("token budget lowered"));

@@ -331,6 +331,31 @@ TEST_CASE("Step time: coefficients never below zero; too little or bad data give
   CHECK(m->per_microbatch_seconds >= 0);
   CHECK(m->per_token_seconds > 0);
   CHECK(m->per_token_squared_seconds >= 0);
+  // What it keeps, it predicts: every kept step within 30%, half of them within the median miss.
+  int64_t within = 0;
+  for (const auto& s : measured) {
+    if (std::fabs(m->predict_seconds(s.micro_batch, s.seq_len) - s.seconds) / s.seconds <= 0.3) ++within;
+  }
+  CHECK(within >= m->used);
+  CHECK(m->median_abs_error < 0.15);
+}
+
+TEST_CASE("Step time: the cost keeps the ratios when a token's time is tiny next to the others", "[token][step-time]") {
+  StepTimeFit f;
+  f.per_microbatch_seconds = 1.0;       // 2^40 tokens' time: past per_microbatch's 2^50 at 65536 units a token
+  f.per_token_seconds = 1.0 / double(int64_t{1} << 40);
+  f.per_token_squared_seconds = 0;
+  const TokenStepCost c = f.cost();
+  CHECK(c.per_microbatch <= (int64_t{1} << 50));
+  CHECK(c.per_token >= 1);
+  // The ratio a microbatch : a token survives (within the rounding of per_token), and so do seconds.
+  CHECK(double(c.per_microbatch) / double(c.per_token) == Approx(double(int64_t{1} << 40)).epsilon(1e-4));
+  REQUIRE(predicted_seconds(c, 1, 1).has_value());
+  CHECK(*predicted_seconds(c, 1, 1) == Approx(f.predict_seconds(1, 1)).epsilon(1e-4));
+  f.per_token_squared_seconds = 1e-3;  // t2/t1 = 2^40·1e-3: past per_token_squared's 2^30
+  const TokenStepCost d = f.cost();
+  CHECK(d.per_token_squared <= (int64_t{1} << 30));
+  CHECK(*predicted_seconds(d, 2, 1000) == Approx(f.predict_seconds(2, 1000)).epsilon(1e-3));
 }
 
 TEST_CASE("Step time: a preempted step is set aside, not fitted", "[token][step-time]") {

@@ -228,9 +228,15 @@ TEST_CASE("Token plan: step times give the packing's step cost, kept in the plan
   REQUIRE(plan.tokens->step_cost.has_value());
   CHECK(plan.tokens->step_cost->per_microbatch == Approx(2000.0 * kStepCostPerToken).epsilon(1e-3));
   CHECK(plan.tokens->step_cost->per_token_squared == 0);
+  CHECK(plan.tokens->step_cost->token_seconds == Approx(1e-6));
   CHECK_THAT(plan.reason, Catch::Contains("a microbatch costs as much as 2000 padded tokens"));
   const Plan back = plan_from_json(nlohmann::json::parse(to_json(plan).dump()));
   REQUIRE(back.tokens->step_cost.has_value());
   CHECK(back.tokens->step_cost->per_microbatch == plan.tokens->step_cost->per_microbatch);
   CHECK(back.tokens->step_cost->per_token == kStepCostPerToken);
+  CHECK(back.tokens->step_cost->token_seconds == plan.tokens->step_cost->token_seconds);
+  // Times with no per-microbatch part: the plan carries no cost (packing fills) rather than one
+  // that would put every sequence in a microbatch of its own where nothing refits it.
+  for (auto& pt : p.points) pt.step_seconds = 1e-6 * static_cast<double>(pt.micro_batch * *pt.seq_len);
+  CHECK_FALSE(make_plan(p, token_request(256, 612 * MiB)).tokens->step_cost.has_value());
 }

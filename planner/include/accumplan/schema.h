@@ -269,7 +269,8 @@ struct RunTimeModel {
   double median_abs_error = 0;
   double p90_abs_error = 0;
   int64_t refits = 0;              // fits made from the run's own microbatches
-  std::optional<TokenStepCost> final_cost;  // the cost the last window was cut by
+  // The cost the next window would be cut by: the run's last fit (CPU), else the plan's.
+  std::optional<TokenStepCost> final_cost;
 };
 
 struct RunCollectives {
