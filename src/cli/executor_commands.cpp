@@ -479,7 +479,12 @@ void print_run_summary(const RunRecord& r, const Plan& final_plan, const Plan& p
   } else {
     std::cerr << "microbatches " << final_plan.accumulation_steps << " (" << join_sizes(final_plan.microbatch_sizes) << ")";
   }
-  if (r.measured_peak_bytes) {
+  if (r.measured_peak_bytes && r.packed_predicted_peak_bytes) {
+    // Packed: the prediction for the microbatches this run packed; the plan's is the worst case.
+    std::cerr << "; measured peak " << format_bytes(*r.measured_peak_bytes) << " vs predicted "
+              << format_bytes(*r.packed_predicted_peak_bytes) << " for what it packed (at most "
+              << format_bytes(plan.memory.predicted_peak_bytes) << " under the token budget)";
+  } else if (r.measured_peak_bytes) {
     std::cerr << "; measured peak " << format_bytes(*r.measured_peak_bytes) << " vs predicted "
               << format_bytes(plan.memory.predicted_peak_bytes);
   }
