@@ -170,6 +170,11 @@ Executor::Executor(torch::jit::Module module, torch::optim::Optimizer& optimizer
     } catch (const InputError&) {
       token_memory_.reset();
     }
+    for (const auto& p : plan_.profile.points) {
+      if (p.seq_len && p.optimizer_step_peak_bytes) {
+        optimizer_step_peak_bytes_ = std::max(optimizer_step_peak_bytes_.value_or(0), *p.optimizer_step_peak_bytes);
+      }
+    }
   }
   if (options_.max_grad_norm && !(*options_.max_grad_norm > 0)) {
     throw InputError("max gradient norm must be positive, got " + std::to_string(*options_.max_grad_norm));
@@ -759,7 +764,13 @@ void Executor::time_microbatch(const WindowSplit& split, const MicrobatchEvent& 
 }
 
 void Executor::keep_times(const RoundsOutcome& o, WindowStats& st) {
+  // The window's peak as measured (apply() merges the optimizer step's) against the larger of
+  // its microbatches' and the optimizer step's the profile measured: a window of a few short
+  // sequences peaks in the optimizer step.
   st.predicted_peak_bytes = o.predicted_peak_bytes;
+  if (st.predicted_peak_bytes && optimizer_step_peak_bytes_) {
+    st.predicted_peak_bytes = std::max(*st.predicted_peak_bytes, *optimizer_step_peak_bytes_);
+  }
   if (!device_.is_cpu()) return;
   st.microbatch_seconds = o.microbatch_seconds;
   if (o.every_one_predicted && !o.timed.empty()) st.predicted_seconds = o.predicted_seconds;

@@ -190,8 +190,9 @@ struct WindowStats {
   // Packed plans: the largest peak the plan's token memory model (fitted from its profile)
   // predicts for the microbatches this window ran, less what was not resident yet (a window's
   // first microbatch has no gradient; before the first optimizer step, no lazily made optimizer
-  // state): the prediction of what was run, to hold the measured peak against (the plan's own
-  // predicted peak is the worst the budget allows, which a time-cut window may never reach).
+  // state), or the optimizer step's peak the profile measured where that is higher: the
+  // prediction of what was run, to hold the measured peak against (the plan's own predicted peak
+  // is the worst the budget allows, which a time-cut window may never reach).
   // nullopt when the plan carries no token profile.
   std::optional<int64_t> predicted_peak_bytes;
   std::optional<int64_t> peak_bytes;     // probe's peak during the window
@@ -291,6 +292,7 @@ class Executor {
   std::unique_ptr<StepThread> step_thread_;
   StepTimeModel step_time_;            // this run's microbatches (CPU device, Packing::Time)
   std::optional<TokenMemoryModel> token_memory_;  // packed plans with a token profile
+  std::optional<int64_t> optimizer_step_peak_bytes_;  // the profile's (token points), the highest
   // Each predicted microbatch's |predicted − measured| / measured, the first kMaxTimeErrors of
   // the run (8 bytes each: 0.5 MiB at most).
   std::vector<double> time_errors_;

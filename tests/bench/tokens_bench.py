@@ -305,6 +305,11 @@ def bench_setting(name, a):
     max_diff = 0.0
     for v, res in results.items():
         for rr in res["runs"]:
+            # The same windows in every run: a different count, or a loss that is not finite
+            # (null in the stats), is a failed comparison, not a small difference.
+            if len(rr["losses"]) != len(reference) or None in rr["losses"] or None in reference:
+                raise SystemExit("%s: run %s (repeat %d) has losses %s, the first packed run %s"
+                                 % (name, v, rr["repeat"], rr["losses"], reference))
             max_diff = max([max_diff] + [abs(p - q) for p, q in zip(reference, rr["losses"])])
 
     packed = results["packed"]
