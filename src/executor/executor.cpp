@@ -342,9 +342,7 @@ class WindowSplit {
   }
   // Packed: microbatch i's padded tokens (its size × its longest sequence); 0 for sample plans.
   int64_t padded_tokens(int64_t i) const {
-    if (!packed_) return 0;
-    const auto& g = groups_[static_cast<size_t>(i)];
-    return static_cast<int64_t>(g.size()) * lengths_[static_cast<size_t>(g.front())];
+    return packed_ ? static_cast<int64_t>(groups_[static_cast<size_t>(i)].size()) * padded_length(i) : 0;
   }
 
  private:
