@@ -203,6 +203,43 @@ void Executor::zero_grads() {
   }
 }
 
+void Executor::warm_up(const Batch& window) {
+  if (window.size() < 1) return;  // a rank of a group may hold no sample of a small window
+  int64_t pick = 0;
+  if (window.ragged()) {
+    const std::vector<int64_t> lengths = window.sequence_lengths();
+    pick = std::min_element(lengths.begin(), lengths.end()) - lengths.begin();
+  }
+  const Batch sample = window.ragged() ? window.gather({pick}) : window.slice(0, 1);
+  // What the step changes besides the gradients: (the module's own tensor, its value before).
+  std::vector<std::pair<at::Tensor, at::Tensor>> buffers;
+  for (const auto& b : module_.named_buffers(/*recurse=*/true)) buffers.emplace_back(b.value, b.value.clone());
+  std::vector<std::pair<at::Generator, at::Tensor>> generators;
+  for (const at::Device d : {at::Device(at::kCPU), device_}) {
+    if (d.is_cpu() && !generators.empty()) continue;
+    at::Generator g = at::globalContext().defaultGenerator(d);
+    generators.emplace_back(g, g.get_state());
+  }
+  StepConfig step{options_.loss, options_.amp, device_, options_.probe};
+  step.padding_mask = options_.padding_mask;
+  try {
+    if (!step_thread_) step_thread_ = std::make_unique<StepThread>(device_);
+    step_thread_->run([&] { microbatch_step(module_, sample, step, 1.0, at::Tensor()); });
+  } catch (const std::exception&) {
+    // Left to the first window, which raises its own error with its own shapes, or recovers from
+    // its own out-of-memory. One sample may fail where a window does not: BatchNorm1d refuses a
+    // batch of one in training.
+    step_thread_.reset();
+    if (options_.probe) options_.probe->clear_oom();
+  }
+  zero_grads();
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [tensor, before] : buffers) tensor.copy_(before);
+  }
+  for (auto& [g, state] : generators) g.set_state(state);
+}
+
 void Executor::fail_oom(const std::string& message) {
   // The window's gradients are partial (or half unscaled): drop them rather than step on them,
   // and leave the probe ready for whatever the caller does next.
