@@ -179,6 +179,9 @@ class PathTrackingSax {
     std::string path;
     std::string token;
   };
+  struct TooDeep {
+    std::string path;
+  };
   struct SyntaxError {
     size_t byte;  // 1-based offset of the failure, as nlohmann counts
   };
@@ -195,10 +198,7 @@ class PathTrackingSax {
     return true;
   }
   void open(bool array) {
-    if (static_cast<int>(frames_.size()) >= kMaxJsonDepth) {
-      throw InputError(path() + ": nested deeper than " + std::to_string(kMaxJsonDepth) +
-                       " levels; accumplan's documents nest 4");
-    }
+    if (static_cast<int>(frames_.size()) >= kMaxJsonDepth) throw TooDeep{path()};
     frames_.push_back(Frame{array, 0, {}});
   }
   void close() {
@@ -227,6 +227,10 @@ json parse_json_text(const std::string& text, const std::string& where) {
     throw InputError(where + ": " + e.path + ": the number " + cut_for_message(e.token) +
                      " is beyond the range of a double (about 1.8e308); the field's range is in "
                      "docs/plan-format.md");
+  } catch (const PathTrackingSax::TooDeep& e) {
+    // The file's name first, as every other refusal of the text (a corpus file showed it missing).
+    throw InputError(where + ": " + e.path + ": nested deeper than " + std::to_string(kMaxJsonDepth) +
+                     " levels; accumplan's documents nest 4");
   } catch (const PathTrackingSax::SyntaxError& e) {
     // e.byte is the 1-based offset of the failure; turn it into line:column for editors.
     size_t line = 1, col = 1;

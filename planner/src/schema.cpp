@@ -645,13 +645,17 @@ Profile read_profile_file(const std::string& path, const std::string& what) {
   }
 }
 
-Plan read_plan_file(const std::string& path, const std::string& what) {
-  const json doc = read_json_file(path, what);
+Plan plan_from_text(const std::string& text, const std::string& where) {
+  const json doc = parse_json_text(text, where);
   try {
     return plan_from_json(doc);
   } catch (const SchemaError& e) {
-    throw SchemaError(what + " '" + path_for_message(path) + "': " + e.what());
+    throw SchemaError(where + ": " + e.what());
   }
+}
+
+Plan read_plan_file(const std::string& path, const std::string& what) {
+  return plan_from_text(read_text_file(path, what), what + " '" + path_for_message(path) + "'");
 }
 
 namespace {

@@ -339,13 +339,17 @@ std::vector<int64_t> split_samples(int64_t total, int64_t max_micro_batch, const
   }
   if (total % unit != 0) unit = 1;  // a short last window need not respect multiple_of
   const int64_t cap = std::max(unit, (max_micro_batch / unit) * unit);
-  if (split == "uniform") {
-    const int64_t d = largest_divisor_at_most(total, cap, unit);
-    return std::vector<int64_t>(static_cast<size_t>(total / d), d);
-  }
+  const int64_t d = split == "uniform" ? largest_divisor_at_most(total, cap, unit) : 0;
   const int64_t units = total / unit;
   const int64_t cap_units = cap / unit;
-  const int64_t parts = (units + cap_units - 1) / cap_units;
+  const int64_t parts = d ? total / d : (units + cap_units - 1) / cap_units;
+  // The vector is the caller's memory: 2^40 samples in microbatches of 1 would be 8 TiB of sizes.
+  if (parts > kMaxAccumulationSteps) {
+    throw InputError("split_samples: " + std::to_string(total) + " samples in microbatches of at most " +
+                     std::to_string(cap) + " need " + std::to_string(parts) + " microbatches; accumplan splits a window into at most " +
+                     std::to_string(kMaxAccumulationSteps));
+  }
+  if (d) return std::vector<int64_t>(static_cast<size_t>(parts), d);
   return balanced_split(total, parts, unit);
 }
 

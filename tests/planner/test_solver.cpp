@@ -343,6 +343,14 @@ TEST_CASE("Solver: split_samples covers a short last window with the fewest micr
   CHECK(largest_divisor_at_most(97, 60) == 1);
 }
 
+TEST_CASE("Solver: split_samples refuses more than 2^20 microbatches before allocating them", "[solver]") {
+  // 2^40 samples of 1 would be 8 TiB of sizes; the Python package calls this with a user's numbers.
+  CHECK(split_samples(kMaxAccumulationSteps, 1, "balanced").size() == static_cast<size_t>(kMaxAccumulationSteps));
+  CHECK_THROWS_WITH(split_samples(int64_t{1} << 40, 1, "balanced"),
+                    Catch::Contains("need 1099511627776 microbatches; accumplan splits a window into at most 1048576"));
+  CHECK_THROWS_AS(split_samples((int64_t{1} << 20) + 1, 1, "uniform"), InputError);
+}
+
 namespace {
 // A real window of `sizes` that ran with this peak (0: out of memory), as the profiler records it.
 Trial window_trial(std::vector<int64_t> sizes, int64_t peak_bytes) {

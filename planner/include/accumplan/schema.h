@@ -341,5 +341,8 @@ void check_plan_window(const Plan& p);
 // match. `what` names the file's role in messages ("--profile").
 Profile read_profile_file(const std::string& path, const std::string& what = "profile");
 Plan read_plan_file(const std::string& path, const std::string& what = "plan");
+// The plan in JSON `text` as read_plan_file reads a file's: `where` prefixes every message
+// ("--plan 'p.json'"). The Python package's reader (python/core) is this function.
+Plan plan_from_text(const std::string& text, const std::string& where);
 
 }  // namespace accumplan
