@@ -36,10 +36,11 @@ WHAT IT IS NOT
 
 HOW TO RUN
   cp build/accumplan /tmp/hostile-bin/accumplan      # run against a copy, not a binary being relinked
-  PYTHONPATH=$PWD/python /usr/bin/python3 scripts/hostile-campaign.py --bin /tmp/hostile-bin/accumplan \\
+  build/venv/bin/python scripts/hostile-campaign.py --bin /tmp/hostile-bin/accumplan \\
       [--only CLASS[,CLASS]] [--jobs N<=2] [--json out.json] [--timeout S] [--list]
   CLASS is a class name or number (outputs|1, one-line|2, host-data|3, storage|4, later|5,
-  non-utf8|6, report|7, python|8). Needs /usr/bin/python3 with torch (1.13 works) to craft the
+  non-utf8|6, report|7, python|8). Needs a Python with torch (1.13 works) and the accumplan package
+  installed (build/venv, as scripts/test.sh makes it: `pip install --no-build-isolation .`) to craft the
   torch.save fixtures and run the Python cases. Children run with OMP_NUM_THREADS=1,
   ACCUMPLAN_MAX_HOST_DATA=1GiB (the documented host-data limit, set below the 4 GiB memory bound),
   stdin /dev/null, their own session (killed as a group on timeout) and an 8 GiB address-space limit.
@@ -269,7 +270,7 @@ HOST_DATA_LIMIT = "1GiB"
 def child_env(extra=None):
     env = dict(os.environ)
     env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NO_COLOR": "1",
-                "PYTHONPATH": os.path.join(ROOT, "python"), "PYTHONDONTWRITEBYTECODE": "1"})
+                "PYTHONDONTWRITEBYTECODE": "1"})
     # The documented host-data limit (16 GiB, or half the machine's memory) is above this campaign's
     # 4 GiB memory bound: children run under a 1 GiB limit, so the bound checks that the limit holds.
     env["ACCUMPLAN_MAX_HOST_DATA"] = HOST_DATA_LIMIT

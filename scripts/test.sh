@@ -72,10 +72,17 @@ if [ "$fuzz_seconds" -gt 0 ]; then
   done
 fi
 
-# Python: Debian's interpreter (/usr/bin/python3 has python3-torch; a pyenv python3 on PATH may not).
+# Python: the package as a user installs it (README): a venv that sees Debian's python3-torch
+# (/usr/bin/python3; a pyenv python3 on PATH may not have it), `pip install --no-build-isolation .`
+# (setup.py builds the compiled core, accumplan._core, with CMake in build/python-core/), then the
+# tests against the INSTALLED package: tests/python never puts python/ on sys.path. --no-index:
+# nothing is downloaded; setuptools and torch are the system's.
 python="${PYTHON:-/usr/bin/python3}"
+venv="${BUILD_DIR:-build}/venv"
+[ -x "$venv/bin/python" ] || "$python" -m venv --system-site-packages "$venv"
+"$venv/bin/python" -m pip install --no-build-isolation --no-index --no-deps --quiet .
 ACCUMPLAN_BIN="$PWD/${BUILD_DIR:-build}/accumplan" OMP_NUM_THREADS=1 \
-  "$python" -m unittest discover -s tests/python -t tests/python
+  "$venv/bin/python" -m unittest discover -s tests/python -t tests/python
 
 # The GPU check's rehearsal (issue 27): scripts/gpu-check.sh as the GPU machine will run it, here
 # against Debian's LibTorch on the CPU device with tiny sizes, reusing the build above. It proves

@@ -9,8 +9,8 @@ whole integration: one plan.train_window call per window of plan.per_rank_batch 
 splits it into the plan's microbatches, weights every microbatch exactly (samples or valid
 tokens), steps once, and recovers from out-of-memory by re-planning and replaying the window.
 Under torchrun (WORLD_SIZE > 1) each rank takes samples r, r+W, ... of every global window.
-Needs only torch; the accumplan package is python/accumplan (this script finds it itself; elsewhere
-put python/ on PYTHONPATH).
+Needs torch and the accumplan package (`python3 -m pip install --no-build-isolation .` from the
+repository root, in a venv made with --system-site-packages so that it sees the system's torch).
 """
 import argparse
 import os
@@ -19,8 +19,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-import accumplan  # noqa: E402
+import accumplan
 
 
 def main():

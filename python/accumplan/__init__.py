@@ -11,7 +11,9 @@ or, in your own loop:
         (scale * accumplan.loss_sum(model(*inputs), target)).backward()
     optimizer.step(); optimizer.zero_grad()
 
-Reading plans needs only the standard library; training needs torch. docs/python.md has the rest.
+Install: `python3 -m pip install --no-build-isolation .` from the repository root (builds the
+compiled core, accumplan._core: the C++ planner's plan reader and rules). Reading, splitting and
+re-planning plans need no torch; training needs it. docs/python.md has the rest.
 """
 
 from .plan import (OutOfMemoryAtOne, Plan, PlanError, balanced_split, file_sha256, largest_divisor_at_most,

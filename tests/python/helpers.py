@@ -1,4 +1,8 @@
-"""Shared fixtures of the Python tests: plan documents, tiny models, the full-batch reference."""
+"""Shared fixtures of the Python tests: plan documents, tiny models, the full-batch reference.
+
+The tests import the INSTALLED package (`python3 -m pip install --no-build-isolation .`, as
+scripts/test.sh does in build/venv): python/ is not put on sys.path, so what is tested is what pip
+installed, compiled core included. An import from the source tree stops with the install line."""
 import copy
 import json
 import os
@@ -6,8 +10,6 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "python"))
-
 import torch  # noqa: E402
 
 import accumplan  # noqa: E402
@@ -35,6 +37,11 @@ def plan_doc(sizes, world_size=1, split="balanced", multiple_of=None, loss="cros
     d["max_micro_batch"] = max(sizes)
     d["split"] = split
     d["multiple_of"] = multiple_of
+    # The equal-microbatch alternative the C++ reader checks against the batch (solver.h set_window).
+    if T <= 1 << 40:  # larger batches are hostile documents, refused before the uniform field
+        u = (accumplan.largest_divisor_at_most(T, max(sizes), multiple_of or 1) or
+             accumplan.largest_divisor_at_most(T, max(sizes)))
+        d["uniform"] = {"micro_batch": u, "accumulation_steps": T // u}
     d["setup"]["loss"] = loss
     d["setup"]["normalization"] = normalization
     if usable_bytes is not None:

@@ -33,10 +33,10 @@ class HostilePlanDocuments(unittest.TestCase):
             inner["x"] = {}
             inner = inner["x"]
         doc["setup"]["extra"] = deep
-        self.assertRefused(doc, r"\$\.setup\.extra(\.x)+: nested too deep \(more than 64 levels\)")
+        self.assertRefused(doc, r"\$\.setup\.extra(\.x)+(\.\.\.)?: nested deeper than 64 levels")
         loop = plan_doc([4, 4])
         loop["setup"]["self"] = loop["setup"]  # a cycle is nesting without end
-        self.assertRefused(loop, r"\$\.setup\.self\.self.*nested too deep")
+        self.assertRefused(loop, r"\$\.setup\.self\.self.*nested deeper than 64 levels")
         shared = []
         for _ in range(40):  # 2**40 leaves if expanded
             shared = [shared, shared]
@@ -50,7 +50,7 @@ class HostilePlanDocuments(unittest.TestCase):
                 with open(path, "w") as f:
                     f.write(text[:-1] + ', "setup2": ' + '{"a": ' * depth + "1" + "}" * depth + "}")
                 with self.subTest(depth=depth):
-                    self.assertRefused(path, "nested too deep")
+                    self.assertRefused(path, r"plan '.*deep%d\.json': \$(\.a|\.setup2)+.*: nested deeper than 64 levels" % depth)
 
     def test_huge_integers_in_a_file_name_their_field(self):
         with tempfile.TemporaryDirectory() as d:
@@ -58,19 +58,20 @@ class HostilePlanDocuments(unittest.TestCase):
             text = json.dumps(plan_doc([4, 4]))
             with open(path, "w") as f:
                 f.write(text.replace('"world_size": 1', '"world_size": 1' + "0" * 100000))
-            self.assertRefused(path, r"plan\.json.*\$\.world_size: an integer of 100001 digits is out of range")
+            self.assertRefused(path, r"plan\.json.*\$\.world_size: the number 10+\.\.\. \(100001 characters\) is beyond the "
+                                     r"range of a double")
             with open(path, "w") as f:
                 f.write(text[:-1] + ', "extra": NaN}')
-            self.assertRefused(path, r"\$\.extra: nan is not a finite number")
+            self.assertRefused(path, r"plan\.json' is not valid JSON \(line 1, column \d+\)")  # NaN is not JSON
             with open(path, "w") as f:
                 f.write(text[:-1] + ', "extra": 1e400}')
-            self.assertRefused(path, r"\$\.extra: inf is not a finite number")
+            self.assertRefused(path, r"\$\.extra: the number 1e400 is beyond the range of a double")
 
     def test_numbers_out_of_the_cli_readers_ranges(self):
         big = 2 ** 70
         doc = plan_doc([big, big])
-        self.assertRefused(doc, r"\$\.\w+: 2361183241434822606848 is out of range; expected a number in "
-                                r"\[1, 1099511627776\]")
+        # Beyond 64 bits the JSON reader holds the number as a double, and says so.
+        self.assertRefused(doc, r"\$\.\w+: [0-9.]+e\+21 is out of range; expected a number in \[1, 1099511627776\]")
         cases = [
             (("setup", "ignore_index"), 2 ** 63, r"\$\.setup\.ignore_index: 9223372036854775808 is out of range; "
                                                  r"expected a number in \[-2147483648, 2147483647\]"),
@@ -90,15 +91,15 @@ class HostilePlanDocuments(unittest.TestCase):
                                                                  r"number in \[1, 1048576\]")
         doc = plan_doc([4, 4], version="1.3")
         doc["tokens"] = {"token_budget": 2 ** 70, "max_seq_len": 8, "longest_sequence_alone": 8}
-        self.assertRefused(doc, r"\$\.tokens\.token_budget: 1180591620717411303424 is out of range; expected a "
+        self.assertRefused(doc, r"\$\.tokens\.token_budget: 1\.18059[0-9]*e\+21 is out of range; expected a "
                                 r"number in \[1, 1099511627776\]")
 
     def test_weights_are_numbers_equal_to_the_sizes_over_the_batch(self):
-        for weights, pattern in (([float("nan"), 0.5], r"\$\.weights\[0\]: nan is not a finite number"),
-                                 (["x", 0.5], r"\$\.weights\[0\] must be a number, got 'x'"),
-                                 ([True, 0.5], r"\$\.weights\[0\] must be a number, got True"),
-                                 (None, r"\$\.weights must be an array of numbers, got None"),
-                                 ([0.5], r"\$\.weights has 1 entries for 2 microbatches"),
+        for weights, pattern in (([float("nan"), 0.5], r"\$\.weights\[0\]: nan is not a JSON number"),
+                                 (["x", 0.5], r"\$\.weights\[0\]: expected a number, found string"),
+                                 ([True, 0.5], r"\$\.weights\[0\]: expected a number, found boolean"),
+                                 (None, r"\$\.weights: expected an array, found null"),
+                                 ([0.5], r"\$\.weights: 1 weights for 2 microbatches"),
                                  ([0.75, 0.25], r"\$\.weights\[0\]: 0\.75 is not microbatch_sizes\[0\] / "
                                                 r"per_rank_batch = 0\.5")):
             doc = plan_doc([4, 4])
@@ -107,24 +108,24 @@ class HostilePlanDocuments(unittest.TestCase):
                 self.assertRefused(doc, pattern)
         doc = plan_doc([4, 4])
         del doc["weights"]
-        self.assertRefused(doc, r"\$\.weights must be an array")
+        self.assertRefused(doc, r"\$\.weights: missing required field")
 
     def test_schema_version_is_major_dot_minor_digits(self):
         for version in ("1.0.0", "\u00b9.0", "1.", "+1.0", "-1.0", "1", "1.x", "1" * 20 + ".0", 1.0, None):
             doc = plan_doc([4, 4])
             doc["schema_version"] = version
             with self.subTest(version=version):
-                self.assertRefused(doc, r"\$\.schema_version: .* is not MAJOR\.MINOR")
+                self.assertRefused(doc, r"\$\.schema_version: (.* is not MAJOR\.MINOR|expected a string, found)")
         doc = plan_doc([4, 4])
         doc["schema_version"] = "1.12"
         accumplan.load_plan(doc)
 
     def test_other_fields_keep_their_types(self):
-        for key, value in (("confirmed", "no"), ("reason", 5)):
+        for key, value, kind in (("confirmed", "no", "a boolean"), ("reason", 5, "a string")):
             doc = plan_doc([4, 4])
             doc[key] = value
             with self.subTest(key=key):
-                self.assertRefused(doc, r"\$\.%s must be" % key)
+                self.assertRefused(doc, r"\$\.%s: expected %s" % (key, kind))
         doc = plan_doc([4, 4])
         doc["setup"][3] = "x"
         self.assertRefused(doc, r"\$\.setup has the key 3; JSON keys are strings")

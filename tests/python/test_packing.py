@@ -116,7 +116,7 @@ class Packing(unittest.TestCase):
         self.assertEqual(plan.to_dict()["tokens"]["step_cost"], d["tokens"]["step_cost"])
         self.assertEqual(packed_plan(6, 400, 100).pack([100, 90, 10, 10, 10, 10]), [[0, 1, 2, 3], [4, 5]])
         d["tokens"]["step_cost"]["per_token"] = 0
-        with self.assertRaisesRegex(accumplan.PlanError, r"\$\.tokens\.step_cost\.per_token must be an integer in \[1, 65536\], got 0"):
+        with self.assertRaisesRegex(accumplan.PlanError, r"\$\.tokens\.step_cost\.per_token: 0 is out of range; expected a number in \[1, 65536\]"):
             accumplan.load_plan(d)
 
     def test_a_step_costs_seconds_are_read_checked_and_written_back(self):
@@ -128,7 +128,7 @@ class Packing(unittest.TestCase):
         plan = accumplan.load_plan(d)
         self.assertEqual(plan.step_cost["token_seconds"], 2.5e-4)
         self.assertEqual(plan.to_dict()["tokens"]["step_cost"], d["tokens"]["step_cost"])
-        for bad, pattern in ((-1.0, r"token_seconds: -1.0 is out of range"), ("fast", r"token_seconds must be an integer or a number")):
+        for bad, pattern in ((-1.0, r"token_seconds: -1.0 is out of range"), ("fast", r"token_seconds: expected a number, found string")):
             d["tokens"]["step_cost"]["token_seconds"] = bad
             with self.subTest(token_seconds=bad), self.assertRaisesRegex(accumplan.PlanError, pattern):
                 accumplan.load_plan(d)
@@ -303,13 +303,11 @@ class TokenWindows(unittest.TestCase):
         self.assertEqual((plan.schema_version, plan.target_tokens), ("1.4", 64))
         self.assertEqual(plan.to_dict()["tokens"]["target_tokens"], 64)
         self.assertEqual(accumplan.load_plan(plan.to_dict()).target_tokens, 64)
-        plan.target_tokens = None
-        self.assertNotIn("target_tokens", plan.to_dict()["tokens"])
-        for bad, message in ((0, r"\$\.tokens\.target_tokens must be at least 1, got 0"),
-                             (-3, r"\$\.tokens\.target_tokens must be at least 1, got -3"),
-                             (2.5, r"\$\.tokens\.target_tokens must be an integer, got 2.5"),
-                             (True, r"\$\.tokens\.target_tokens must be an integer, got True"),
-                             ("64", r"\$\.tokens\.target_tokens must be an integer, got '64'")):
+        for bad, message in ((0, r"\$\.tokens\.target_tokens: 0 is out of range; expected a number in \[1, "),
+                             (-3, r"\$\.tokens\.target_tokens: -3 is out of range"),
+                             (2.5, r"\$\.tokens\.target_tokens: expected an integer, found number"),
+                             (True, r"\$\.tokens\.target_tokens: expected an integer, found boolean"),
+                             ("64", r"\$\.tokens\.target_tokens: expected an integer, found string")):
             with self.subTest(bad=bad), self.assertRaisesRegex(accumplan.PlanError, message):
                 accumplan.load_plan(packed_doc(4, 40, 20, target_tokens=bad))
 

@@ -108,8 +108,8 @@ std::vector<std::vector<int64_t>> pack_by_token_budget(const std::vector<int64_t
 // (it may be short). `valid_tokens` holds each sequence's valid tokens (targets that are not
 // ignore_index), each >= 0. So every full window holds N <= tokens < N + one sequence's, and no
 // sequence is lost or repeated. [5,5,5,5,5] at 10: (0,2) (2,2) (4,1). Empty input: no windows.
-// The Python reader's token_windows follows the same rule (tests/python/token_windows_cases.json
-// holds cases both sides check). Throws InputError for target_tokens < 1 or a negative count.
+// The Python package's token_windows is this function (python/core); tests/python/
+// token_windows_cases.json holds cases both sides check. Throws InputError for target_tokens < 1 or a negative count.
 std::vector<std::pair<int64_t, int64_t>> token_windows(const std::vector<int64_t>& valid_tokens, int64_t target_tokens);
 
 }  // namespace accumplan

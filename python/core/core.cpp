@@ -1,0 +1,119 @@
+// python/core/core.cpp — accumplan._core: the C++ planner's rules, for the Python package.
+//
+// What it is: pybind11 bindings over the torch-free planner (planner/include/accumplan/):
+//   - the plan reader, the one validator: `load_plan` refuses exactly what `accumplan run --plan`
+//     refuses, with the same message (plan_from_text, which read_plan_file is);
+//   - a plan's window rules: the short-window split, the re-plan after an out-of-memory (which
+//     solves again from the plan's profile, as the executor does), the re-pack of a packed plan;
+//   - the arithmetic and packing rules: balanced_split, largest_divisor_at_most, split_samples,
+//     pack_by_token_budget, token_windows.
+// Plans cross as JSON text (canonical: what the C++ writer writes): a plan is a few KiB and is
+// read once per run or re-plan, so the copy costs nothing a user could notice.
+// Errors: accumplan::InfeasibleError -> _core.InfeasibleError; any other accumplan::InputError
+// (SchemaError included) -> _core.InputError. Both derive from ValueError; accumplan/plan.py turns
+// them into PlanError or OutOfMemoryAtOne with the message unchanged.
+// What it is not: the measurement (probes and search need LibTorch), nor Python's own argument
+// checks (accumplan/_args.py: types, ranges), which run before a call reaches here.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "accumplan/errors.h"
+#include "accumplan/json_io.h"
+#include "accumplan/replan.h"
+#include "accumplan/schema.h"
+#include "accumplan/solver.h"
+#include "accumplan/token_model.h"
+
+namespace py = pybind11;
+
+namespace accumplan {
+namespace {
+
+std::string text_of(const Plan& plan) { return to_json(plan).dump(2) + "\n"; }
+
+// The schema_version the document itself states ("1.2"), which the canonical text replaces with
+// the writer's: Python reports the file's.
+std::string stated_version(const std::string& text) {
+  const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_object() && doc.contains("schema_version") && doc["schema_version"].is_string()) {
+    return doc["schema_version"].get<std::string>();
+  }
+  return "";
+}
+
+// (canonical text, stated version) of the plan file at `path`, with read_plan_file's refusals and
+// messages ("plan 'p.json': ..." where `accumplan run` says "--plan 'p.json': ...").
+std::pair<std::string, std::string> read_file(const std::string& path) {
+  const std::string text = read_text_file(path, "plan");
+  return {text_of(plan_from_text(text, "plan '" + path_for_message(path) + "'")), stated_version(text)};
+}
+
+std::pair<std::string, std::string> read_text(const std::string& text, const std::string& source) {
+  return {text_of(plan_from_text(text, source)), stated_version(text)};
+}
+
+// (canonical text of the re-planned plan, how it was made).
+std::pair<std::string, std::string> replan(const std::string& plan_text, int64_t failing_micro_batch) {
+  std::string note;
+  const Plan next = replan_below(plan_from_text(plan_text, "plan"), failing_micro_batch, &note);
+  return {text_of(next), note};
+}
+
+std::string repack(const std::string& plan_text, int64_t failing_tokens) {
+  return text_of(repack_below(plan_from_text(plan_text, "plan"), failing_tokens));
+}
+
+std::vector<int64_t> sizes_for(const std::string& plan_text, int64_t samples) {
+  return window_sizes(plan_from_text(plan_text, "plan"), samples);
+}
+
+// cost: (per_microbatch, per_token, per_token_squared), or None for the fewest microbatches.
+std::vector<std::vector<int64_t>> pack(const std::vector<int64_t>& lengths, int64_t token_budget,
+                                       const std::optional<std::tuple<int64_t, int64_t, int64_t>>& cost) {
+  std::optional<TokenStepCost> c;
+  if (cost) c = TokenStepCost{std::get<0>(*cost), std::get<1>(*cost), std::get<2>(*cost), 0.0};
+  return pack_by_token_budget(lengths, token_budget, c);
+}
+
+}  // namespace
+}  // namespace accumplan
+
+PYBIND11_MODULE(_core, m) {
+  using namespace accumplan;
+  m.doc() = "accumplan's C++ planner rules (plan reader, splits, re-plans, packing); see accumplan.plan";
+  static py::exception<InputError> input_error(m, "InputError", PyExc_ValueError);
+  static py::exception<InfeasibleError> infeasible_error(m, "InfeasibleError", input_error.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InfeasibleError& e) {
+      infeasible_error(e.what());
+    } catch (const InputError& e) {
+      input_error(e.what());
+    }
+  });
+  m.attr("SCHEMA_VERSION") = schema_version_string();
+  m.def("read_plan_file", &read_file, py::arg("path"),
+        "(canonical plan JSON, the file's schema_version) of a plan file, or InputError as `accumplan run` gives");
+  m.def("read_plan_text", &read_text, py::arg("text"), py::arg("source"),
+        "(canonical plan JSON, the text's schema_version) of plan JSON text; messages start with `source`");
+  m.def("replan_below", &replan, py::arg("plan"), py::arg("failing_micro_batch"),
+        "(re-planned plan JSON, note) after a microbatch of that size ran out of memory");
+  m.def("repack_below", &repack, py::arg("plan"), py::arg("failing_tokens"),
+        "the packed plan JSON with its token budget below failing_tokens");
+  m.def("window_sizes", &sizes_for, py::arg("plan"), py::arg("samples"), "microbatch sizes of a window of `samples`");
+  m.def("balanced_split", &balanced_split, py::arg("total"), py::arg("parts"), py::arg("unit") = 1);
+  m.def("largest_divisor_at_most", &largest_divisor_at_most, py::arg("total"), py::arg("limit"), py::arg("unit") = 1);
+  m.def("split_samples", &split_samples, py::arg("total"), py::arg("max_micro_batch"), py::arg("split"),
+        py::arg("unit") = 1);
+  m.def("pack_by_token_budget", &pack, py::arg("lengths"), py::arg("token_budget"), py::arg("cost") = py::none());
+  m.def("token_windows", &token_windows, py::arg("valid_tokens"), py::arg("target_tokens"));
+}
