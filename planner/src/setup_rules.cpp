@@ -79,4 +79,9 @@ bool normalizes_by_tokens(const Setup& setup) {
   return normalizes_by_tokens(setup.normalization, setup.loss, dims);
 }
 
+bool is_batch_dependent_type(const std::string& type, bool tracks_running_stats) {
+  if (type.find("BatchNorm") != std::string::npos) return true;
+  return type.find("InstanceNorm") != std::string::npos && tracks_running_stats;
+}
+
 }  // namespace accumplan

@@ -19,13 +19,15 @@ a TorchScript module from ``torch.jit.load``.
 import contextlib
 import math
 import time
+import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, _shown, choice_arg, int_arg, lengths_arg, real_arg
-from .plan import OutOfMemoryAtOne
+from .plan import OutOfMemoryAtOne, _core
 
 LOSSES = ("cross_entropy", "mse", "model")
 _BUCKET_BYTES = 25 * 1024 * 1024
@@ -459,7 +461,29 @@ class WindowStats:
         return "WindowStats(%s)" % ", ".join("%s=%r" % kv for kv in vars(self).items())
 
 
-def _forward_sum(model, mb_inputs, mb_target, n, loss_kind, loss_fn, norm, ignore_index, autocast, device, mask=None):
+def _check_loss_fn_sums(loss_fn, out, target, total):
+    """Refuses a ``loss_fn`` that does not return the SUM over the microbatch's samples, before its
+    first backward: a mean (``F.cross_entropy`` as written everywhere) would weight every
+    microbatch by 1/its size and silently change the objective. The test is additivity on the
+    output already computed (no second forward): loss(all) must equal loss(first half) +
+    loss(second half). Only a tensor output and target with two or more samples can be halved;
+    anything else is taken at its word."""
+    n = target.shape[0] if isinstance(target, torch.Tensor) and target.dim() > 0 else 0
+    if n < 2 or not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != n:
+        return
+    k = n // 2
+    with torch.no_grad():
+        halves = float(loss_fn(out[:k], target[:k])) + float(loss_fn(out[k:], target[k:]))
+    whole = float(total.detach())
+    if not math.isclose(whole, halves, rel_tol=1e-3, abs_tol=1e-6):
+        raise ValueError("loss_fn must return the SUM over the microbatch's samples: for %d samples it returned "
+                         "%.6g, but its two halves sum to %.6g (a mean?); pass reduction='sum', e.g. "
+                         "functools.partial(F.cross_entropy, reduction='sum'), or use loss='cross_entropy'"
+                         % (n, whole, halves))
+
+
+def _forward_sum(model, mb_inputs, mb_target, n, loss_kind, loss_fn, norm, ignore_index, autocast, device, mask=None,
+                 check_loss_fn=False):
     args = [t.to(device) if t.device != device else t for t in mb_inputs]
     if mask is not None:
         args.append(mask.to(device))
@@ -470,7 +494,10 @@ def _forward_sum(model, mb_inputs, mb_target, n, loss_kind, loss_fn, norm, ignor
     with ctx:
         out = model(*args)
         if loss_fn is not None:
-            return loss_fn(out, target)
+            total = loss_fn(out, target)
+            if check_loss_fn:
+                _check_loss_fn_sums(loss_fn, out, target, total)
+            return total
         output, is_loss = model_output(out)
         return loss_sum(output, target, "model" if is_loss else loss_kind, norm, ignore_index, n)
 
@@ -504,6 +531,37 @@ def _autocast_dtype(autocast, device):
         raise ValueError("autocast %s is not supported on %s by this torch: %s"
                          % (_shown(autocast), device.type, (why.strip().splitlines() or [""])[0]))
     return dtype
+
+
+def batch_dependent_layers(model):
+    """The submodules of ``model`` in training mode whose statistics mix the samples of a batch, as
+    "name (Type)": the C++ rule (``is_batch_dependent_type``, the one ``accumplan run`` and the
+    profile use) on each submodule's class name. Accumulation cannot reproduce one large batch
+    for them: each sees one microbatch at a time."""
+    found = []
+    for name, m in model.named_modules():
+        type_name = getattr(m, "original_name", None) or type(m).__name__  # a ScriptModule's class name
+        tracks = getattr(m, "track_running_stats", False) is True
+        if m.training and _core.is_batch_dependent_type(type_name, tracks):
+            found.append("%s (%s)" % (name or "(root)", type_name))
+    return found
+
+
+_WARNED_MODELS = weakref.WeakSet()  # a model is walked and warned about once, not every window
+
+
+def _warn_batch_dependent(model):
+    try:
+        if model in _WARNED_MODELS:
+            return
+        _WARNED_MODELS.add(model)
+    except TypeError:  # not weak-referenceable: walked every window
+        pass
+    layers = batch_dependent_layers(model)
+    if layers:
+        warnings.warn("accumplan: %d batch-dependent layer(s) in training mode (e.g. %s): accumulation will not "
+                      "reproduce one large batch for them; each sees one microbatch's statistics"
+                      % (len(layers), layers[0]), stacklevel=3)
 
 
 class _Window:
@@ -628,7 +686,7 @@ def _run_microbatch(w, i, m, groups, start, oom_recovery):
             mb_inputs, mb_target = _slice(w.inputs, w.target, start, m)
         with w.ddp_ctx():
             s = _forward_sum(w.model, mb_inputs, mb_target, m, w.loss_kind, w.loss_fn, w.norm, w.ii, w.autocast,
-                             w.device, mask)
+                             w.device, mask, check_loss_fn=(i == 0))
             total = float(s.detach())
             obj = s / w.units
             (w.scaler.scale(obj) if w.scaler is not None else obj).backward()
@@ -709,7 +767,9 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     """Trains one window (the per-rank batch, or a shorter last one) and steps the optimizer once.
 
     loss: "cross_entropy" | "mse" | "model" (default: the plan's setup.loss), or ``loss_fn(output,
-    target)`` returning the SUM over units of the microbatch (it receives what the model returned).
+    target)`` returning the SUM over units of the microbatch (it receives what the model returned);
+    a loss_fn that returns a mean is refused before the window's first backward (ValueError).
+    Batch-dependent layers in training mode are warned about once per model.
     scaler: a GradScaler (fp16): scaled backward per microbatch, unscaled once, clipped, stepped,
     updated. max_grad_norm clips the combined gradient. scheduler.step() runs only when the
     optimizer really stepped. autocast: a dtype (torch.bfloat16, torch.float16) to run forwards under.
@@ -743,6 +803,7 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
         max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)  # setup.max_grad_norm's range
     w = _Window(plan, model, inputs, target, lengths, loss_kind, loss_fn, ii, None, scaler, group)
     w.autocast = _autocast_dtype(autocast, w.device)
+    _warn_batch_dependent(w.inner)
 
     # This rank's share, checked before the first collective. Under torch.distributed a rank whose
     # share is bad must not raise here (its peers would wait in the counts all-reduce forever): it
@@ -795,4 +856,4 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
 
 __all__ = ["is_oom", "resolve_normalization", "count_units", "model_output", "loss_sum", "split", "pad_sequences",
            "padding_mask", "valid_token_counts",
-           "train_window", "all_reduce_gradients", "WindowStats", "OutOfMemoryAtOne"]
+           "train_window", "all_reduce_gradients", "WindowStats", "OutOfMemoryAtOne", "batch_dependent_layers"]

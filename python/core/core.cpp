@@ -6,7 +6,8 @@
 //   - a plan's window rules: the short-window split, the re-plan after an out-of-memory (which
 //     solves again from the plan's profile, as the executor does), the re-pack of a packed plan;
 //   - the arithmetic and packing rules: balanced_split, largest_divisor_at_most, split_samples,
-//     pack_by_token_budget, token_windows.
+//     pack_by_token_budget, token_windows;
+//   - which layers are batch-dependent (is_batch_dependent_type), for train_window's warning.
 // Plans cross as JSON text (canonical: what the C++ writer writes): a plan is a few KiB and is
 // read once per run or re-plan, so the copy costs nothing a user could notice.
 // Errors: accumplan::InfeasibleError -> _core.InfeasibleError; any other accumplan::InputError
@@ -29,6 +30,7 @@
 #include "accumplan/json_io.h"
 #include "accumplan/replan.h"
 #include "accumplan/schema.h"
+#include "accumplan/setup_rules.h"
 #include "accumplan/solver.h"
 #include "accumplan/token_model.h"
 
@@ -116,4 +118,6 @@ PYBIND11_MODULE(_core, m) {
         py::arg("unit") = 1);
   m.def("pack_by_token_budget", &pack, py::arg("lengths"), py::arg("token_budget"), py::arg("cost") = py::none());
   m.def("token_windows", &token_windows, py::arg("valid_tokens"), py::arg("target_tokens"));
+  m.def("is_batch_dependent_type", &is_batch_dependent_type, py::arg("type"), py::arg("tracks_running_stats"),
+        "whether a module of this class name mixes the samples of its batch (BatchNorm*, tracking InstanceNorm*)");
 }

@@ -7,6 +7,8 @@
 // on purpose (a CPU step takes milliseconds).
 #include "runtime/model.h"
 
+#include "accumplan/setup_rules.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
 #include <torch/script.h>
@@ -277,12 +279,11 @@ int64_t parameter_and_buffer_bytes(const torch::jit::Module& module) {
 
 namespace {
 
-// The one rule for "batch-dependent": BatchNorm of any kind, and InstanceNorm that tracks
-// running statistics (it normalises per sample; only those statistics mix samples).
+// is_batch_dependent_type (accumplan/setup_rules.h) on a TorchScript module.
 bool is_batch_dependent(const torch::jit::Module& m, const std::string& type) {
-  if (type.find("BatchNorm") != std::string::npos) return true;  // BatchNorm1d/2d/3d, SyncBatchNorm
-  return type.find("InstanceNorm") != std::string::npos && m.hasattr("track_running_stats") &&
-         m.attr("track_running_stats").isBool() && m.attr("track_running_stats").toBool();
+  const bool tracks = m.hasattr("track_running_stats") && m.attr("track_running_stats").isBool() &&
+                      m.attr("track_running_stats").toBool();
+  return is_batch_dependent_type(type, tracks);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
+#include "accumplan/setup_rules.h"
 #include "accumplan/solver.h"
 #include "test_helpers.h"
 
@@ -341,6 +342,17 @@ TEST_CASE("Solver: split_samples covers a short last window with the fewest micr
   CHECK(balanced_split(256, 5) == std::vector<int64_t>{52, 51, 51, 51, 51});
   CHECK(largest_divisor_at_most(256, 60) == 32);
   CHECK(largest_divisor_at_most(97, 60) == 1);
+}
+
+TEST_CASE("Setup rules: batch-dependent layers are BatchNorm of any kind and InstanceNorm with running stats",
+          "[setup][batch_dependent]") {
+  // One rule for the LibTorch runtime (TorchScript modules) and the Python package (nn.Module names).
+  for (const char* type : {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LazyBatchNorm2d"}) {
+    CHECK(is_batch_dependent_type(type, false));
+  }
+  CHECK(is_batch_dependent_type("InstanceNorm2d", true));
+  CHECK_FALSE(is_batch_dependent_type("InstanceNorm2d", false));  // per sample: nothing mixes
+  for (const char* type : {"LayerNorm", "GroupNorm", "Linear", "Dropout", ""}) CHECK_FALSE(is_batch_dependent_type(type, true));
 }
 
 TEST_CASE("Solver: split_samples refuses more than 2^20 microbatches before allocating them", "[solver]") {

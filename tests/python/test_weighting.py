@@ -1,6 +1,8 @@
 """Accumulated gradients equal the whole window's gradient: equal, uneven, partial and
 token-weighted windows, through plan.split (your own loop) and plan.train_window."""
+import functools
 import unittest
+import warnings
 
 import torch
 
@@ -96,6 +98,63 @@ class Weighting(unittest.TestCase):
                 self.assertEqual(stats.units, int(y.ne(-100).sum()) if tokens else window)
                 self.assertEqual(sum(stats.microbatch_sizes), window)
                 self.assertAllClose(params_of(m), want)
+
+    def test_a_mean_loss_fn_is_refused_before_its_first_backward(self):
+        # F.cross_entropy as everyone writes it returns a mean: weighting its microbatches as sums
+        # would silently train with another gradient (0.039 away on this window, issue 23).
+        plan = make_plan([5, 4, 3])
+        model = Classifier()
+        x, y = classifier_data(12)
+        before = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        with self.assertRaisesRegex(ValueError, r"loss_fn must return the SUM over the microbatch's samples: for 5 "
+                                                r"samples it returned .*, but its two halves sum to .*reduction='sum'"):
+            plan.train_window(model, opt, (x,), y, loss_fn=torch.nn.functional.cross_entropy)
+        self.assertTrue(all(p.grad is None for p in model.parameters()))  # no backward ran
+        self.assertAllClose(params_of(model), before)
+
+    def test_a_sum_loss_fn_updates_like_one_big_batch(self):
+        plan = make_plan([5, 4, 3])
+        model = Classifier()
+        x, y = classifier_data(12)
+        want = [p - 0.5 * g for p, g in zip(params_of(model), full_batch_grads(model, x, y))]
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        loss_fn = functools.partial(torch.nn.functional.cross_entropy, reduction="sum")
+        stats = plan.train_window(model, opt, (x,), y, loss_fn=loss_fn)
+        self.assertTrue(stats.stepped)
+        self.assertAllClose(params_of(model), want)
+
+    def test_batch_dependent_layers_are_warned_about_once_per_model(self):
+        class BnNet(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(8, 8)
+                self.bn = torch.nn.BatchNorm1d(8)
+                self.out = torch.nn.Linear(8, 4)
+
+            def forward(self, x):
+                return self.out(torch.relu(self.bn(self.lin(x))))
+
+        plan = make_plan([4, 4])
+        x, y = classifier_data(8)
+        for scripted in (False, True):
+            model = BnNet()
+            m = torch.jit.script(model) if scripted else model
+            self.assertEqual(accumplan.batch_dependent_layers(m), ["bn (BatchNorm1d)"])
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            with self.subTest(scripted=scripted):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    plan.train_window(m, opt, (x,), y)
+                    plan.train_window(m, opt, (x,), y)
+                said = [str(c.message) for c in caught if "batch-dependent" in str(c.message)]
+                self.assertEqual(len(said), 1)
+                self.assertIn("1 batch-dependent layer(s) in training mode (e.g. bn (BatchNorm1d)): accumulation will "
+                              "not reproduce one large batch", said[0])
+        model = BnNet()
+        model.bn.eval()  # running statistics only: nothing mixes the samples
+        self.assertEqual(accumplan.batch_dependent_layers(model), [])
+        self.assertEqual(accumplan.batch_dependent_layers(Classifier()), [])
 
     def test_clipping_sees_the_combined_gradient(self):
         plan = make_plan([7, 7, 6, 6])

@@ -43,4 +43,11 @@ bool normalizes_by_tokens(const std::string& normalization, const std::string& l
 // The same for a setup: target_dims from setup.target's spec (0 without a target).
 bool normalizes_by_tokens(const Setup& setup);
 
+// The one rule for a batch-dependent layer, whose statistics mix the samples of its batch so that
+// accumulation cannot reproduce one large batch for it: a module type named *BatchNorm*
+// (BatchNorm1d/2d/3d, SyncBatchNorm) or *InstanceNorm* that tracks running statistics (it
+// normalises per sample; only those statistics mix samples). `type` is the module's class name.
+// The LibTorch runtime (runtime/model.h) and the Python package (python/core) both ask this.
+bool is_batch_dependent_type(const std::string& type, bool tracks_running_stats);
+
 }  // namespace accumplan
