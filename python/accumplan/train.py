@@ -461,25 +461,25 @@ class WindowStats:
         return "WindowStats(%s)" % ", ".join("%s=%r" % kv for kv in vars(self).items())
 
 
-def _check_loss_fn_sums(loss_fn, out, target, total):
-    """Refuses a ``loss_fn`` that does not return the SUM over the microbatch's samples, before its
-    first backward: a mean (``F.cross_entropy`` as written everywhere) would weight every
-    microbatch by 1/its size and silently change the objective. The test is additivity on the
-    output already computed (no second forward): loss(all) must equal loss(first half) +
-    loss(second half). Only a tensor output and target with two or more samples can be halved;
-    anything else is taken at its word."""
+def _check_loss_fn_sums(loss_fn, out, target):
+    """Refuses a ``loss_fn`` that does not return the SUM over samples, before the microbatch's
+    backward: a mean (``F.cross_entropy`` as written everywhere) would weight every microbatch by
+    1/its size and silently change the objective. The test is additivity on the output already
+    computed (no second forward), on its first two samples only, so that the check adds the
+    memory of two samples' loss, never of half a microbatch's logits at the microbatch's peak:
+    loss(samples 0 and 1) must equal loss(sample 0) + loss(sample 1). Only a tensor output and
+    target with two or more samples can be split; anything else is taken at its word."""
     n = target.shape[0] if isinstance(target, torch.Tensor) and target.dim() > 0 else 0
     if n < 2 or not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != n:
         return
-    k = n // 2
     with torch.no_grad():
-        halves = float(loss_fn(out[:k], target[:k])) + float(loss_fn(out[k:], target[k:]))
-    whole = float(total.detach())
-    if not math.isclose(whole, halves, rel_tol=1e-3, abs_tol=1e-6):
-        raise ValueError("loss_fn must return the SUM over the microbatch's samples: for %d samples it returned "
-                         "%.6g, but its two halves sum to %.6g (a mean?); pass reduction='sum', e.g. "
+        pair = float(loss_fn(out[:2], target[:2]))
+        each = float(loss_fn(out[:1], target[:1])) + float(loss_fn(out[1:2], target[1:2]))
+    if not math.isclose(pair, each, rel_tol=1e-3, abs_tol=1e-6):
+        raise ValueError("loss_fn must return the SUM over the microbatch's samples: for samples 0 and 1 it returned "
+                         "%.6g, but %.6g for them one at a time (a mean?); pass reduction='sum', e.g. "
                          "functools.partial(F.cross_entropy, reduction='sum'), or use loss='cross_entropy'"
-                         % (n, whole, halves))
+                         % (pair, each))
 
 
 def _forward_sum(model, mb_inputs, mb_target, n, loss_kind, loss_fn, norm, ignore_index, autocast, device, mask=None,
@@ -494,10 +494,9 @@ def _forward_sum(model, mb_inputs, mb_target, n, loss_kind, loss_fn, norm, ignor
     with ctx:
         out = model(*args)
         if loss_fn is not None:
-            total = loss_fn(out, target)
             if check_loss_fn:
-                _check_loss_fn_sums(loss_fn, out, target, total)
-            return total
+                _check_loss_fn_sums(loss_fn, out, target)
+            return loss_fn(out, target)
         output, is_loss = model_output(out)
         return loss_sum(output, target, "model" if is_loss else loss_kind, norm, ignore_index, n)
 

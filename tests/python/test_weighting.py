@@ -107,8 +107,9 @@ class Weighting(unittest.TestCase):
         x, y = classifier_data(12)
         before = [p.detach().clone() for p in model.parameters()]
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        with self.assertRaisesRegex(ValueError, r"loss_fn must return the SUM over the microbatch's samples: for 5 "
-                                                r"samples it returned .*, but its two halves sum to .*reduction='sum'"):
+        with self.assertRaisesRegex(ValueError, r"loss_fn must return the SUM over the microbatch's samples: for "
+                                                r"samples 0 and 1 it returned .*, but .* for them one at a time "
+                                                r"\(a mean\?\); pass reduction='sum'"):
             plan.train_window(model, opt, (x,), y, loss_fn=torch.nn.functional.cross_entropy)
         self.assertTrue(all(p.grad is None for p in model.parameters()))  # no backward ran
         self.assertAllClose(params_of(model), before)
