@@ -7,25 +7,14 @@
 // (so weights are counted), and measures persistent memory: weights (probe delta across the
 // load), gradients (delta across the first window's backward), optimizer state (delta across
 // optimizer construction plus its first real step — Adagrad allocates its state in the
-// constructor, Adam on the first step). Then
+// constructor, Adam on the first step). It is the C++ WindowRunner of the measurement search
+// (accumplan/search.h, which decides which windows run: probe sizes, tail, confirm, climb,
+// bisect); profile() and plan_and_confirm() hand this runner to that search.
 //   measure(b)          a window of two microbatches of b (the first with no gradient resident,
 //                       the second with the first's) and the optimizer step → the microbatches'
 //                       peak, the first one's, the optimizer step's, and the faster step's seconds
-//   profile()           measure(b) for b = 2, 4 (bounded by the per-rank target), then, while the
-//                       fit predicts more than 4x the largest size measured, half that prediction
-//                       → Profile
-// Variable-length data (an input spec with T, --seq-len): profile() measures a (b, T) grid —
-// b = 1, 2 at T = T_max/4, T_max/2, T_max — plus, when the fit predicts far more sequences at
-// T_max, one window at half that; plan_and_confirm() confirms the token plan with a window of
-// token_budget / T_max sequences of T_max tokens (re-planning below a failure, four windows at
-// most). Every window's sequences are synthetic, exactly T long.
-//   plan_and_confirm()  make_plan; a plan no real window covers is confirmed by a window at its
-//                       largest allowed size (on failure: bisect between the largest size that
-//                       ran and the smallest that failed); then climb: while the refit predicts a
-//                       larger size within the budget less the margin's run-to-run part, run a
-//                       window there (at most two, none after a failure). The plan is solved
-//                       from the profile with every window in it, so its sizes are covered by a
-//                       real window.
+// Variable-length data (an input spec with T, --seq-len): a window's sequences are synthetic,
+// exactly T long (the T the search asks for).
 // Every window is recorded as a Trial. The window's samples live on the host, as `accumplan run`
 // keeps its data, and their bytes are not part of any peak (on the CPU device, where host memory
 // is the device, they are subtracted).
@@ -42,6 +31,7 @@
 
 #include "accumplan/memory_probe.h"
 #include "accumplan/schema.h"
+#include "accumplan/search.h"
 #include "accumplan/solver.h"
 #include "accumplan/tensor_spec.h"
 #include "accumplan/units.h"
@@ -78,24 +68,7 @@ struct RunnerOptions {
   std::function<void(const std::string&)> progress;  // one line per real step, no trailing newline
 };
 
-// One real window: the peaks of its microbatches and of its optimizer step, persistent memory
-// included, the window's data excluded.
-struct WindowMeasurement {
-  int64_t micro_batch = 0;
-  std::vector<int64_t> sizes;            // the window's microbatch sizes, in order
-  bool oom = false;                      // an allocation failed (the window did not finish)
-  bool fit = false;                      // finished, and every peak within the budget
-  int64_t peak_bytes = 0;                // the microbatches' peak (0 after an OOM)
-  int64_t first_microbatch_peak_bytes = 0; // the first microbatch's, no gradient resident yet
-  int64_t steady_peak_bytes = 0;         // the later microbatches', gradients resident (0: k = 1)
-  int64_t optimizer_step_peak_bytes = 0; // peak during optimizer.step()
-  int64_t max_peak_bytes = 0;            // highest peak over the whole window
-  std::optional<int64_t> reserved_peak_bytes;  // caching allocators only
-  double step_seconds = 0;               // the faster microbatch, forward + backward
-  double seconds = 0;                    // the whole window (its cost as a Trial)
-};
-
-class ProbeRunner {
+class ProbeRunner final : public WindowRunner {
  public:
   // `probe` must outlive the runner. Throws InputError for bad specs, a bad model or batch file,
   // an unknown optimizer or loss, and the model's own error if it rejects the inputs.
@@ -121,7 +94,7 @@ class ProbeRunner {
   WindowMeasurement measure(int64_t micro_batch);
   // One real window of exactly these microbatch sizes (e.g. {T}: a whole batch in one microbatch,
   // no gradient resident while it runs). An OOM is reported, not thrown.
-  WindowMeasurement measure_window(const std::vector<int64_t>& sizes) { return window(sizes); }
+  WindowMeasurement measure_window(const std::vector<int64_t>& sizes);
 
   // The probe schedule → a Profile holding every point and trial.
   Profile profile();
@@ -132,7 +105,12 @@ class ProbeRunner {
 
   const std::vector<Trial>& trials() const { return trials_; }
 
+  // WindowRunner: the executor's window under the budget the search asks for, restored after.
+  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget) override;
+
  private:
+  // What the search needs to know of this device and budget.
+  SearchSettings search_settings() const;
   void load_and_measure_persistent();
   // Runs one executor window of these microbatch sizes and its optimizer step, budget enforced.
   WindowMeasurement window(const std::vector<int64_t>& sizes);
@@ -144,29 +122,11 @@ class ProbeRunner {
   // Rethrows the model's rejection naming where the inputs came from (--batch-file or --input).
   [[noreturn]] void name_the_inputs(const ModelRejectedInputError& e) const;
   void say(const std::string& line) const;
-  // Probes closer to the budget's predicted maximum when it is far beyond the probes (numbers in
-  // the .cpp).
-  void extend_linear_tail(Profile& p, int64_t largest_scheduled,
-                          const std::function<void(const WindowMeasurement&)>& record);
   int64_t probe_peak() const;
   // Enforces `budget` on the probe, plus the host data (the --batch-file) it must not count.
   void enforce(std::optional<int64_t> budget);
-  // Whether windows may run past the budget: only a simulated one (MemoryProbe::
-  // budget_is_simulated), and only when set. On a real device the budget is never raised.
-  bool can_pass_budget() const;
-  // Runs `window` under twice the budget where can_pass_budget(), and restores the budget after,
-  // also when it throws: a window past the budget is then a measured point the fit learns from,
-  // not just an out-of-memory (numbers at the callers). Elsewhere it runs under the budget.
-  WindowMeasurement past_the_budget(const std::function<WindowMeasurement()>& window);
   // The device's memory as a profile records it: on CPU the budget, without the host data.
   int64_t device_total_bytes() const;
-  // Variable-length data (inputs with T): the (b, T) grid and the confirmation at the planned
-  // token budget with the longest sequence.
-  void profile_tokens(Profile& p);
-  Plan plan_and_confirm_tokens(Profile& profile, PlanRequest request);
-  // One window of two microbatches of b sequences of exactly t tokens; past the budget (twice it)
-  // where the budget is only simulated, judged against the budget.
-  WindowMeasurement measure_tokens(int64_t micro_batch, int64_t seq_len, bool past_budget);
 
   MemoryProbe& probe_;
   RunnerOptions options_;

@@ -1,0 +1,112 @@
+// accumplan/search.h — the measurement search: which real window to run next, and what its peak
+// says. One search, two executors.
+//
+// What it is: the probe schedule and the confirmation of a plan (docs/architecture.md "What the
+// profiler measures"), written against a WindowRunner that runs one real training window and
+// reports its peaks. `accumplan profile`/the main job pass the C++ executor's window on a
+// TorchScript module (src/profiling/probe_runner.h); Python's `accumplan.plan` passes a window of
+// `train_window`'s own microbatch step on the user's nn.Module (python/core/core.cpp). Both get
+// the same sizes in the same order for the same peaks:
+//   profile()           windows of two microbatches of b for the probe sizes (2, 4), then, while
+//                       the fit predicts more than 4x the largest size measured, one at half that
+//                       prediction (at most two); variable-length data: the (b, T) grid
+//   plan_and_confirm()  make_plan; a plan no real window covers is confirmed by a window at its
+//                       largest allowed size (bisecting below a failure), then climbs while the
+//                       refit predicts a larger size within the budget (at most two, six windows
+//                       in all)
+// Every window is recorded as a Trial, judged against the budget here (the one rule: finished,
+// and its highest peak within the budget).
+// What it is not: an executor, a memory probe or torch-aware: it never allocates a tensor.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "accumplan/schema.h"
+#include "accumplan/solver.h"
+#include "accumplan/tensor_spec.h"
+
+namespace accumplan {
+
+// One real window: the peaks of its microbatches and of its optimizer step, persistent memory
+// included, the window's data excluded.
+struct WindowMeasurement {
+  int64_t micro_batch = 0;
+  std::vector<int64_t> sizes;            // the window's microbatch sizes, in order
+  bool oom = false;                      // an allocation failed (the window did not finish)
+  bool fit = false;                      // finished, and every peak within the budget (the search sets it)
+  int64_t peak_bytes = 0;                // the microbatches' peak (0 after an OOM)
+  int64_t first_microbatch_peak_bytes = 0; // the first microbatch's, no gradient resident yet
+  int64_t steady_peak_bytes = 0;         // the later microbatches', gradients resident (0: k = 1)
+  int64_t optimizer_step_peak_bytes = 0; // peak during optimizer.step()
+  int64_t max_peak_bytes = 0;            // highest peak over the whole window
+  std::optional<int64_t> reserved_peak_bytes;  // caching allocators only
+  double step_seconds = 0;               // the faster microbatch, forward + backward
+  double seconds = 0;                    // the whole window (its cost as a Trial)
+};
+
+// Under which limit a window runs.
+enum class WindowBudget {
+  Enforced,  // the budget planned for (none when no budget was given)
+  Doubled,   // twice it: only asked where the budget is simulated (SearchSettings::budget_is_simulated)
+  Lifted,    // none: persistent memory or the smallest probes do not fit, measured to explain by how much
+};
+
+// Who runs the windows. An out-of-memory is reported (oom = true, peaks 0), never thrown; any
+// other failure (the model rejecting its inputs) is thrown and ends the search.
+class WindowRunner {
+ public:
+  virtual ~WindowRunner() = default;
+  // One window of these microbatch sizes and its optimizer step. seq_len > 0: every sample a
+  // sequence of exactly seq_len tokens (variable-length data); 0: fixed shapes.
+  virtual WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget) = 0;
+};
+
+struct SearchSettings {
+  std::optional<int64_t> budget_bytes;  // planned for and enforced; unset: the device's own limit
+  bool budget_is_simulated = false;     // windows may run under twice the budget (MemoryProbe::budget_is_simulated)
+  int64_t device_total_bytes = 0;       // as the profile records it (CPU: the budget)
+  std::string device_name;              // for messages: "cpu (counting allocator)"
+  bool persistent_over_budget = false;  // persistent memory alone did not fit: windows run Lifted
+  // Measured first; then, while the fit predicts more than 4x the largest, one size halfway toward
+  // the budget's predicted maximum (search.cpp has the numbers behind both).
+  std::vector<int64_t> probe_sizes = {2, 4};
+  int64_t max_probe_micro_batch = 0;    // per-rank target: probes above it are skipped (0: none)
+  std::optional<SeqLenRange> seq_range; // variable-length data: the lengths planned for
+  std::function<void(const std::string&)> progress;  // one line per real window, no trailing newline
+};
+
+class Search {
+ public:
+  // `runner` must outlive the search. `trials` holds the windows run before it (the persistent-
+  // memory step) and gets every window the search runs.
+  Search(WindowRunner& runner, SearchSettings settings, std::vector<Trial>& trials);
+
+  // The probe schedule: appends points and trials to `p` (whose header the caller filled). Throws
+  // InfeasibleError when fewer than two sizes ran.
+  void profile(Profile& p);
+  // Plans from `profile` and confirms by real windows; appends them to profile.trials and points.
+  // Throws InfeasibleError when not even microbatch 1 runs.
+  Plan plan_and_confirm(Profile& profile, PlanRequest request);
+  // Runs and judges one window, recording nothing; `micro_batch` labels it.
+  WindowMeasurement run(const std::vector<int64_t>& sizes, int64_t micro_batch, int64_t seq_len, WindowBudget budget);
+
+ private:
+  // Doubled where the budget is simulated, else Enforced.
+  WindowBudget past_the_budget() const;
+  bool can_pass_budget() const { return settings_.budget_is_simulated && settings_.budget_bytes.has_value(); }
+  void extend_linear_tail(Profile& p, int64_t largest_scheduled,
+                          const std::function<void(const WindowMeasurement&)>& record);
+  void profile_tokens(Profile& p);
+  Plan plan_and_confirm_tokens(Profile& profile, PlanRequest request);
+  void say(const std::string& line) const;
+
+  WindowRunner& runner_;
+  SearchSettings settings_;
+  std::vector<Trial>& trials_;
+};
+
+}  // namespace accumplan

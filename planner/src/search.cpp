@@ -1,0 +1,319 @@
+// search.cpp — the measurement search. See accumplan/search.h for the contract; the numbers behind
+// each rule are at the rule.
+#include "accumplan/search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include "accumplan/errors.h"
+#include "accumplan/memory_model.h"
+#include "accumplan/token_model.h"
+#include "accumplan/units.h"
+
+namespace accumplan {
+namespace {
+
+// A profile point from a measured window: the peaks, the step time, and `peak_bytes` — the window's
+// peak for a probe, the steady-state one for a confirmation (its first microbatch has its own line).
+ProfilePoint point_of(const WindowMeasurement& s, int64_t micro_batch, int64_t peak_bytes,
+                      std::optional<int64_t> seq_len = std::nullopt) {
+  ProfilePoint pt;
+  pt.micro_batch = micro_batch;
+  pt.seq_len = seq_len;
+  pt.peak_bytes = peak_bytes;
+  pt.first_microbatch_peak_bytes = s.first_microbatch_peak_bytes;
+  pt.optimizer_step_peak_bytes = s.optimizer_step_peak_bytes;
+  pt.reserved_peak_bytes = s.reserved_peak_bytes;
+  pt.step_seconds = s.step_seconds;
+  return pt;
+}
+
+}  // namespace
+
+Search::Search(WindowRunner& runner, SearchSettings settings, std::vector<Trial>& trials)
+    : runner_(runner), settings_(std::move(settings)), trials_(trials) {}
+
+void Search::say(const std::string& line) const {
+  if (settings_.progress) settings_.progress(line);
+}
+
+WindowBudget Search::past_the_budget() const {
+  return can_pass_budget() ? WindowBudget::Doubled : WindowBudget::Enforced;
+}
+
+WindowMeasurement Search::run(const std::vector<int64_t>& sizes, int64_t micro_batch, int64_t seq_len,
+                              WindowBudget budget) {
+  WindowMeasurement m = runner_.run_window(sizes, seq_len, budget);
+  m.sizes = sizes;
+  m.micro_batch = micro_batch;
+  if (m.oom) m.peak_bytes = m.max_peak_bytes = 0;
+  // Judged against the budget planned for, also when the window ran under a raised or lifted one:
+  // a window past the budget is a measured point, not a fit.
+  m.fit = !m.oom && (!settings_.budget_bytes || m.max_peak_bytes <= *settings_.budget_bytes);
+  return m;
+}
+
+void Search::profile(Profile& p) {
+  if (settings_.seq_range) {
+    profile_tokens(p);
+    return;
+  }
+  std::set<int64_t> sizes;
+  for (int64_t b : settings_.probe_sizes) {
+    if (b < 1) throw InputError("probe sizes must be at least 1, got " + std::to_string(b));
+    // Sizes above the per-rank target are never planned, but two points are needed for a fit.
+    if (settings_.max_probe_micro_batch > 0 && b > std::max<int64_t>(2, settings_.max_probe_micro_batch)) continue;
+    sizes.insert(b);
+  }
+  if (sizes.size() < 2) {
+    throw InputError("profiling needs at least two probe sizes to fit peak(b) = persistent + a0 + a1*b");
+  }
+
+  bool lifted = settings_.persistent_over_budget;  // the budget is not in force
+  auto record = [&](const WindowMeasurement& s) {
+    trials_.push_back({"probe", s.micro_batch, s.fit, s.max_peak_bytes, s.seconds, s.sizes});
+    if (s.oom) {
+      say("probe b=" + std::to_string(s.micro_batch) + ": out of memory under the budget of " +
+          format_bytes(settings_.budget_bytes.value_or(0)));
+      return;
+    }
+    p.points.push_back(point_of(s, s.micro_batch, s.peak_bytes));
+    say("probe b=" + std::to_string(s.micro_batch) + ": peak " + format_bytes(s.peak_bytes) + ", " +
+        format_seconds(s.step_seconds) + (s.fit ? "" : " (over the budget)") + (lifted ? " [measured without the budget]" : ""));
+  };
+  auto measure = [&](int64_t b) { return run({b, b}, b, 0, lifted ? WindowBudget::Lifted : WindowBudget::Enforced); };
+  for (int64_t b : sizes) {
+    if (lifted && p.points.size() >= 2) break;
+    WindowMeasurement s = measure(b);
+    record(s);
+    if (s.oom) {
+      if (p.points.size() >= 2) break;  // larger sizes would fail too; the fit has enough points
+      // Fewer than two points: measure this size without the budget, so the planner can explain
+      // how far the budget is from what the smallest microbatches need.
+      lifted = true;
+      s = measure(b);
+      record(s);
+      if (s.oom) break;
+    }
+    if (!s.fit && p.points.size() >= 2) break;
+  }
+  if (!lifted) extend_linear_tail(p, sizes.empty() ? 1 : *sizes.rbegin(), record);
+  if (p.points.size() < 2) {
+    throw InfeasibleError("only " + std::to_string(p.points.size()) + " probe size(s) ran on " + settings_.device_name +
+                          "; a memory model needs two. Raise --memory-budget or use a smaller model");
+  }
+}
+
+void Search::extend_linear_tail(Profile& p, int64_t largest_scheduled,
+                                const std::function<void(const WindowMeasurement&)>& record) {
+  // The phase that sets the peak can change far beyond the probes. (That small probes may sit off
+  // the line is the fit's business, memory_model.cpp.) A 256-512-512-10 MLP with SGD grows 7,256
+  // bytes/sample up to b=128 (a b-independent backward transient on top of the activations sets
+  // the peak) but 11,352 bytes/sample from b=256 on; from b <= 8 its largest microbatch under
+  // 16 MiB was predicted at ~1,650 while 1,102 is the truth. So while the largest size worth
+  // planning (the budget's predicted maximum, or the per-rank target if smaller) is more than 4x
+  // the largest probe, one more probe is taken at half of it (at most two), which bounds the
+  // extrapolation the confirmation relies on to about 2x. The first probes stay small (2 and 4:
+  // cheap, and past b = 1, whose peak another phase can set: resnet18 at 64x64 peaks at 96.5 MiB
+  // at b = 1 and 170.3 MiB at b = 2, then +1.7 MiB per sample), and the size from them is chosen
+  // by their slope toward the budget: resnet18 at 209 MiB gets 2, 4, 12 and plans from there.
+  constexpr int kMaxExtraProbes = 2;
+  constexpr int64_t kMaxExtrapolation = 4;
+  // Without a per-rank target the budget bounds the probes; without either, 4x the schedule.
+  int64_t bound = settings_.max_probe_micro_batch;
+  if (bound <= 0) bound = settings_.budget_bytes ? MemoryModel::kMaxMicroBatch : kMaxExtrapolation * largest_scheduled;
+  int64_t unmeasured = 0;  // a tail probe that ran out of memory even past the budget
+  for (int extra = 0; extra < kMaxExtraProbes && p.points.size() >= 2; ++extra) {
+    if (unmeasured == 0 && !trials_.empty() && !trials_.back().fit) break;  // the last probe already failed the budget
+    int64_t predicted_max = 0;
+    try {
+      predicted_max = MemoryModel::fit(p).largest_fitting(settings_.device_total_bytes, bound);
+    } catch (const InputError&) {
+      break;  // the planner will say what is wrong with these points
+    }
+    const int64_t largest = p.points.back().micro_batch;
+    if (predicted_max <= kMaxExtrapolation * largest) break;
+    // Half the prediction; after a tail probe that ran out of memory unmeasured, the geometric
+    // mean of the largest measured size and that one instead: a line from b <= 4 can be off by
+    // far more than 2x (lstm_classifier under 35 MiB: predicted 392, truth 40; the probe at 196
+    // ran out of memory even under twice the budget and taught the fit nothing; sqrt(4 · 196) =
+    // 28 is measured and does).
+    const int64_t next = unmeasured > 0 ? static_cast<int64_t>(std::sqrt(static_cast<double>(largest) * static_cast<double>(unmeasured)))
+                                        : predicted_max / 2;
+    if (next <= largest) break;
+    say("the fit predicts up to " + std::to_string(predicted_max) + " samples, far beyond b=" + std::to_string(largest) +
+        "; probing b=" + std::to_string(next) + " to check the line there");
+    // Where the budget is only simulated, the probe runs under twice it: a size past the budget
+    // is then a measured point, not just an OOM, and the fit (weighted toward the large sizes)
+    // learns the slope it got wrong. lstm_classifier under 21 MiB: from b = 2 and 4 the line
+    // predicted 98 samples, the truth is 13; the OOM at 49 said only "less than 49" and four more
+    // windows bisected down to 9.
+    const WindowBudget budget = past_the_budget();
+    const WindowMeasurement s = run({next, next}, next, 0, budget);
+    record(s);
+    if (s.oom && budget == WindowBudget::Doubled && unmeasured == 0) {
+      unmeasured = next;  // one more try, between the largest measured size and this one
+      continue;
+    }
+    if (!s.fit) break;
+  }
+}
+
+void Search::profile_tokens(Profile& p) {
+  const int64_t t_max = settings_.seq_range->max;
+  std::set<int64_t> lengths;
+  for (int64_t t : {t_max / 4, t_max / 2, t_max}) lengths.insert(std::max({t, settings_.seq_range->min, int64_t{1}}));
+  auto record = [&](const WindowMeasurement& s, int64_t t, const std::string& kind) {
+    Trial trial{kind, s.micro_batch, s.fit, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes};
+    trial.seq_len = t;
+    trials_.push_back(trial);
+    if (s.oom) {
+      say(kind + " b=" + std::to_string(s.micro_batch) + " x T=" + std::to_string(t) + ": out of memory");
+      return;
+    }
+    p.points.push_back(point_of(s, s.micro_batch, s.peak_bytes, t));
+    say(kind + " b=" + std::to_string(s.micro_batch) + " x T=" + std::to_string(t) + ": peak " + format_bytes(s.peak_bytes) +
+        ", " + format_seconds(s.step_seconds) + (s.fit ? "" : " (over the budget)"));
+  };
+  auto measure = [&](int64_t b, int64_t t) { return run({b, b}, b, t, past_the_budget()); };
+  // The grid: two sequence counts at up to three lengths — enough to tell b·T from b·T² and to
+  // leave residuals. Measured past a simulated budget, so a point over it still teaches the fit.
+  for (int64_t b : {1, 2}) {
+    for (int64_t t : lengths) record(measure(b, t), t, "probe");
+  }
+  // Far more sequences predicted at T_max than measured: one window at half that, as for samples.
+  try {
+    const TokenMemoryModel model = TokenMemoryModel::fit(p);
+    const int64_t cap = settings_.budget_bytes ? model.largest_micro_batch(t_max, *settings_.budget_bytes) : 0;
+    int64_t bound = settings_.max_probe_micro_batch > 0 ? settings_.max_probe_micro_batch : cap;
+    if (cap > 8 && bound > 4) {
+      const int64_t b = std::min(cap / 2, bound);
+      say("the fit predicts up to " + std::to_string(cap) + " sequences of " + std::to_string(t_max) +
+          " tokens; probing b=" + std::to_string(b) + " to check it there");
+      record(measure(b, t_max), t_max, "probe");
+    }
+  } catch (const InputError&) {
+    // Too few points for a fit: the planner says what is missing.
+  }
+}
+
+Plan Search::plan_and_confirm_tokens(Profile& profile, PlanRequest request) {
+  constexpr int kMaxWindows = 4;
+  for (int windows = 0;; ++windows) {
+    Plan plan = make_plan(profile, request);
+    if (plan.confirmed || windows >= kMaxWindows) return plan;
+    const int64_t t = plan.tokens->max_seq_len;
+    const int64_t b = std::max<int64_t>(1, plan.tokens->token_budget / t);
+    const WindowMeasurement s = run({b, b}, b, t, past_the_budget());
+    Trial trial{"confirm", b, s.fit, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes};
+    trial.seq_len = t;
+    trials_.push_back(trial);
+    profile.trials.push_back(trial);
+    if (!s.oom) profile.points.push_back(point_of(s, b, s.peak_bytes, t));
+    say("confirm b=" + std::to_string(b) + " x T=" + std::to_string(t) + " (token budget " +
+        std::to_string(plan.tokens->token_budget) + "): " +
+        (s.oom ? std::string("out of memory") : "peak " + format_bytes(s.max_peak_bytes)) + " of " +
+        format_bytes(plan.memory.budget_bytes) + " budget (predicted " + format_bytes(plan.memory.predicted_peak_bytes) +
+        ")" + (s.fit ? ", fits" : "; lowering the budget"));
+  }
+}
+
+Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
+  if (!request.budget.is_set() && settings_.budget_bytes) request.budget.bytes = settings_.budget_bytes;
+  if (settings_.seq_range) return plan_and_confirm_tokens(profile, request);
+  const std::optional<int64_t> user_bound = request.max_micro_batch;
+  auto bounded = [&](int64_t b) { return user_bound ? std::min(*user_bound, b) : b; };
+  // Climbing runs at most two windows past the first confirmation and none after any window
+  // failed: the one promise is no OOM on the happy path, and each climb costs a window at the
+  // largest size. Six windows in all is the most any plan spends here.
+  constexpr int kMaxClimbs = 2;
+  constexpr int kMaxWindows = 6;
+  int64_t fits = 0;                                     // largest [b, b] window that ran within budget
+  int64_t fails = std::numeric_limits<int64_t>::max();  // smallest size that did not
+  for (const auto& t : profile.trials) {
+    if (t.window.size() < 2) continue;
+    if (t.fit) fits = std::max(fits, t.micro_batch);
+    else fails = std::min(fails, t.micro_batch);
+  }
+  int windows = 0, climbs = 0;
+  bool failed = false, out_of_windows = false;
+  for (;;) {
+    Plan plan = make_plan(profile, request);
+    int64_t next = 0;
+    std::string kind;
+    if (plan.confirmed) {
+      if (failed || climbs >= kMaxClimbs || windows >= kMaxWindows) return plan;
+      next = climb_candidate(profile, request, plan);
+      if (next == 0) next = whole_batch_candidate(profile, request, plan);
+      if (next == 0) return plan;
+      kind = "climb";
+      ++climbs;
+    } else if (windows >= kMaxWindows) {
+      // Out of windows: the largest size that ran is the plan (unconfirmed if even that is not
+      // covered, which the plan then says).
+      if (out_of_windows) return plan;
+      out_of_windows = true;
+      if (fits < 1) {
+        throw InfeasibleError("no window ran within the budget of " + format_bytes(plan.memory.budget_bytes) + " on " +
+                              settings_.device_name + " in " + std::to_string(windows) + " tries; raise --memory-budget");
+      }
+      request.max_micro_batch = bounded(fits);
+      continue;
+    } else {
+      // The plan's largest allowed size: a window there covers every window of the plan.
+      next = plan.accumulation_steps == 1 ? plan.micro_batch : plan.max_micro_batch;
+      kind = "confirm";
+    }
+    // A window of two microbatches of `next` (the whole per-rank batch alone when that is the
+    // plan: one microbatch, no gradient resident), then the optimizer step.
+    const bool whole = next == plan.per_rank_batch && (kind == "climb" || plan.accumulation_steps == 1);
+    // A simulated budget is raised to twice itself for the window (as for the tail probes): a
+    // window over the budget is then measured, and the refit interpolates instead of bisecting
+    // blind. lstm_classifier under 35 MiB: confirm 42 failed, the midpoint 29 fit, true max 40.
+    const WindowMeasurement s =
+        run(whole ? std::vector<int64_t>{next} : std::vector<int64_t>{next, next}, next, 0, past_the_budget());
+    ++windows;
+    // Within the budget less the margin's parts a measured size keeps (make_plan's own rule).
+    const int64_t kept = kept_margin(plan.memory.margin).bytes_at(plan.fit.slope_bytes_per_sample, next);
+    const bool ok = s.fit && s.max_peak_bytes + kept <= plan.memory.budget_bytes;
+    const Trial trial{kind, next, ok, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes};
+    trials_.push_back(trial);
+    profile.trials.push_back(trial);
+    // A steady-state point like any probe's, within the budget or measured past it: the fit
+    // folds it in.
+    const bool measured_point = !whole && !s.oom && s.steady_peak_bytes > 0;
+    if (measured_point) profile.points.push_back(point_of(s, next, s.steady_peak_bytes));
+    if (ok) {
+      const MemoryModel refit = MemoryModel::fit(profile);
+      say(kind + " b=" + std::to_string(next) + ": peak " + format_bytes(s.max_peak_bytes) + " of " +
+          format_bytes(plan.memory.budget_bytes) + " budget (predicted " +
+          format_bytes(refit.predict_window_peak_bytes(whole ? std::vector<int64_t>{next} : std::vector<int64_t>{next, next})) +
+          "), fits");
+      if (!whole) fits = std::max(fits, next);
+      continue;
+    }
+    say(kind + " b=" + std::to_string(next) + ": " +
+        (s.oom ? std::string("out of memory") : "peak " + format_bytes(s.max_peak_bytes) + " over the budget") +
+        (kind == "climb" ? "; the plan stays at the largest size that ran" : "; lowering the bound"));
+    failed = true;
+    fails = std::min(fails, next);
+    if (next <= 1) {
+      throw InfeasibleError("a real step at microbatch 1 does not fit the budget of " +
+                            format_bytes(plan.memory.budget_bytes) + " on " + settings_.device_name +
+                            " although the fit predicted " + format_bytes(plan.memory.predicted_peak_bytes) +
+                            "; raise --memory-budget");
+    }
+    // After a failed climb the plan is the largest size that ran; after a failed confirmation,
+    // the refit decides below the failure when the failed window was measured, else bisect
+    // between the largest size that ran and the smallest that failed.
+    int64_t bound = kind == "climb" ? fits
+                    : measured_point || fits >= fails ? next - 1
+                                                      : fits + (fails - fits) / 2;
+    request.max_micro_batch = bounded(std::max<int64_t>(1, std::min(bound, next - 1)));
+  }
+}
+
+}  // namespace accumplan
