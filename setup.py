@@ -1,9 +1,10 @@
 """setup.py — builds accumplan._core for `pip install --no-build-isolation .`.
 
 What it does: configures this repository's CMakeLists.txt in build/python-core/<interpreter>/ with
-the planner only (no LibTorch, no tests) and ACCUMPLAN_WITH_PYTHON=ON, builds the one target
-accumplan_python_core (python/core/core.cpp over the C++ planner) with the interpreter that runs
-pip, and copies the module into the package. A second install reuses that folder (ninja builds
+the planner only (no LibTorch, no tests) and ACCUMPLAN_WITH_PYTHON=ON, builds accumplan._core
+(python/core/core.cpp: the C++ planner and measurement search) and, when the interpreter that runs
+pip imports torch, accumplan._probes (python/core/probes.cpp: the cpu-counting probe, against that
+torch's own headers, libc10 and C++ ABI), and copies the modules into the package. A second install reuses that folder (ninja builds
 only what changed). Needs cmake, ninja (or make), a C++17 compiler, nlohmann/json and pybind11
 (Debian: pybind11-dev; or the pip package pybind11, whose CMake files are used when importable).
 What it is not: the C++ tool's build (CMakeLists.txt, scripts/build.sh) or its install.
@@ -25,6 +26,20 @@ class CMakeExtension(Extension):
         super().__init__(name, sources=[])
 
 
+def _torch_args():
+    """CMake arguments naming Python's torch (headers, libc10, C++ ABI), or [] without torch."""
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except ImportError:
+        return []
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    # The top folder holds c10/, the API folder torch/version.h.
+    return ["-DACCUMPLAN_PYTHON_TORCH_INCLUDE=" + ";".join(cpp_extension.include_paths()[:2]),
+            "-DACCUMPLAN_PYTHON_TORCH_LIB=" + os.path.join(os.path.dirname(torch.__file__), "lib"),
+            "-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI=%d" % abi]
+
+
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
         tag = sysconfig.get_config_var("SOABI") or "python%d.%d" % sys.version_info[:2]
@@ -39,13 +54,16 @@ class CMakeBuild(build_ext):
             args.append("-Dpybind11_DIR=" + pybind11.get_cmake_dir())
         except ImportError:
             pass  # CMake finds a system pybind11 (Debian's pybind11-dev) by itself
-        subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(["cmake", "--build", build_dir, "--target", "accumplan_python_core", "-j",
-                        os.environ.get("JOBS", "2")], check=True)
-        built = os.path.join(build_dir, "python", "_core" + sysconfig.get_config_var("EXT_SUFFIX"))
-        target = self.get_ext_fullpath(ext.name)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.copyfile(built, target)
+        torch_args = _torch_args()
+        subprocess.run(args + torch_args, check=True, stdout=subprocess.DEVNULL)
+        targets = ["accumplan_python_core"] + (["accumplan_python_probes"] if torch_args else [])
+        subprocess.run(["cmake", "--build", build_dir, "--target"] + targets + ["-j", os.environ.get("JOBS", "2")],
+                       check=True)
+        core = self.get_ext_fullpath(ext.name)
+        os.makedirs(os.path.dirname(core), exist_ok=True)
+        for name in ("_core", "_probes") if torch_args else ("_core",):
+            built = os.path.join(build_dir, "python", name + sysconfig.get_config_var("EXT_SUFFIX"))
+            shutil.copyfile(built, os.path.join(os.path.dirname(core), os.path.basename(built)))
 
 
 setup(ext_modules=[CMakeExtension("accumplan._core")], cmdclass={"build_ext": CMakeBuild})

@@ -1,6 +1,8 @@
-"""accumplan — follow an accumplan plan.json from a PyTorch training loop.
+"""accumplan — plan gradient accumulation for an nn.Module, and follow a plan from a PyTorch loop.
 
     import accumplan
+    plan = accumplan.plan(model, (x,), y, target_batch=256, optimizer=opt, memory_budget="12GiB")
+    plan.save("plan.json")                           # measured here, by real windows of train_window's step
     plan = accumplan.load_plan("plan.json")          # validates (schema 1.x); plan.microbatch_sizes, ...
     for x, y in windows:                             # a window = the per-rank batch (or a shorter last one)
         stats = plan.train_window(model, optimizer, (x,), y, loss="cross_entropy")   # OOM recovery inside
@@ -16,10 +18,22 @@ compiled core, accumplan._core: the C++ planner's plan reader and rules). Readin
 re-planning plans need no torch; training needs it. docs/python.md has the rest.
 """
 
-from .plan import (OutOfMemoryAtOne, Plan, PlanError, balanced_split, file_sha256, largest_divisor_at_most,
+from .plans import (OutOfMemoryAtOne, Plan, PlanError, balanced_split, file_sha256, largest_divisor_at_most,
                    load_plan, pack_by_token_budget, split_samples, token_windows)
 
 __version__ = "0.1.0"
+
+
+def plan(model, inputs, target=None, **kwargs):
+    """The plan for training ``model`` at an effective batch of ``target_batch``, measured in this
+    process by real training windows (accumplan.measure.plan has the arguments):
+
+        plan = accumplan.plan(model, (x,), y, target_batch=256, optimizer=opt, memory_budget="12GiB")
+        plan.save("plan.json")   # the file `accumplan run`, export and report read
+    """
+    from .measure import plan as measured_plan  # needs torch; reading plans does not
+    return measured_plan(model, inputs, target, **kwargs)
+
 
 
 def __getattr__(name):
@@ -33,7 +47,7 @@ def __getattr__(name):
     raise AttributeError("module 'accumplan' has no attribute %r" % name)
 
 
-__all__ = ["load_plan", "Plan", "PlanError", "OutOfMemoryAtOne", "balanced_split", "split_samples",
+__all__ = ["plan", "load_plan", "Plan", "PlanError", "OutOfMemoryAtOne", "balanced_split", "split_samples",
            "largest_divisor_at_most", "file_sha256", "pack_by_token_budget", "token_windows", "pad_sequences",
            "padding_mask", "valid_token_counts", "is_oom", "loss_sum", "count_units", "model_output",
            "resolve_normalization", "split", "train_window", "all_reduce_gradients", "WindowStats",

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, _shown, choice_arg, int_arg, lengths_arg, real_arg
-from .plan import OutOfMemoryAtOne, _core
+from .plans import OutOfMemoryAtOne, _core
 
 LOSSES = ("cross_entropy", "mse", "model")
 _BUCKET_BYTES = 25 * 1024 * 1024
@@ -47,13 +47,32 @@ def is_oom(error):
 
 
 def _as_tuple(inputs):
+    """A window's inputs as the model takes them: a tuple of positional tensors, or a dict passed as
+    ``model(**inputs)`` (a Hugging Face batch: input_ids, attention_mask, labels). A dict's values
+    that are not tensors (flags) go to every microbatch unchanged."""
     if isinstance(inputs, torch.Tensor):
         return (inputs,)
+    if isinstance(inputs, dict):
+        return dict(inputs)
     return tuple(inputs)
 
 
+def _tensors(inputs):
+    """The sample-indexed tensors of a window's inputs (a tuple, or a dict's tensor values)."""
+    if isinstance(inputs, dict):
+        return [v for v in inputs.values() if isinstance(v, torch.Tensor)]
+    return list(inputs)
+
+
+def _map_inputs(inputs, fn):
+    """The inputs with ``fn`` applied to every tensor (a dict keeps its keys and other values)."""
+    if isinstance(inputs, dict):
+        return {k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    return tuple(fn(t) for t in inputs)
+
+
 def _samples(inputs, target):
-    tensors = list(inputs) + ([target] if target is not None else [])
+    tensors = _tensors(inputs) + ([target] if target is not None else [])
     if not tensors:
         raise ValueError("the window holds no tensors")
     n = tensors[0].shape[0] if tensors[0].dim() > 0 else None
@@ -112,7 +131,8 @@ def count_units(target, samples, normalization, ignore_index=-100):
 
 def model_output(out):
     """(tensor, is_loss) from what a forward returned: a tensor; a tuple/list whose first element
-    is the output; or a dict with "loss" (the microbatch's mean loss) or "logits"."""
+    is the output; or a dict, or an object (a Hugging Face ModelOutput), with "loss" (the
+    microbatch's mean loss) or "logits"."""
     if isinstance(out, dict):
         if "loss" in out and out["loss"] is not None:
             return out["loss"], True
@@ -124,8 +144,13 @@ def model_output(out):
             raise ValueError("the model returned an empty tuple")
         return model_output(out[0])
     if not isinstance(out, torch.Tensor):
-        raise ValueError("the model returned %s; return a tensor, a tuple (output first) or a dict with "
-                         "'loss' or 'logits'" % type(out).__name__)
+        # An output object (a dataclass) with .loss or .logits, as a Hugging Face ModelOutput has.
+        if getattr(out, "loss", None) is not None:
+            return out.loss, True
+        if getattr(out, "logits", None) is not None:
+            return out.logits, False
+        raise ValueError("the model returned %s; return a tensor, a tuple (output first), or a dict or an "
+                         "object with 'loss' or 'logits'" % type(out).__name__)
     return out, False
 
 
@@ -284,11 +309,11 @@ def _gather(inputs, target, indices, lengths):
         idx = torch.tensor(indices, dtype=torch.long, device=t.device)
         return (t[:, :longest] if t.dim() >= 2 else t).index_select(0, idx)
 
-    return tuple(pick(t) for t in inputs), (None if target is None else pick(target)), longest
+    return _map_inputs(inputs, pick), (None if target is None else pick(target)), longest
 
 
 def _slice(inputs, target, start, n):
-    return tuple(t[start:start + n] for t in inputs), (None if target is None else target[start:start + n])
+    return _map_inputs(inputs, lambda t: t[start:start + n]), (None if target is None else target[start:start + n])
 
 
 def _all_reduce_ints(values, group, device):
@@ -484,15 +509,26 @@ def _check_loss_fn_sums(loss_fn, out, target):
 
 def _forward_sum(model, mb_inputs, mb_target, n, loss_kind, loss_fn, norm, ignore_index, autocast, device, mask=None,
                  check_loss_fn=False):
-    args = [t.to(device) if t.device != device else t for t in mb_inputs]
-    if mask is not None:
-        args.append(mask.to(device))
+    moved = _map_inputs(mb_inputs, lambda t: t.to(device) if t.device != device else t)
     target = None if mb_target is None else (mb_target.to(device) if mb_target.device != device else mb_target)
-    if loss_kind == "model" and target is not None:
-        args.append(target)
+    if isinstance(moved, dict):
+        if mask is not None:
+            raise ValueError("a padding mask goes to the model as one more positional argument; with dict "
+                             "inputs put it in the dict (attention_mask) and plan without padding_mask")
+        kwargs = moved  # with loss="model" the labels are in the dict
+
+        def call():
+            return model(**kwargs)
+    else:
+        args = list(moved) + ([mask.to(device)] if mask is not None else [])
+        if loss_kind == "model" and target is not None:
+            args.append(target)
+
+        def call():
+            return model(*args)
     ctx = torch.autocast(device_type=device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
     with ctx:
-        out = model(*args)
+        out = call()
         if loss_fn is not None:
             if check_loss_fn:
                 _check_loss_fn_sums(loss_fn, out, target)
@@ -579,7 +615,7 @@ class _Window:
             raise ValueError("the model has no trainable parameters")
         self.device = self.params[0].device
         self.cdev = _collective_device(group, self.params) if self.distributed else None
-        self.packed = plan.tokens is not None
+        self.packed = plan is not None and plan.tokens is not None  # None: accumplan.plan's measured windows
         self.ddp_ctx = model.no_sync if _is_ddp(model) else contextlib.nullcontext
         self.norm, self.units, self.longest = None, 0, 0
 
@@ -601,7 +637,7 @@ def _check_share(w, normalization):
             raise ValueError("lengths has %d entries for a window of %d samples" % (len(lengths), n))
         w.lengths = lengths
         w.longest = max(lengths) if lengths else 0
-        for i, t in enumerate(list(w.inputs) + ([w.target] if w.target is not None else [])):
+        for i, t in enumerate(_tensors(w.inputs) + ([w.target] if w.target is not None else [])):
             if t.dim() >= 2 and w.longest > t.shape[1]:
                 raise ValueError("lengths says sequence %d has %d tokens but tensor %d of the window holds %d "
                                  "positions (dim 1); pass the lengths of these padded sequences"
@@ -716,11 +752,14 @@ def _agree_status(w, status, error):
     return min(failed) if failed else 0
 
 
-def _run_rounds(w, sizes, groups, rounds, oom_recovery):
-    """One attempt at the window. Returns (loss sum, failing size or 0)."""
+def _run_rounds(w, sizes, groups, rounds, oom_recovery, before_microbatch=None):
+    """One attempt at the window. Returns (loss sum, failing size or 0). ``before_microbatch(i)``
+    is called before microbatch i starts (accumplan.plan reads the memory peaks there)."""
     total, start = 0.0, 0
     for i in range(rounds):
         status, error = 0, None
+        if before_microbatch is not None and i < len(sizes):
+            before_microbatch(i)
         if i < len(sizes):
             part, status, error = _run_microbatch(w, i, sizes[i], groups, start, oom_recovery)
             total += part

@@ -7,14 +7,19 @@
 //     solves again from the plan's profile, as the executor does), the re-pack of a packed plan;
 //   - the arithmetic and packing rules: balanced_split, largest_divisor_at_most, split_samples,
 //     pack_by_token_budget, token_windows;
-//   - which layers are batch-dependent (is_batch_dependent_type), for train_window's warning.
+//   - which layers are batch-dependent (is_batch_dependent_type), for train_window's warning;
+//   - the measurement search (accumplan/search.h): `search_plan` drives a WindowRunner that Python
+//     implements (accumplan/measure.py: windows of train_window's own microbatch step on the
+//     user's module) through the probe schedule, the confirmation and the climb that `accumplan
+//     profile` runs on its C++ executor, and plans with make_plan; the budget and headroom are
+//     read by the CLI's parsers (parse_budget, parse_headroom).
 // Plans cross as JSON text (canonical: what the C++ writer writes): a plan is a few KiB and is
 // read once per run or re-plan, so the copy costs nothing a user could notice.
 // Errors: accumplan::InfeasibleError -> _core.InfeasibleError; any other accumplan::InputError
-// (SchemaError included) -> _core.InputError. Both derive from ValueError; accumplan/plan.py turns
+// (SchemaError included) -> _core.InputError. Both derive from ValueError; accumplan/plans.py turns
 // them into PlanError or OutOfMemoryAtOne with the message unchanged.
-// What it is not: the measurement (probes and search need LibTorch), nor Python's own argument
-// checks (accumplan/_args.py: types, ranges), which run before a call reaches here.
+// What it is not: a memory probe or an executor (those need torch: accumplan._probes and
+// accumplan/measure.py), nor Python's own argument checks (accumplan/_args.py: types, ranges), which run before a call reaches here.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -30,9 +35,11 @@
 #include "accumplan/json_io.h"
 #include "accumplan/replan.h"
 #include "accumplan/schema.h"
+#include "accumplan/search.h"
 #include "accumplan/setup_rules.h"
 #include "accumplan/solver.h"
 #include "accumplan/token_model.h"
+#include "accumplan/units.h"
 
 namespace py = pybind11;
 
@@ -85,6 +92,65 @@ std::vector<std::vector<int64_t>> pack(const std::vector<int64_t>& lengths, int6
   return pack_by_token_budget(lengths, token_budget, c);
 }
 
+// A WindowRunner written in Python: a subclass defines run_window(sizes, seq_len, budget) and
+// returns a WindowMeasurement. Its exceptions cross the search unchanged (error_already_set).
+class PyWindowRunner : public WindowRunner {
+ public:
+  using WindowRunner::WindowRunner;
+  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget) override {
+    PYBIND11_OVERRIDE_PURE(WindowMeasurement, WindowRunner, run_window, sizes, seq_len, budget);
+  }
+};
+
+// The budget in bytes: an int, "12GiB" or "90%" of device_total_bytes (the CLI's parser).
+int64_t resolve_budget(const std::string& text, int64_t device_total_bytes) {
+  return parse_budget(text, "memory_budget").resolve_bytes(device_total_bytes);
+}
+
+struct SearchRequest {
+  int64_t target_batch = 0;
+  int64_t world_size = 1;
+  std::string headroom = "auto";
+  bool budget_is_simulated = false;
+  bool persistent_over_budget = false;
+};
+
+// The plan request of a search, checked (the solver's rules and the CLI's --headroom parser): a
+// bad target, world size or headroom is refused before any window runs.
+PlanRequest plan_request(const SearchRequest& r) {
+  PlanRequest request;
+  request.target_batch = r.target_batch;
+  request.world_size = r.world_size;
+  request.headroom = parse_headroom(r.headroom, "headroom");
+  check_request(request);
+  return request;
+}
+
+// (plan JSON, profile JSON): the probe schedule and the confirmed plan, from a profile whose
+// header (device, model, setup, persistent memory, budget, the persistent step's trials) the
+// runner's owner measured.
+std::pair<std::string, std::string> search_plan(WindowRunner& runner, const std::string& header_text,
+                                                const SearchRequest& r, const py::object& progress) {
+  PlanRequest request = plan_request(r);
+  Profile profile = profile_from_json(parse_json_text(header_text, "the profile header"));
+  if (profile.budget_bytes) request.budget.bytes = profile.budget_bytes;
+  SearchSettings settings;
+  settings.budget_bytes = profile.budget_bytes;
+  settings.budget_is_simulated = r.budget_is_simulated;
+  settings.device_total_bytes = profile.device.total_bytes;
+  settings.device_name = profile.device.name;
+  settings.persistent_over_budget = r.persistent_over_budget;
+  // Probes above the per-rank target are never planned (as `accumplan` passes it).
+  settings.max_probe_micro_batch = r.target_batch / std::max<int64_t>(1, r.world_size);
+  if (!progress.is_none()) settings.progress = [progress](const std::string& line) { progress(line); };
+  std::vector<Trial> trials = profile.trials;
+  Search search(runner, settings, trials);
+  search.profile(profile);
+  profile.trials = trials;
+  const Plan plan = search.plan_and_confirm(profile, request);
+  return {text_of(plan), to_json(profile).dump(2) + "\n"};
+}
+
 }  // namespace
 }  // namespace accumplan
 
@@ -120,4 +186,40 @@ PYBIND11_MODULE(_core, m) {
   m.def("token_windows", &token_windows, py::arg("valid_tokens"), py::arg("target_tokens"));
   m.def("is_batch_dependent_type", &is_batch_dependent_type, py::arg("type"), py::arg("tracks_running_stats"),
         "whether a module of this class name mixes the samples of its batch (BatchNorm*, tracking InstanceNorm*)");
+  m.def("resolve_budget", &resolve_budget, py::arg("text"), py::arg("device_total_bytes"),
+        "the budget in bytes: '12GiB', '90%' (of device_total_bytes) or a byte count, as --memory-budget reads it");
+  m.def("parse_size_bytes", &parse_size_bytes, py::arg("text"), py::arg("what"), "'256MiB' -> bytes, as the CLI reads sizes");
+
+  py::enum_<WindowBudget>(m, "WindowBudget")
+      .value("ENFORCED", WindowBudget::Enforced)
+      .value("DOUBLED", WindowBudget::Doubled)
+      .value("LIFTED", WindowBudget::Lifted);
+  py::class_<WindowMeasurement>(m, "WindowMeasurement")
+      .def(py::init<>())
+      .def_readwrite("oom", &WindowMeasurement::oom)
+      .def_readwrite("peak_bytes", &WindowMeasurement::peak_bytes)
+      .def_readwrite("first_microbatch_peak_bytes", &WindowMeasurement::first_microbatch_peak_bytes)
+      .def_readwrite("steady_peak_bytes", &WindowMeasurement::steady_peak_bytes)
+      .def_readwrite("optimizer_step_peak_bytes", &WindowMeasurement::optimizer_step_peak_bytes)
+      .def_readwrite("max_peak_bytes", &WindowMeasurement::max_peak_bytes)
+      .def_readwrite("reserved_peak_bytes", &WindowMeasurement::reserved_peak_bytes)
+      .def_readwrite("step_seconds", &WindowMeasurement::step_seconds)
+      .def_readwrite("seconds", &WindowMeasurement::seconds)
+      .def_readonly("fit", &WindowMeasurement::fit)
+      .def_readonly("sizes", &WindowMeasurement::sizes);
+  py::class_<WindowRunner, PyWindowRunner>(m, "WindowRunner")
+      .def(py::init<>())
+      .def("run_window", &WindowRunner::run_window, py::arg("sizes"), py::arg("seq_len"), py::arg("budget"));
+  py::class_<SearchRequest>(m, "SearchRequest")
+      .def(py::init<>())
+      .def_readwrite("target_batch", &SearchRequest::target_batch)
+      .def_readwrite("world_size", &SearchRequest::world_size)
+      .def_readwrite("headroom", &SearchRequest::headroom)
+      .def_readwrite("budget_is_simulated", &SearchRequest::budget_is_simulated)
+      .def_readwrite("persistent_over_budget", &SearchRequest::persistent_over_budget);
+  m.def("check_request", [](const SearchRequest& r) { plan_request(r); }, py::arg("request"),
+        "InputError naming a bad target_batch, world_size or headroom");
+  m.def("search_plan", &search_plan, py::arg("runner"), py::arg("header"), py::arg("request"),
+        py::arg("progress") = py::none(),
+        "(plan JSON, profile JSON): the measurement search `accumplan profile` runs, on the runner's windows");
 }

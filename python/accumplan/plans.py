@@ -1,4 +1,4 @@
-"""accumplan.plan — read, check, split, re-plan and pack a plan.json; no torch needed here.
+"""accumplan.plans — read, check, split, re-plan and pack a plan.json; no torch needed here.
 
 Every rule here is the C++ planner's, called through the compiled core (accumplan._core,
 python/core/core.cpp): the plan reader (`load_plan` refuses exactly what `accumplan run --plan`
@@ -265,6 +265,17 @@ class Plan:
         except (ValueError, _core.InputError) as e:
             raise _plan_error(e) from None
         source = os.fsdecode(path)
+        plan = cls.__new__(cls)
+        plan._start(text, version, source)
+        return plan
+
+    @classmethod
+    def _from_text(cls, text, source):
+        """The plan in JSON text (accumplan.plan's search returns the C++ writer's), read as a file is."""
+        try:
+            text, version = _core.read_plan_text(text, source)
+        except _core.InputError as e:
+            raise _plan_error(e) from None
         plan = cls.__new__(cls)
         plan._start(text, version, source)
         return plan

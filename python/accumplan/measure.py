@@ -1,0 +1,467 @@
+"""accumplan.plan — plan an nn.Module in-process, by measuring its real training windows.
+
+What it is: the Python executor of accumplan's one measurement search. ``plan(model, inputs,
+target, target_batch=..., optimizer=...)`` runs windows of ``train_window``'s own microbatch step
+(forward, loss sum, backward of sum / N; then clipping and the optimizer step) on the user's
+unscripted module, and the C++ search (``accumplan._core.search_plan``, the one ``accumplan
+profile`` runs on its TorchScript executor) decides which windows run and plans from their peaks
+with the C++ solver. Memory is what this process's training allocates: on the CPU device the
+counting allocator (``accumplan._probes``, the C++ probe) installed for the duration of planning,
+its budget enforced as a GPU enforces its capacity; on CUDA the caching allocator's peaks (the
+reserved peak counts: a GPU runs out on reserved memory), the budget set as the process's memory
+fraction. Planning leaves nothing behind: parameters, buffers (BatchNorm statistics), gradients,
+the optimizer's state and hyperparameters, and the RNG state are put back, the probe and the
+budget removed, also when planning fails.
+
+What it is not: a second search or planner (both are C++), nor a profile of variable-length data
+(``accumplan profile --seq-len`` plans packed windows).
+"""
+import copy
+import json
+import math
+import sys
+import time
+import warnings
+
+import torch
+
+from . import _core
+from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, _shown, choice_arg, int_arg, real_arg
+from .plans import OutOfMemoryAtOne, Plan, PlanError, _plan_error
+from .train import (LOSSES, WindowStats, _as_tuple, _autocast_dtype, _parameters, _run_rounds, _samples, _step,
+                    _Window, _zero_grads, batch_dependent_layers, count_units, is_oom, resolve_normalization)
+
+_OPTIMIZERS = (  # (class, the plan's optimizer name, the hyperparameters the C++ setup takes)
+    (torch.optim.AdamW, "adamw", ("beta1", "beta2", "eps", "weight_decay")),
+    (torch.optim.Adam, "adam", ("beta1", "beta2", "eps", "weight_decay")),
+    (torch.optim.Adagrad, "adagrad", ("lr_decay", "eps", "weight_decay")),
+    (torch.optim.RMSprop, "rmsprop", ("alpha", "eps", "weight_decay", "momentum")),
+    (torch.optim.SGD, "sgd", ("weight_decay", "dampening")),
+)
+
+
+def _setup_optimizer(optimizer):
+    """(name, lr, hyperparameters) of the user's optimizer as a plan's setup states it."""
+    for cls, name, keys in _OPTIMIZERS:
+        if isinstance(optimizer, cls):
+            break
+    else:
+        raise TypeError("optimizer must be a torch.optim SGD, Adam, AdamW, Adagrad or RMSprop (the optimizers a plan "
+                        "states), not %s" % type(optimizer).__name__)
+    group = optimizer.param_groups[0]
+    values = dict(group)
+    if "betas" in values:
+        values["beta1"], values["beta2"] = values["betas"]
+    if name == "sgd" and values.get("momentum", 0):
+        name, keys = "momentum", keys + ("momentum",)
+    hp = {k: float(values[k]) for k in keys if k in values}
+    return name, float(group["lr"]), hp
+
+
+def _spec(t):
+    """A tensor's spec as a plan's setup writes one: dtype[B,dims...], integers with :high."""
+    dtype = str(t.dtype).replace("torch.", "")
+    text = "%s[%s]" % (dtype, ",".join(["B"] + [str(d) for d in t.shape[1:]]))
+    if not (t.is_floating_point() or t.is_complex()):
+        high = int(t.max()) + 1 if t.numel() else 1
+        text += ":%d" % max(1, high)
+    return text
+
+
+def _tile(inputs, target, n):
+    """The window's data: n samples, cycling over the given ones (as ``--batch-file`` is tiled)."""
+    from .train import _map_inputs
+    first = _samples(inputs, target)
+    idx = torch.arange(n) % first
+
+    def pick(t):
+        return t.index_select(0, idx.to(t.device))
+    return _map_inputs(inputs, pick), (None if target is None else pick(target))
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def _state_bytes(optimizer):
+    return sum(_nbytes(v) for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+
+
+def _to_host(obj):
+    """A deep copy with every tensor on the host: a snapshot that takes no device memory."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_host(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+class _Snapshot:
+    """What planning may touch, copied to the host before it starts and put back after."""
+
+    def __init__(self, model, optimizer, device):
+        self.tensors = [(t, _to_host(t)) for t in list(model.parameters()) + list(model.buffers())]
+        self.grads = [(p, None if p.grad is None else _to_host(p.grad)) for p in model.parameters()]
+        self.optimizer, self.optimizer_state = optimizer, _to_host(optimizer.state_dict())
+        self.cpu_rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+
+    def restore(self):
+        with torch.no_grad():
+            for t, saved in self.tensors:
+                t.copy_(saved)
+        for p, g in self.grads:
+            p.grad = None if g is None else g.to(p.device)
+        self.optimizer.load_state_dict(self.optimizer_state)
+        torch.set_rng_state(self.cpu_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+class _CpuMeter:
+    """The cpu-counting probe (C++), with the bytes that existed before it was installed (the
+    weights, an optimizer state already built) added to every figure, so a peak is the device's."""
+    probe_name = "cpu-counting"
+    simulated = True
+
+    def __init__(self, uncounted_bytes):
+        try:
+            from . import _probes
+        except ImportError:
+            raise RuntimeError("accumplan.plan needs accumplan._probes, built when torch is importable at install time: "
+                               "reinstall with `python3 -m pip install --no-build-isolation .` in this environment") \
+                from None
+        self.total_bytes = _probes.machine_memory_bytes()
+        self.probe = _probes.CpuCountingProbe()
+        self.device_name = self.probe.device_name
+        self.uncounted = uncounted_bytes
+
+    def limit(self, budget_bytes, data_bytes=0):
+        self.probe.set_budget_bytes(None if budget_bytes is None else
+                                    max(0, budget_bytes - self.uncounted) + data_bytes)
+
+    def current(self):
+        return self.probe.current_bytes() + self.uncounted
+
+    def peak(self):
+        return self.probe.peak_bytes() + self.uncounted
+
+    def reserved_peak(self):
+        return None
+
+    def reset_peak(self):
+        self.probe.reset_peak()
+
+    def oom(self):
+        return self.probe.oom_happened()
+
+    def clear(self):
+        self.probe.clear_oom()
+
+    def sync(self):
+        pass
+
+    def close(self):
+        self.probe.close()
+
+
+class _CudaMeter:
+    """The CUDA caching allocator's statistics for one device (what the C++ cuda-caching-allocator
+    probe reads), its budget as the process's memory fraction."""
+    probe_name = "cuda-caching-allocator"
+    simulated = False
+
+    def __init__(self, device):
+        self.device = device
+        props = torch.cuda.get_device_properties(device)
+        self.total_bytes, self.device_name = int(props.total_memory), props.name
+        self._oom = False
+
+    def limit(self, budget_bytes, data_bytes=0):
+        fraction = 1.0 if budget_bytes is None else min(1.0, budget_bytes / self.total_bytes)
+        torch.cuda.set_per_process_memory_fraction(fraction, self.device)
+
+    def current(self):
+        return int(torch.cuda.memory_allocated(self.device))
+
+    def peak(self):
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+    def reserved_peak(self):
+        return int(torch.cuda.max_memory_reserved(self.device))
+
+    def reset_peak(self):
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def oom(self):
+        return False
+
+    def clear(self):
+        torch.cuda.empty_cache()
+
+    def sync(self):
+        torch.cuda.synchronize(self.device)
+
+    def close(self):
+        self.limit(None)
+
+
+class _ModuleRunner(_core.WindowRunner):
+    """The Python WindowRunner: windows of train_window's microbatch step on the user's module."""
+
+    def __init__(self, meter, model, optimizer, inputs, target, cfg):
+        super().__init__()
+        self.meter, self.model, self.optimizer = meter, model, optimizer
+        self.inputs, self.target, self.cfg = inputs, target, cfg
+        self.budget = cfg["budget"]
+
+    def _window(self, inputs, target, n):
+        c = self.cfg
+        w = _Window(None, self.model, inputs, target, None, c["loss"], c["loss_fn"], c["ignore_index"],
+                    c["autocast"], None, None)
+        w.distributed = False  # every window is this process's own; the plan is per rank
+        w.norm = c["norm"]
+        w.units = max(1, count_units(target, n, w.norm, w.ii))
+        return w
+
+    def _limit(self, budget):
+        if budget == _core.WindowBudget.LIFTED or self.budget is None:
+            return None
+        return self.budget * (2 if budget == _core.WindowBudget.DOUBLED else 1)
+
+    def run_window(self, sizes, seq_len, budget):
+        if seq_len:
+            raise PlanError("accumplan.plan plans fixed-shape data; for variable-length data use accumplan profile "
+                            "--seq-len")
+        return self.measure(list(sizes), self._limit(budget))
+
+    def measure(self, sizes, limit):
+        """One window of these microbatch sizes and its optimizer step under ``limit`` bytes (None:
+        none): its peaks, persistent memory included, its data excluded; an OOM is reported."""
+        m, meter, t0 = _core.WindowMeasurement(), self.meter, time.perf_counter()
+        n = sum(sizes)
+        meter.limit(None)
+        before = meter.current()
+        inputs, target = _tile(self.inputs, self.target, n)  # the data set's, outside the budget
+        data = meter.current() - before
+        peaks, starts = [], []
+
+        def before_microbatch(i):
+            meter.sync()
+            if i > 0:
+                peaks.append(meter.peak())
+                meter.reset_peak()
+            starts.append(time.perf_counter())
+        try:
+            w = self._window(inputs, target, n)
+            _zero_grads(w.params, self.optimizer)
+            meter.reset_peak()
+            meter.limit(limit, data)
+            _run_rounds(w, sizes, None, len(sizes), False, before_microbatch)
+            meter.sync()
+            starts.append(time.perf_counter())
+            peaks.append(meter.peak())
+            m.step_seconds = min(b - a for a, b in zip(starts, starts[1:]))
+            meter.reset_peak()
+            _step(w, self.optimizer, WindowStats(), self.cfg["max_grad_norm"], None)
+            _zero_grads(w.params, self.optimizer)
+            meter.sync()
+            m.optimizer_step_peak_bytes = meter.peak() - data
+            m.peak_bytes = max(peaks) - data
+            m.first_microbatch_peak_bytes = peaks[0] - data
+            m.steady_peak_bytes = max(peaks[1:]) - data if len(peaks) > 1 else 0
+            m.max_peak_bytes = max(m.peak_bytes, m.optimizer_step_peak_bytes)
+            reserved = meter.reserved_peak()
+            if reserved is not None:
+                m.reserved_peak_bytes = reserved
+                m.max_peak_bytes = max(m.max_peak_bytes, reserved)
+        except Exception as e:  # noqa: BLE001 - only out-of-memory is a measurement
+            if not (meter.oom() or is_oom(e)):
+                raise
+            m.oom = True
+        finally:
+            meter.limit(None)
+        if m.oom:
+            _zero_grads(_parameters(self.model), self.optimizer)
+            meter.clear()
+        m.seconds = time.perf_counter() - t0
+        return m
+
+
+# The persistent step's window: one microbatch of two samples. The C++ profiler's is one sample;
+# two, because BatchNorm in training mode refuses a batch of one ("Expected more than 1 value per
+# channel") and the deltas measured do not depend on the batch.
+_PERSISTENT_WINDOW = 2
+
+
+def _persistent(runner, meter, weights_bytes, state_bytes):
+    """Gradients and optimizer state as the C++ profiler measures them: deltas across one small
+    window (its backward, then its optimizer step). Returns (persistent, trial, over)."""
+    cfg = runner.cfg
+    for attempt, limit in enumerate((cfg["budget"], None) if cfg["budget"] is not None else (None,)):
+        t0 = time.perf_counter()
+        before = meter.current()
+        n = _PERSISTENT_WINDOW
+        inputs, target = _tile(runner.inputs, runner.target, n)
+        with_data = meter.current()
+        grads = []
+        try:
+            w = runner._window(inputs, target, n)
+            _zero_grads(w.params, runner.optimizer)
+            meter.reset_peak()
+            meter.limit(limit, with_data - before)
+            _run_rounds(w, [n], None, 1, False)
+            grads.append(meter.current() - with_data)
+            _step(w, runner.optimizer, WindowStats(), cfg["max_grad_norm"], None)
+            _zero_grads(w.params, runner.optimizer)
+            peak = max(meter.peak(), meter.reserved_peak() or 0) - (with_data - before)
+        except Exception as e:  # noqa: BLE001
+            meter.limit(None)
+            if not (meter.oom() or is_oom(e)):
+                raise
+            _zero_grads(_parameters(runner.model), runner.optimizer)
+            meter.clear()
+            if limit is None:
+                raise OutOfMemoryAtOne("the model's weights, gradients and optimizer state do not fit on %s even "
+                                       "without a budget" % meter.device_name) from None
+            continue
+        meter.limit(None)
+        persistent = {"weights_bytes": weights_bytes, "gradients_bytes": grads[0],
+                      "optimizer_state_bytes": state_bytes + meter.current() - with_data}
+        fit = cfg["budget"] is None or peak <= cfg["budget"]
+        trial = {"kind": "probe", "micro_batch": n, "fit": fit, "peak_bytes": int(peak),
+                 "seconds": time.perf_counter() - t0, "window": [n]}
+        return persistent, trial, attempt == 1
+
+
+def _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, normalization, ignore_index):
+    """Every argument checked before any window runs; the settings the windows share."""
+    params = _parameters(model)
+    if not params:
+        raise ValueError("the model has no trainable parameters; there is nothing to plan for")
+    where = params[0].device
+    device = where if device is None else torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device != where:
+        raise ValueError("the model's parameters are on %s but device=%r: move the model there first (model.to(%r))"
+                         % (where, str(device), str(device)))
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError("device %r: accumplan.plan measures on cpu or cuda" % str(device))
+    if loss_fn is None:
+        loss = choice_arg(loss, "loss", LOSSES)
+    elif not callable(loss_fn):
+        raise TypeError("loss_fn must be callable(output, target) returning the loss SUM, not %s" % _shown(loss_fn))
+    if loss == "model" and target is not None and isinstance(inputs, dict):
+        raise ValueError("loss='model' with dict inputs takes its labels from the dict: pass target=None")
+    if loss_fn is None and loss != "model" and target is None:
+        raise ValueError("loss=%r needs a target; pass target= or use loss='model' (the output carries the loss)"
+                         % loss)
+    n = _samples(inputs, target)
+    if n < 1:
+        raise ValueError("inputs hold no samples (dim 0 is 0); pass at least one")
+    ii = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
+    norm = resolve_normalization(normalization, None if loss_fn is not None else loss, target)
+    if max_grad_norm is not None:
+        max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)
+    return device, {"loss": loss, "loss_fn": loss_fn, "ignore_index": ii, "norm": norm, "normalization": normalization,
+                    "autocast": _autocast_dtype(amp, device), "amp": amp, "max_grad_norm": max_grad_norm}
+
+
+def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trial):
+    """The profile's header: what was measured, on what, for what."""
+    name, lr, hp = _setup_optimizer(optimizer)
+    tensors = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
+    amp = cfg["amp"]
+    amp = "none" if amp is None else {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp, amp)
+    amp = {"bfloat16": "bf16", "float16": "fp16"}.get(amp, amp)
+    budget = cfg["budget"]
+    return {
+        "schema": "accumplan.profile", "schema_version": _core.SCHEMA_VERSION,
+        "device": {"type": device.type, "index": device.index or 0, "name": meter.device_name,
+                   "total_bytes": budget if (budget is not None and meter.simulated) else meter.total_bytes},
+        "model": {"path": "python:" + type(model).__name__, "sha256": "",
+                  "parameter_count": sum(p.numel() for p in model.parameters()),
+                  "batch_dependent_layers": batch_dependent_layers(model)},
+        "setup": {"optimizer": name, "lr": lr, "hyperparameters": hp, "amp": amp,
+                  "max_grad_norm": cfg["max_grad_norm"], "loss": cfg["loss"], "normalization": cfg["normalization"],
+                  "inputs": [_spec(t) for t in tensors if isinstance(t, torch.Tensor)],
+                  "target": "" if target is None else _spec(target), "ignore_index": cfg["ignore_index"]},
+        "libtorch_version": torch.__version__.split("+")[0], "probe": meter.probe_name, "budget_bytes": budget,
+        "persistent": persistent, "points": [], "trials": [trial],
+    }
+
+
+def _say(progress):
+    if progress is False:
+        return None
+    if callable(progress):
+        return progress
+    return lambda line: print("accumplan: " + line, file=sys.stderr, flush=True)
+
+
+def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_entropy", loss_fn=None,
+         memory_budget=None, device=None, amp=None, max_grad_norm=None, world_size=1, headroom="auto",
+         normalization="auto", ignore_index=-100, progress=None):
+    """The plan for training ``model`` with ``optimizer`` at an effective batch of ``target_batch``,
+    measured by real windows of ``train_window``'s step on this module in this process.
+
+    inputs: a tuple of tensors (dim 0 = samples; tiled to any window size) or a dict passed as
+    ``model(**inputs)``. target: the target tensor; None with loss="model" (the output carries the
+    mean loss: a Hugging Face model given labels). loss_fn(output, target) returning the SUM over
+    the microbatch replaces ``loss``. memory_budget: bytes, "12GiB" or "90%" (None: the device's
+    memory). device: "cpu" or "cuda[:N]", where the model is (None: there). amp: None, "bf16"
+    or "fp16". headroom: "auto", a fraction ("0.05") or bytes ("256MiB"), as ``--headroom``.
+    progress: None prints one line per window to stderr, False is silent, a callable gets the lines.
+    Returns the ``Plan`` ``load_plan`` returns; ``plan.save(path)`` writes the file the CLI writes.
+    The model, optimizer and RNG are left as they were; ValueError/TypeError name a bad argument
+    before anything runs; OutOfMemoryAtOne when not even one sample fits."""
+    target_batch = int_arg(target_batch, "target_batch", 1, MAX_COUNT)
+    world_size = int_arg(world_size, "world_size", 1, 1 << 20)
+    request = _core.SearchRequest()
+    request.target_batch, request.world_size = target_batch, world_size
+    request.headroom = headroom if isinstance(headroom, str) else repr(float(real_arg(headroom, "headroom", 0, 1)))
+    _core.check_request(request)
+    _setup_optimizer(optimizer)
+    inputs = _as_tuple(inputs)
+    device, cfg = _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, normalization,
+                          ignore_index)
+    say = _say(progress)
+    layers = batch_dependent_layers(model)
+    if layers:
+        warnings.warn("accumplan: %d batch-dependent layer(s) in training mode (e.g. %s): accumulation will not "
+                      "reproduce one large batch for them; each sees one microbatch's statistics"
+                      % (len(layers), layers[0]), stacklevel=2)
+    snapshot = _Snapshot(model, optimizer, device)
+    weights = sum(_nbytes(t) for t in list(model.parameters()) + list(model.buffers()))
+    state = _state_bytes(optimizer)
+    meter = _CpuMeter(weights + state) if device.type == "cpu" else _CudaMeter(device)
+    try:
+        total = meter.total_bytes
+        budget = None
+        if memory_budget is not None:
+            text = str(memory_budget) if isinstance(memory_budget, str) else str(int_arg(memory_budget, "memory_budget",
+                                                                                         1, 1 << 60))
+            budget = _core.resolve_budget(text, total)
+        cfg["budget"] = budget
+        runner = _ModuleRunner(meter, model, optimizer, inputs, target, cfg)
+        if say:
+            say("measuring persistent memory on %s (one window of %d samples)" % (meter.device_name, _PERSISTENT_WINDOW))
+        persistent, trial, over = _persistent(runner, meter, weights, state)
+        request.budget_is_simulated = meter.simulated
+        request.persistent_over_budget = over
+        header = _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trial)
+        plan_text, _ = _core.search_plan(runner, json.dumps(header), request, say)
+    except _core.InfeasibleError as e:
+        raise OutOfMemoryAtOne(str(e)) from None
+    except _core.InputError as e:
+        raise _plan_error(e) from None
+    finally:
+        meter.close()
+        snapshot.restore()
+    return Plan._from_text(plan_text, "accumplan.plan(%s)" % type(model).__name__)
+
+
+__all__ = ["plan"]
