@@ -9,6 +9,7 @@ only what changed). Needs cmake, ninja (or make), a C++17 compiler, nlohmann/jso
 (Debian: pybind11-dev; or the pip package pybind11, whose CMake files are used when importable).
 What it is not: the C++ tool's build (CMakeLists.txt, scripts/build.sh) or its install.
 """
+import glob
 import os
 import shutil
 import subprocess
@@ -55,7 +56,10 @@ class CMakeBuild(build_ext):
         except ImportError:
             pass  # CMake finds a system pybind11 (Debian's pybind11-dev) by itself
         torch_args = _torch_args()
-        subprocess.run(args + torch_args, check=True, stdout=subprocess.DEVNULL)
+        # More CMake arguments, e.g. where header-only packages are on a machine without them
+        # (scripts/gpu-check.sh: -DCMAKE_PREFIX_PATH=.gpu-deps).
+        extra = os.environ.get("ACCUMPLAN_CMAKE_ARGS", "").split()
+        subprocess.run(args + torch_args + extra, check=True, stdout=subprocess.DEVNULL)
         targets = ["accumplan_python_core"] + (["accumplan_python_probes"] if torch_args else [])
         subprocess.run(["cmake", "--build", build_dir, "--target"] + targets + ["-j", os.environ.get("JOBS", "2")],
                        check=True)
@@ -65,5 +69,11 @@ class CMakeBuild(build_ext):
             built = os.path.join(build_dir, "python", name + sysconfig.get_config_var("EXT_SUFFIX"))
             shutil.copyfile(built, os.path.join(os.path.dirname(core), os.path.basename(built)))
 
+
+# setuptools copies python/accumplan into its build folder and never removes a file from there: a
+# module deleted or renamed in the sources (plan.py became plans.py) would be installed again from
+# an earlier build. The folder is ours (setup.cfg), so it starts empty each time.
+for _old in glob.glob(os.path.join(ROOT, "build", "python-setuptools", "lib*", "accumplan")):
+    shutil.rmtree(_old)
 
 setup(ext_modules=[CMakeExtension("accumplan._core")], cmdclass={"build_ext": CMakeBuild})

@@ -13,8 +13,10 @@
 #   1. bash scripts/gpu-prepare.sh        # fills the git-ignored .gpu-deps/ from Debian's packages
 #   2. the device tool's run with  carry: [".gpu-deps"],  timeout_s: 600,
 #      command: "bash scripts/gpu-check.sh"
-#   The results come back from $OUT (at most 8 files): RESULTS-gpu.md, results-gpu.json,
-#   build.log, test.log, bench.log, steps.log. Copy RESULTS-gpu.md to tests/bench/ and commit it.
+#   The results come back from $OUT (8 files): RESULTS-gpu.md, results-gpu.json, build.log,
+#   test.log, bench.log, steps.log, and the Python API's python.log and python-plan.json
+#   (accumplan.plan with device="cuda", judged by 3 windows of train_window). Copy RESULTS-gpu.md
+#   to tests/bench/ and commit it.
 #   Sized for one 10-minute command: configure ~0.5 min, the build of the binary and the probe
 #   tests 2-3 min on 16 cores, tests < 0.5 min, then the benchmark gets the rest of 8 minutes and
 #   is stopped a minute after that at the latest (rows not started in time are recorded as
@@ -154,6 +156,18 @@ if [ "$bench_only" -eq 0 ]; then
     --output-on-failure -j "$jobs"
 fi
 
+# The Python API on the device: the package built with pip against this machine's torch (into a
+# folder of the build, no venv needed), then accumplan.plan on a conv net and 3 windows of
+# train_window of its plan (tests/bench/python_device_check.py). About a minute.
+if [ "$bench_only" -eq 0 ]; then
+  pydir="$PWD/$build/python-pkg"
+  step "python package" "$out/python.log" env "ACCUMPLAN_CMAKE_ARGS=-DCMAKE_PREFIX_PATH=$deps" JOBS="$jobs" \
+    "$python" -m pip install --no-build-isolation --no-index --no-deps --upgrade --target "$pydir" .
+  step "python plan ($([ "$mode" = gpu ] && echo cuda || echo cpu))" "$out/python.log" env "PYTHONPATH=$pydir" \
+    "$python" tests/bench/python_device_check.py --device "$([ "$mode" = gpu ] && echo cuda || echo cpu)" \
+    --out-json "$out/python-plan.json"
+fi
+
 bench_seconds="${BENCH_SECONDS:-}"
 if [ "$mode" = gpu ] && [ -z "$bench_seconds" ]; then
   # No row starts after 8 minutes from the script's start; `timeout` stops the benchmark a
@@ -169,7 +183,7 @@ step "benchmark" "$out/bench.log" timeout -s INT -k 15 "$(( ${bench_seconds:-300
   "${bench_args[@]}"
 
 expected=(RESULTS-gpu.md results-gpu.json bench.log)
-[ "$bench_only" -eq 1 ] || expected+=(build.log test.log)
+[ "$bench_only" -eq 1 ] || expected+=(build.log test.log python.log python-plan.json)
 for f in "${expected[@]}"; do
   [ -s "$out/$f" ] || { echo "FAILED output $f missing or empty" | tee -a "$steps" >&2; failed=1; }
 done

@@ -17,19 +17,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
+bash scripts/install-deps.sh python-test  # pybind11-dev, for the Python package's compiled core
 dest=.gpu-deps
 tmp="$dest.tmp.$$"
 trap 'rm -rf "$tmp"' EXIT
 rm -rf "$tmp"
 mkdir -p "$tmp/include" "$tmp/share/cmake" "$tmp/lib/cmake"
-cp -a /usr/include/nlohmann /usr/include/CLI /usr/include/catch2 "$tmp/include/"
+cp -a /usr/include/nlohmann /usr/include/CLI /usr/include/catch2 /usr/include/pybind11 "$tmp/include/"
+cp -a /usr/lib/cmake/pybind11 "$tmp/lib/cmake/"
 cp -a /usr/share/cmake/nlohmann_json /usr/share/cmake/CLI11 "$tmp/share/cmake/"
 cp -a /usr/lib/cmake/Catch2 "$tmp/lib/cmake/"
 # Catch2's package file checks that its (unused here) main library exists.
 cp -a /usr/lib/libCatch2WithMain.a "$tmp/lib/"
 {
   echo "# .gpu-deps: copied by scripts/gpu-prepare.sh on $(date -u +%Y-%m-%dT%H:%MZ) from Debian packages"
-  dpkg-query -W -f='${Package} ${Version}\n' nlohmann-json3-dev libcli11-dev catch2
+  dpkg-query -W -f='${Package} ${Version}\n' nlohmann-json3-dev libcli11-dev catch2 pybind11-dev
 } >"$tmp/MANIFEST"
 rm -rf "$dest"
 mv "$tmp" "$dest"

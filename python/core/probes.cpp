@@ -46,16 +46,7 @@ class ProbeHandle {
 PYBIND11_MODULE(_probes, m) {
   using namespace accumplan;
   m.doc() = "accumplan's cpu-counting memory probe, over the LibTorch that Python's torch uses";
-  // Local: accumplan._core translates the same C++ type for its own functions (a global
-  // translator here would turn _core's errors into this module's class).
-  static py::exception<InputError> input_error(m, "InputError", PyExc_ValueError);
-  py::register_local_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const InputError& e) {
-      input_error(e.what());
-    }
-  });
+  // Errors (a closed probe, a second probe installed) reach Python as RuntimeError with their message.
   py::class_<ProbeHandle>(m, "CpuCountingProbe")
       .def(py::init<std::optional<int64_t>>(), py::arg("budget_bytes") = py::none(),
            "installs the counting CPU allocator (one at a time in a process)")
