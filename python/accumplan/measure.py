@@ -18,7 +18,6 @@ What it is not: a second search or planner (both are C++), nor a profile of vari
 """
 import copy
 import json
-import math
 import sys
 import time
 import warnings
@@ -28,8 +27,8 @@ import torch
 from . import _core
 from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, _shown, choice_arg, int_arg, real_arg
 from .plans import OutOfMemoryAtOne, Plan, PlanError, _plan_error
-from .train import (LOSSES, WindowStats, _as_tuple, _autocast_dtype, _parameters, _run_rounds, _samples, _step,
-                    _Window, _zero_grads, batch_dependent_layers, count_units, is_oom, resolve_normalization)
+from .train import (LOSSES, WindowStats, _as_tuple, _autocast_dtype, _map_inputs, _parameters, _run_rounds, _samples,
+                    _step, _Window, _zero_grads, batch_dependent_layers, count_units, is_oom, resolve_normalization)
 
 _OPTIMIZERS = (  # (class, the plan's optimizer name, the hyperparameters the C++ setup takes)
     (torch.optim.AdamW, "adamw", ("beta1", "beta2", "eps", "weight_decay")),
@@ -70,7 +69,6 @@ def _spec(t):
 
 def _tile(inputs, target, n):
     """The window's data: n samples, cycling over the given ones (as ``--batch-file`` is tiled)."""
-    from .train import _map_inputs
     first = _samples(inputs, target)
     idx = torch.arange(n) % first
 
@@ -342,7 +340,10 @@ def _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, no
     if not params:
         raise ValueError("the model has no trainable parameters; there is nothing to plan for")
     where = params[0].device
-    device = where if device is None else torch.device(device)
+    try:
+        device = where if device is None else torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError("device %s is not a device; use 'cpu', 'cuda' or 'cuda:N'" % _shown(device)) from None
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if device != where:
@@ -374,9 +375,7 @@ def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, tr
     """The profile's header: what was measured, on what, for what."""
     name, lr, hp = _setup_optimizer(optimizer)
     tensors = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
-    amp = cfg["amp"]
-    amp = "none" if amp is None else {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp, amp)
-    amp = {"bfloat16": "bf16", "float16": "fp16"}.get(amp, amp)
+    amp = {None: "none", torch.bfloat16: "bf16", torch.float16: "fp16"}[cfg["autocast"]]
     budget = cfg["budget"]
     return {
         "schema": "accumplan.profile", "schema_version": _core.SCHEMA_VERSION,
@@ -422,7 +421,9 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
     world_size = int_arg(world_size, "world_size", 1, 1 << 20)
     request = _core.SearchRequest()
     request.target_batch, request.world_size = target_batch, world_size
-    request.headroom = headroom if isinstance(headroom, str) else repr(float(real_arg(headroom, "headroom", 0, 1)))
+    if isinstance(headroom, bool) or not isinstance(headroom, (str, int, float)):
+        raise TypeError("headroom must be 'auto', a fraction (0.05) or a size ('256MiB', bytes), not %s" % _shown(headroom))
+    request.headroom = str(headroom)  # read by the CLI's --headroom parser
     _core.check_request(request)
     _setup_optimizer(optimizer)
     inputs = _as_tuple(inputs)

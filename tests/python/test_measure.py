@@ -175,6 +175,8 @@ class PlanTest(unittest.TestCase):
             (dict(optimizer=torch.optim.LBFGS(self.model.parameters())), TypeError, "LBFGS"),
             (dict(world_size=3), ValueError, "3"),
             (dict(loss="hinge"), ValueError, "hinge"),
+            (dict(device="tpu:x"), ValueError, "tpu:x"),
+            (dict(headroom=[0.1]), TypeError, "headroom"),
         ]
         for kw, error, text in cases:
             calls = []
