@@ -1,0 +1,166 @@
+// test_search.cpp — the measurement search (accumplan/search.h) on a fake device, without torch.
+//
+// The fake runs no model: a window's peaks follow an exact line (weights, gradients after the
+// first microbatch, activations per sample) and it runs out of memory past the limit the search
+// asks for, so the windows the search chooses and the plan it makes can be checked by hand. The
+// real runners (ProbeRunner on TorchScript, accumplan.plan's Python runner) are tested with
+// their executors in tests/runtime and tests/python.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "accumplan/errors.h"
+#include "accumplan/search.h"
+
+using namespace accumplan;
+
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+struct FakeDevice final : WindowRunner {
+  int64_t weights = 4 * kMiB, grads = 4 * kMiB, fixed = 1 * kMiB, per_sample = 256 * 1024;
+  std::optional<int64_t> budget;
+  std::vector<std::vector<int64_t>> windows;  // every window asked for, in order
+  std::vector<WindowBudget> limits;           // the limit each ran under
+
+  int64_t first(int64_t b) const { return weights + fixed + per_sample * b; }
+  int64_t steady(int64_t b) const { return weights + grads + fixed + per_sample * b; }
+
+  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t, WindowBudget limit) override {
+    windows.push_back(sizes);
+    limits.push_back(limit);
+    WindowMeasurement m;
+    m.first_microbatch_peak_bytes = first(sizes.front());
+    m.steady_peak_bytes = 0;
+    for (size_t i = 1; i < sizes.size(); ++i) m.steady_peak_bytes = std::max(m.steady_peak_bytes, steady(sizes[i]));
+    m.peak_bytes = std::max(m.first_microbatch_peak_bytes, m.steady_peak_bytes);
+    m.optimizer_step_peak_bytes = weights + grads;
+    m.max_peak_bytes = m.peak_bytes;
+    m.step_seconds = 1e-3 * static_cast<double>(sizes.front());
+    m.seconds = m.step_seconds * static_cast<double>(sizes.size());
+    std::optional<int64_t> cap = budget;
+    if (limit == WindowBudget::Doubled && cap) cap = 2 * *cap;
+    if (limit == WindowBudget::Lifted) cap.reset();
+    if (cap && m.max_peak_bytes > *cap) {
+      m.oom = true;
+      m.peak_bytes = m.max_peak_bytes = 0;
+    }
+    return m;
+  }
+};
+
+Profile header(const FakeDevice& d) {
+  Profile p;
+  p.device = {"cpu", 0, "fake device", d.budget.value_or(int64_t{1} << 34)};
+  p.model = {"fake.pt", "", 1000, {}};
+  p.setup.inputs = {"float32[B,16]"};
+  p.setup.target = "int64[B]:10";
+  p.libtorch_version = "none";
+  p.probe = "fake";
+  p.budget_bytes = d.budget;
+  p.persistent = {d.weights, d.grads, 0};
+  return p;
+}
+
+SearchSettings settings_for(const FakeDevice& d, bool simulated, int64_t target) {
+  SearchSettings s;
+  s.budget_bytes = d.budget;
+  s.budget_is_simulated = simulated;
+  s.device_total_bytes = d.budget.value_or(int64_t{1} << 34);
+  s.device_name = "fake device";
+  s.max_probe_micro_batch = target;
+  return s;
+}
+
+PlanRequest request_for(int64_t target) {
+  PlanRequest r;
+  r.target_batch = target;
+  return r;
+}
+
+// The largest b whose [b, b] window fits the budget on the fake: steady(b) <= budget.
+int64_t true_max(const FakeDevice& d) { return (*d.budget - d.weights - d.grads - d.fixed) / d.per_sample; }
+
+}  // namespace
+
+TEST_CASE("Search: probes 2 and 4 first, then plans a size a real window ran at within the budget", "[search]") {
+  FakeDevice d;
+  d.budget = 64 * kMiB;  // true max: (64 - 9) MiB / 256 KiB = 220
+  std::vector<Trial> trials;
+  Search search(d, settings_for(d, /*simulated=*/true, 1024), trials);
+  Profile p = header(d);
+  search.profile(p);
+  REQUIRE(d.windows.size() >= 2);
+  CHECK(d.windows[0] == std::vector<int64_t>{2, 2});
+  CHECK(d.windows[1] == std::vector<int64_t>{4, 4});
+  p.trials = trials;
+  const Plan plan = search.plan_and_confirm(p, request_for(1024));
+  CHECK(plan.confirmed);
+  CHECK(plan.max_micro_batch <= true_max(d));
+  CHECK(plan.max_micro_batch >= true_max(d) - 2);  // an exact line: the search lands next to the truth
+  CHECK(plan.memory.predicted_peak_bytes <= *d.budget);
+  // Every window it ran is recorded, and the windows past the probes ran under twice the budget.
+  CHECK(trials.size() == d.windows.size());
+  CHECK(std::count(d.limits.begin(), d.limits.end(), WindowBudget::Doubled) >= 1);
+  CHECK(d.windows.size() <= 2 + 2 + 6);  // probes, at most two tail probes, at most six windows after
+}
+
+TEST_CASE("Search: on a real (not simulated) budget no window runs past it", "[search]") {
+  FakeDevice d;
+  d.budget = 64 * kMiB;
+  std::vector<Trial> trials;
+  Search search(d, settings_for(d, /*simulated=*/false, 1024), trials);
+  Profile p = header(d);
+  search.profile(p);
+  p.trials = trials;
+  const Plan plan = search.plan_and_confirm(p, request_for(1024));
+  CHECK(plan.max_micro_batch <= true_max(d));
+  CHECK(std::all_of(d.limits.begin(), d.limits.end(), [](WindowBudget l) { return l == WindowBudget::Enforced; }));
+}
+
+TEST_CASE("Search: a window over the budget is judged not to fit even when it ran under a raised limit", "[search]") {
+  FakeDevice d;
+  d.budget = 64 * kMiB;
+  std::vector<Trial> trials;
+  Search search(d, settings_for(d, true, 1024), trials);
+  const WindowMeasurement over = search.run({240, 240}, 240, 0, WindowBudget::Doubled);
+  CHECK_FALSE(over.oom);
+  CHECK(over.max_peak_bytes > *d.budget);
+  CHECK_FALSE(over.fit);
+  CHECK(search.run({200, 200}, 200, 0, WindowBudget::Enforced).fit);
+  CHECK(trials.empty());  // run() records nothing
+}
+
+TEST_CASE("Search: persistent memory over the budget measures the probes without it and the plan says why", "[search]") {
+  FakeDevice d;
+  d.budget = 6 * kMiB;  // weights + gradients alone are 8 MiB
+  std::vector<Trial> trials;
+  SearchSettings s = settings_for(d, true, 64);
+  s.persistent_over_budget = true;
+  Search search(d, s, trials);
+  Profile p = header(d);
+  search.profile(p);
+  CHECK(std::all_of(d.limits.begin(), d.limits.end(), [](WindowBudget l) { return l == WindowBudget::Lifted; }));
+  CHECK(p.points.size() == 2);
+  p.trials = trials;
+  CHECK_THROWS_WITH(search.plan_and_confirm(p, request_for(64)), Catch::Contains("persistent memory alone"));
+}
+
+TEST_CASE("Search: when every window runs out of memory the profile refuses, naming the device", "[search]") {
+  FakeDevice d;
+  d.budget = 6 * kMiB;
+  std::vector<Trial> trials;
+  Search search(d, settings_for(d, false, 64), trials);
+  Profile p = header(d);
+  // Not lifted: the first probe runs out of memory, is measured lifted to explain, then the second
+  // probe needs a second point; both are measured without the budget and the profile has them.
+  search.profile(p);
+  CHECK(d.limits.front() == WindowBudget::Enforced);
+  CHECK(std::count(d.limits.begin(), d.limits.end(), WindowBudget::Lifted) >= 1);
+  CHECK(p.points.size() >= 2);
+}
