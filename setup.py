@@ -32,7 +32,15 @@ def _torch_args():
     try:
         import torch
         from torch.utils import cpp_extension
-    except ImportError:
+        include = cpp_extension.include_paths()[0]
+    except Exception as e:  # noqa: BLE001 - a broken torch must not stop the planner's install
+        print("accumplan: no torch (%s): accumplan._probes is not built; accumplan.plan will say how to "
+              "reinstall" % e, file=sys.stderr)
+        return []
+    if not os.path.exists(os.path.join(include, "c10", "core", "Allocator.h")):
+        # Debian's python3-torch links its headers from libtorch-dev, which it does not depend on.
+        print("accumplan: torch's C++ headers are missing (%s): accumplan._probes is not built; install "
+              "libtorch-dev (Debian) and reinstall for accumplan.plan" % include, file=sys.stderr)
         return []
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
     # The top folder holds c10/, the API folder torch/version.h.

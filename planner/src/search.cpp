@@ -178,7 +178,9 @@ void Search::profile_tokens(Profile& p) {
     say(kind + " b=" + std::to_string(s.micro_batch) + " x T=" + std::to_string(t) + ": peak " + format_bytes(s.peak_bytes) +
         ", " + format_seconds(s.step_seconds) + (s.fit ? "" : " (over the budget)"));
   };
-  auto measure = [&](int64_t b, int64_t t) { return run({b, b}, b, t, past_the_budget()); };
+  // Persistent memory over the budget: measured without it, so the planner can give the breakdown.
+  const WindowBudget budget = settings_.persistent_over_budget ? WindowBudget::Lifted : past_the_budget();
+  auto measure = [&](int64_t b, int64_t t) { return run({b, b}, b, t, budget); };
   // The grid: two sequence counts at up to three lengths — enough to tell b·T from b·T² and to
   // leave residuals. Measured past a simulated budget, so a point over it still teaches the fit.
   for (int64_t b : {1, 2}) {

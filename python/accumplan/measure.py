@@ -72,8 +72,8 @@ def _tile(inputs, target, n):
     first = _samples(inputs, target)
     idx = torch.arange(n) % first
 
-    def pick(t):
-        return t.index_select(0, idx.to(t.device))
+    def pick(t):  # on the host, as `accumplan run` keeps its data; microbatches go to the device
+        return t.detach().to("cpu").index_select(0, idx)
     return _map_inputs(inputs, pick), (None if target is None else pick(target))
 
 
@@ -173,8 +173,8 @@ class _CudaMeter:
 
     def __init__(self, device):
         self.device = device
-        props = torch.cuda.get_device_properties(device)
-        self.total_bytes, self.device_name = int(props.total_memory), props.name
+        self.total_bytes = int(torch.cuda.mem_get_info(device)[1])  # cudaMemGetInfo, as the C++ probe
+        self.device_name = torch.cuda.get_device_properties(device).name
         self._oom = False
 
     def limit(self, budget_bytes, data_bytes=0):
@@ -244,12 +244,16 @@ class _ModuleRunner(_core.WindowRunner):
         before = meter.current()
         inputs, target = _tile(self.inputs, self.target, n)  # the data set's, outside the budget
         data = meter.current() - before
-        peaks, starts = [], []
+        peaks, starts, reserved = [], [], []
+
+        def read():  # the reserved peak too: a reset clears both, and the cap is on reserved memory
+            peaks.append(meter.peak())
+            reserved.append(meter.reserved_peak())
 
         def before_microbatch(i):
             meter.sync()
             if i > 0:
-                peaks.append(meter.peak())
+                read()
                 meter.reset_peak()
             starts.append(time.perf_counter())
         try:
@@ -260,7 +264,7 @@ class _ModuleRunner(_core.WindowRunner):
             _run_rounds(w, sizes, None, len(sizes), False, before_microbatch)
             meter.sync()
             starts.append(time.perf_counter())
-            peaks.append(meter.peak())
+            read()
             m.step_seconds = min(b - a for a, b in zip(starts, starts[1:]))
             meter.reset_peak()
             _step(w, self.optimizer, WindowStats(), self.cfg["max_grad_norm"], None)
@@ -271,10 +275,10 @@ class _ModuleRunner(_core.WindowRunner):
             m.first_microbatch_peak_bytes = peaks[0] - data
             m.steady_peak_bytes = max(peaks[1:]) - data if len(peaks) > 1 else 0
             m.max_peak_bytes = max(m.peak_bytes, m.optimizer_step_peak_bytes)
-            reserved = meter.reserved_peak()
-            if reserved is not None:
-                m.reserved_peak_bytes = reserved
-                m.max_peak_bytes = max(m.max_peak_bytes, reserved)
+            reserved.append(meter.reserved_peak())
+            if reserved[0] is not None:
+                m.reserved_peak_bytes = max(reserved)
+                m.max_peak_bytes = max(m.max_peak_bytes, m.reserved_peak_bytes)
         except Exception as e:  # noqa: BLE001 - only out-of-memory is a measurement
             if not (meter.oom() or is_oom(e)):
                 raise
@@ -298,6 +302,7 @@ def _persistent(runner, meter, weights_bytes, state_bytes):
     """Gradients and optimizer state as the C++ profiler measures them: deltas across one small
     window (its backward, then its optimizer step). Returns (persistent, trial, over)."""
     cfg = runner.cfg
+    had_state = set(runner.optimizer.state)
     for attempt, limit in enumerate((cfg["budget"], None) if cfg["budget"] is not None else (None,)):
         t0 = time.perf_counter()
         before = meter.current()
@@ -320,6 +325,8 @@ def _persistent(runner, meter, weights_bytes, state_bytes):
             if not (meter.oom() or is_oom(e)):
                 raise
             _zero_grads(_parameters(runner.model), runner.optimizer)
+            for p in [p for p in runner.optimizer.state if p not in had_state]:
+                del runner.optimizer.state[p]  # half-built by the failed step: measured again
             meter.clear()
             if limit is None:
                 raise OutOfMemoryAtOne("the model's weights, gradients and optimizer state do not fit on %s even "
@@ -460,8 +467,10 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
     except _core.InputError as e:
         raise _plan_error(e) from None
     finally:
-        meter.close()
-        snapshot.restore()
+        try:
+            meter.close()
+        finally:
+            snapshot.restore()
     return Plan._from_text(plan_text, "accumplan.plan(%s)" % type(model).__name__)
 
 

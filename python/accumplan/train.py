@@ -17,6 +17,7 @@ a TorchScript module from ``torch.jit.load``.
 """
 
 import contextlib
+from collections.abc import Mapping
 import math
 import time
 import warnings
@@ -52,7 +53,7 @@ def _as_tuple(inputs):
     that are not tensors (flags) go to every microbatch unchanged."""
     if isinstance(inputs, torch.Tensor):
         return (inputs,)
-    if isinstance(inputs, dict):
+    if isinstance(inputs, Mapping):  # a dict, or a tokenizer's BatchEncoding (a UserDict)
         return dict(inputs)
     return tuple(inputs)
 
@@ -836,6 +837,8 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     loss_kind = loss if loss is not None else plan.loss
     if loss_fn is None and loss_kind not in LOSSES:
         raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss_kind,))
+    if loss_fn is None and loss_kind == "model" and target is not None and isinstance(inputs, dict):
+        raise ValueError("loss='model' with dict inputs takes its labels from the dict: pass target=None")
     ii = plan.ignore_index if ignore_index is None else int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     if max_grad_norm is not None:
         max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)  # setup.max_grad_norm's range

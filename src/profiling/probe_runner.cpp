@@ -378,12 +378,12 @@ WindowMeasurement ProbeRunner::measure(int64_t micro_batch) {
   // at the start of every window), the second with the first's gradients resident, as every
   // later microbatch of a longer window does; then the optimizer step.
   std::vector<Trial> unrecorded;
-  return Search(*this, search_settings(), unrecorded).run({micro_batch, micro_batch}, micro_batch, 0, WindowBudget::Enforced);
+  return Search(*this, search_settings(), unrecorded).run({micro_batch, micro_batch}, micro_batch, 0, own_budget());
 }
 
 WindowMeasurement ProbeRunner::measure_window(const std::vector<int64_t>& sizes) {
   std::vector<Trial> unrecorded;
-  return Search(*this, search_settings(), unrecorded).run(sizes, sizes.empty() ? 0 : sizes.front(), 0, WindowBudget::Enforced);
+  return Search(*this, search_settings(), unrecorded).run(sizes, sizes.empty() ? 0 : sizes.front(), 0, own_budget());
 }
 
 Profile ProbeRunner::profile() {

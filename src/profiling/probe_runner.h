@@ -111,6 +111,9 @@ class ProbeRunner final : public WindowRunner {
  private:
   // What the search needs to know of this device and budget.
   SearchSettings search_settings() const;
+  // The limit of a window measured outside the search: none while persistent memory alone is over
+  // the budget (as it was measured), else the budget.
+  WindowBudget own_budget() const { return persistent_over_budget_ ? WindowBudget::Lifted : WindowBudget::Enforced; }
   void load_and_measure_persistent();
   // Runs one executor window of these microbatch sizes and its optimizer step, budget enforced.
   WindowMeasurement window(const std::vector<int64_t>& sizes);

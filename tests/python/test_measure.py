@@ -6,6 +6,7 @@ budget; a Hugging Face-style dict model with its own loss plans and trains; a me
 bad arguments are refused before anything changes; batch-dependent layers are warned about; the
 saved plan is the file the CLI reads. Small models, so each plan takes well under a second.
 What it is not: the comparison with the CLI on real models (tests/bench/python_vs_cli.py)."""
+import collections
 import functools
 import os
 import subprocess
@@ -199,7 +200,8 @@ class DictModelTest(unittest.TestCase):
         self.assertEqual(plan.setup["optimizer"], "momentum")
         high = int(ids.max()) + 1  # integers are specified by the largest the data holds
         self.assertEqual(plan.setup["inputs"], ["int64[B,12]:%d" % high, "float32[B,12]", "int64[B,12]:%d" % high])
-        window = {k: v.repeat(8, 1) for k, v in batch.items()}
+        # A tokenizer's BatchEncoding is a UserDict, not a dict: taken as model(**window) too.
+        window = collections.UserDict({k: v.repeat(8, 1) for k, v in batch.items()})
         before = [p.detach().clone() for p in model.parameters()]
         st = accumplan.train_window(plan, model, opt, window, loss="model")
         self.assertTrue(st.stepped)
