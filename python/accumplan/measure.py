@@ -292,10 +292,9 @@ class _ModuleRunner(_core.WindowRunner):
         return m
 
 
-# The persistent step's window: one microbatch of two samples. The C++ profiler's is one sample;
-# two, because BatchNorm in training mode refuses a batch of one ("Expected more than 1 value per
-# channel") and the deltas measured do not depend on the batch.
-_PERSISTENT_WINDOW = 2
+# The persistent step's window, the C++ profiler's too (search.h kPersistentWindowSamples: two
+# samples, as BatchNorm in training mode refuses a batch of one).
+_PERSISTENT_WINDOW = _core.PERSISTENT_WINDOW_SAMPLES
 
 
 def _persistent(runner, meter, weights_bytes, state_bytes):

@@ -321,20 +321,21 @@ void ProbeRunner::load_and_measure_persistent() {
 
       // Adagrad allocates its state when constructed, Adam and momentum on the first step: the
       // state is the delta across both, less the gradients allocated in between. The step is
-      // the executor's own window of one sample; its data's bytes are not counted (as in window()).
+      // the executor's own window of kPersistentWindowSamples; its data's bytes are not counted (as in window()).
       const int64_t before_optimizer = probe_.current_bytes();
       optimizer_ = make_optimizer(options_.setup, params_);
       const int64_t after_construct = probe_.current_bytes();
       probe_.reset_peak();
-      const Batch data = window_data(1);
+      const Batch data = window_data(kPersistentWindowSamples);
       const int64_t with_data = probe_.current_bytes();
-      Executor executor(model_.module, *optimizer_, window_plan({1}), executor_options());
+      Executor executor(model_.module, *optimizer_, window_plan({kPersistentWindowSamples}), executor_options());
       WindowStats st = executor.accumulate(data);
       persistent_.gradients_bytes = probe_.current_bytes() - with_data;
       executor.apply(st);  // steps the optimizer, then sets the gradients to none
       persistent_.optimizer_state_bytes = (after_construct - before_optimizer) + (probe_.current_bytes() - with_data);
       const int64_t peak = probe_peak() - (with_data - after_construct) - host_bytes_;
-      trials_.push_back({"probe", 1, !budget_bytes_ || peak <= *budget_bytes_, peak, seconds_since(t0), {1}});
+      trials_.push_back({"probe", kPersistentWindowSamples, !budget_bytes_ || peak <= *budget_bytes_, peak,
+                         seconds_since(t0), {kPersistentWindowSamples}});
       say("measured persistent memory: weights " + format_bytes(persistent_.weights_bytes) + ", gradients " +
           format_bytes(persistent_.gradients_bytes) + ", optimizer state " +
           format_bytes(persistent_.optimizer_state_bytes) + " (" + options_.setup.optimizer + ")");
@@ -355,7 +356,7 @@ void ProbeRunner::load_and_measure_persistent() {
       model_ = LoadedModel{};
       probe_.clear_oom();
       probe_.release_cached();
-      trials_.push_back({"probe", 1, false, 0, seconds_since(t0), {1}});
+      trials_.push_back({"probe", kPersistentWindowSamples, false, 0, seconds_since(t0), {kPersistentWindowSamples}});
       if (attempt == 1 || !budget_bytes_) {
         throw InfeasibleError("the model's weights, gradients and optimizer state do not fit on " +
                               probe_.device_name() + " even without a budget; use a smaller model, "

@@ -7,7 +7,8 @@
 // (so weights are counted), and measures persistent memory: weights (probe delta across the
 // load), gradients (delta across the first window's backward), optimizer state (delta across
 // optimizer construction plus its first real step — Adagrad allocates its state in the
-// constructor, Adam on the first step). It is the C++ WindowRunner of the measurement search
+// constructor, Adam on the first step), in one window of kPersistentWindowSamples (search.h). It
+// is the C++ WindowRunner of the measurement search
 // (accumplan/search.h, which decides which windows run: probe sizes, tail, confirm, climb,
 // bisect); profile() and plan_and_confirm() hand this runner to that search.
 //   measure(b)          a window of two microbatches of b (the first with no gradient resident,

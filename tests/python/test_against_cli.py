@@ -9,6 +9,7 @@ import socket
 import subprocess
 import tempfile
 import unittest
+import warnings
 
 import torch
 
@@ -113,6 +114,28 @@ class SameAsAccumplanRun(unittest.TestCase):
                 plan.train_window(ref, opt, (x[s:s + 16],), y[s:s + 16])
             for g, w in zip(params_of(torch.jit.load(out)), params_of(ref)):
                 torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+    def test_a_batchnorm1d_model_is_planned_by_the_cli_and_from_python(self):
+        # BatchNorm1d in training mode refuses a batch of one: the persistent step (the first
+        # window either tool runs) is two samples, the same in both (kPersistentWindowSamples).
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 10))
+        with tempfile.TemporaryDirectory() as d:
+            m, out = os.path.join(d, "bn1d.pt"), os.path.join(d, "plan.json")
+            torch.jit.save(torch.jit.script(model), m)
+            run(["--model", m, "--target-batch", "64", "--input", "float32[B,16]", "--target", "int64[B]:10",
+                 "--device", "cpu", "--memory-budget", "64MiB", "--out", out, "--progress", "none"])
+            cli = accumplan.load_plan(out)
+        x, y = torch.randn(8, 16), torch.randint(0, 10, (8,))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # BatchNorm1d is batch-dependent, and said so
+            py = accumplan.plan(model, (x,), y, target_batch=64, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                memory_budget="64MiB", progress=False)
+        for plan in (cli, py):
+            self.assertEqual(plan.profile["trials"][0]["window"], [accumplan._core.PERSISTENT_WINDOW_SAMPLES])
+            self.assertEqual(sum(plan.microbatch_sizes), 64)
+            self.assertEqual(plan.model["batch_dependent_layers"], ["1 (BatchNorm1d)"])
 
     def test_token_model_weighted_by_valid_tokens(self):
         x, y = token_data(40)  # ignored positions differ per microbatch

@@ -48,6 +48,12 @@ struct WindowMeasurement {
   double seconds = 0;                    // the whole window (its cost as a Trial)
 };
 
+// The window each runner measures persistent memory with before the search starts (gradients:
+// the delta across its backward; optimizer state: across its step): one microbatch of two
+// samples. Not one: BatchNorm in training mode refuses a batch of one ("Expected more than 1
+// value per channel"), and the deltas do not depend on the batch.
+constexpr int64_t kPersistentWindowSamples = 2;
+
 // Under which limit a window runs.
 enum class WindowBudget {
   Enforced,  // the budget planned for (none when no budget was given)
