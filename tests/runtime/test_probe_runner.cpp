@@ -238,6 +238,6 @@ TEST_CASE("bad setups are refused before anything runs", "[runner][errors]") {
   CHECK_THROWS_WITH(ProbeRunner(*probe, o), Catch::Contains("--loss 'hinge' is unknown"));
   o = mlp_options("sgd");
   o.setup.inputs = {"float32[B,3]"};  // the MLP takes 64 features
-  CHECK_THROWS_WITH(ProbeRunner(*probe, o), Catch::Contains("the model rejected inputs of shape [1,3]"));
+  CHECK_THROWS_WITH(ProbeRunner(*probe, o), Catch::Contains("the model rejected inputs of shape [2,3]"));
   CHECK(probe->current_bytes() == 0);
 }
