@@ -460,7 +460,7 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
         request.budget_is_simulated = meter.simulated
         request.persistent_over_budget = over
         header = _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trial)
-        plan_text, _ = _core.search_plan(runner, json.dumps(header), request, say)
+        plan_text = _core.search_plan(runner, json.dumps(header), request, say)
     except _core.InfeasibleError as e:
         raise OutOfMemoryAtOne(str(e)) from None
     except _core.InputError as e:

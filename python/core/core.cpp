@@ -126,11 +126,11 @@ PlanRequest plan_request(const SearchRequest& r) {
   return request;
 }
 
-// (plan JSON, profile JSON): the probe schedule and the confirmed plan, from a profile whose
-// header (device, model, setup, persistent memory, budget, the persistent step's trials) the
-// runner's owner measured.
-std::pair<std::string, std::string> search_plan(WindowRunner& runner, const std::string& header_text,
-                                                const SearchRequest& r, const py::object& progress) {
+// The confirmed plan's JSON (its profile, every window included, is in it): the probe schedule
+// and the plan, from a profile whose header (device, model, setup, persistent memory, budget, the
+// persistent step's trials) the runner's owner measured.
+std::string search_plan(WindowRunner& runner, const std::string& header_text,
+                        const SearchRequest& r, const py::object& progress) {
   PlanRequest request = plan_request(r);
   Profile profile = profile_from_json(parse_json_text(header_text, "the profile header"));
   if (profile.budget_bytes) request.budget.bytes = profile.budget_bytes;
@@ -148,7 +148,7 @@ std::pair<std::string, std::string> search_plan(WindowRunner& runner, const std:
   search.profile(profile);
   profile.trials = trials;
   const Plan plan = search.plan_and_confirm(profile, request);
-  return {text_of(plan), to_json(profile).dump(2) + "\n"};
+  return text_of(plan);
 }
 
 }  // namespace
@@ -222,5 +222,5 @@ PYBIND11_MODULE(_core, m) {
         "InputError naming a bad target_batch, world_size or headroom");
   m.def("search_plan", &search_plan, py::arg("runner"), py::arg("header"), py::arg("request"),
         py::arg("progress") = py::none(),
-        "(plan JSON, profile JSON): the measurement search `accumplan profile` runs, on the runner's windows");
+        "the plan JSON of the measurement search `accumplan profile` runs, on the runner's windows");
 }
