@@ -22,6 +22,31 @@ from setuptools.command.build_ext import build_ext
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
+def _say(line):
+    """One line per stage on stderr (pip shows it with -v; the build takes minutes)."""
+    print("accumplan: " + line, file=sys.stderr, flush=True)
+
+
+def _check_interpreter():
+    """A venv made from a python3 that cannot see the system's packages (pyenv's, first on PATH)
+    has no `wheel`: pip would stop with "invalid command 'bdist_wheel'" and no hint. Say which
+    interpreter to use instead, in one line."""
+    try:
+        import wheel  # noqa: F401
+        return
+    except ImportError:
+        pass
+    try:
+        from setuptools.command import bdist_wheel  # noqa: F401 - setuptools >= 70.1 has its own
+    except ImportError:
+        sys.exit("accumplan: %s has no 'wheel' package (pip install --no-build-isolation uses this interpreter's "
+                 "own); make the venv with the interpreter that imports the system's torch, e.g. "
+                 "/usr/bin/python3 -m venv --system-site-packages .venv" % sys.executable)
+
+
+_check_interpreter()
+
+
 class CMakeExtension(Extension):
     def __init__(self, name):
         super().__init__(name, sources=[])
@@ -34,8 +59,9 @@ def _torch_args():
         from torch.utils import cpp_extension
         include = cpp_extension.include_paths()[0]
     except Exception as e:  # noqa: BLE001 - a broken torch must not stop the planner's install
-        print("accumplan: no torch (%s): accumplan._probes is not built; accumplan.plan will say how to "
-              "reinstall" % e, file=sys.stderr)
+        _say("%s cannot import torch (%s): accumplan._probes is not built, so plans can be read but not made "
+             "or trained on the CPU; install with the interpreter that imports torch (/usr/bin/python3 on Debian)"
+             % (sys.executable, e))
         return []
     if not os.path.exists(os.path.join(include, "c10", "core", "Allocator.h")):
         # Debian's python3-torch links its headers from libtorch-dev, which it does not depend on.
@@ -67,8 +93,11 @@ class CMakeBuild(build_ext):
         # More CMake arguments, e.g. where header-only packages are on a machine without them
         # (scripts/gpu-check.sh: -DCMAKE_PREFIX_PATH=.gpu-deps).
         extra = os.environ.get("ACCUMPLAN_CMAKE_ARGS", "").split()
+        _say("configuring the compiled core with CMake in %s" % build_dir)
         subprocess.run(args + torch_args + extra, check=True, stdout=subprocess.DEVNULL)
         targets = ["accumplan_python_core"] + (["accumplan_python_probes"] if torch_args else [])
+        _say("building %s (about 2-3 minutes on 2 cores from scratch; ninja rebuilds only what changed)"
+             % " and ".join(t.replace("accumplan_python_", "_") for t in targets))
         subprocess.run(["cmake", "--build", build_dir, "--target"] + targets + ["-j", os.environ.get("JOBS", "2")],
                        check=True)
         core = self.get_ext_fullpath(ext.name)
@@ -76,6 +105,7 @@ class CMakeBuild(build_ext):
         for name in ("_core", "_probes") if torch_args else ("_core",):
             built = os.path.join(build_dir, "python", name + sysconfig.get_config_var("EXT_SUFFIX"))
             shutil.copyfile(built, os.path.join(os.path.dirname(core), os.path.basename(built)))
+        _say("built; installing the package")
 
 
 # setuptools copies python/accumplan into its build folder and never removes a file from there: a

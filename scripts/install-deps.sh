@@ -14,7 +14,7 @@ for extra in "$@"; do
     python-torch) packages+=(python3-torch python3-torchvision) ;;
     # The Python package, installed with pip into a venv and tested (scripts/test.sh): its
     # compiled core needs pybind11 and Python's headers.
-    python-test) packages+=(python3-torch python3-venv python3-pip python3-setuptools python3-wheel python3-dev pybind11-dev) ;;
+    python-test) packages+=(python3-torch python3-torchvision python3-venv python3-pip python3-setuptools python3-wheel python3-dev pybind11-dev) ;;
     sanitize) packages+=(clang libclang-rt-14-dev) ;;  # ASan/UBSan build and libFuzzer (scripts/test.sh)
     *) echo "install-deps: unknown extra '$extra'" >&2; exit 2 ;;
   esac

@@ -100,3 +100,19 @@ def path_arg(value, name):
 def bound_text(v):
     """A bound as the C++ messages print it: integral values as integers, others as %g."""
     return "%d" % v if abs(v) < 9.007199254740992e15 and v == int(v) else "%g" % v
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def warn_user(message, category=UserWarning):
+    """warnings.warn pointing at the user's line: the first frame outside this package (a
+    warning raised three calls deep in accumplan names the caller of accumplan.plan, not
+    accumplan/__init__.py)."""
+    import sys
+    import warnings
+    level, frame = 2, sys._getframe(1)  # level 2: warn_user's caller
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _PACKAGE_DIR:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+

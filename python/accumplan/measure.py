@@ -20,15 +20,16 @@ import copy
 import json
 import sys
 import time
-import warnings
 
 import torch
 
 from . import _core
 from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, _shown, choice_arg, int_arg, real_arg
-from .plans import OutOfMemoryAtOne, Plan, PlanError, _plan_error
+from .meters import meter_for
+from .plans import OutOfMemoryAtOne, Plan, PlanError, _oom_error, _plan_error, in_python_terms
 from .train import (LOSSES, WindowStats, _as_tuple, _autocast_dtype, _map_inputs, _parameters, _run_rounds, _samples,
-                    _step, _Window, _zero_grads, batch_dependent_layers, count_units, is_oom, resolve_normalization)
+                    _step, _Window, _zero_grads, batch_dependent_layers, causal_shift, count_units, is_oom, units_rule,
+                    warn_batch_dependent)
 
 _OPTIMIZERS = (  # (class, the plan's optimizer name, the hyperparameters the C++ setup takes)
     (torch.optim.AdamW, "adamw", ("beta1", "beta2", "eps", "weight_decay")),
@@ -118,94 +119,6 @@ class _Snapshot:
             torch.cuda.set_rng_state_all(self.cuda_rng)
 
 
-class _CpuMeter:
-    """The cpu-counting probe (C++), with the bytes that existed before it was installed (the
-    weights, an optimizer state already built) added to every figure, so a peak is the device's."""
-    probe_name = "cpu-counting"
-    simulated = True
-
-    def __init__(self, uncounted_bytes):
-        try:
-            from . import _probes
-        except ImportError:
-            raise RuntimeError("accumplan.plan needs accumplan._probes, built when torch is importable at install time: "
-                               "reinstall with `python3 -m pip install --no-build-isolation .` in this environment") \
-                from None
-        self.total_bytes = _probes.machine_memory_bytes()
-        self.probe = _probes.CpuCountingProbe()
-        self.device_name = self.probe.device_name
-        self.uncounted = uncounted_bytes
-
-    def limit(self, budget_bytes, data_bytes=0):
-        self.probe.set_budget_bytes(None if budget_bytes is None else
-                                    max(0, budget_bytes - self.uncounted) + data_bytes)
-
-    def current(self):
-        return self.probe.current_bytes() + self.uncounted
-
-    def peak(self):
-        return self.probe.peak_bytes() + self.uncounted
-
-    def reserved_peak(self):
-        return None
-
-    def reset_peak(self):
-        self.probe.reset_peak()
-
-    def oom(self):
-        return self.probe.oom_happened()
-
-    def clear(self):
-        self.probe.clear_oom()
-
-    def sync(self):
-        pass
-
-    def close(self):
-        self.probe.close()
-
-
-class _CudaMeter:
-    """The CUDA caching allocator's statistics for one device (what the C++ cuda-caching-allocator
-    probe reads), its budget as the process's memory fraction."""
-    probe_name = "cuda-caching-allocator"
-    simulated = False
-
-    def __init__(self, device):
-        self.device = device
-        self.total_bytes = int(torch.cuda.mem_get_info(device)[1])  # cudaMemGetInfo, as the C++ probe
-        self.device_name = torch.cuda.get_device_properties(device).name
-        self._oom = False
-
-    def limit(self, budget_bytes, data_bytes=0):
-        fraction = 1.0 if budget_bytes is None else min(1.0, budget_bytes / self.total_bytes)
-        torch.cuda.set_per_process_memory_fraction(fraction, self.device)
-
-    def current(self):
-        return int(torch.cuda.memory_allocated(self.device))
-
-    def peak(self):
-        return int(torch.cuda.max_memory_allocated(self.device))
-
-    def reserved_peak(self):
-        return int(torch.cuda.max_memory_reserved(self.device))
-
-    def reset_peak(self):
-        torch.cuda.reset_peak_memory_stats(self.device)
-
-    def oom(self):
-        return False
-
-    def clear(self):
-        torch.cuda.empty_cache()
-
-    def sync(self):
-        torch.cuda.synchronize(self.device)
-
-    def close(self):
-        self.limit(None)
-
-
 class _ModuleRunner(_core.WindowRunner):
     """The Python WindowRunner: windows of train_window's microbatch step on the user's module."""
 
@@ -220,8 +133,9 @@ class _ModuleRunner(_core.WindowRunner):
         w = _Window(None, self.model, inputs, target, None, c["loss"], c["loss_fn"], c["ignore_index"],
                     c["autocast"], None, None)
         w.distributed = False  # every window is this process's own; the plan is per rank
-        w.norm = c["norm"]
-        w.units = max(1, count_units(target, n, w.norm, w.ii))
+        w.shift_arg = c["shift_labels"]
+        labels = w.set_units_rule(c["normalization"])
+        w.units = max(1, count_units(labels, n, w.norm, w.ii, w.shift))
         return w
 
     def _limit(self, budget):
@@ -370,7 +284,7 @@ def _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, no
     if n < 1:
         raise ValueError("inputs hold no samples (dim 0 is 0); pass at least one")
     ii = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
-    norm = resolve_normalization(normalization, None if loss_fn is not None else loss, target)
+    norm, _ = units_rule(normalization, loss, loss_fn, inputs, target)
     if max_grad_norm is not None:
         max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)
     return device, {"loss": loss, "loss_fn": loss_fn, "ignore_index": ii, "norm": norm, "normalization": normalization,
@@ -391,12 +305,20 @@ def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, tr
                   "parameter_count": sum(p.numel() for p in model.parameters()),
                   "batch_dependent_layers": batch_dependent_layers(model)},
         "setup": {"optimizer": name, "lr": lr, "hyperparameters": hp, "amp": amp,
-                  "max_grad_norm": cfg["max_grad_norm"], "loss": cfg["loss"], "normalization": cfg["normalization"],
+                  "max_grad_norm": cfg["max_grad_norm"], "loss": cfg["loss"], "normalization": _recorded_normalization(cfg),
                   "inputs": [_spec(t) for t in tensors if isinstance(t, torch.Tensor)],
                   "target": "" if target is None else _spec(target), "ignore_index": cfg["ignore_index"]},
         "libtorch_version": torch.__version__.split("+")[0], "probe": meter.probe_name, "budget_bytes": budget,
         "persistent": persistent, "points": [], "trials": [trial],
     }
+
+
+def _recorded_normalization(cfg):
+    """The plan's setup.normalization: the argument as given, except that a model's own loss
+    weighted per token says "tokens" (the CLI's executor weights a model's loss by samples)."""
+    if cfg["loss_fn"] is None and cfg["loss"] == "model" and cfg["norm"] == "tokens":
+        return "tokens"
+    return cfg["normalization"]
 
 
 def _say(progress):
@@ -409,7 +331,7 @@ def _say(progress):
 
 def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_entropy", loss_fn=None,
          memory_budget=None, device=None, amp=None, max_grad_norm=None, world_size=1, headroom="auto",
-         normalization="auto", ignore_index=-100, progress=None):
+         normalization="auto", ignore_index=-100, shift_labels=None, progress=None):
     """The plan for training ``model`` with ``optimizer`` at an effective batch of ``target_batch``,
     measured by real windows of ``train_window``'s step on this module in this process.
 
@@ -419,6 +341,8 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
     the microbatch replaces ``loss``. memory_budget: bytes, "12GiB" or "90%" (None: the device's
     memory). device: "cpu" or "cuda[:N]", where the model is (None: there). amp: None, "bf16"
     or "fp16". headroom: "auto", a fraction ("0.05") or bytes ("256MiB"), as ``--headroom``.
+    shift_labels: with loss="model" and per-token labels, whether the model's loss shifts them
+    (None: detected, as ``train_window`` does; the plan records normalization "tokens").
     progress: None prints one line per window to stderr, False is silent, a callable gets the lines.
     Returns the ``Plan`` ``load_plan`` returns; ``plan.save(path)`` writes the file the CLI writes.
     The model, optimizer and RNG are left as they were; ValueError/TypeError name a bad argument
@@ -430,21 +354,21 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
     if isinstance(headroom, bool) or not isinstance(headroom, (str, int, float)):
         raise TypeError("headroom must be 'auto', a fraction (0.05) or a size ('256MiB', bytes), not %s" % _shown(headroom))
     request.headroom = str(headroom)  # read by the CLI's --headroom parser
-    _core.check_request(request)
+    try:
+        _core.check_request(request)
+    except _core.InputError as e:
+        raise ValueError(in_python_terms(str(e))) from None
     _setup_optimizer(optimizer)
     inputs = _as_tuple(inputs)
     device, cfg = _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, normalization,
                           ignore_index)
+    cfg["shift_labels"] = causal_shift(model, shift_labels) if shift_labels is not None else None
     say = _say(progress)
-    layers = batch_dependent_layers(model)
-    if layers:
-        warnings.warn("accumplan: %d batch-dependent layer(s) in training mode (e.g. %s): accumulation will not "
-                      "reproduce one large batch for them; each sees one microbatch's statistics"
-                      % (len(layers), layers[0]), stacklevel=2)
+    warn_batch_dependent(batch_dependent_layers(model))
     snapshot = _Snapshot(model, optimizer, device)
     weights = sum(_nbytes(t) for t in list(model.parameters()) + list(model.buffers()))
     state = _state_bytes(optimizer)
-    meter = _CpuMeter(weights + state) if device.type == "cpu" else _CudaMeter(device)
+    meter = meter_for(device, weights + state)
     try:
         total = meter.total_bytes
         budget = None
@@ -462,7 +386,7 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
         header = _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trial)
         plan_text = _core.search_plan(runner, json.dumps(header), request, say)
     except _core.InfeasibleError as e:
-        raise OutOfMemoryAtOne(str(e)) from None
+        raise _oom_error(e) from None
     except _core.InputError as e:
         raise _plan_error(e) from None
     finally:

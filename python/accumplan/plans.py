@@ -14,6 +14,7 @@ import json
 import math
 import operator
 import os
+import re
 import stat
 
 from ._args import MAX_COUNT, _shown, choice_arg, int_arg, lengths_arg, path_arg
@@ -49,9 +50,35 @@ class OutOfMemoryAtOne(RuntimeError):
 
 # --- the planner's arithmetic (the C++ rules; arguments checked here) ----------------------------
 
+# The C++ core words its messages for the CLI; a Python user reads them with the names of
+# accumplan.plan's arguments instead (its keyword for each option, or what stands for it).
+_PYTHON_NAMES = {
+    "target-batch": "target_batch", "world-size": "world_size", "memory-budget": "memory_budget",
+    "headroom": "headroom", "optimizer": "optimizer", "normalization": "normalization", "loss": "loss",
+    "amp": "amp", "max-grad-norm": "max_grad_norm", "ignore-index": "ignore_index", "device": "device",
+    "lr": "the optimizer's lr", "multiple-of": "multiple_of", "plan": "the plan",
+}
+_CLI_OPTION = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)")
+
+
+def in_python_terms(message):
+    """A core message in Python's words: `accumplan plan ...` advice becomes accumplan.plan(...),
+    --target-batch becomes target_batch (options Python has no argument for are left as they are)."""
+    message = re.sub(r"`accumplan (?:plan|profile)((?: --[a-z-]+)*)`",
+                     lambda m: "accumplan.plan(...%s)" % "".join(", %s=..." % _PYTHON_NAMES.get(o, o)
+                                                                for o in re.findall(r"--([a-z-]+)", m.group(1))),
+                     message)
+    return _CLI_OPTION.sub(lambda m: _PYTHON_NAMES.get(m.group(1), m.group(0)), message)
+
+
 def _plan_error(e):
-    """The core's refusal as PlanError, its message unchanged."""
-    return PlanError(str(e))
+    """The core's refusal as PlanError, in Python's words."""
+    return PlanError(in_python_terms(str(e)))
+
+
+def _oom_error(e):
+    """The core's infeasible plan as OutOfMemoryAtOne, in Python's words."""
+    return OutOfMemoryAtOne(in_python_terms(str(e)))
 
 
 def balanced_split(total, parts, unit=1):
@@ -349,7 +376,7 @@ class Plan:
         try:
             return _core.window_sizes(self._text, samples)
         except _core.InputError as e:
-            raise ValueError(str(e)) from None
+            raise ValueError(in_python_terms(str(e))) from None
 
     def largest_fitting(self):
         """The largest microbatch b with fit.intercept_bytes + fit.slope_bytes_per_sample * b <=
@@ -373,10 +400,11 @@ class Plan:
         try:
             text, how = _core.replan_below(self._text, failing_micro_batch)
         except _core.InfeasibleError as e:
-            raise OutOfMemoryAtOne(str(e)) from None
+            raise _oom_error(e) from None
         self._set(text)
         note = ("out of memory at microbatch %d: re-planned %d samples into %s (was %s); %s"
-                % (failing_micro_batch, self.per_rank_batch, ",".join(map(str, self.microbatch_sizes)), old, how))
+                % (failing_micro_batch, self.per_rank_batch, ",".join(map(str, self.microbatch_sizes)), old,
+                   in_python_terms(how)))
         self.replans.append(note)
         return note
 
@@ -415,7 +443,7 @@ class Plan:
         try:
             self._set(_core.repack_below(self._text, failing_tokens))
         except _core.InfeasibleError as e:
-            raise OutOfMemoryAtOne(str(e)) from None
+            raise _oom_error(e) from None
         note = ("out of memory at %d padded tokens: token budget lowered to %d padded tokens per microbatch"
                 % (failing_tokens, self.tokens["token_budget"]))
         self.replans.append(note)

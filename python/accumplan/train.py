@@ -18,6 +18,7 @@ a TorchScript module from ``torch.jit.load``.
 
 import contextlib
 from collections.abc import Mapping
+import inspect
 import math
 import time
 import warnings
@@ -27,7 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, _shown, choice_arg, int_arg, lengths_arg, real_arg
+from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, _shown, choice_arg, int_arg, lengths_arg, real_arg, warn_user
+from .meters import CpuMeter, held_bytes, meter_for
 from .plans import OutOfMemoryAtOne, _core
 
 LOSSES = ("cross_entropy", "mse", "model")
@@ -117,8 +119,10 @@ def resolve_normalization(name, loss, target):
     raise ValueError("normalization %r is unknown; use samples, tokens or auto" % (name,))
 
 
-def count_units(target, samples, normalization, ignore_index=-100):
-    """The units of a window or microbatch: its samples, or its valid tokens."""
+def count_units(target, samples, normalization, ignore_index=-100, shift_labels=False):
+    """The units of a window or microbatch: its samples, or its valid tokens (target !=
+    ignore_index; with ``shift_labels``, of target[:, 1:], the positions a causal LM that shifts
+    its labels inside its own loss predicts)."""
     normalization = choice_arg(normalization, "normalization", ("samples", "tokens"))
     if normalization == "samples":
         return int_arg(samples, "samples", 0, MAX_COUNT)
@@ -127,7 +131,66 @@ def count_units(target, samples, normalization, ignore_index=-100):
         raise ValueError("tokens normalization needs a target to count tokens in")
     if not isinstance(target, torch.Tensor):
         raise TypeError("tokens normalization needs a target tensor to count tokens in, not %s" % type(target).__name__)
+    if shift_labels:
+        if target.dim() < 2:
+            raise ValueError("shift_labels needs labels with a sequence dimension [B,T]; got %s" % list(target.shape))
+        target = target[:, 1:]
     return int(target.ne(ignore_index).sum().item())
+
+
+# --- a model that computes its own loss (loss="model") ------------------------------------------
+
+# A Hugging Face causal LM's loss predicts labels[:, 1:] from positions [:, :-1]: it shifts the
+# labels itself (GPT2LMHeadModel, LlamaForCausalLM, ...), so its valid tokens are those of
+# labels[:, 1:]. Counting labels[:, :] instead puts one token per sequence too many in N.
+_CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+
+def units_rule(normalization, loss, loss_fn, inputs, target):
+    """(normalization, labels): what a window's N counts, "samples" or "tokens", and the tensor
+    its tokens are counted in. A model's own loss (loss="model") over integer labels [B,T] — the
+    target, or a dict's "labels" — follows cross-entropy's rule: its mean is over valid tokens."""
+    own_loss = loss_fn is None and loss == "model"
+    labels = model_labels(inputs, target) if own_loss else target
+    rule_loss = None if loss_fn is not None else ("cross_entropy" if own_loss else loss)
+    return resolve_normalization(normalization, rule_loss, labels), labels
+
+
+def model_labels(inputs, target):
+    """The tensor a model's own loss reads its labels from: ``target`` (passed as the last forward
+    argument), or with dict inputs (a Hugging Face batch) their "labels". None if neither."""
+    if target is None and isinstance(inputs, Mapping):
+        labels = inputs.get("labels")
+        return labels if isinstance(labels, torch.Tensor) else None
+    return target
+
+
+def causal_shift(model, shift_labels=None):
+    """Whether ``model``'s own loss shifts its labels (predicts labels[:, 1:]): ``shift_labels``
+    True or False says so; None detects a Hugging Face causal LM by its class name (one ending in
+    ForCausalLM or LMHeadModel; a DDP module's wrapped one; no model: False)."""
+    if shift_labels is not None:
+        if not isinstance(shift_labels, bool):
+            raise TypeError("shift_labels must be True, False or None (detect), not %s" % _shown(shift_labels))
+        return shift_labels
+    if model is None:
+        return False
+    inner = model.module if _is_ddp(model) else model
+    return type(inner).__name__.endswith(_CAUSAL_LM_SUFFIXES)
+
+
+def takes_num_items(model):
+    """True when ``model``'s forward takes ``num_items_in_batch`` (Hugging Face's loss
+    normalizer since transformers 4.46): its loss is then SUM / num_items_in_batch, and
+    train_window passes the window's valid tokens instead of re-weighting a mean. Read from an
+    explicit parameter, or the model's ``accepts_loss_kwargs`` flag (transformers' own test)."""
+    inner = model.module if _is_ddp(model) else model
+    if getattr(inner, "accepts_loss_kwargs", None) is True:
+        return True
+    try:
+        return "num_items_in_batch" in inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError, AttributeError):  # a TorchScript method has no Python signature
+        return False
 
 
 def model_output(out):
@@ -155,12 +218,16 @@ def model_output(out):
     return out, False
 
 
-def loss_sum(output, target, loss="cross_entropy", normalization="samples", ignore_index=-100, samples=None):
+def loss_sum(output, target, loss="cross_entropy", normalization="samples", ignore_index=-100, samples=None,
+             units=None, shift_labels=False):
     """The SUM over units of the per-unit loss of one microbatch (divide by the window's units).
 
     cross_entropy: logits [B,C] with target [B], or [B,T,C] with [B,T]; in samples mode a sample's
     loss is the mean over its valid positions. mse: a sample's loss is the mean over its elements.
-    model: ``output`` is the microbatch's mean loss; its sum is mean x samples (samples mode only).
+    model: ``output`` is the microbatch's mean loss (``target``: its labels); its sum is mean x
+    units, the microbatch's samples, or in tokens mode its valid tokens (of target[:, 1:] with
+    ``shift_labels``, as a causal LM averages); ``units`` given overrides the count (the window's
+    tokens when the model was passed ``num_items_in_batch``: its loss is then SUM / that count).
     """
     ignore_index = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     if loss == "cross_entropy":
@@ -177,18 +244,20 @@ def loss_sum(output, target, loss="cross_entropy", normalization="samples", igno
             return per.sum()
         valid = target.ne(ignore_index)
         return (per.sum(1) / valid.sum(1).clamp_min(1).to(per.dtype)).sum()
+    if loss == "model":
+        if output.numel() != 1:
+            raise ValueError("loss 'model' expects the model to return a scalar mean loss; it returned %s"
+                             % list(output.shape))
+        if units is None:
+            units = count_units(target, samples, normalization, ignore_index, shift_labels)
+        return output.reshape(()).float() * float(units)
     if normalization == "tokens":
-        raise ValueError("tokens normalization applies to cross_entropy only, not %r" % (loss,))
+        raise ValueError("tokens normalization applies to cross_entropy and a model's own loss, not %r" % (loss,))
     if loss == "mse":
         if target is None or output.shape != target.shape:
             raise ValueError("mse needs output and target of the same shape; got %s and %s"
                              % (list(output.shape), None if target is None else list(target.shape)))
         return (output.float() - target.float()).pow(2).reshape(output.shape[0], -1).mean(1).sum()
-    if loss == "model":
-        if output.numel() != 1:
-            raise ValueError("loss 'model' expects the model to return a scalar mean loss; it returned %s"
-                             % list(output.shape))
-        return output.reshape(()).float() * float(samples)
     raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss,))
 
 
@@ -411,7 +480,8 @@ def all_reduce_gradients(params, group=None, extra=None):
 
 # --- the low-level way: your own loop ----------------------------------------------------------
 
-def split(plan, inputs, target=None, *, ignore_index=None, normalization=None, loss=None, model=None, group=None):
+def split(plan, inputs, target=None, *, ignore_index=None, normalization=None, loss=None, model=None, group=None,
+          shift_labels=None):
     """Yields ``((inputs, target), scale)`` for each microbatch of one window.
 
     ``scale`` is 1/N, N the window's units (samples, or valid tokens; summed over all ranks when
@@ -420,7 +490,10 @@ def split(plan, inputs, target=None, *, ignore_index=None, normalization=None, l
     every microbatch but the last run under ``model.no_sync()`` (the scale then also undoes DDP's
     division by the world size). Without DDP under torch.distributed, call
     ``all_reduce_gradients(params)`` once after the loop. Yields nothing for a window without
-    valid tokens. No OOM recovery here: use ``train_window`` for that."""
+    valid tokens. No OOM recovery here: use ``train_window`` for that. With loss="model" over
+    per-token labels, N counts the labels' valid tokens (of labels[:, 1:] when the model shifts
+    them: ``shift_labels``, or detected from ``model=``); weight each microbatch's mean by its
+    own: ``loss_sum(out.loss, labels, "model", "tokens", shift_labels=...)``."""
     inputs = _as_tuple(inputs)
     loss_kind = loss if loss is not None else plan.loss
     ii = plan.ignore_index if ignore_index is None else int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
@@ -431,8 +504,9 @@ def split(plan, inputs, target=None, *, ignore_index=None, normalization=None, l
     try:
         n = _samples(inputs, target)
         sizes = plan.window_sizes(n) if n > 0 else []
-        norm = resolve_normalization(normalization or plan.normalization, loss_kind, target)
-        units = count_units(target, n, norm, ii) if n > 0 else 0
+        norm, labels = units_rule(normalization or plan.normalization, loss_kind, None, inputs, target)
+        shift = causal_shift(model, shift_labels) if loss_kind == "model" and norm == "tokens" else False
+        units = count_units(labels, n, norm, ii, shift) if n > 0 else 0
     except Exception as e:  # noqa: BLE001 - re-raised below, on every rank
         if world == 1:
             raise
@@ -482,6 +556,10 @@ class WindowStats:
         self.grad_norm = None
         self.oom_recoveries = 0
         self.seconds = 0.0
+        self.normalization = ""     # what N counted: "samples" or "tokens"
+        self.peak_bytes = None      # the window's memory peak (measure_memory): CUDA's caching allocator
+        #                             (allocated or reserved, the larger), or the CPU counting allocator's
+        self.predicted_peak_bytes = None  # the plan's predicted peak of a full window ($.memory)
 
     def __repr__(self):
         return "WindowStats(%s)" % ", ".join("%s=%r" % kv for kv in vars(self).items())
@@ -508,34 +586,39 @@ def _check_loss_fn_sums(loss_fn, out, target):
                          % (pair, each))
 
 
-def _forward_sum(model, mb_inputs, mb_target, n, loss_kind, loss_fn, norm, ignore_index, autocast, device, mask=None,
-                 check_loss_fn=False):
+def _forward_sum(w, mb_inputs, mb_target, n, mask=None, check_loss_fn=False):
+    """One microbatch's forward and the SUM of its per-unit losses (divide by the window's units)."""
+    device = w.device
     moved = _map_inputs(mb_inputs, lambda t: t.to(device) if t.device != device else t)
     target = None if mb_target is None else (mb_target.to(device) if mb_target.device != device else mb_target)
+    pass_units = w.norm == "tokens" and w.num_items  # the model divides its loss SUM by the window's tokens
     if isinstance(moved, dict):
         if mask is not None:
             raise ValueError("a padding mask goes to the model as one more positional argument; with dict "
                              "inputs put it in the dict (attention_mask) and plan without padding_mask")
-        kwargs = moved  # with loss="model" the labels are in the dict
+        kwargs = dict(moved, num_items_in_batch=w.units) if pass_units else moved  # labels are in the dict
 
         def call():
-            return model(**kwargs)
+            return w.model(**kwargs)
     else:
         args = list(moved) + ([mask.to(device)] if mask is not None else [])
-        if loss_kind == "model" and target is not None:
+        if w.loss_kind == "model" and target is not None:
             args.append(target)
 
         def call():
-            return model(*args)
-    ctx = torch.autocast(device_type=device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
+            return w.model(*args, num_items_in_batch=w.units) if pass_units else w.model(*args)
+    ctx = torch.autocast(device_type=device.type, dtype=w.autocast) if w.autocast is not None else contextlib.nullcontext()
     with ctx:
         out = call()
-        if loss_fn is not None:
+        if w.loss_fn is not None:
             if check_loss_fn:
-                _check_loss_fn_sums(loss_fn, out, target)
-            return loss_fn(out, target)
+                _check_loss_fn_sums(w.loss_fn, out, target)
+            return w.loss_fn(out, target)
         output, is_loss = model_output(out)
-        return loss_sum(output, target, "model" if is_loss else loss_kind, norm, ignore_index, n)
+        if not is_loss and w.loss_kind != "model":
+            return loss_sum(output, target, w.loss_kind, w.norm, w.ii, n)
+        return loss_sum(output, model_labels(moved, target), "model", w.norm, w.ii, n,
+                        units=w.units if pass_units else None, shift_labels=w.shift)
 
 
 _AUTOCAST_NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
@@ -593,11 +676,15 @@ def _warn_batch_dependent(model):
         _WARNED_MODELS.add(model)
     except TypeError:  # not weak-referenceable: walked every window
         pass
-    layers = batch_dependent_layers(model)
+    warn_batch_dependent(batch_dependent_layers(model))
+
+
+def warn_batch_dependent(layers):
+    """The one warning about batch-dependent layers (BatchNorm in training mode), at the user's line."""
     if layers:
-        warnings.warn("accumplan: %d batch-dependent layer(s) in training mode (e.g. %s): accumulation will not "
-                      "reproduce one large batch for them; each sees one microbatch's statistics"
-                      % (len(layers), layers[0]), stacklevel=3)
+        warn_user("accumplan: %d batch-dependent layer(s) in training mode (e.g. %s): accumulation will not "
+                  "reproduce one large batch for them; each sees one microbatch's statistics"
+                  % (len(layers), layers[0]))
 
 
 class _Window:
@@ -619,6 +706,17 @@ class _Window:
         self.packed = plan is not None and plan.tokens is not None  # None: accumplan.plan's measured windows
         self.ddp_ctx = model.no_sync if _is_ddp(model) else contextlib.nullcontext
         self.norm, self.units, self.longest = None, 0, 0
+        self.shift, self.num_items = False, False  # loss="model" per token: set_units_rule
+        self.shift_arg = None  # train_window's shift_labels
+
+    def set_units_rule(self, normalization):
+        """Sets what N counts (``norm``) and, for a model's own per-token loss, whether its labels
+        shift and whether it takes ``num_items_in_batch``. Returns the tensor units are counted in."""
+        self.norm, labels = units_rule(normalization, self.loss_kind, self.loss_fn, self.inputs, self.target)
+        per_token_model = self.loss_fn is None and self.loss_kind == "model" and self.norm == "tokens"
+        self.shift = causal_shift(self.model, self.shift_arg) if per_token_model else False
+        self.num_items = takes_num_items(self.model) if per_token_model else False
+        return labels
 
     def rank(self):
         return dist.get_rank(self.group)
@@ -628,7 +726,7 @@ def _check_share(w, normalization):
     """This rank's share: its samples, lengths (packed plans) and units. Returns n; sets w.norm,
     w.units, w.longest and w.lengths. Raises ValueError naming what is wrong."""
     n = _samples(w.inputs, w.target)
-    w.norm = resolve_normalization(normalization or w.plan.normalization, None if w.loss_fn else w.loss_kind, w.target)
+    labels = w.set_units_rule(normalization or w.plan.normalization)
     if w.packed:
         if w.lengths is None:
             raise ValueError("this plan packs ragged data by tokens (plan.tokens): pass lengths=, each sample's "
@@ -643,7 +741,7 @@ def _check_share(w, normalization):
                 raise ValueError("lengths says sequence %d has %d tokens but tensor %d of the window holds %d "
                                  "positions (dim 1); pass the lengths of these padded sequences"
                                  % (lengths.index(w.longest), w.longest, i, t.shape[1]))
-    w.units = count_units(w.target, n, w.norm, w.ii) if n > 0 else 0
+    w.units = count_units(labels, n, w.norm, w.ii, w.shift) if n > 0 else 0
     return n
 
 
@@ -721,8 +819,7 @@ def _run_microbatch(w, i, m, groups, start, oom_recovery):
         else:
             mb_inputs, mb_target = _slice(w.inputs, w.target, start, m)
         with w.ddp_ctx():
-            s = _forward_sum(w.model, mb_inputs, mb_target, m, w.loss_kind, w.loss_fn, w.norm, w.ii, w.autocast,
-                             w.device, mask, check_loss_fn=(i == 0))
+            s = _forward_sum(w, mb_inputs, mb_target, m, mask, check_loss_fn=(i == 0))
             total = float(s.detach())
             obj = s / w.units
             (w.scaler.scale(obj) if w.scaler is not None else obj).backward()
@@ -800,9 +897,41 @@ def _step(w, optimizer, st, max_grad_norm, scheduler):
         scheduler.step()
 
 
+def _start_measuring(w, optimizer, measure_memory):
+    """The meter that reads this window's peak (None: not measured). None measures on CUDA (the
+    caching allocator's peak statistics, reset here) and not on the CPU, where it installs the
+    counting allocator for the window. Call after the gradients were dropped: what exists then
+    (weights, buffers, optimizer state) is added to the figures, not counted."""
+    if measure_memory is None:
+        measure_memory = w.device.type == "cuda"
+    elif not isinstance(measure_memory, bool):
+        raise TypeError("measure_memory must be True, False or None, not %s" % _shown(measure_memory))
+    if not measure_memory:
+        return None
+    if w.device.type not in ("cpu", "cuda"):
+        raise ValueError("measure_memory reads cpu or cuda memory; the model is on %s" % w.device)
+    meter = meter_for(w.device, held_bytes(w.inner, optimizer))
+    meter.sync()
+    meter.reset_peak()
+    return meter
+
+
+def _stop_measuring(meter, st):
+    """The window's peak into ``st``; the CPU's counting allocator removed (CUDA's budget is not
+    touched: train_window never sets one)."""
+    if meter is None:
+        return
+    try:
+        meter.sync()
+        st.peak_bytes = max(meter.peak(), meter.reserved_peak() or 0)
+    finally:
+        if isinstance(meter, CpuMeter):
+            meter.close()
+
+
 def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss_fn=None, scaler=None,
                  max_grad_norm=None, scheduler=None, autocast=None, normalization=None, ignore_index=None,
-                 oom_recovery=True, group=None, on_oom=None, lengths=None):
+                 oom_recovery=True, group=None, on_oom=None, lengths=None, shift_labels=None, measure_memory=None):
     """Trains one window (the per-rank batch, or a shorter last one) and steps the optimizer once.
 
     loss: "cross_entropy" | "mse" | "model" (default: the plan's setup.loss), or ``loss_fn(output,
@@ -814,6 +943,16 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     optimizer really stepped. autocast: a dtype (torch.bfloat16, torch.float16) to run forwards under.
     On out-of-memory (``is_oom``) the window's gradients are dropped, the plan re-planned below the
     failing size (``plan.replans`` says how; ``on_oom(note)`` is called) and the window replayed.
+    loss="model": the forward returns the microbatch's MEAN loss (a Hugging Face model given
+    labels). With integer labels [B,T] (the target, or the dict's "labels") N counts their valid
+    tokens (normalization "auto" decides as for cross_entropy) and each microbatch's mean is
+    weighted by its own valid tokens, of labels[:, 1:] when the model shifts them (shift_labels:
+    None detects a Hugging Face causal LM by its class name; True/False states it); a forward that
+    takes ``num_items_in_batch`` is passed the window's tokens instead. ``WindowStats.normalization``
+    says which was used.
+    measure_memory: the window's memory peak in ``WindowStats.peak_bytes`` (beside the plan's
+    ``predicted_peak_bytes``): None measures on CUDA only (resets the device's peak statistics), True
+    on the CPU too (the counting allocator is installed for the window), False never.
     Under torch.distributed (world size > 1) every rank must call it for every window; the units
     are counted globally, failures are agreed on after every microbatch round, and the gradients
     are exchanged once, after the last microbatch (a DDP module runs every microbatch under
@@ -844,6 +983,7 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
         max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)  # setup.max_grad_norm's range
     w = _Window(plan, model, inputs, target, lengths, loss_kind, loss_fn, ii, None, scaler, group)
     w.autocast = _autocast_dtype(autocast, w.device)
+    w.shift_arg = causal_shift(model, shift_labels) if shift_labels is not None else None
     _warn_batch_dependent(w.inner)
 
     # This rank's share, checked before the first collective. Under torch.distributed a rank whose
@@ -861,13 +1001,25 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     rank_samples = _agree_counts(w, st, n, local_error)
     _check_counts(w, st, rank_samples)
     _refuse_empty(st.samples, w.world)
-    st.units = w.units
+    st.units, st.normalization = w.units, w.norm
+    st.predicted_peak_bytes = plan.memory.get("predicted_peak_bytes")
     _zero_grads(w.params, optimizer)
     if w.units == 0:
         st.skipped, st.skip_reason = True, "the window has no valid tokens (every target is ignore_index)"
         st.seconds = time.perf_counter() - t0
         return st
+    meter = _start_measuring(w, optimizer, measure_memory)
+    try:
+        _train(w, st, plan, optimizer, n, rank_samples, oom_recovery, on_oom, max_grad_norm, scheduler)
+    finally:
+        _stop_measuring(meter, st)
+    st.seconds = time.perf_counter() - t0
+    return st
 
+
+def _train(w, st, plan, optimizer, n, rank_samples, oom_recovery, on_oom, max_grad_norm, scheduler):
+    """The window after its counts are agreed: attempts until one runs without out-of-memory
+    (re-planned below each failure), the gradient exchange, the step."""
     while True:
         _zero_grads(w.params, optimizer)
         sizes, groups, rounds = _cut(w, n, rank_samples)
@@ -888,13 +1040,13 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
 
     st.microbatch_sizes = sizes
     if w.distributed:
-        total = all_reduce_gradients(w.params, group, extra=total)
+        total = all_reduce_gradients(w.params, w.group, extra=total)
     st.loss = total / w.units
     _step(w, optimizer, st, max_grad_norm, scheduler)
     _zero_grads(w.params, optimizer)
-    st.seconds = time.perf_counter() - t0
-    return st
+
 
 __all__ = ["is_oom", "resolve_normalization", "count_units", "model_output", "loss_sum", "split", "pad_sequences",
+           "model_labels", "causal_shift", "takes_num_items",
            "padding_mask", "valid_token_counts",
            "train_window", "all_reduce_gradients", "WindowStats", "OutOfMemoryAtOne", "batch_dependent_layers"]
