@@ -7,8 +7,31 @@
 # against the accumplan just built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Seconds per stage, printed at the end of every run (passed or failed) with ccache's statistics,
+# so each CI log shows where the time goes (issue 42).
+stage_name="" stage_start=$SECONDS stage_lines=""
+stage() {  # stage NAME: ends the stage running now, starts NAME
+  if [ -n "$stage_name" ]; then
+    stage_lines+=$(printf '%-16s %5d s' "$stage_name" $((SECONDS - stage_start)))$'\n'
+    echo "test.sh: $stage_name took $((SECONDS - stage_start)) s" >&2
+  fi
+  stage_name="${1:-}" stage_start=$SECONDS
+}
+summary() {
+  local rc=$?
+  stage ""
+  echo "test.sh: seconds per stage ($([ "$rc" -eq 0 ] && echo passed || echo "FAILED, exit $rc")):"
+  printf '%s' "$stage_lines"
+  printf '%-16s %5d s\n' total "$SECONDS"
+  if command -v ccache >/dev/null; then ccache --show-stats 2>/dev/null | grep -Ei 'hit|miss|cache size' || true; fi
+}
+trap summary EXIT
+
+stage build
 bash scripts/build.sh python-test
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+stage ctest
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "${JOBS:-2}"
 
 # The planner-only suite runs from a copy of this checkout at a path of 150+ characters (issue 28):
@@ -16,6 +39,7 @@ ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "${JOBS:-2}"
 # that echoes a path must still name its file from a deep project folder. The copy is the working
 # tree as git sees it (tracked and untracked, not ignored); tar keeps mtimes, so ninja rebuilds only
 # what changed. PLANNER_BUILD_DIR builds from this checkout instead.
+stage planner-only
 if [ -n "${PLANNER_BUILD_DIR:-}" ]; then
   planner_src="$PWD" planner_dir="$PLANNER_BUILD_DIR"
 else
@@ -41,6 +65,7 @@ ctest --test-dir "$planner_dir" --output-on-failure -j "${JOBS:-2}"
 # (default 30: five targets, two and a half minutes) from the committed corpus (tests/fuzz/corpus/). A
 # finding fails the script; its input is kept in build-san/fuzz-artifacts/. FUZZ_SECONDS=0 skips
 # the fuzzing, not the sanitizer tests.
+stage sanitizers
 bash scripts/install-deps.sh sanitize
 san_dir="${SAN_BUILD_DIR:-build-san}"
 if [ ! -f "$san_dir/CMakeCache.txt" ]; then
@@ -51,6 +76,7 @@ cmake --build "$san_dir" -j "${JOBS:-2}"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 ctest --test-dir "$san_dir" --output-on-failure -j "${JOBS:-2}"
+stage fuzz
 fuzz_seconds="${FUZZ_SECONDS:-30}"
 if [ "$fuzz_seconds" -gt 0 ]; then
   work="$san_dir/fuzz-work"
@@ -77,10 +103,12 @@ fi
 # (setup.py builds the compiled core, accumplan._core, with CMake in build/python-core/), then the
 # tests against the INSTALLED package: tests/python never puts python/ on sys.path. --no-index:
 # nothing is downloaded; setuptools and torch are the system's.
+stage python-install
 python="${PYTHON:-/usr/bin/python3}"
 venv="${BUILD_DIR:-build}/venv"
 [ -x "$venv/bin/python" ] || "$python" -m venv --system-site-packages "$venv"
 "$venv/bin/python" -m pip install --no-build-isolation --no-index --no-deps --quiet .
+stage python-tests
 ACCUMPLAN_BIN="$PWD/${BUILD_DIR:-build}/accumplan" OMP_NUM_THREADS=1 \
   "$venv/bin/python" -m unittest discover -s tests/python -t tests/python
 
@@ -89,6 +117,7 @@ ACCUMPLAN_BIN="$PWD/${BUILD_DIR:-build}/accumplan" OMP_NUM_THREADS=1 \
 # that .gpu-deps configures, and that the build, the probe tests and the benchmark run end to end
 # and write every output, so a 15-minute GPU lease is spent on the GPU. About 2 minutes.
 # The benchmark imports torchvision (resnet18, mobilenet_v3_small): Debian's python3-torchvision.
+stage gpu-rehearsal
 bash scripts/install-deps.sh python-torch
 bash scripts/gpu-prepare.sh
 OUT="$PWD/${BUILD_DIR:-build}/gpu-check-rehearsal" BUILD_DIR="${BUILD_DIR:-build}" PYTHON="$python" \
@@ -98,6 +127,7 @@ OUT="$PWD/${BUILD_DIR:-build}/gpu-check-rehearsal" BUILD_DIR="${BUILD_DIR:-build
 # (examples/consumer) configured with find_package(accumplan) against each: the LibTorch build
 # (accumplan::planner and accumplan::runtime; the consumer's trainer is compiled, not run: ctest
 # ran it in-tree) and the planner-only build (accumplan::planner, and pkg-config).
+stage install-check
 for dir in "${BUILD_DIR:-build}" "$planner_dir"; do
   prefix="$(cd "$dir" && pwd)/install-test"
   rm -rf "$prefix" "$dir/consumer"
