@@ -130,6 +130,23 @@ class Training(unittest.TestCase):
         for g, r in zip(got, ref):
             torch.testing.assert_close(g, r, rtol=0, atol=ATOL)
 
+    def test_a_bf16_plan_runs_its_forwards_under_bf16_autocast_as_train_window_does(self):
+        x, y = token_data(25)
+        doc = adamw_doc([4, 3, 3])
+        doc["setup"]["amp"] = "bf16"
+        plan = accumplan.load_plan(doc)
+        ref_model, got_model = TinyLM(), TinyLM()
+        ref_opt, got_opt = (plain.make_optimizer(m.parameters(), doc["setup"]) for m in (ref_model, got_model))
+        for s, n in self.WINDOWS:
+            plan.train_window(ref_model, ref_opt, (x[s:s + n],), y[s:s + n], autocast=torch.bfloat16,
+                              max_grad_norm=doc["setup"]["max_grad_norm"])
+            plain.train_window(got_model, got_opt, doc, [x[s:s + n]], y[s:s + n], torch.device("cpu"))
+        for g, r in zip(params_of(got_model), params_of(ref_model)):
+            torch.testing.assert_close(g, r, rtol=0, atol=ATOL)
+        float32 = by_plain_loop(dict(doc, setup=dict(doc["setup"], amp="none")), TinyLM(), (x,), y, self.WINDOWS)
+        self.assertGreater(max_difference(float32, params_of(got_model)), 100 * ATOL,
+                           "bf16 forwards must differ from float32 ones for this test to see autocast")
+
     def test_a_window_without_valid_tokens_takes_no_step(self):
         model = TinyLM()
         before = params_of(model)
