@@ -173,6 +173,13 @@ def train_window(model, optimizer, plan, inputs, target, device, scaler=None):
     return total / units
 
 
+def grad_scaler():
+    """fp16's GradScaler: torch.amp.GradScaler("cuda") on torch 2.3 and later, torch.cuda.amp's before."""
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler("cuda")
+    return torch.cuda.amp.GradScaler()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--plan", required=True)
@@ -196,7 +203,7 @@ def main(argv=None):
     model = torch.jit.load(a.model, map_location=device)
     model.train()
     optimizer = make_optimizer(model.parameters(), plan["setup"])
-    scaler = torch.cuda.amp.GradScaler() if plan["setup"].get("amp") == "fp16" else None
+    scaler = grad_scaler() if plan["setup"].get("amp") == "fp16" else None
     *inputs, target = torch.load(a.data)
     B, steps = plan["target_batch"], 0
     for start in range(0, target.shape[0], B):
