@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train a TorchScript model following an accumplan plan.json, in plain PyTorch.
+"""Train a TorchScript model following an accumplan plan.json, with the accumplan package.
 
     python3 examples/python/train_with_plan.py --plan plan.json --model m.pt --data data.pt \
         [--steps N] [--lr X] [--max-grad-norm X] [--save out.pt]
@@ -9,7 +9,8 @@ whole integration: one plan.train_window call per window of plan.per_rank_batch 
 splits it into the plan's microbatches, weights every microbatch exactly (samples or valid
 tokens), steps once, and recovers from out-of-memory by re-planning and replaying the window.
 Under torchrun (WORLD_SIZE > 1) each rank takes samples r, r+W, ... of every global window.
-Needs torch and the accumplan package (`python3 -m pip install --no-build-isolation .` from the
+For a loop that imports nothing from accumplan (only json and torch, no OOM recovery), see
+plain_loop.py beside this file. Needs torch and the accumplan package (`python3 -m pip install --no-build-isolation .` from the
 repository root, in a venv made with --system-site-packages so that it sees the system's torch).
 """
 import argparse
