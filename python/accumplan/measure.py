@@ -16,7 +16,6 @@ budget removed, also when planning fails.
 What it is not: a second search or planner (both are C++), nor a profile of variable-length data
 (``accumplan profile --seq-len`` plans packed windows).
 """
-import copy
 import json
 import sys
 import time
@@ -26,6 +25,7 @@ import torch
 from . import _core
 from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, _shown, choice_arg, int_arg, real_arg
 from .meters import meter_for
+from .snapshot import TrainingState, interrupts_held
 from .plans import OutOfMemoryAtOne, Plan, PlanError, _oom_error, _plan_error, in_python_terms
 from .train import (LOSSES, WindowStats, _as_tuple, _autocast_dtype, _map_inputs, _parameters, _run_rounds, _samples,
                     _step, _Window, _zero_grads, batch_dependent_layers, causal_shift, count_units, is_oom, units_rule,
@@ -84,39 +84,6 @@ def _nbytes(t):
 
 def _state_bytes(optimizer):
     return sum(_nbytes(v) for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
-
-
-def _to_host(obj):
-    """A deep copy with every tensor on the host: a snapshot that takes no device memory."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _to_host(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_host(v) for v in obj)
-    return copy.deepcopy(obj)
-
-
-class _Snapshot:
-    """What planning may touch, copied to the host before it starts and put back after."""
-
-    def __init__(self, model, optimizer, device):
-        self.tensors = [(t, _to_host(t)) for t in list(model.parameters()) + list(model.buffers())]
-        self.grads = [(p, None if p.grad is None else _to_host(p.grad)) for p in model.parameters()]
-        self.optimizer, self.optimizer_state = optimizer, _to_host(optimizer.state_dict())
-        self.cpu_rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-
-    def restore(self):
-        with torch.no_grad():
-            for t, saved in self.tensors:
-                t.copy_(saved)
-        for p, g in self.grads:
-            p.grad = None if g is None else g.to(p.device)
-        self.optimizer.load_state_dict(self.optimizer_state)
-        torch.set_rng_state(self.cpu_rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
 
 
 class _ModuleRunner(_core.WindowRunner):
@@ -365,7 +332,7 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
     cfg["shift_labels"] = causal_shift(model, shift_labels) if shift_labels is not None else None
     say = _say(progress)
     warn_batch_dependent(batch_dependent_layers(model))
-    snapshot = _Snapshot(model, optimizer, device)
+    snapshot = TrainingState(model, optimizer, device)
     weights = sum(_nbytes(t) for t in list(model.parameters()) + list(model.buffers()))
     state = _state_bytes(optimizer)
     meter = meter_for(device, weights + state)
@@ -390,10 +357,11 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
     except _core.InputError as e:
         raise _plan_error(e) from None
     finally:
-        try:
-            meter.close()
-        finally:
-            snapshot.restore()
+        with interrupts_held():  # Ctrl-C now would leave the state half put back: held until it is back
+            try:
+                meter.close()
+            finally:
+                snapshot.restore()
     return Plan._from_text(plan_text, "accumplan.plan(%s)" % type(model).__name__)
 
 

@@ -1,0 +1,130 @@
+"""accumplan.plan leaves the user's training state exactly as it was: a buffer or module a forward
+reassigns, the training flag a forward changes, optimizer state with its own dtypes, gradients of
+optimizer parameters outside the model, Python's and NumPy's RNGs, grad mode, the default dtype —
+also when planning is interrupted (Ctrl-C), even while it puts things back."""
+import os
+import random
+import signal
+import unittest
+
+import numpy
+import torch
+
+import accumplan
+from accumplan import snapshot
+
+
+class Restless(torch.nn.Module):
+    """A forward that changes itself: an EMA buffer reassigned, a module registered on first use,
+    eval mode switched on (as some 'freeze BN' code does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(6, 12)
+        self.l2 = torch.nn.Linear(12, 3)
+        self.register_buffer("ema", torch.zeros(12))
+
+    def forward(self, x):
+        h = torch.relu(self.l1(x))
+        self.ema = 0.9 * self.ema + 0.1 * h.detach().mean(0)  # a new tensor object each call
+        if not hasattr(self, "extra"):
+            self.extra = torch.nn.Identity()
+        self.l1.eval()
+        return self.l2(h)
+
+
+def setup():
+    torch.manual_seed(0)
+    model = Restless()
+    extra = torch.nn.Parameter(torch.ones(4))  # optimized, but not the model's
+    opt = torch.optim.Adam([{"params": model.parameters()}, {"params": [extra], "lr": 0.5}], lr=0.01)
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    torch.nn.functional.cross_entropy(model.l2(torch.relu(model.l1(x))), y).backward()
+    extra.grad = torch.full((4,), 3.0)
+    opt.step()  # the state exists already
+    opt.state[extra]["counter"] = torch.tensor(7, dtype=torch.int64)
+    opt.state[extra]["wide"] = torch.ones(2, dtype=torch.float64)
+    model.l2.weight.grad = torch.full_like(model.l2.weight, 2.0)
+    return model, opt, extra, x, y
+
+
+def state_of(model, opt, extra):
+    return {
+        "ema_id": id(model.ema), "ema": model.ema.clone(), "has_extra": "extra" in model._modules,
+        "training": [m.training for m in model.modules()],
+        "params": [p.detach().clone() for p in model.parameters()],
+        "grads": [None if p.grad is None else p.grad.clone() for p in list(model.parameters()) + [extra]],
+        "state": {(i, k): (v.dtype, v.clone()) if torch.is_tensor(v) else v
+                  for i, s in enumerate(opt.state.values()) for k, v in s.items()},
+        "lrs": [g["lr"] for g in opt.param_groups],
+        "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(), "np_rng": numpy.random.get_state()[1].copy(),
+        "grad_enabled": torch.is_grad_enabled(), "dtype": torch.get_default_dtype(),
+    }
+
+
+def plan(model, opt, x, y, **kw):
+    return accumplan.plan(model, (x,), y, target_batch=32, optimizer=opt, memory_budget="64MiB", **kw)
+
+
+class LeavesNothingBehind(unittest.TestCase):
+    def assertSameState(self, before, after):
+        for key in before:
+            a, b = before[key], after[key]
+            if key == "state":
+                self.assertEqual(a.keys(), b.keys())
+                for k in a:
+                    if isinstance(a[k], tuple):
+                        self.assertEqual(a[k][0], b[k][0], "optimizer state %s: dtype" % (k,))
+                        self.assertTrue(torch.equal(a[k][1], b[k][1]), "optimizer state %s" % (k,))
+                    else:
+                        self.assertEqual(a[k], b[k])
+            elif key in ("params", "grads"):
+                for i, (u, v) in enumerate(zip(a, b)):
+                    self.assertTrue((u is None and v is None) or torch.equal(u, v), "%s[%d]" % (key, i))
+            elif torch.is_tensor(a):
+                self.assertTrue(torch.equal(a, b), key)
+            elif isinstance(a, numpy.ndarray):
+                self.assertTrue((a == b).all(), key)
+            else:
+                self.assertEqual(a, b, key)
+
+    def test_a_forward_that_changes_the_module_is_undone(self):
+        model, opt, extra, x, y = setup()
+        before = state_of(model, opt, extra)
+        plan(model, opt, x, y, progress=False)
+        self.assertSameState(before, state_of(model, opt, extra))
+
+    def test_an_interrupt_while_planning_restores_and_removes_the_probe(self):
+        model, opt, extra, x, y = setup()
+        before = state_of(model, opt, extra)
+        lines = []
+
+        def interrupt(line):
+            lines.append(line)
+            if len(lines) == 3:  # mid-search: a window has trained the model
+                raise KeyboardInterrupt
+        with self.assertRaises(KeyboardInterrupt):
+            plan(model, opt, x, y, progress=interrupt)
+        self.assertSameState(before, state_of(model, opt, extra))
+        plan(model, opt, x, y, progress=False)  # the counting allocator is gone: a second plan() works
+
+    def test_an_interrupt_while_putting_back_is_held_until_everything_is_back(self):
+        model, opt, extra, x, y = setup()
+        before = state_of(model, opt, extra)
+        original = snapshot.TrainingState.restore
+
+        def interrupted_restore(self):
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as the restore starts
+            original(self)
+        snapshot.TrainingState.restore = interrupted_restore
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                plan(model, opt, x, y, progress=False)
+        finally:
+            snapshot.TrainingState.restore = original
+        self.assertSameState(before, state_of(model, opt, extra))
+        self.assertIs(signal.getsignal(signal.SIGINT), signal.default_int_handler)
+
+
+if __name__ == "__main__":
+    unittest.main()
