@@ -27,8 +27,9 @@ import torch
 from . import _core
 from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, _shown, choice_arg, int_arg, real_arg
 from .plans import OutOfMemoryAtOne, Plan, PlanError, _plan_error
-from .train import (LOSSES, WindowStats, _as_tuple, _autocast_dtype, _check_class_target, _map_inputs, _parameters, _run_rounds, _samples,
+from .train import (LOSSES, WindowStats, _as_tuple, _autocast_dtype, _map_inputs, _parameters, _run_rounds, _samples,
                     _step, _Window, _zero_grads, batch_dependent_layers, count_units, is_oom, resolve_normalization)
+from .train import _check_class_target
 
 _OPTIMIZERS = (  # (class, the plan's optimizer name, the hyperparameters the C++ setup takes)
     (torch.optim.AdamW, "adamw", ("beta1", "beta2", "eps", "weight_decay")),

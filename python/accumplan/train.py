@@ -221,7 +221,8 @@ def _check_class_target(target, classes, ignore_index, output_shape=None):
             rule = "; class probabilities are non-negative and each row sums to 1 (e.g. a softmax, or one-hot rows)"
             if bool(negative[row]):
                 column = int(rows[row].lt(0).nonzero()[0, 0])
-                raise ValueError("target row %d holds %.6g for class %d%s" % (row, float(rows[row, column]), column, rule))
+                raise ValueError("target row %d holds %.6g for class %d%s"
+                                 % (row, float(rows[row, column]), column, rule))
             raise ValueError("target row %d sums to %.6g, not 1 (tolerance %.6g)%s"
                              % (row, float(sums[row]), tolerance, rule))
         return
