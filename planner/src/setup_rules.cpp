@@ -60,23 +60,36 @@ std::map<std::string, double> optimizer_hyperparameters(const Setup& setup) {
   return values;
 }
 
-bool normalizes_by_tokens(const std::string& normalization, const std::string& loss, int64_t target_dims) {
+bool normalizes_by_tokens(const std::string& normalization, const std::string& loss, int64_t target_dims,
+                          bool target_is_floating) {
+  // A floating target of cross_entropy is a probability per class ([B,C]): one loss per sample.
+  const bool class_indices = !target_is_floating;
   if (normalization == "samples") return false;
   if (normalization == "tokens") {
     if (loss != "cross_entropy") {
-      throw InputError("normalization 'tokens' needs --loss cross_entropy (a per-token loss); '" +
-                       cut_for_message(loss) + "' has no tokens. Use samples");
+      throw InputError("normalization 'tokens' needs a per-token loss (cross_entropy); '" + cut_for_message(loss) +
+                       "' has no tokens. Use samples");
+    }
+    if (!class_indices) {
+      throw InputError("normalization 'tokens' needs a target of class indices; a floating target holds class "
+                       "probabilities per sample and is normalized by samples. Use samples or auto");
     }
     return true;
   }
-  if (normalization == "auto") return loss == "cross_entropy" && target_dims > 1;
+  if (normalization == "auto") return loss == "cross_entropy" && class_indices && target_dims > 1;
   throw InputError("normalization '" + cut_for_message(normalization) + "' is unknown; use samples, tokens or auto");
 }
 
 bool normalizes_by_tokens(const Setup& setup) {
-  const int64_t dims =
-      setup.target.empty() ? 0 : static_cast<int64_t>(parse_tensor_spec(setup.target, "setup.target").dims.size());
-  return normalizes_by_tokens(setup.normalization, setup.loss, dims);
+  if (setup.target.empty()) return normalizes_by_tokens(setup.normalization, setup.loss, 0, false);
+  const TensorSpec target = parse_tensor_spec(setup.target, "setup.target");
+  return normalizes_by_tokens(setup.normalization, setup.loss, static_cast<int64_t>(target.dims.size()),
+                              !target.is_integer());
+}
+
+double probability_row_tolerance(const std::string& dtype) {
+  // bfloat16 rounds each probability by up to 2^-8 of itself, and so a row's sum: its epsilon 2^-7.
+  return dtype == "bfloat16" ? 1.0 / 128 : 1e-3;
 }
 
 bool is_batch_dependent_type(const std::string& type, bool tracks_running_stats) {

@@ -30,6 +30,7 @@ from .plans import OutOfMemoryAtOne, Plan, PlanError, _oom_error, _plan_error, i
 from .train import (LOSSES, WindowStats, _as_tuple, _autocast_dtype, _map_inputs, _parameters, _run_rounds, _samples,
                     _step, _Window, _zero_grads, batch_dependent_layers, causal_shift, count_units, is_oom, units_rule,
                     warn_batch_dependent)
+from .train import _check_class_target
 
 _OPTIMIZERS = (  # (class, the plan's optimizer name, the hyperparameters the C++ setup takes)
     (torch.optim.AdamW, "adamw", ("beta1", "beta2", "eps", "weight_decay")),
@@ -252,6 +253,9 @@ def _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, no
         raise ValueError("inputs hold no samples (dim 0 is 0); pass at least one")
     ii = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     norm, _ = units_rule(normalization, loss, loss_fn, inputs, target)
+    if loss_fn is None and loss == "cross_entropy" and isinstance(target, torch.Tensor) and target.is_floating_point():
+        # Class probabilities: every row checked here, before any window runs.
+        _check_class_target(target, target.shape[-1] if target.dim() == 2 else -1, ii)
     if max_grad_norm is not None:
         max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)
     return device, {"loss": loss, "loss_fn": loss_fn, "ignore_index": ii, "norm": norm, "normalization": normalization,

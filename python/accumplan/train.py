@@ -106,17 +106,15 @@ def _is_ddp(model):
 
 def resolve_normalization(name, loss, target):
     """'samples' or 'tokens'. 'auto' means tokens for cross-entropy over an integer target with
-    more than one dimension ([B,T] targets of [B,T,C] logits), samples otherwise."""
-    if name == "samples":
-        return "samples"
-    if name == "tokens":
-        if loss not in ("cross_entropy", None):
-            raise ValueError("normalization 'tokens' needs a per-token loss (cross_entropy); %r has no tokens" % loss)
-        return "tokens"
-    if name == "auto":
-        token_shaped = (target is not None and target.dim() > 1 and not target.is_floating_point())
-        return "tokens" if loss in ("cross_entropy", None) and token_shaped else "samples"
-    raise ValueError("normalization %r is unknown; use samples, tokens or auto" % (name,))
+    more than one dimension ([B,T] targets of [B,T,C] logits), samples otherwise; a floating
+    target of cross-entropy (class probabilities [B,C]) is normalized by samples. loss None (a
+    loss_fn) follows cross-entropy's rule. The rule is the C++ core's (accumplan/setup_rules.h),
+    the one `accumplan run` follows; ValueError names ``normalization``."""
+    is_tensor = isinstance(target, torch.Tensor)
+    tokens = _core.normalizes_by_tokens(str(name), "cross_entropy" if loss is None else str(loss),
+                                        target.dim() if is_tensor else 0,
+                                        is_tensor and target.is_floating_point())
+    return "tokens" if tokens else "samples"
 
 
 def count_units(target, samples, normalization, ignore_index=-100, shift_labels=False):
@@ -223,7 +221,10 @@ def loss_sum(output, target, loss="cross_entropy", normalization="samples", igno
     """The SUM over units of the per-unit loss of one microbatch (divide by the window's units).
 
     cross_entropy: logits [B,C] with target [B], or [B,T,C] with [B,T]; in samples mode a sample's
-    loss is the mean over its valid positions. mse: a sample's loss is the mean over its elements.
+    loss is the mean over its valid positions. Or logits [B,C] with a floating target [B,C] of class
+    probabilities (each row non-negative, summing to 1): a sample's loss is -sum_c target[c] *
+    log_softmax(output)[c], as F.cross_entropy computes it (samples mode only).
+    mse: a sample's loss is the mean over its elements.
     model: ``output`` is the microbatch's mean loss (``target``: its labels); its sum is mean x
     units, the microbatch's samples, or in tokens mode its valid tokens (of target[:, 1:] with
     ``shift_labels``, as a causal LM averages); ``units`` given overrides the count (the window's
@@ -231,6 +232,12 @@ def loss_sum(output, target, loss="cross_entropy", normalization="samples", igno
     """
     ignore_index = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     if loss == "cross_entropy":
+        if isinstance(target, torch.Tensor) and target.is_floating_point():
+            if normalization == "tokens":
+                raise ValueError("tokens normalization needs a target of class indices; a floating target holds "
+                                 "class probabilities per sample: use normalization='samples'")
+            _check_class_target(target, output.shape[-1] if output.dim() == 2 else -1, ignore_index, output.shape)
+            return -(target.float() * F.log_softmax(output.float(), dim=1)).sum()
         ok2 = output.dim() == 2 and target is not None and target.dim() == 1 and target.shape[0] == output.shape[0]
         ok3 = (output.dim() == 3 and target is not None and target.dim() == 2 and
                tuple(target.shape) == tuple(output.shape[:2]))
@@ -261,12 +268,36 @@ def loss_sum(output, target, loss="cross_entropy", normalization="samples", igno
     raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss,))
 
 
-def _check_class_target(target, classes, ignore_index):
-    """A cross-entropy target: integer class indices in [0, classes) or ``ignore_index``. ValueError
-    naming the first bad one (torch would raise an IndexError, or assert on a GPU)."""
-    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
-        raise ValueError("cross_entropy needs a target of integer class indices, not %s; use loss='mse' for "
-                         "values" % str(target.dtype).replace("torch.", ""))
+def _check_class_target(target, classes, ignore_index, output_shape=None):
+    """A cross-entropy target: integer class indices in [0, classes) or ``ignore_index``; or a
+    floating [B, classes] of class probabilities, every row non-negative and summing to 1 within
+    the core's probability_row_tolerance (the CLI's data check). ValueError naming the first bad
+    one (torch would raise an IndexError, or assert on a GPU; or train on rows that are no
+    distribution). ``output_shape``: the output's shape, for messages."""
+    if target.is_floating_point():
+        if target.dim() != 2 or target.shape[1] != classes:
+            raise ValueError("cross_entropy with a floating target (class probabilities) needs logits [B,C] and a "
+                             "target [B,C] of the same shape; got %starget %s; for class indices pass an int64 "
+                             "target" % ("" if output_shape is None else "output %s and " % list(output_shape),
+                                         list(target.shape)))
+        tolerance = _core.probability_row_tolerance(str(target.dtype).replace("torch.", ""))
+        rows = target.detach().double()
+        negative = rows.lt(0).any(1)
+        sums = rows.sum(1)
+        bad = negative | ~(sums - 1).abs().le(tolerance)  # a NaN sum is bad too
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            rule = "; class probabilities are non-negative and each row sums to 1 (e.g. a softmax, or one-hot rows)"
+            if bool(negative[row]):
+                column = int(rows[row].lt(0).nonzero()[0, 0])
+                raise ValueError("target row %d holds %.6g for class %d%s"
+                                 % (row, float(rows[row, column]), column, rule))
+            raise ValueError("target row %d sums to %.6g, not 1 (tolerance %.6g)%s"
+                             % (row, float(sums[row]), tolerance, rule))
+        return
+    if target.is_complex() or target.dtype == torch.bool:
+        raise ValueError("cross_entropy needs a target of integer class indices or floating class probabilities, "
+                         "not %s" % str(target.dtype).replace("torch.", ""))
     bad = target.ne(ignore_index) & (target.lt(0) | target.ge(classes))
     if bool(bad.any()):
         where = bad.reshape(-1).nonzero()[0].item()

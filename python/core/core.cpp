@@ -154,6 +154,10 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
 }  // namespace
 }  // namespace accumplan
 
+namespace accumplan {
+void bind_loss_rules(pybind11::module_& m);  // python/core/loss_rules.cpp
+}  // namespace accumplan
+
 PYBIND11_MODULE(_core, m) {
   using namespace accumplan;
   m.doc() = "accumplan's C++ planner rules (plan reader, splits, re-plans, packing); see accumplan.plan";
@@ -168,6 +172,7 @@ PYBIND11_MODULE(_core, m) {
       input_error(e.what());
     }
   });
+  bind_loss_rules(m);  // python/core/loss_rules.cpp: the normalization rule
   m.attr("SCHEMA_VERSION") = schema_version_string();
   m.attr("PERSISTENT_WINDOW_SAMPLES") = kPersistentWindowSamples;
   m.def("read_plan_file", &read_file, py::arg("path"),

@@ -86,7 +86,8 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->group(model_group);
-  app->add_option("--target", a.target, "the target: int64[B]:1000 (class indices), float32[B,10]")->group(model_group);
+  app->add_option("--target", a.target, "the target: int64[B]:1000 (class indices), float32[B,10] (class probabilities with "
+                  "cross_entropy, each row summing to 1; values with mse)")->group(model_group);
   app->add_option("--batch-file", a.batch_file,
                   "real samples instead of specs: Python's torch.save([inputs..., target], f), dim 0 = "
                   "samples, tiled to any microbatch; or ragged token data, torch.save([list_of_1d_tensors, "
@@ -106,8 +107,9 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
                 "src_key_padding_mask) as one more forward argument after the inputs")
       ->group(model_group);
   choice(app->add_option("--loss", a.loss,
-                  "cross_entropy ([B,C] or [B,T,C] logits), mse, or model (forward takes the target last "
-                  "and returns the loss); default cross_entropy"))
+                  "cross_entropy ([B,C] or [B,T,C] logits with class indices, or [B,C] logits with a float [B,C] "
+                  "target of class probabilities), mse, or model (forward takes the target last and returns the "
+                  "loss); default cross_entropy"))
       ->group(model_group);
   choice(app->add_option("--normalization", a.normalization, "samples | tokens | auto (tokens for [B,T,C] cross-entropy)"))
       ->capture_default_str()

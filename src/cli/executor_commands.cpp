@@ -266,7 +266,7 @@ Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) 
     check_batch_matches(b, p.inputs, p.target, "--data '" + path_for_message(a.data) + "'");
     const int64_t n = batch_samples(b, "--data '" + path_for_message(a.data) + "'");
     if (n < 1) throw InputError("--data '" + path_for_message(a.data) + "' has no samples");
-    DataRules rules = data_rules(p.inputs, p.target, p.loss.ignore_index);
+    DataRules rules = data_rules(p.inputs, p.target, p.loss.ignore_index, p.loss.kind);
     if (p.plan.tokens) rules.max_length = p.plan.tokens->max_seq_len, rules.max_length_source = "the plan (tokens.max_seq_len)";
     check_batch_values(b, rules, "--data '" + path_for_message(a.data) + "'", "re-plan with this data (--batch-file)");
     return b;
@@ -290,7 +290,7 @@ Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) 
     return synthetic_ragged_batch(p.inputs, p.target, synthetic_lengths(a, *range, synthetic_samples), a.seed,
                                   p.loss.ignore_index);
   }
-  return synthetic_batch(p.inputs, p.target, synthetic_samples, a.seed, at::kCPU);
+  return synthetic_batch(p.inputs, p.target, synthetic_samples, a.seed, at::kCPU, p.loss.kind);
 }
 
 // Serialized in memory, then written by the same temp-and-rename as every other output, so a

@@ -84,7 +84,7 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
   }
   if (file_batch_) {
     // The data check `run --data` makes, made here first: data planned for is data that trains.
-    DataRules rules = data_rules(input_specs_, target_spec_, setup.ignore_index);
+    DataRules rules = data_rules(input_specs_, target_spec_, setup.ignore_index, setup.loss);
     // The specs' upper bounds are the file's own largest ids: only the lower bound checks anything.
     rules.input_high.assign(rules.input_high.size(), std::nullopt);
     rules.target_high.reset();
@@ -201,7 +201,7 @@ Batch ProbeRunner::window_data(int64_t samples) {
     }
   }
   return file_batch_ ? tile_batch(*file_batch_, samples)
-                     : synthetic_batch(input_specs_, target_spec_, samples, next_seed_++, at::kCPU);
+                     : synthetic_batch(input_specs_, target_spec_, samples, next_seed_++, at::kCPU, loss_.kind);
 }
 
 ExecutorOptions ProbeRunner::executor_options() {

@@ -3,16 +3,20 @@
 // shapes and dtypes on the device, and the executor needs exact sample slices.
 #include "runtime/batch.h"
 #include "runtime/host_data.h"
+#include "runtime/loss.h"
 #include "runtime/torch_save_reader.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <iomanip>
+#include <sstream>
 
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
+#include "accumplan/setup_rules.h"
 
 namespace accumplan {
 namespace {
@@ -310,7 +314,7 @@ at::Tensor next_token_targets(const Batch& batch, int64_t ignore_index) {
 }
 
 Batch synthetic_batch(const std::vector<TensorSpec>& inputs, const std::optional<TensorSpec>& target,
-                      int64_t samples, uint64_t seed, const at::Device& device) {
+                      int64_t samples, uint64_t seed, const at::Device& device, const std::string& loss_kind) {
   for (const auto& spec : inputs) {
     if (spec.has_seq_dim()) {
       throw InputError("input " + spec.to_string() + " has a sequence dimension T: synthetic samples need their "
@@ -321,6 +325,10 @@ Batch synthetic_batch(const std::vector<TensorSpec>& inputs, const std::optional
   Batch b;
   for (const auto& spec : inputs) b.inputs.push_back(synthetic_tensor(spec, samples, gen));
   if (target) b.target = synthetic_tensor(*target, samples, gen);
+  if (target && is_probability_target(loss_kind, *target) && b.target.dim() == 2) {
+    // Class probabilities: each row a softmax of its N(0,1) values, a valid distribution.
+    b.target = at::softmax(b.target.to(at::kFloat), 1).to(b.target.scalar_type());
+  }
   return device.is_cpu() ? b : b.to(device);
 }
 
@@ -442,10 +450,12 @@ void check_batch_matches(const Batch& batch, const std::vector<TensorSpec>& inpu
   if (target) check_tensor(batch.target, *target, what + " target");
 }
 
-DataRules data_rules(const std::vector<TensorSpec>& inputs, const std::optional<TensorSpec>& target, int64_t ignore_index) {
+DataRules data_rules(const std::vector<TensorSpec>& inputs, const std::optional<TensorSpec>& target, int64_t ignore_index,
+                     const std::string& loss_kind) {
   DataRules r;
   for (const auto& spec : inputs) r.input_high.push_back(spec.is_integer() ? spec.high : std::nullopt);
   if (target && target->is_integer()) r.target_high = target->high;
+  r.probability_target = target && is_probability_target(loss_kind, *target);
   r.ignore_index = ignore_index;
   return r;
 }
@@ -477,6 +487,36 @@ static void check_finite(const at::Tensor& t, const std::string& name) {
                    std::to_string(first) + "; their loss would be non-finite and every step with them skipped");
 }
 
+static std::string number_text(double v) {
+  std::ostringstream s;
+  s << std::setprecision(6) << v;
+  return s.str();
+}
+
+void check_probability_rows(const at::Tensor& target, const std::string& what) {
+  if (target.dim() != 2 || !at::isFloatingType(target.scalar_type())) {
+    throw InputError(what + " is " + dtype_name(target.scalar_type()) + shape_text(target.sizes()) +
+                     "; class probabilities are a floating [B,C] tensor");
+  }
+  const double tolerance = probability_row_tolerance(dtype_name(target.scalar_type()));
+  const at::Tensor t = target.to(at::kCPU, at::kDouble);
+  const at::Tensor negative = t.lt(0).any(1);
+  const at::Tensor sums = t.sum(1);
+  const at::Tensor off = (sums - 1).abs().le(tolerance).logical_not();  // NaN sums are off too
+  const at::Tensor bad = negative.logical_or(off);
+  if (!bad.any().item<bool>()) return;
+  const int64_t row = bad.nonzero()[0][0].item<int64_t>();
+  const std::string rule = "; class probabilities are non-negative and each row sums to 1 (e.g. a softmax, or "
+                           "one-hot rows)";
+  if (negative[row].item<bool>()) {
+    const int64_t column = t[row].lt(0).nonzero()[0][0].item<int64_t>();
+    throw InputError(what + ": row " + std::to_string(row) + " holds " + number_text(t[row][column].item<double>()) +
+                     " for class " + std::to_string(column) + rule);
+  }
+  throw InputError(what + ": row " + std::to_string(row) + " sums to " + number_text(sums[row].item<double>()) +
+                   ", not 1 (tolerance " + number_text(tolerance) + ")" + rule);
+}
+
 void check_batch_values(const Batch& batch, const DataRules& rules, const std::string& what, const std::string& fix) {
   for (size_t i = 0; i < batch.inputs.size(); ++i) check_finite(batch.inputs[i], what + ": input " + std::to_string(i));
   check_finite(batch.target, what + ": the target");
@@ -494,6 +534,9 @@ void check_batch_values(const Batch& batch, const DataRules& rules, const std::s
                        (batch.ragged() ? " (one-token sequences have no next-token target)" : "") +
                        ", so the loss has nothing to average and no optimizer step could be taken; " + fix);
     }
+  }
+  if (target.defined() && rules.probability_target && at::isFloatingType(target.scalar_type())) {
+    check_probability_rows(target, what + ": the target (class probabilities)");
   }
   if (batch.ragged() && rules.max_length) {
     const std::vector<int64_t> lengths = batch.sequence_lengths();

@@ -46,10 +46,12 @@ struct Batch {
 at::Tensor padding_mask(const Batch& batch);
 
 // Random data matching the specs: floats ~ N(0,1), integers uniform in [0, high). The same seed
-// gives the same batch. `target` may be nullopt (loss "model" without a target). Specs with a
-// sequence dimension T need synthetic_ragged_batch (InputError here).
+// gives the same batch. `target` may be nullopt (loss "model" without a target). The target of
+// `loss_kind` that holds class probabilities (loss.h is_probability_target: a floating
+// cross_entropy target [B,C]) is drawn as valid rows instead: a softmax of N(0,1) values. Specs
+// with a sequence dimension T need synthetic_ragged_batch (InputError here).
 Batch synthetic_batch(const std::vector<TensorSpec>& inputs, const std::optional<TensorSpec>& target,
-                      int64_t samples, uint64_t seed, const at::Device& device);
+                      int64_t samples, uint64_t seed, const at::Device& device, const std::string& loss_kind = "");
 
 // Synthetic ragged data: one sample per entry of `lengths`, every spec [B,T,...] with T the
 // sample's length, padded to the longest as a ragged file loads (inputs 0, targets
@@ -64,17 +66,26 @@ Batch synthetic_ragged_batch(const std::vector<TensorSpec>& inputs, const std::o
 //     unbounded above when the spec came from the file itself;
 //   - integer targets are class ids: in [0, high) or ignore_index, and at least one is not
 //     ignore_index (a loss over no target is NaN: no optimizer step could be taken);
-//   - ragged data: no sequence longer than `max_length` (the --seq-len maximum or the plan's).
+//   - ragged data: no sequence longer than `max_length` (the --seq-len maximum or the plan's);
+//   - class probabilities (a floating cross_entropy target [B,C]): loss.h check_probability_rows.
 // InputError names `what` ("--data 'd.pt'"), the offending value and `fix`.
 struct DataRules {
   std::vector<std::optional<int64_t>> input_high;  // per input, integer dtypes only
   std::optional<int64_t> target_high;              // integer targets only
+  bool probability_target = false;                 // the target's rows are class probabilities
   int64_t ignore_index = -100;
   std::optional<int64_t> max_length;  // ragged data only
   std::string max_length_source;      // "--seq-len 16..512", "the plan (tokens.max_seq_len)"
 };
-DataRules data_rules(const std::vector<TensorSpec>& inputs, const std::optional<TensorSpec>& target, int64_t ignore_index);
+// The rules for data of these specs feeding `loss_kind` ("cross_entropy", "mse", "model").
+DataRules data_rules(const std::vector<TensorSpec>& inputs, const std::optional<TensorSpec>& target, int64_t ignore_index,
+                     const std::string& loss_kind = "");
 void check_batch_values(const Batch& batch, const DataRules& rules, const std::string& what, const std::string& fix);
+
+// The rows of a probability target [B,C] (dim 0 = samples): every entry non-negative, every row
+// summing to 1 within setup_rules.h's probability_row_tolerance (a NaN fails). InputError naming
+// `what`, the first bad row and its value or sum otherwise. Reads the tensor on the host.
+void check_probability_rows(const at::Tensor& target, const std::string& what);
 
 // Reads `torch.save([inputs..., target], f)` (zip format). `has_target` says whether the last
 // tensor is the target. Throws InputError for a missing or unreadable file, a file that is not a

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+
 #include "accumplan/errors.h"
 #include "accumplan/setup_rules.h"
 
@@ -22,12 +23,13 @@ void check_cross_entropy_shapes(const at::Tensor& logits, const at::Tensor& targ
   const bool ok3 = logits.dim() == 3 && target.dim() == 2 && target.size(0) == logits.size(0) &&
                    target.size(1) == logits.size(1);
   if (!ok2 && !ok3) {
-    throw InputError("cross_entropy needs logits [B,C] with target [B], or [B,T,C] with [B,T]; got output " +
+    throw InputError("cross_entropy needs logits [B,C] with target [B], or [B,T,C] with [B,T] (class indices), or "
+                     "logits [B,C] with a floating target [B,C] (class probabilities); got output " +
                      shape_of(logits) + " and target " + shape_of(target));
   }
   if (target.scalar_type() != at::kLong) {
-    throw InputError("cross_entropy needs an int64 target of class indices; got " +
-                     std::string(c10::toString(target.scalar_type())));
+    throw InputError("cross_entropy needs an int64 target of class indices (or a floating [B,C] target of class "
+                     "probabilities); got " + std::string(c10::toString(target.scalar_type())));
   }
   const int64_t C = logits.size(-1);
   if (config.target_classes && *config.target_classes > C) {
@@ -54,13 +56,39 @@ std::pair<at::Tensor, at::Tensor> cross_entropy_positions(const at::Tensor& logi
   return {per.reshape(target.sizes()), valid.reshape(target.sizes())};
 }
 
+// Logits [B,C] with a floating target [B,C] of class probabilities: per sample -sum_c target[c] *
+// log_softmax(logits)[c] (what F.cross_entropy computes for probability targets), summed over the
+// samples. The rows are checked where the data enters (the data check), not here: reading them
+// would be a host sync per microbatch.
+LossSum probability_cross_entropy(const at::Tensor& logits, const at::Tensor& target, const LossConfig& config) {
+  if (logits.dim() != 2 || target.sizes() != logits.sizes()) {
+    throw InputError("cross_entropy with a floating target (class probabilities) needs logits [B,C] and a target of "
+                     "the same shape; got output " + shape_of(logits) + " and target " + shape_of(target) +
+                     "; for class indices give an int64 target");
+  }
+  if (config.normalization == Normalization::Tokens) {
+    throw InputError("tokens normalization needs a target of class indices; a floating cross_entropy target holds "
+                     "class probabilities per sample and is normalized by samples");
+  }
+  LossSum out;
+  out.sum = -(target.to(at::kFloat) * at::log_softmax(logits.to(at::kFloat), 1)).sum();
+  out.units = logits.size(0);
+  return out;
+}
+
 }  // namespace
+
+bool is_probability_target(const std::string& loss_kind, const TensorSpec& target) {
+  return loss_kind == "cross_entropy" && !target.is_integer();
+}
 
 std::string to_string(Normalization n) { return n == Normalization::Tokens ? "tokens" : "samples"; }
 
-Normalization resolve_normalization(const std::string& name, const std::string& loss_kind, int64_t target_dims) {
+Normalization resolve_normalization(const std::string& name, const std::string& loss_kind, int64_t target_dims,
+                                    bool target_is_floating) {
   // The rule is the planner's (accumplan/setup_rules.h), which the exporters read too.
-  return normalizes_by_tokens(name, loss_kind, target_dims) ? Normalization::Tokens : Normalization::Samples;
+  return normalizes_by_tokens(name, loss_kind, target_dims, target_is_floating) ? Normalization::Tokens
+                                                                               : Normalization::Samples;
 }
 
 int64_t count_units(const at::Tensor& target, int64_t samples, const LossConfig& config) {
@@ -73,6 +101,7 @@ LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, int64_t sam
                  const LossConfig& config, bool count_tokens) {
   LossSum out;
   if (config.kind == "cross_entropy") {
+    if (target.defined() && at::isFloatingType(target.scalar_type())) return probability_cross_entropy(output, target, config);
     const bool per_sample_mean = config.normalization == Normalization::Samples && target.dim() > 1;
     if (!per_sample_mean) {
       // One position per sample, or tokens mode: the sum over positions is the loss sum (ignored
@@ -131,7 +160,8 @@ LossConfig loss_config(const Setup& setup, const std::optional<TensorSpec>& targ
   }
   // No target: 0 dimensions (a model's own loss), samples under "auto".
   c.normalization = resolve_normalization(setup.normalization, setup.loss,
-                                          target ? static_cast<int64_t>(target->dims.size()) : 0);
+                                          target ? static_cast<int64_t>(target->dims.size()) : 0,
+                                          target && !target->is_integer());
   return c;
 }
 

@@ -7,6 +7,9 @@
 // backward. docs/weighting.md.
 //   cross_entropy  logits [B,C] with target [B], or [B,T,C] with target [B,T]; ignore_index skips
 //                  a position. Samples mode: a sample's loss is the mean over its valid positions.
+//                  Or logits [B,C] with a floating target [B,C] of class probabilities (mixup,
+//                  label smoothing, distillation): a sample's loss is -sum_c target[c] *
+//                  log_softmax(logits)[c], as F.cross_entropy computes it; samples mode only.
 //   mse            output and target of equal shape; a sample's loss is the mean over its elements.
 //   model          the model's forward takes the target last and returns the microbatch's MEAN
 //                  loss (a scalar); samples mode only: its sum is mean × n.
@@ -19,6 +22,8 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+
+#include "accumplan/tensor_spec.h"
 
 namespace accumplan {
 
@@ -53,10 +58,17 @@ LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, int64_t sam
 // how the executor counts a window's denominator before the first backward.
 int64_t count_units(const at::Tensor& target, int64_t samples, const LossConfig& config);
 
-// Resolves setup.normalization "auto": tokens for cross-entropy over [B,T,C] logits (a target
-// with more than one dimension), samples otherwise. Throws InputError for an unknown name.
+// Resolves setup.normalization "auto": tokens for cross-entropy over [B,T,C] logits (a target of
+// class indices with more than one dimension), samples otherwise (a floating target of
+// probabilities included). Throws InputError for an unknown name. The rule is setup_rules.h's.
 Normalization resolve_normalization(const std::string& name, const std::string& loss_kind,
-                                    int64_t target_dims);
+                                    int64_t target_dims, bool target_is_floating = false);
+
+// Whether `loss_kind`'s target `target` holds class probabilities: a floating target of
+// cross_entropy ([B,C], each row a distribution over the classes). Synthetic data makes such
+// rows valid and the data check refuses rows that are not (batch.h check_probability_rows).
+bool is_probability_target(const std::string& loss_kind, const TensorSpec& target);
+
 std::string to_string(Normalization n);
 
 }  // namespace accumplan

@@ -268,7 +268,7 @@ class HostileTraining(unittest.TestCase):
         for target, pattern in ((torch.tensor([1, 2, 10, 3]), r"class 10 \(at flat position 0 of the microbatch\), outside the output's 10 classes \[0, 9\]"),
                                 (torch.tensor([1, -1, 2, 3]), r"class -1 "),
                                 (torch.tensor([1, 2, 3, 2 ** 40]), r"class 1099511627776 "),
-                                (torch.randn(4), r"integer class indices, not float32"),
+                                (torch.randn(4), r"floating target \(class probabilities\) needs .* got output \[2, 10\] and target \[2\]"),
                                 (torch.tensor([True, False, True, False]), r"not bool")):
             with self.subTest(target=target):
                 with self.assertRaisesRegex(ValueError, pattern) as cm:

@@ -37,11 +37,21 @@ const std::map<std::string, double>& optimizer_defaults(const std::string& optim
 std::map<std::string, double> optimizer_hyperparameters(const Setup& setup);
 
 // Whether the loss is normalised per valid token across the window (and ranks) rather than per
-// sample: "tokens"; "auto" for cross-entropy over a target with more than one dimension ([B,T]);
-// "samples". InputError for an unknown name, or "tokens" with a loss that has no tokens.
-bool normalizes_by_tokens(const std::string& normalization, const std::string& loss, int64_t target_dims);
-// The same for a setup: target_dims from setup.target's spec (0 without a target).
+// sample: "tokens"; "auto" for cross-entropy over a target of class indices with more than one
+// dimension ([B,T]); "samples". A floating target of cross-entropy holds class probabilities
+// ([B,C], one distribution per sample): "auto" is samples for it. InputError for an unknown name,
+// or "tokens" with a loss that has no tokens or with a floating target. The CLI and the Python
+// package (accumplan.resolve_normalization, through _core) both ask this.
+bool normalizes_by_tokens(const std::string& normalization, const std::string& loss, int64_t target_dims,
+                          bool target_is_floating);
+// The same for a setup: target_dims and the dtype from setup.target's spec (no target: 0 dims).
 bool normalizes_by_tokens(const Setup& setup);
+
+// How far from 1 a row of class probabilities (a floating cross-entropy target) may sum, for a
+// target of `dtype` ("float32", "bfloat16", as a tensor spec names it): 1e-3; bfloat16's epsilon
+// 2^-7 for bfloat16, whose rounding alone moves a sum by up to 2^-8. The CLI's data check
+// (runtime/batch.h) and accumplan.loss_sum (through _core) both ask this.
+double probability_row_tolerance(const std::string& dtype);
 
 // The one rule for a batch-dependent layer, whose statistics mix the samples of its batch so that
 // accumulation cannot reproduce one large batch for it: a module type named *BatchNorm*
