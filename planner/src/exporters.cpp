@@ -561,7 +561,7 @@ void check_torchrun_optimizer(const Plan& plan) {
   }
   if (cannot.empty()) return;
   throw InputError("the torchrun export launches accumplan run, which cannot run the plan's " + cannot +
-                   " (LibTorch's optimizers lack it); train with the Python package (Plan.train_window with your "
+                   " (LibTorch's optimizers); train with the Python package (Plan.train_window with your "
                    "optimizer), or re-plan with an optimizer accumplan run can build");
 }
 

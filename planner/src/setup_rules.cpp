@@ -170,7 +170,8 @@ std::string libtorch_cannot_run(const Setup& setup) {
 
 std::string implementation_flags_set(const Setup& setup) {
   std::string set;
-  for (const auto& [flag, on] : optimizer_groups(setup).front().flags) {
+  const std::vector<OptimizerGroup> groups = optimizer_groups(setup);  // named: the loop reads into it
+  for (const auto& [flag, on] : groups.front().flags) {
     if (is_implementation_flag(flag)) set += (set.empty() ? "" : ", ") + flag_text(flag, on);
   }
   return set;
