@@ -146,8 +146,10 @@ std::string torchrun_launch_line(int64_t world) {
 struct Training {
   std::string amp;                        // none | bf16 | fp16
   std::string optimizer;                  // accumplan's name
-  double lr = 0;
+  double lr = 0;                          // the first group's, as every export writes it
   std::map<std::string, double> hp;       // every hyperparameter, defaults filled in
+  std::map<std::string, bool> flags;      // the on/off options as recorded (absent: torch's default)
+  std::string groups_differ;              // group_difference: what one set of values cannot carry
   std::optional<double> max_grad_norm;
   bool cuda = false;
   bool per_token = false;                 // normalised by the window's valid tokens over all ranks
@@ -158,9 +160,12 @@ Training training_of(const Plan& plan) {
   Training t;
   t.amp = plan.setup.amp;
   t.optimizer = plan.setup.optimizer;
-  t.lr = plan.setup.lr;
   try {
-    t.hp = optimizer_hyperparameters(plan.setup);
+    const std::vector<OptimizerGroup> groups = optimizer_groups(plan.setup);
+    t.lr = groups.front().lr;
+    t.hp = groups.front().hyperparameters;
+    t.flags = groups.front().flags;
+    t.groups_differ = group_difference(groups);
     t.per_token = normalizes_by_tokens(plan.setup);
   } catch (const InputError& e) {
     // The rules speak of the options that set these; here they come from the plan's setup.
@@ -175,23 +180,30 @@ Training training_of(const Plan& plan) {
 
 // The plan's optimizer as torch.optim's class and keyword arguments: what every trainer that
 // takes a class (Lightning's class_path, Trainer's optimizer_cls_and_kwargs) builds exactly.
+// The flags follow the hyperparameters, in setup_rules' order, as recorded.
 std::pair<std::string, ojson> torch_optimizer(const Training& t) {
   const auto& h = t.hp;
+  std::pair<std::string, ojson> out;
   if (t.optimizer == "sgd" || t.optimizer == "momentum") {
-    return {"SGD", ojson{{"lr", t.lr}, {"momentum", t.optimizer == "momentum" ? h.at("momentum") : 0.0},
-                         {"dampening", h.at("dampening")}, {"weight_decay", h.at("weight_decay")}}};
+    out = {"SGD", ojson{{"lr", t.lr}, {"momentum", t.optimizer == "momentum" ? h.at("momentum") : 0.0},
+                        {"dampening", h.at("dampening")}, {"weight_decay", h.at("weight_decay")}}};
+  } else if (t.optimizer == "adam" || t.optimizer == "adamw") {
+    out = {t.optimizer == "adam" ? "Adam" : "AdamW",
+           ojson{{"lr", t.lr}, {"betas", ojson::array({h.at("beta1"), h.at("beta2")})}, {"eps", h.at("eps")},
+                 {"weight_decay", h.at("weight_decay")}}};
+  } else if (t.optimizer == "adagrad") {
+    out = {"Adagrad", ojson{{"lr", t.lr}, {"lr_decay", h.at("lr_decay")}, {"eps", h.at("eps")},
+                            {"weight_decay", h.at("weight_decay")},
+                            {"initial_accumulator_value", h.at("initial_accumulator_value")}}};
+  } else {
+    out = {"RMSprop", ojson{{"lr", t.lr}, {"alpha", h.at("alpha")}, {"eps", h.at("eps")},
+                            {"weight_decay", h.at("weight_decay")}, {"momentum", h.at("momentum")}}};
   }
-  if (t.optimizer == "adam" || t.optimizer == "adamw") {
-    return {t.optimizer == "adam" ? "Adam" : "AdamW",
-            ojson{{"lr", t.lr}, {"betas", ojson::array({h.at("beta1"), h.at("beta2")})}, {"eps", h.at("eps")},
-                  {"weight_decay", h.at("weight_decay")}}};
+  for (const std::string& flag : optimizer_flags(t.optimizer)) {
+    const auto it = t.flags.find(flag);
+    if (it != t.flags.end()) out.second[flag] = it->second;
   }
-  if (t.optimizer == "adagrad") {
-    return {"Adagrad", ojson{{"lr", t.lr}, {"lr_decay", h.at("lr_decay")}, {"eps", h.at("eps")},
-                             {"weight_decay", h.at("weight_decay")}}};
-  }
-  return {"RMSprop", ojson{{"lr", t.lr}, {"alpha", h.at("alpha")}, {"eps", h.at("eps")},
-                           {"weight_decay", h.at("weight_decay")}, {"momentum", h.at("momentum")}}};
+  return out;
 }
 
 // What a trainer that scales each microbatch's mean loss by 1/k and averages gradients over the
@@ -219,10 +231,14 @@ struct ExportContext {
   ojson about;                      // the "accumplan" provenance object
   std::vector<std::string> notes;   // the departure first, when there is one
   const ExportOptions& options;
+  std::vector<std::string> lossy;   // what the output does not carry (written anyway: allow_lossy)
 };
 
-ojson with_notes(ojson about, const std::vector<std::string>& notes) {
-  about["notes"] = notes;
+// The "accumplan" object: provenance, notes, and (only when written anyway) what was lost.
+ojson about_of(const ExportContext& c) {
+  ojson about = c.about;
+  about["notes"] = c.notes;
+  if (!c.lossy.empty()) about["lossy"] = c.lossy;
   return about;
 }
 
@@ -245,7 +261,7 @@ std::string deepspeed_export(ExportContext& c) {
   if (!c.t.cuda) c.notes.push_back("the plan was measured on the CPU device; DeepSpeed trains on GPUs, where the memory differs");
   const std::string loss = per_token_note(c.t, "DeepSpeed", "divides each microbatch's loss by gradient_accumulation_steps and averages gradients over ranks");
   if (!loss.empty()) c.notes.push_back(loss);
-  j["accumplan"] = with_notes(c.about, c.notes);  // DeepSpeed reads the keys it knows and ignores this one
+  j["accumplan"] = about_of(c);  // DeepSpeed reads the keys it knows and ignores this one
   return json_text(j);
 }
 
@@ -258,7 +274,8 @@ std::string hf_optim(const Training& t, std::vector<std::string>& notes) {
   const bool decays = t.hp.at("weight_decay") > 0.0;
   if (t.optimizer == "adam" && decays) notes.push_back("Trainer has no Adam with coupled (L2) weight decay" + exact);
   if (t.optimizer == "momentum") notes.push_back("Trainer's \"sgd\" takes no momentum" + exact);
-  if ((t.optimizer == "adagrad" && !(default_of("lr_decay") && default_of("eps"))) ||
+  if ((t.optimizer == "adagrad" &&
+       !(default_of("lr_decay") && default_of("eps") && default_of("initial_accumulator_value"))) ||
       (t.optimizer == "rmsprop" && !(default_of("alpha") && default_of("eps") && default_of("momentum")))) {
     notes.push_back("Trainer passes " + t.optimizer + " only its learning rate" + exact);
   }
@@ -266,8 +283,16 @@ std::string hf_optim(const Training& t, std::vector<std::string>& notes) {
     notes.push_back("Trainer's own optimizer leaves biases and LayerNorm weights undecayed, the plan decays every "
                     "parameter" + exact);
   }
-  // AdamW without weight decay is Adam; Trainer has no other Adam.
-  if (t.optimizer == "adam" || t.optimizer == "adamw") return "adamw_torch";
+  // AdamW without weight decay is Adam; Trainer has no other Adam. Its fused AdamW is a name of its own.
+  const bool adam = t.optimizer == "adam" || t.optimizer == "adamw";
+  const auto fused = t.flags.find("fused");
+  const bool fused_adam = adam && fused != t.flags.end() && fused->second;
+  std::string said;  // the flags Trainer's `optim` cannot say
+  for (const auto& [flag, on] : t.flags) {
+    if (!(fused_adam && flag == "fused")) said += (said.empty() ? "" : ", ") + flag + (on ? "=true" : "=false");
+  }
+  if (!said.empty()) notes.push_back("Trainer's optim cannot say " + said + exact);
+  if (adam) return fused_adam ? "adamw_torch_fused" : "adamw_torch";
   return t.optimizer == "momentum" ? "sgd" : t.optimizer;
 }
 
@@ -299,7 +324,7 @@ std::string hf_export(ExportContext& c) {
   j["TrainingArguments"] = args;
   j["optimizer"] = ojson{{"class", "torch.optim." + name}, {"kwargs", kwargs}};
   j["launch"] = torchrun_launch_line(c.plan.world_size);
-  j["accumplan"] = with_notes(c.about, c.notes);
+  j["accumplan"] = about_of(c);
   return json_text(j);
 }
 
@@ -323,7 +348,7 @@ std::string accelerate_export(ExportContext& c) {
   j["config_file"] = "accumplan export --plan " + shell_quote(c.options.plan_path) +
                      " --to accelerate-config --out accelerate_config.yaml";
   j["launch"] = "accelerate launch --config_file accelerate_config.yaml YOUR_SCRIPT.py";
-  j["accumplan"] = with_notes(c.about, c.notes);
+  j["accumplan"] = about_of(c);
   return json_text(j);
 }
 
@@ -375,6 +400,7 @@ std::string lightning_export(ExportContext& c) {
   std::ostringstream s;
   s << "# accumplan export lightning (LightningCLI --config): " << c.plan.target_batch << " samples per step = "
     << c.plan.world_size << " device(s) x " << split_text(c.k, c.u) << "\n";
+  for (const std::string& n : c.lossy) s << "# LOSSY: " << n << "\n";
   for (const std::string& n : c.notes) s << "# NOTE: " << n << "\n";
   s << "trainer:\n"
     << "  accelerator: " << (t.cuda ? "gpu" : "cpu") << "\n"
@@ -417,7 +443,13 @@ std::string torchrun_export(const Plan& plan, const ExportOptions& options) {
   s << "# add --data FILE and --steps N or --epochs E; on several nodes set --nnodes, --node_rank, "
        "--master_addr, --master_port\n"
     << "# --redirects=1 --tee=1: torchrun 1.13 under Python 3.11 (Debian 12) fails on their default 0; "
-       "each rank's stdout stays on the console\n"
+       "each rank's stdout stays on the console\n";
+  const std::string implementation = implementation_flags_set(plan.setup);
+  if (!implementation.empty()) {
+    s << "# NOTE: accumplan run computes the optimizer's " << implementation
+      << " as LibTorch's one implementation of the same update\n";
+  }
+  s
     << "torchrun --nnodes=1 --nproc_per_node=" << W << " --redirects=1 --tee=1 --no_python "
     << shell_quote(options.binary) << " run --plan " << shell_quote(options.plan_path) << " --model "
     << shell_quote(plan.model.path.empty() ? "MODEL.pt" : plan.model.path) << "\n";
@@ -446,9 +478,10 @@ void check_exportable(const Plan& plan, const std::string& target, const ExportO
   shell_safe(options.binary, "--binary");
   shell_safe(options.plan_path, "--plan");
   if (target == "torchrun") shell_safe(plan.model.path, "the plan's model.path");
-  check_lightning_datamodule(options.lightning_datamodule);
+  check_lightning_datamodule(options.lightning_datamodule, options.names.lightning_datamodule);
   if (!options.lightning_datamodule.empty() && target != "lightning") {
-    throw InputError("--lightning-datamodule is for --to lightning, not " + target);
+    throw InputError(options.names.lightning_datamodule + " is for " + options.names.lightning_target + ", not " +
+                     target);
   }
   const int64_t u = plan.uniform.micro_batch, k = plan.uniform.accumulation_steps, W = plan.world_size;
   if (u < 1 || k < 1 || W < 1 ||
@@ -503,7 +536,51 @@ std::string departure_or_refusal(const Plan& plan, const std::string& target, co
                                          : "Target batches that split evenly under max_micro_batch " +
                                                std::to_string(std::max(plan.max_micro_batch, plan.micro_batch)) +
                                                ": " + nearest + "; re-plan with `accumplan plan --target-batch`") +
-                        ", run the plan itself (accumplan run, or the Python package), or pass --allow-slow");
+                        ", run the plan itself (accumplan run, or the Python package), or pass " +
+                        options.names.allow_slow);
+}
+
+// How a message names the trainer an export is for.
+std::string trainer_name(const std::string& target) {
+  if (target == "deepspeed") return "DeepSpeed";
+  if (target == "hf") return "Hugging Face Trainer";
+  if (target == "lightning") return "Lightning";
+  if (target == "accelerate") return "Accelerate";
+  return target;
+}
+
+// The torchrun export launches accumplan run on the plan: InputError naming what of the plan's
+// optimizer LibTorch cannot run (libtorch_cannot_run, the rule accumplan run refuses by), with
+// or without allow_lossy: written anyway, the line would only launch that refusal.
+void check_torchrun_optimizer(const Plan& plan) {
+  std::string cannot;
+  try {
+    cannot = libtorch_cannot_run(plan.setup);
+  } catch (const InputError& e) {
+    throw InputError(std::string("the plan's setup cannot be exported: ") + e.what());
+  }
+  if (cannot.empty()) return;
+  throw InputError("the torchrun export launches accumplan run, which cannot run the plan's " + cannot +
+                   " (LibTorch's optimizers); train with the Python package (Plan.train_window with your "
+                   "optimizer), or re-plan with an optimizer accumplan run can build");
+}
+
+// What the export cannot carry of the plan's optimizer, one clause each; InputError naming it and
+// the fix unless the caller allows a lossy export. Every trainer's config states one set of
+// optimizer values for every parameter: groups with different values do not fit it (groups with
+// the same values do: one group's values carry them). The accelerate-config file carries no
+// optimizer (the accelerate export does).
+std::vector<std::string> optimizer_losses(const Training& t, const std::string& target, const ExportOptions& options) {
+  if (target == "accelerate-config") return {};
+  if (t.groups_differ.empty()) return {};
+  if (!options.allow_lossy) {
+    throw InputError("the " + trainer_name(target) + " export cannot carry " + t.groups_differ +
+                     ": its optimizer takes one set of values for every parameter; pass " +
+                     options.names.allow_lossy + " to write the first group's values anyway");
+  }
+  return {"the plan's optimizer has " + t.groups_differ + "; written as the first group's values for every " +
+          "parameter (lr " + number_text(t.lr) + "): pass your parameter groups to torch.optim." +
+          torch_optimizer(t).first + " yourself"};
 }
 
 }  // namespace
@@ -558,7 +635,7 @@ std::pair<int64_t, int64_t> nearest_even_targets(const Plan& plan) {
   return out;
 }
 
-void check_lightning_datamodule(const std::string& class_path) {
+void check_lightning_datamodule(const std::string& class_path, const std::string& what) {
   if (class_path.empty()) return;
   // A dotted Python name: identifiers (letters, digits, _; not starting with a digit) joined by '.'.
   bool ok = true, start = true;
@@ -574,7 +651,7 @@ void check_lightning_datamodule(const std::string& class_path) {
     }
   }
   if (!ok || start) {
-    throw InputError("--lightning-datamodule '" + cut_for_message(class_path) +
+    throw InputError(what + " '" + cut_for_message(class_path) +
                      "' is not a Python class path; give the module and class, e.g. my_project.data.TextDataModule");
   }
 }
@@ -582,11 +659,16 @@ void check_lightning_datamodule(const std::string& class_path) {
 std::string export_plan(const Plan& plan, const std::string& target, std::string* note, const ExportOptions& options) {
   check_exportable(plan, target, options);
   if (note) note->clear();
-  if (target == "torchrun") return torchrun_export(plan, options);
+  if (target == "torchrun") {
+    check_torchrun_optimizer(plan);
+    return torchrun_export(plan, options);
+  }
+  Training training = training_of(plan);
+  std::vector<std::string> lossy = optimizer_losses(training, target, options);
   double slowdown = 1.0;
   const std::string what = departure_or_refusal(plan, target, options, &slowdown);
-  ExportContext c{plan, plan.uniform.micro_batch, plan.uniform.accumulation_steps, training_of(plan),
-                  provenance(plan, options, what, slowdown), {}, options};
+  ExportContext c{plan, plan.uniform.micro_batch, plan.uniform.accumulation_steps, std::move(training),
+                  provenance(plan, options, what, slowdown), {}, options, std::move(lossy)};
   if (!what.empty()) c.notes.push_back(what);
   std::string text;
   if (target == "deepspeed") text = deepspeed_export(c);
@@ -595,6 +677,7 @@ std::string export_plan(const Plan& plan, const std::string& target, std::string
   else if (target == "accelerate-config") text = accelerate_config_export(c);
   else text = lightning_export(c);
   if (note) {
+    for (const std::string& n : c.lossy) *note += (note->empty() ? "" : "\n") + ("lossy: " + n);
     for (const std::string& n : c.notes) *note += (note->empty() ? "" : "\n") + n;
   }
   return text;

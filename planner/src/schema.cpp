@@ -60,23 +60,84 @@ ModelInfo model_from(const JsonField& f) {
   return m;
 }
 
+ojson numbers_json(const std::map<std::string, double>& values) {
+  ojson j = ojson::object();
+  for (const auto& [k, v] : values) j[k] = v;
+  return j;
+}
+ojson flags_json(const std::map<std::string, bool>& flags) {
+  ojson j = ojson::object();
+  for (const auto& [k, v] : flags) j[k] = v;
+  return j;
+}
+
+// 1.6: every group, the first included (it repeats setup's lr, hyperparameters and flags).
+ojson param_groups_json(const std::vector<OptimizerGroup>& groups) {
+  ojson list = ojson::array();
+  for (const OptimizerGroup& g : groups) {
+    ojson j{{"lr", g.lr}, {"hyperparameters", numbers_json(g.hyperparameters)}};
+    if (!g.flags.empty()) j["flags"] = flags_json(g.flags);
+    if (g.parameter_count) j["parameter_count"] = *g.parameter_count;
+    list.push_back(j);
+  }
+  return list;
+}
+
 ojson setup_json(const Setup& s) {
-  ojson hp = ojson::object();
-  for (const auto& [k, v] : s.hyperparameters) hp[k] = v;
   ojson j{{"optimizer", s.optimizer},
           {"lr", s.lr},
-          {"hyperparameters", hp},
-          {"amp", s.amp},
-          {"max_grad_norm", opt(s.max_grad_norm)},
-          {"loss", s.loss},
-          {"normalization", s.normalization},
-          {"inputs", s.inputs},
-          {"target", s.target},
-          {"ignore_index", s.ignore_index}};
+          {"hyperparameters", numbers_json(s.hyperparameters)}};
+  // 1.6, only when set: a setup of one group at torch's default options stays as in 1.5.
+  if (!s.flags.empty()) j["flags"] = flags_json(s.flags);
+  if (!s.param_groups.empty()) j["param_groups"] = param_groups_json(s.param_groups);
+  j["amp"] = s.amp;
+  j["max_grad_norm"] = opt(s.max_grad_norm);
+  j["loss"] = s.loss;
+  j["normalization"] = s.normalization;
+  j["inputs"] = s.inputs;
+  j["target"] = s.target;
+  j["ignore_index"] = s.ignore_index;
   if (s.padding_mask) j["padding_mask"] = true;  // 1.3, only when set: sample setups stay as in 1.2
   if (!s.seq_len.empty()) j["seq_len"] = s.seq_len;
   return j;
 }
+std::map<std::string, double> numbers_from(const JsonField& f) {
+  if (!f.raw().is_object()) f.fail("an object of numbers");
+  std::map<std::string, double> values;
+  for (auto it = f.raw().begin(); it != f.raw().end(); ++it) {
+    values[it.key()] = JsonField(it.value(), f.path() + "." + cut_for_message(it.key(), 40)).as_double();
+  }
+  return values;
+}
+std::map<std::string, bool> flags_from(const JsonField& f) {
+  if (!f.raw().is_object()) f.fail("an object of booleans");
+  std::map<std::string, bool> flags;
+  for (auto it = f.raw().begin(); it != f.raw().end(); ++it) {
+    flags[it.key()] = JsonField(it.value(), f.path() + "." + cut_for_message(it.key(), 40)).as_bool();
+  }
+  return flags;
+}
+
+// 1.6: one entry per group, the first stating what setup's lr, hyperparameters and flags state.
+std::vector<OptimizerGroup> param_groups_from(const JsonField& f, const Setup& s) {
+  std::vector<OptimizerGroup> groups;
+  for (const JsonField& item : f.items()) {
+    OptimizerGroup g;
+    g.lr = item.f64("lr");
+    if (item.has("hyperparameters")) g.hyperparameters = numbers_from(item.at("hyperparameters"));
+    if (item.has("flags")) g.flags = flags_from(item.at("flags"));
+    g.parameter_count = item.opt_i64("parameter_count");
+    groups.push_back(g);
+  }
+  if (groups.empty()) f.fail("a list of the optimizer's parameter groups (absent for one group)");
+  const OptimizerGroup& first = groups.front();
+  if (first.lr != s.lr || first.hyperparameters != s.hyperparameters || first.flags != s.flags) {
+    throw SchemaError(f.path() + "[0]: the first group's lr, hyperparameters and flags must be setup's lr, "
+                      "hyperparameters and flags (they state the first group); write the same values in both");
+  }
+  return groups;
+}
+
 Setup setup_from(const JsonField& f) {
   Setup s;
   s.optimizer = f.one_of("optimizer", optimizer_names());
@@ -87,13 +148,9 @@ Setup setup_from(const JsonField& f) {
   } else {
     s.lr = (s.optimizer == "adam" || s.optimizer == "adamw" || s.optimizer == "rmsprop") ? 1e-3 : 1e-2;
   }
-  if (f.has("hyperparameters")) {
-    const JsonField hp = f.at("hyperparameters");
-    if (!hp.raw().is_object()) hp.fail("an object of numbers");
-    for (auto it = hp.raw().begin(); it != hp.raw().end(); ++it) {
-      s.hyperparameters[it.key()] = JsonField(it.value(), hp.path() + "." + cut_for_message(it.key(), 40)).as_double();
-    }
-  }
+  if (f.has("hyperparameters")) s.hyperparameters = numbers_from(f.at("hyperparameters"));
+  if (f.has("flags")) s.flags = flags_from(f.at("flags"));  // 1.6
+  if (f.has("param_groups")) s.param_groups = param_groups_from(f.at("param_groups"), s);  // 1.6
   if (f.has("normalization") && !f.at("normalization").raw().is_null()) {
     s.normalization = f.one_of("normalization", {"auto", "samples", "tokens"});
   }

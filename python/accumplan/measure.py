@@ -16,6 +16,7 @@ budget removed, also when planning fails.
 What it is not: a second search or planner (both are C++), nor a profile of variable-length data
 (``accumplan profile --seq-len`` plans packed windows).
 """
+import inspect
 import json
 import sys
 import time
@@ -32,31 +33,66 @@ from .train import (LOSSES, WindowStats, _as_tuple, _autocast_dtype, _map_inputs
                     warn_batch_dependent)
 from .train import _check_class_target
 
-_OPTIMIZERS = (  # (class, the plan's optimizer name, the hyperparameters the C++ setup takes)
-    (torch.optim.AdamW, "adamw", ("beta1", "beta2", "eps", "weight_decay")),
-    (torch.optim.Adam, "adam", ("beta1", "beta2", "eps", "weight_decay")),
-    (torch.optim.Adagrad, "adagrad", ("lr_decay", "eps", "weight_decay")),
-    (torch.optim.RMSprop, "rmsprop", ("alpha", "eps", "weight_decay", "momentum")),
-    (torch.optim.SGD, "sgd", ("weight_decay", "dampening")),
+_OPTIMIZER_CLASSES = (  # torch.optim's class -> the plan's optimizer name (AdamW first: in 2.x it derives from Adam)
+    (torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim.Adagrad, "adagrad"),
+    (torch.optim.RMSprop, "rmsprop"), (torch.optim.SGD, "sgd"),
 )
+_GROUP_KEYS_NOT_SETTINGS = ("params", "initial_lr")  # the parameters, and what an LR scheduler adds
+
+
+def _group_values(group, cls_name, table, defaults):
+    """(lr, hyperparameters, flags) of one param_group: every hyperparameter the C++ table lists
+    that the group holds, every flag that differs from the class's default. ValueError naming a
+    constructor setting the table does not know, set away from its default (never dropped)."""
+    values = dict(group)
+    if "betas" in values:
+        values["beta1"], values["beta2"] = (float(b) for b in values.pop("betas"))
+    hp = {k: float(values[k]) for k in table["hyperparameters"] if k in values}
+    flags = {}
+    for key, value in values.items():
+        if key in _GROUP_KEYS_NOT_SETTINGS or key == "lr" or key in hp:
+            continue
+        default = defaults.get(key, inspect.Parameter.empty)
+        if key in table["flags"] and isinstance(value, bool):
+            if value != default:
+                flags[key] = value
+        elif default is not inspect.Parameter.empty and value != default:
+            raise ValueError("optimizer: %s's %s=%r is a setting a plan cannot record (it records lr, %s and the flags "
+                             "%s); leave it at its default %r" % (cls_name, key, value,
+                                                                   ", ".join(table["hyperparameters"]),
+                                                                   ", ".join(table["flags"]), default))
+    return float(values["lr"]), hp, flags
 
 
 def _setup_optimizer(optimizer):
-    """(name, lr, hyperparameters) of the user's optimizer as a plan's setup states it."""
-    for cls, name, keys in _OPTIMIZERS:
+    """The plan's setup fields of the user's optimizer: optimizer, lr, hyperparameters, and (1.6)
+    flags and, for more than one parameter group, param_groups (each group's values and its
+    parameter count). The table of what each optimizer takes is the C++ one (_core.optimizer_table)."""
+    for cls, name in _OPTIMIZER_CLASSES:
         if isinstance(optimizer, cls):
             break
     else:
         raise TypeError("optimizer must be a torch.optim SGD, Adam, AdamW, Adagrad or RMSprop (the optimizers a plan "
                         "states), not %s" % type(optimizer).__name__)
-    group = optimizer.param_groups[0]
-    values = dict(group)
-    if "betas" in values:
-        values["beta1"], values["beta2"] = values["betas"]
-    if name == "sgd" and values.get("momentum", 0):
-        name, keys = "momentum", keys + ("momentum",)
-    hp = {k: float(values[k]) for k in keys if k in values}
-    return name, float(group["lr"]), hp
+    if name == "sgd" and any(g.get("momentum", 0) for g in optimizer.param_groups):
+        name = "momentum"
+    table = _core.optimizer_table()[name]
+    defaults = {}  # each constructor setting's default: torch's class, then a subclass's own
+    for c in (cls, type(optimizer)):
+        defaults.update((k, p.default) for k, p in inspect.signature(c.__init__).parameters.items()
+                        if p.default is not inspect.Parameter.empty)
+    groups = []
+    for group in optimizer.param_groups:
+        lr, hp, flags = _group_values(group, type(optimizer).__name__, table, defaults)
+        groups.append({"lr": lr, "hyperparameters": hp, "flags": flags,
+                       "parameter_count": sum(p.numel() for p in group["params"])})
+    first = groups[0]
+    setup = {"optimizer": name, "lr": first["lr"], "hyperparameters": first["hyperparameters"]}
+    if first["flags"]:
+        setup["flags"] = first["flags"]
+    if len(groups) > 1:
+        setup["param_groups"] = [{k: v for k, v in g.items() if k != "flags" or v} for g in groups]
+    return setup
 
 
 def _spec(t):
@@ -264,7 +300,7 @@ def _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, no
 
 def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trial):
     """The profile's header: what was measured, on what, for what."""
-    name, lr, hp = _setup_optimizer(optimizer)
+    optimizer_setup = _setup_optimizer(optimizer)
     tensors = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
     amp = {None: "none", torch.bfloat16: "bf16", torch.float16: "fp16"}[cfg["autocast"]]
     budget = cfg["budget"]
@@ -275,10 +311,10 @@ def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, tr
         "model": {"path": "python:" + type(model).__name__, "sha256": "",
                   "parameter_count": sum(p.numel() for p in model.parameters()),
                   "batch_dependent_layers": batch_dependent_layers(model)},
-        "setup": {"optimizer": name, "lr": lr, "hyperparameters": hp, "amp": amp,
+        "setup": dict(optimizer_setup, **{"amp": amp,
                   "max_grad_norm": cfg["max_grad_norm"], "loss": cfg["loss"], "normalization": _recorded_normalization(cfg),
                   "inputs": [_spec(t) for t in tensors if isinstance(t, torch.Tensor)],
-                  "target": "" if target is None else _spec(target), "ignore_index": cfg["ignore_index"]},
+                  "target": "" if target is None else _spec(target), "ignore_index": cfg["ignore_index"]}),
         "libtorch_version": torch.__version__.split("+")[0], "probe": meter.probe_name, "budget_bytes": budget,
         "persistent": persistent, "points": [], "trials": [trial],
     }
@@ -315,6 +351,9 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
     shift_labels: with loss="model" and per-token labels, whether the model's loss shifts them
     (None: detected, as ``train_window`` does; the plan records normalization "tokens").
     progress: None prints one line per window to stderr, False is silent, a callable gets the lines.
+    The plan's setup records the optimizer whole: every parameter group's lr and hyperparameters and
+    its flags (nesterov, amsgrad, maximize, foreach, ...; docs/plan-format.md), so an export carries
+    each value or refuses naming it; ValueError names a constructor setting a plan cannot record.
     Returns the ``Plan`` ``load_plan`` returns; ``plan.save(path)`` writes the file the CLI writes.
     The model, optimizer and RNG are left as they were; ValueError/TypeError name a bad argument
     before anything runs; OutOfMemoryAtOne when not even one sample fits."""

@@ -27,7 +27,7 @@ except ImportError as e:  # pragma: no cover - a source tree without the compile
                       "python/ on PYTHONPATH has no core (%s)" % e) from None
 
 SCHEMA = "accumplan.plan"
-SCHEMA_VERSION = _core.SCHEMA_VERSION  # what the C++ writer writes ("1.5")
+SCHEMA_VERSION = _core.SCHEMA_VERSION  # what the C++ writer writes ("1.6")
 SPLITS = ("balanced", "uniform")
 MAX_ACCUMULATION_STEPS = 1 << 20  # solver.h kMaxAccumulationSteps: the most microbatches of a window
 # The step cost's documented ranges (docs/plan-format.md), for pack_by_token_budget's arguments.
@@ -466,6 +466,40 @@ class Plan:
             _write_atomically(path, self._text)
         except OSError as e:
             raise ValueError("cannot write the plan to %s: %s" % (_shown(path), e.strerror or e)) from None
+
+    def export(self, to, out=None, *, allow_slow=False, allow_lossy=False, lightning_datamodule=None,
+               plan_path=None):
+        """The plan as ``accumplan export --to TO`` renders it (docs/exports.md): deepspeed,
+        accelerate, accelerate-config, lightning, hf or torchrun. Returns the text; ``out`` (a path)
+        also writes it there atomically. The exporter is the CLI's (_core.export_plan): PlanError
+        names what it refuses, before anything is written: an optimizer value the trainer cannot
+        carry (parameter groups with different values; ``allow_lossy=True`` writes the first group's
+        values anyway and names the loss inside the text), a uniform split predicted more than 25%
+        slower (``allow_slow=True``). ``lightning_datamodule``: a class path for the lightning data
+        section; ``plan_path``: the plan file the text names (default: where this plan was read, else
+        plan.json). The notes the CLI prints to stderr are in ``self.export_notes`` afterwards."""
+        to = choice_arg(to, "to", tuple(_core.EXPORT_TARGETS))
+        for value, name in ((allow_slow, "allow_slow"), (allow_lossy, "allow_lossy")):
+            if not isinstance(value, bool):
+                raise TypeError("%s must be True or False, not %s" % (name, _shown(value)))
+        if lightning_datamodule is not None and not isinstance(lightning_datamodule, str):
+            raise TypeError("lightning_datamodule must be a class path string, not %s" % _shown(lightning_datamodule))
+        if plan_path is None:
+            plan_path = self.source if os.path.exists(str(self.source)) else "plan.json"
+        plan_path = os.fsdecode(path_arg(plan_path, "plan_path"))
+        out = None if out is None else _output_path(out, "out")
+        try:
+            text, notes = _core.export_plan(self._text, to, plan_path, allow_slow, allow_lossy,
+                                            lightning_datamodule or "")
+        except _core.InputError as e:  # InfeasibleError (a slow split) included
+            raise _plan_error(e) from None
+        self.export_notes = notes.splitlines()
+        if out is not None:
+            try:
+                _write_atomically(out, text)
+            except OSError as e:
+                raise ValueError("cannot write the export to %s: %s" % (_shown(out), e.strerror or e)) from None
+        return text
 
     def __repr__(self):
         return ("Plan(target_batch=%d, world_size=%d, per_rank_batch=%d, microbatch_sizes=%s)"

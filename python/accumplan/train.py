@@ -21,7 +21,6 @@ from collections.abc import Mapping
 import inspect
 import math
 import time
-import warnings
 import weakref
 
 import torch

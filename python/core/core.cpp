@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "accumplan/errors.h"
+#include "accumplan/exporters.h"
 #include "accumplan/json_io.h"
 #include "accumplan/replan.h"
 #include "accumplan/schema.h"
@@ -151,6 +152,47 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
   return text_of(plan);
 }
 
+// ---- The optimizer table and the exports (issue 36) -------------------------------------------
+// optimizer_table: what accumplan/measure.py records of a torch optimizer, from the one table
+// (accumplan/setup_rules.h): {name: {"hyperparameters": {key: LibTorch's default}, "flags":
+// [on/off options]}}. export_plan: `accumplan export`'s exporter, its refusals naming the Python
+// arguments (allow_slow, allow_lossy, lightning_datamodule).
+
+py::dict optimizer_table() {
+  py::dict table;
+  for (const std::string& name : optimizer_names()) {
+    py::dict entry;
+    entry["hyperparameters"] = optimizer_defaults(name);
+    entry["flags"] = optimizer_flags(name);
+    table[py::str(name)] = entry;
+  }
+  return table;
+}
+
+// (the export's text, its notes one a line) of the plan in JSON `plan_text`.
+std::pair<std::string, std::string> export_text(const std::string& plan_text, const std::string& target,
+                                                const std::string& plan_path, bool allow_slow, bool allow_lossy,
+                                                const std::string& lightning_datamodule) {
+  ExportOptions options;
+  options.plan_path = plan_path;
+  options.allow_slow = allow_slow;
+  options.allow_lossy = allow_lossy;
+  options.lightning_datamodule = lightning_datamodule;
+  options.names = {"allow_slow=True", "allow_lossy=True", "lightning_datamodule", "to='lightning'"};
+  std::string note;
+  std::string text = export_plan(plan_from_text(plan_text, "plan"), target, &note, options);
+  return {text, note};
+}
+
+void bind_optimizer_and_exports(py::module_& m) {
+  m.def("optimizer_table", &optimizer_table,
+        "{optimizer: {'hyperparameters': {name: default}, 'flags': [names]}}: what a plan's setup records");
+  m.attr("EXPORT_TARGETS") = export_targets();
+  m.def("export_plan", &export_text, py::arg("plan"), py::arg("target"), py::arg("plan_path"), py::arg("allow_slow"),
+        py::arg("allow_lossy"), py::arg("lightning_datamodule"),
+        "(text, notes) of `accumplan export --to target`; InputError/InfeasibleError for what it refuses");
+}
+
 }  // namespace
 }  // namespace accumplan
 
@@ -228,4 +270,5 @@ PYBIND11_MODULE(_core, m) {
   m.def("search_plan", &search_plan, py::arg("runner"), py::arg("header"), py::arg("request"),
         py::arg("progress") = py::none(),
         "the plan JSON of the measurement search `accumplan profile` runs, on the runner's windows");
+  bind_optimizer_and_exports(m);
 }

@@ -36,6 +36,7 @@ struct ExportArgs {
   std::string out;
   std::string binary = "accumplan";
   bool allow_slow = false;
+  bool allow_lossy = false;
   std::string lightning_datamodule;
 };
 
@@ -83,6 +84,10 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
   exp->add_flag("--allow-slow", eargs->allow_slow,
                 "export the trainer's equal-microbatch split even when it is predicted more than 25% slower "
                 "per window than the plan (otherwise exit 2 naming target batches that split evenly)");
+  exp->add_flag("--allow-lossy", eargs->allow_lossy,
+                "write the export even when the trainer cannot carry every value of the plan's optimizer "
+                "(parameter groups with different values: the first group's are written); the loss is named "
+                "inside the file (otherwise exit 2 naming the value)");
   exp->add_option("--binary", eargs->binary, "the accumplan the torchrun line launches")->capture_default_str();
   exp->add_option("--lightning-datamodule", eargs->lightning_datamodule,
                   "lightning: your LightningDataModule's class path (my_project.data.TextDataModule); the "
@@ -96,6 +101,7 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
                         options.plan_path = eargs->plan;
                         options.binary = eargs->binary;
                         options.allow_slow = eargs->allow_slow;
+                        options.allow_lossy = eargs->allow_lossy;
                         options.lightning_datamodule = eargs->lightning_datamodule;
                         const std::string text = export_plan(p, eargs->to, &note, options);
                         emit_output(eargs->out, text);

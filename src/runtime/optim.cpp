@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <iostream>
 #include <map>
 #include <set>
 #include <tuple>
@@ -28,7 +29,7 @@ const std::map<std::string, Range>& hyperparameter_ranges() {
       {"dampening", {0, 1, false, false}},     {"weight_decay", {0, 1e6, false, false}},
       {"beta1", {0, 1, false, true}},          {"beta2", {0, 1, false, true}},
       {"eps", {0, 1, true, false}},            {"alpha", {0, 1, false, false}},
-      {"lr_decay", {0, 1e6, false, false}},
+      {"lr_decay", {0, 1e6, false, false}},    {"initial_accumulator_value", {0, 1e6, false, false}},
   };
   return ranges;
 }
@@ -49,9 +50,29 @@ void check_hyperparameter(const std::string& key, double value) {
 }  // namespace
 
 void check_optimizer_values(const Setup& setup) {
+  // Every group's values (one group: setup's own), unknown hyperparameters and flags refused.
+  const std::vector<OptimizerGroup> groups = optimizer_groups(setup);
   check_hyperparameter("lr", setup.lr);
-  for (const auto& [key, value] : setup.hyperparameters) {
-    if (hyperparameter_ranges().count(key)) check_hyperparameter(key, value);
+  for (const OptimizerGroup& g : groups) {
+    check_hyperparameter("lr", g.lr);
+    for (const auto& [key, value] : g.hyperparameters) {
+      if (hyperparameter_ranges().count(key)) check_hyperparameter(key, value);
+    }
+  }
+  // What LibTorch's optimizers cannot run is refused, never dropped (the torchrun export asks the
+  // same rule).
+  const std::string cannot = libtorch_cannot_run(setup);
+  if (!cannot.empty()) {
+    throw InputError("accumplan run cannot run the plan's " + cannot + ": LibTorch's optimizers " +
+                     (setup.param_groups.size() > 1 ? "here take one set of values for every parameter"
+                                                    : "lack it") +
+                     "; train with the Python package (Plan.train_window with your optimizer)");
+  }
+  const auto& g = groups.front();
+  const auto nesterov = g.flags.find("nesterov");
+  if (nesterov != g.flags.end() && nesterov->second &&
+      !(g.hyperparameters.count("momentum") && g.hyperparameters.at("momentum") > 0 && g.hyperparameters.at("dampening") == 0)) {
+    throw InputError("nesterov=true needs momentum > 0 and dampening 0 (torch.optim.SGD's rule); set them or drop nesterov");
   }
 }
 
@@ -65,35 +86,52 @@ void check_grad_norm(double value, const std::string& option) {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Setup& setup, std::vector<at::Tensor> params) {
   // Every hyperparameter, absent ones at their defaults; unknown names refused (setup_rules.h).
-  const std::map<std::string, double> hp = optimizer_hyperparameters(setup);
-  check_optimizer_values(setup);
+  check_optimizer_values(setup);  // and what LibTorch cannot run: groups that differ, maximize
+  // One group's values say all (groups that differ were refused above): setup's own lr,
+  // hyperparameters and flags, the first group's, which `accumplan run --lr` may have replaced.
+  Setup first = setup;
+  first.param_groups.clear();
+  const OptimizerGroup group = optimizer_groups(first).front();
+  const std::map<std::string, double>& hp = group.hyperparameters;
+  const auto flag = [&group](const char* name) {
+    const auto it = group.flags.find(name);
+    return it != group.flags.end() && it->second;
+  };
+  const std::string implementation = implementation_flags_set(setup);
+  if (!implementation.empty() && !params.empty()) {
+    std::cerr << "accumplan: note: the plan's optimizer " << implementation
+              << " runs as LibTorch's one implementation of the same update\n";
+  }
   const std::string& name = setup.optimizer;
   using namespace torch::optim;
   if (name == "sgd" || name == "momentum") {
-    SGDOptions o(setup.lr);
+    SGDOptions o(group.lr);
     o.momentum(name == "momentum" ? hp.at("momentum") : 0.0);
     o.dampening(hp.at("dampening"));
     o.weight_decay(hp.at("weight_decay"));
+    o.nesterov(flag("nesterov"));
     return std::make_unique<SGD>(std::move(params), o);
   }
   if (name == "adam" || name == "adamw") {
     const std::tuple<double, double> betas{hp.at("beta1"), hp.at("beta2")};
     if (name == "adam") {
-      AdamOptions o(setup.lr);
-      o.betas(betas).eps(hp.at("eps")).weight_decay(hp.at("weight_decay"));
+      AdamOptions o(group.lr);
+      o.betas(betas).eps(hp.at("eps")).weight_decay(hp.at("weight_decay")).amsgrad(flag("amsgrad"));
       return std::make_unique<Adam>(std::move(params), o);
     }
-    AdamWOptions o(setup.lr);
-    o.betas(betas).eps(hp.at("eps")).weight_decay(hp.at("weight_decay"));
+    AdamWOptions o(group.lr);
+    o.betas(betas).eps(hp.at("eps")).weight_decay(hp.at("weight_decay")).amsgrad(flag("amsgrad"));
     return std::make_unique<AdamW>(std::move(params), o);
   }
   if (name == "adagrad") {
-    AdagradOptions o(setup.lr);
+    AdagradOptions o(group.lr);
     o.lr_decay(hp.at("lr_decay")).eps(hp.at("eps")).weight_decay(hp.at("weight_decay"));
+    o.initial_accumulator_value(hp.at("initial_accumulator_value"));
     return std::make_unique<Adagrad>(std::move(params), o);
   }
-  RMSpropOptions o(setup.lr);
+  RMSpropOptions o(group.lr);
   o.alpha(hp.at("alpha")).eps(hp.at("eps")).weight_decay(hp.at("weight_decay")).momentum(hp.at("momentum"));
+  o.centered(flag("centered"));
   return std::make_unique<RMSprop>(std::move(params), o);
 }
 

@@ -2,7 +2,11 @@
 //
 // What it is: sgd, momentum (SGD with momentum, default 0.9), adam, adamw, adagrad, rmsprop, with
 // lr and the hyperparameters in Setup::hyperparameters (momentum, weight_decay, beta1, beta2,
-// eps, alpha, lr_decay). Also the bytes an optimizer's state holds right now, summed over the
+// eps, alpha, lr_decay, initial_accumulator_value) and the flags LibTorch has (SGD nesterov,
+// Adam/AdamW amsgrad, RMSprop centered). What LibTorch cannot run (parameter groups with
+// different values, maximize: libtorch_cannot_run in accumplan/setup_rules.h) is refused; the
+// implementation flags (foreach, fused, capturable, differentiable) run as LibTorch's one
+// implementation of the same update, said in one stderr note. Also the bytes an optimizer's state holds right now, summed over the
 // tensors LibTorch keeps in its param state (Adam: exp_avg and exp_avg_sq; its step counter is a
 // plain int64 in LibTorch's C++ state, not a tensor, so it allocates no device memory).
 // What it is not: a scheduler. The executor takes a step callback for that.
@@ -21,9 +25,10 @@
 namespace accumplan {
 
 // Throws InputError naming the option (--lr, --momentum, ...), the value and its range for a
-// learning rate or hyperparameter that is not finite or out of range (lr in (0, 1e6], momentum
-// and betas in [0, 1), eps in (0, 1], ...). make_optimizer calls it; commands call it before
-// loading anything.
+// learning rate or hyperparameter (of any parameter group) that is not finite or out of range (lr
+// in (0, 1e6], momentum and betas in [0, 1), eps in (0, 1], ...), for what LibTorch cannot run
+// (libtorch_cannot_run: groups with different values, maximize=true), and for nesterov without
+// momentum. make_optimizer calls it; commands call it before loading anything.
 void check_optimizer_values(const Setup& setup);
 
 // A gradient-clipping norm (--max-grad-norm, --clip-grad-norm) must be finite and in (0, 1e12] (as setup.max_grad_norm in a plan);

@@ -274,3 +274,133 @@ TEST_CASE("Exporters: a per-sample plan needs no loss note; every optimizer has 
     CHECK(params == hf["optimizer"]["kwargs"]);
   }
 }
+
+// ---- Issue 36: every optimizer value is carried in the trainer's terms, or the export is refused
+// naming it (allow_lossy writes it anyway, the loss named inside the output).
+namespace {
+
+Plan nesterov_sgd_plan() {
+  Plan plan = plan_for(256, 1, 256);
+  plan.setup.optimizer = "momentum";
+  plan.setup.lr = 0.01;
+  plan.setup.hyperparameters = {{"momentum", 0.9}, {"dampening", 0.0}, {"weight_decay", 0.0}};
+  plan.setup.flags = {{"nesterov", true}};
+  return plan;
+}
+
+Plan amsgrad_adamw_plan() {
+  Plan plan = plan_for(256, 1, 256);
+  plan.setup.optimizer = "adamw";
+  plan.setup.lr = 1e-3;
+  plan.setup.hyperparameters = {{"weight_decay", 0.05}};
+  plan.setup.flags = {{"amsgrad", true}};
+  return plan;
+}
+
+// Two SGD groups, lr 0.01 and 0.1 (the issue's report).
+Plan two_group_plan(double second_lr = 0.1) {
+  Plan plan = plan_for(256, 1, 256);
+  plan.setup.optimizer = "sgd";
+  plan.setup.lr = 0.01;
+  plan.setup.hyperparameters = {{"weight_decay", 0.0}, {"dampening", 0.0}};
+  plan.setup.param_groups = {OptimizerGroup{0.01, plan.setup.hyperparameters, {}, 100},
+                             OptimizerGroup{second_lr, plan.setup.hyperparameters, {}, 10}};
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("Exporters: nesterov and amsgrad reach every trainer's optimizer", "[export][optimizer]") {
+  for (const Plan& plan : {nesterov_sgd_plan(), amsgrad_adamw_plan()}) {
+    const std::string flag = plan.setup.optimizer == "momentum" ? "nesterov" : "amsgrad";
+    INFO(flag);
+    std::string note;
+    const json ds = json::parse(export_plan(plan, "deepspeed", nullptr));
+    CHECK(ds["optimizer"]["params"][flag] == true);
+    const json hf = json::parse(export_plan(plan, "hf", &note));
+    CHECK(hf["optimizer"]["kwargs"][flag] == true);
+    // TrainingArguments' `optim` has no spelling for it: said, pointing at the exact optimizer.
+    CHECK(note.find("Trainer's optim cannot say " + flag + "=true") != std::string::npos);
+    CHECK(note.find("optimizer_cls_and_kwargs") != std::string::npos);
+    const json acc = json::parse(export_plan(plan, "accelerate", nullptr));
+    CHECK(acc["optimizer"]["kwargs"][flag] == true);
+    CHECK(export_plan(plan, "lightning", nullptr).find("\n    " + flag + ": true\n") != std::string::npos);
+  }
+  // Hugging Face has a name of its own for torch's fused AdamW.
+  Plan fused = amsgrad_adamw_plan();
+  fused.setup.flags = {{"fused", true}};
+  std::string note;
+  CHECK(json::parse(export_plan(fused, "hf", &note))["TrainingArguments"]["optim"] == "adamw_torch_fused");
+  CHECK(note.find("cannot say") == std::string::npos);
+}
+
+TEST_CASE("Exporters: parameter groups with different values are refused, naming them and the fix",
+          "[export][optimizer][errors]") {
+  const Plan plan = two_group_plan();
+  CHECK_THROWS_WITH(export_plan(plan, "hf", nullptr),
+                    "the Hugging Face Trainer export cannot carry 2 parameter groups (lr 0.01, 0.1): its optimizer "
+                    "takes one set of values for every parameter; pass --allow-lossy to write the first group's "
+                    "values anyway");
+  for (const char* to : {"deepspeed", "accelerate", "lightning"}) {
+    INFO(to);
+    CHECK_THROWS_WITH(export_plan(plan, to, nullptr), Catch::Contains("cannot carry 2 parameter groups (lr 0.01, 0.1)"));
+  }
+  // torchrun launches accumplan run, which cannot run them either; allow_lossy does not change that.
+  ExportOptions lossy;
+  lossy.allow_lossy = true;
+  CHECK_THROWS_WITH(export_plan(plan, "torchrun", nullptr, lossy),
+                    Catch::Contains("accumplan run, which cannot run the plan's 2 parameter groups (lr 0.01, 0.1)"));
+  // The accelerate-config file carries no optimizer: nothing to lose.
+  CHECK_NOTHROW(export_plan(plan, "accelerate-config", nullptr));
+  // Python names its own argument.
+  ExportOptions python;
+  python.names.allow_lossy = "allow_lossy=True";
+  CHECK_THROWS_WITH(export_plan(plan, "deepspeed", nullptr, python), Catch::Contains("pass allow_lossy=True"));
+}
+
+TEST_CASE("Exporters: allow_lossy writes the first group's values and names the loss inside the output",
+          "[export][optimizer]") {
+  const Plan plan = two_group_plan();
+  ExportOptions lossy;
+  lossy.allow_lossy = true;
+  for (const char* to : {"deepspeed", "hf", "accelerate"}) {
+    INFO(to);
+    std::string note;
+    const json j = json::parse(export_plan(plan, to, &note, lossy));
+    REQUIRE(j["accumplan"]["lossy"].size() == 1);
+    CHECK(j["accumplan"]["lossy"][0].get<std::string>().find("2 parameter groups (lr 0.01, 0.1)") != std::string::npos);
+    CHECK(note.rfind("lossy: the plan's optimizer has 2 parameter groups", 0) == 0);
+  }
+  const std::string pl = export_plan(plan, "lightning", nullptr, lossy);
+  CHECK(pl.find("# LOSSY: the plan's optimizer has 2 parameter groups (lr 0.01, 0.1)") != std::string::npos);
+  CHECK(pl.find("    lr: 0.01\n") != std::string::npos);
+  // Without a loss, no "lossy" key: outputs of plans that carry everything stay as they were.
+  CHECK_FALSE(json::parse(export_plan(nesterov_sgd_plan(), "deepspeed", nullptr, lossy))["accumplan"].contains("lossy"));
+}
+
+TEST_CASE("Exporters: groups that hold the same values export as one", "[export][optimizer]") {
+  const Plan same = two_group_plan(0.01);
+  const json ds = json::parse(export_plan(same, "deepspeed", nullptr));
+  CHECK(ds["optimizer"]["params"]["lr"] == 0.01);
+  CHECK_FALSE(ds["accumplan"].contains("lossy"));
+  CHECK_NOTHROW(export_plan(same, "torchrun", nullptr));
+}
+
+TEST_CASE("Exporters: torchrun refuses what accumplan run cannot run and notes implementation flags",
+          "[export][optimizer]") {
+  Plan maximize = nesterov_sgd_plan();
+  maximize.setup.flags["maximize"] = true;
+  CHECK_THROWS_WITH(export_plan(maximize, "torchrun", nullptr), Catch::Contains("cannot run the plan's maximize=true"));
+  // The trainers build torch.optim, which has maximize: carried.
+  CHECK(json::parse(export_plan(maximize, "deepspeed", nullptr))["optimizer"]["params"]["maximize"] == true);
+  Plan fused = amsgrad_adamw_plan();
+  fused.setup.flags["foreach"] = false;
+  const std::string line = export_plan(fused, "torchrun", nullptr);
+  CHECK(line.find("# NOTE: accumplan run computes the optimizer's foreach=false as LibTorch's one implementation") !=
+        std::string::npos);
+  // A flag the optimizer does not take is refused, naming those it takes.
+  Plan wrong = amsgrad_adamw_plan();
+  wrong.setup.flags = {{"nesterov", true}};
+  CHECK_THROWS_WITH(export_plan(wrong, "lightning", nullptr),
+                    Catch::Contains("optimizer adamw has no flag 'nesterov'; it takes: amsgrad, maximize"));
+}

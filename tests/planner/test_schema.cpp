@@ -27,6 +27,21 @@ Plan golden_plan() {
   return make_plan(profile, r);
 }
 
+// The golden plan measured with a two-group optimizer (1.6): momentum SGD with nesterov, lr 0.01
+// for the first group's 100 elements and 0.1 for the second's 10.
+Plan grouped_plan() {
+  Plan plan = golden_plan();
+  Setup& s = plan.setup;
+  s.optimizer = "momentum";
+  s.lr = 0.01;
+  s.hyperparameters = {{"momentum", 0.9}, {"dampening", 0.0}, {"weight_decay", 0.0}};
+  s.flags = {{"nesterov", true}};
+  s.param_groups = {OptimizerGroup{0.01, s.hyperparameters, s.flags, 100},
+                    OptimizerGroup{0.1, s.hyperparameters, s.flags, 10}};
+  plan.profile.setup = s;
+  return plan;
+}
+
 void check_golden(const std::string& rel, const std::string& actual) {
   const std::string path = source_path(rel);
   if (std::getenv("ACCUMPLAN_UPDATE_GOLDEN")) write_text_atomic(path, actual);
@@ -113,7 +128,7 @@ TEST_CASE("Schema: plan round-trips and matches its golden file", "[schema][gold
   const Plan plan = golden_plan();
   const auto once = to_json(plan);
   CHECK(once["schema"] == "accumplan.plan");
-  CHECK(once["schema_version"] == "1.5");
+  CHECK(once["schema_version"] == "1.6");
   const auto twice = to_json(plan_from_json(json::parse(once.dump())));
   CHECK(once == twice);
   check_golden("tests/golden/plan.json", once.dump(2) + "\n");
@@ -239,6 +254,7 @@ TEST_CASE("Schema: published JSON Schemas match what the writers emit", "[schema
   packed.tokens = TokenBudget{8192, 1024, 1500};
   packed.setup.padding_mask = true;
   check("planner/schemas/plan.schema.json", json::parse(to_json(packed).dump()));
+  check("planner/schemas/plan.schema.json", json::parse(to_json(grouped_plan()).dump()));  // 1.6 setup fields
   check("planner/schemas/profile.schema.json",
         json::parse(to_json(read_profile_file(source_path("tests/golden/profile.json"))).dump()));
   check("planner/schemas/run_stats.schema.json", json::parse(to_json(golden_run()).dump()));
@@ -302,9 +318,9 @@ TEST_CASE("Schema: a 1.0 plan still reads, its flattened profile nested as 1.1 w
   CHECK(old_plan.memory.margin.fixed_bytes == old_plan.memory.budget_bytes - old_plan.memory.usable_bytes);
   r.headroom = headroom_of(old_plan.memory.margin);
   CHECK(make_plan(old_plan.profile, r).microbatch_sizes == old_plan.microbatch_sizes);
-  // Written again, it is a 1.5 plan with the profile nested.
+  // Written again, it is a 1.6 plan with the profile nested.
   const json again = json::parse(to_json(old_plan).dump());
-  CHECK(again["schema_version"] == "1.5");
+  CHECK(again["schema_version"] == "1.6");
   CHECK(again.contains("profile"));
   CHECK_FALSE(again.contains("profile_points"));
 }
@@ -334,4 +350,47 @@ TEST_CASE("Schema: run stats out of range are refused, naming the field", "[sche
   doc = good;
   doc["window_series"][0]["microbatch_sizes"] = {4, 0};
   CHECK(refusal(doc).find("$.window_series[0].microbatch_sizes[1]") != std::string::npos);
+}
+
+TEST_CASE("Schema: optimizer flags and parameter groups round-trip (1.6) and match their golden setup",
+          "[schema][golden][optimizer]") {
+  const json once = json::parse(to_json(grouped_plan()).dump());
+  const Plan back = plan_from_json(once);
+  REQUIRE(back.setup.param_groups.size() == 2);
+  CHECK(back.setup.param_groups[1].lr == 0.1);
+  CHECK(back.setup.param_groups[1].parameter_count == 10);
+  CHECK(back.setup.param_groups[1].flags.at("nesterov"));
+  CHECK(back.setup.flags.at("nesterov"));
+  CHECK(back.profile.setup.param_groups.size() == 2);
+  CHECK(json::parse(to_json(back).dump()) == once);
+  check_golden("tests/golden/setup-param-groups.json", to_json(grouped_plan())["setup"].dump(2) + "\n");
+}
+
+TEST_CASE("Schema: a setup without flags or groups reads as one group at torch's defaults, written as before",
+          "[schema][compat][optimizer]") {
+  const json doc = json::parse(to_json(golden_plan()).dump());
+  CHECK_FALSE(doc["setup"].contains("flags"));  // single-group plans stay as 1.5 wrote them
+  CHECK_FALSE(doc["setup"].contains("param_groups"));
+  const Plan p = plan_from_json(doc);
+  CHECK(p.setup.flags.empty());
+  CHECK(p.setup.param_groups.empty());
+}
+
+TEST_CASE("Schema: bad optimizer flags and groups are refused, naming the field", "[schema][errors][optimizer]") {
+  const json doc = json::parse(to_json(grouped_plan()).dump());
+  json bad = doc;
+  bad["setup"]["flags"]["nesterov"] = 1;
+  CHECK_THAT(error_of(bad, true), Catch::Contains("$.setup.flags.nesterov"));
+  bad = doc;
+  bad["setup"]["param_groups"][0]["lr"] = 0.5;  // the first group is setup's own values
+  CHECK_THAT(error_of(bad, true), Catch::Contains("$.setup.param_groups[0]: the first group's lr"));
+  bad = doc;
+  bad["setup"]["param_groups"][1]["lr"] = -1;
+  CHECK_THAT(error_of(bad, true), Catch::Contains("$.setup.param_groups[1].lr"));
+  bad = doc;
+  bad["setup"]["param_groups"] = json::array();
+  CHECK_THAT(error_of(bad, true), Catch::Contains("$.setup.param_groups"));
+  bad = doc;
+  bad["setup"]["param_groups"][1].erase("lr");
+  CHECK_THAT(error_of(bad, true), Catch::Contains("$.setup.param_groups[1].lr"));
 }

@@ -234,5 +234,142 @@ class Exports(unittest.TestCase):
         self.assertEqual(accumplan("export", "--plan", self.plans["p251"], "--to", "torchrun").returncode, 0)
 
 
+# ---- Issue 36: every optimizer value reaches the export, or the export is refused naming it ------
+
+def _tiny():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _optimizers():
+    """name -> (model, optimizer): the three the issue reports."""
+    a, b, c = _tiny(), _tiny(), _tiny()
+    return {
+        "nesterov": (a, torch.optim.SGD(a.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)),
+        "amsgrad": (b, torch.optim.AdamW(b.parameters(), lr=1e-3, amsgrad=True, weight_decay=0.05)),
+        "groups": (c, torch.optim.SGD([{"params": c[0].parameters()}, {"params": c[2].parameters(), "lr": 0.1}],
+                                      lr=0.01)),
+    }
+
+
+def rebuilt_optimizer(to, text, params):
+    """torch.optim's optimizer as the trainer builds it from the export's text; None for the exports
+    that carry no optimizer (torchrun runs the plan file itself; accelerate-config is launch settings)."""
+    import yaml
+    if to in ("torchrun", "accelerate-config"):
+        return None
+    if to == "lightning":
+        opt = yaml.safe_load(text)["optimizer"]
+        return getattr(torch.optim, opt["class_path"].rsplit(".", 1)[1])(params, **opt["init_args"])
+    cfg = json.loads(text)
+    if to == "deepspeed":  # DeepSpeed's torch_adam path: torch.optim.Adam or AdamW (adam_w_mode) with the rest
+        kwargs = {k: v for k, v in cfg["optimizer"]["params"].items() if k not in DEEPSPEED_ADAM_SWITCHES}
+        name = cfg["optimizer"]["type"]
+        if name in ("Adam", "AdamW"):
+            name = "AdamW" if cfg["optimizer"]["params"]["adam_w_mode"] else "Adam"
+        return getattr(torch.optim, name)(params, **kwargs)
+    return getattr(torch.optim, cfg["optimizer"]["class"].rsplit(".", 1)[1])(params, **cfg["optimizer"]["kwargs"])
+
+
+def settings(group):
+    return {k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in group.items() if k != "params"}
+
+
+@unittest.skipUnless(os.access(BIN, os.X_OK) or "ACCUMPLAN_BIN" in os.environ, "no accumplan binary at %s" % BIN)
+class OptimizerExports(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        import warnings
+        import accumplan
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.cases = {}
+        for name, (model, opt) in _optimizers().items():
+            x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                plan = accumplan.plan(model, (x,), y, target_batch=64, optimizer=opt, memory_budget=1 << 22,
+                                      progress=False)
+            path = os.path.join(cls.tmp.name, name + ".json")
+            plan.save(path)
+            cls.cases[name] = (model, opt, plan, path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_the_plan_records_every_group_and_flag_and_a_round_trip_keeps_them(self):
+        import accumplan
+        for name, (model, opt, plan, path) in self.cases.items():
+            back = accumplan.load_plan(path)
+            self.assertEqual(back.schema_version, "1.6")
+            self.assertEqual(back.setup, plan.setup, name)  # save -> load: the same setup, groups and flags
+            groups = back.setup.get("param_groups", [back.setup])
+            self.assertEqual(len(groups), len(opt.param_groups), name)
+            for recorded, group in zip(groups, opt.param_groups):
+                self.assertEqual(recorded["lr"], group["lr"], name)
+                for flag in ("nesterov", "amsgrad"):
+                    if group.get(flag):
+                        self.assertIs(recorded["flags"][flag], True, name)
+                if "parameter_count" in recorded:
+                    self.assertEqual(recorded["parameter_count"], sum(p.numel() for p in group["params"]))
+        self.assertEqual([g["lr"] for g in self.cases["groups"][2].setup["param_groups"]], [0.01, 0.1])
+        self.assertNotIn("param_groups", self.cases["nesterov"][2].setup)  # one group: the 1.5 fields and flags
+
+    def test_each_export_rebuilds_the_same_param_groups_or_refuses_naming_the_value(self):
+        import accumplan
+        carried = set()
+        for name, (model, opt, plan, path) in self.cases.items():
+            for to in ("deepspeed", "accelerate", "hf", "lightning", "torchrun", "accelerate-config"):
+                with self.subTest(plan=name, to=to):
+                    try:
+                        text = plan.export(to)
+                    except accumplan.PlanError as e:
+                        self.assertEqual(name, "groups", str(e))  # only the groups cannot be carried
+                        self.assertIn("2 parameter groups (lr 0.01, 0.1)", str(e))
+                        self.assertEqual(len(str(e).splitlines()), 1)
+                        if to != "torchrun":
+                            self.assertIn("allow_lossy=True", str(e))  # Python's argument, not the CLI option
+                        continue
+                    built = rebuilt_optimizer(to, text, list(model.parameters()))
+                    if built is None:
+                        continue
+                    self.assertEqual([settings(g) for g in built.param_groups],
+                                     [settings(g) for g in opt.param_groups])
+                    carried.add((name, to))
+        self.assertEqual({n for n, _ in carried}, {"nesterov", "amsgrad"})  # four trainers each
+
+    def test_allow_lossy_writes_the_first_group_and_names_the_loss_inside_the_file(self):
+        model, opt, plan, path = self.cases["groups"]
+        for to in ("deepspeed", "accelerate", "hf", "lightning"):
+            with self.subTest(to=to):
+                text = plan.export(to, allow_lossy=True)
+                self.assertIn("2 parameter groups (lr 0.01, 0.1)", text)
+                built = rebuilt_optimizer(to, text, list(model.parameters()))
+                self.assertEqual(built.param_groups[0]["lr"], 0.01)
+                if to == "lightning":
+                    self.assertIn("# LOSSY: ", text)
+                else:
+                    self.assertIn("2 parameter groups", " ".join(json.loads(text)["accumplan"]["lossy"]))
+
+    def test_the_cli_refuses_before_writing_and_writes_with_allow_lossy(self):
+        path = self.cases["groups"][3]
+        out = os.path.join(self.tmp.name, "hf.json")
+        p = accumplan("export", "--plan", path, "--to", "hf", "--out", out, check=False)
+        self.assertEqual(p.returncode, 2)
+        err = p.stderr.decode()
+        self.assertIn("cannot carry 2 parameter groups (lr 0.01, 0.1)", err)
+        self.assertIn("--allow-lossy", err)
+        self.assertFalse(os.path.exists(out))  # refused before anything was written
+        p = accumplan("export", "--plan", path, "--to", "hf", "--out", out, "--allow-lossy")
+        with open(out) as f:
+            self.assertIn("2 parameter groups (lr 0.01, 0.1)", " ".join(json.load(f)["accumplan"]["lossy"]))
+        self.assertIn("lossy:", p.stderr.decode())
+        # The nesterov plan's file, exported by the CLI, builds the same optimizer as the user's.
+        model, opt, _, nesterov = self.cases["nesterov"]
+        import yaml
+        init = yaml.safe_load(accumplan("export", "--plan", nesterov, "--to", "lightning").stdout)["optimizer"]
+        self.assertIs(init["init_args"]["nesterov"], True)
+
+
 if __name__ == "__main__":
     unittest.main()

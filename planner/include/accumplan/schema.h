@@ -41,8 +41,12 @@ inline constexpr int kSchemaMajor = 1;
 // 1.5: `tokens.step_cost.token_seconds`, so the step cost predicts seconds (the plan's predicted
 // window time); run stats gain the time model's record (`time_model`, each window's
 // `predicted_seconds` and `microbatch_seconds`). Absent, everything means what it did in 1.4.
-inline constexpr int kSchemaMinor = 5;
-const std::string& schema_version_string();  // "1.5"
+// 1.6: the whole optimizer: setup `flags` (its on/off options: nesterov, amsgrad, maximize,
+// foreach, ...) and, for an optimizer of more than one parameter group, `param_groups` (each
+// group's lr, hyperparameters, flags and parameter count; the first is lr/hyperparameters/flags).
+// Absent, a setup means what it did in 1.5: one group, every option at torch's default.
+inline constexpr int kSchemaMinor = 6;
+const std::string& schema_version_string();  // "1.6"
 
 struct DeviceInfo {
   std::string type = "cpu";  // "cpu" or "cuda"
@@ -58,12 +62,30 @@ struct ModelInfo {
   std::vector<std::string> batch_dependent_layers;  // e.g. "layer1.0.bn1 (BatchNorm2d)"
 };
 
+// 1.6: one parameter group of the optimizer: its values as Setup's lr, hyperparameters and flags
+// state them for the first group.
+struct OptimizerGroup {
+  double lr = 0.01;
+  std::map<std::string, double> hyperparameters;
+  std::map<std::string, bool> flags;
+  std::optional<int64_t> parameter_count;  // elements of the group's parameters, where recorded
+};
+
 struct Setup {
   std::string optimizer = "sgd";    // sgd momentum adam adamw adagrad rmsprop
   double lr = 0.01;
-  // Optimizer hyperparameters beyond lr, by LibTorch's names: momentum, weight_decay, beta1,
-  // beta2, eps, alpha (rmsprop), lr_decay (adagrad). Absent means LibTorch's default.
+  // Optimizer hyperparameters beyond lr, by LibTorch's names: momentum, dampening, weight_decay,
+  // beta1, beta2, eps, alpha (rmsprop), lr_decay and initial_accumulator_value (adagrad). Absent
+  // means LibTorch's default (accumplan/setup_rules.h).
   std::map<std::string, double> hyperparameters;
+  // 1.6: the optimizer's on/off options by torch.optim's names (nesterov, amsgrad, centered,
+  // maximize, foreach, fused, capturable, differentiable; setup_rules.h lists each optimizer's).
+  // Absent means torch's default: off (foreach and fused: None, torch chooses). Written when set.
+  std::map<std::string, bool> flags;
+  // 1.6: every parameter group, in order, when the optimizer has more than one; empty for one.
+  // param_groups[0] states the same lr, hyperparameters and flags as the fields above (the
+  // reader refuses a plan where they differ), so a reader of 1.5 sees the first group.
+  std::vector<OptimizerGroup> param_groups;
   std::string amp = "none";         // none bf16 fp16: the autocast mode the profile measured
   std::optional<double> max_grad_norm;  // clipping of the combined gradient the profile measured
   std::string loss = "cross_entropy";  // cross_entropy mse model
