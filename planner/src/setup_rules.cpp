@@ -181,11 +181,15 @@ bool normalizes_by_tokens(const std::string& normalization, const std::string& l
                           bool target_is_floating) {
   // A floating target of cross_entropy is a probability per class ([B,C]): one loss per sample.
   const bool class_indices = !target_is_floating;
+  // Per-token losses: cross-entropy over class indices, and a model's own loss over integer labels
+  // (a Hugging Face model's mean is over its valid tokens, so weighting it by samples changes the
+  // objective; the Python executor weights it per token).
+  const bool per_token_loss = loss == "cross_entropy" || loss == "model";
   if (normalization == "samples") return false;
   if (normalization == "tokens") {
-    if (loss != "cross_entropy") {
-      throw InputError("normalization 'tokens' needs a per-token loss (cross_entropy); '" + cut_for_message(loss) +
-                       "' has no tokens. Use samples");
+    if (!per_token_loss) {
+      throw InputError("normalization 'tokens' needs a per-token loss (cross_entropy, or a model's own loss); '" +
+                       cut_for_message(loss) + "' has no tokens. Use samples");
     }
     if (!class_indices) {
       throw InputError("normalization 'tokens' needs a target of class indices; a floating target holds class "
@@ -193,7 +197,7 @@ bool normalizes_by_tokens(const std::string& normalization, const std::string& l
     }
     return true;
   }
-  if (normalization == "auto") return loss == "cross_entropy" && class_indices && target_dims > 1;
+  if (normalization == "auto") return per_token_loss && class_indices && target_dims > 1;
   throw InputError("normalization '" + cut_for_message(normalization) + "' is unknown; use samples, tokens or auto");
 }
 

@@ -162,6 +162,13 @@ LossConfig loss_config(const Setup& setup, const std::optional<TensorSpec>& targ
   c.normalization = resolve_normalization(setup.normalization, setup.loss,
                                           target ? static_cast<int64_t>(target->dims.size()) : 0,
                                           target && !target->is_integer());
+  if (c.kind == "model" && c.normalization == Normalization::Tokens) {
+    // Which tokens a model's own mean covers depends on the model (a causal LM shifts its labels):
+    // the Python executor knows the module and weights it per token; this one would guess.
+    throw InputError("a model's own loss over per-token labels (--loss model, normalization " + setup.normalization +
+                     ") is weighted per token only by the Python package (accumplan.train_window); accumplan run "
+                     "weights a model's loss by samples: give --normalization samples to train it so");
+  }
   return c;
 }
 

@@ -22,6 +22,11 @@ TEST_CASE("Normalization rule: auto is tokens for [B,T] class indices only; prob
   // mse has no tokens whatever its target; no target (a model's own loss) is samples.
   CHECK_FALSE(normalizes_by_tokens("auto", "mse", 2, true));
   CHECK_FALSE(normalizes_by_tokens("auto", "model", 0, false));
+  // A model's own loss over integer labels [B,T] is a mean over valid tokens: per token too.
+  CHECK(normalizes_by_tokens("auto", "model", 2, false));
+  CHECK_FALSE(normalizes_by_tokens("auto", "model", 1, false));
+  CHECK_FALSE(normalizes_by_tokens("auto", "model", 2, true));
+  CHECK(normalizes_by_tokens("tokens", "model", 0, false));  // a dict batch's labels: the plan says so
   CHECK_FALSE(normalizes_by_tokens("samples", "cross_entropy", 2, false));
   CHECK(normalizes_by_tokens("tokens", "cross_entropy", 2, false));
 }
@@ -32,7 +37,8 @@ TEST_CASE("Normalization rule: tokens with a probability target or a loss withou
                     "normalization 'tokens' needs a target of class indices; a floating target holds class "
                     "probabilities per sample and is normalized by samples. Use samples or auto");
   CHECK_THROWS_WITH(normalizes_by_tokens("tokens", "mse", 2, true),
-                    "normalization 'tokens' needs a per-token loss (cross_entropy); 'mse' has no tokens. Use samples");
+                    "normalization 'tokens' needs a per-token loss (cross_entropy, or a model's own loss); 'mse' has no "
+                    "tokens. Use samples");
   CHECK_THROWS_WITH(normalizes_by_tokens("per-token", "cross_entropy", 2, false),
                     "normalization 'per-token' is unknown; use samples, tokens or auto");
 }

@@ -75,7 +75,7 @@ class ProbabilityTargets(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"^normalization 'tokens' needs a target of class indices") as cm:
             accumplan.resolve_normalization("tokens", "cross_entropy", probs)
         self.assertNotIn("\n", str(cm.exception))
-        with self.assertRaisesRegex(ValueError, r"^normalization 'tokens' needs a per-token loss \(cross_entropy\); "
+        with self.assertRaisesRegex(ValueError, r"^normalization 'tokens' needs a per-token loss \(cross_entropy, or a model's own loss\); "
                                                 r"'mse' has no tokens"):
             accumplan.resolve_normalization("tokens", "mse", None)
         with self.assertRaisesRegex(ValueError, r"^normalization 'token' is unknown; use samples, tokens or auto"):

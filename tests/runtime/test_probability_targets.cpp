@@ -122,3 +122,22 @@ TEST_CASE("Probability targets: the loss is -sum target * log_softmax per sample
   CHECK_THROWS_WITH(loss_config(setup, parse_tensor_spec("float32[B,4]", "--target"), "t"),
                     Catch::StartsWith("normalization 'tokens' needs a target of class indices"));
 }
+
+TEST_CASE("Loss config: a model's own loss over per-token labels is refused by run, not weighted by samples",
+          "[loss][normalization][errors]") {
+  // The model's mean is over its valid tokens; which ones (a causal LM shifts its labels) only the
+  // module knows, so `accumplan run` refuses instead of weighting by samples, which changed the update.
+  Setup setup;
+  setup.loss = "model";
+  setup.normalization = "auto";
+  CHECK_THROWS_WITH(loss_config(setup, parse_tensor_spec("int64[B,8]:50", "--target"), "t"),
+                    Catch::Contains("give --normalization samples"));
+  setup.normalization = "tokens";  // a Python plan of a dict batch records it so
+  CHECK_THROWS_WITH(loss_config(setup, std::nullopt, "t"), Catch::Contains("accumplan.train_window"));
+  setup.normalization = "samples";
+  CHECK(loss_config(setup, parse_tensor_spec("int64[B,8]:50", "--target"), "t").normalization ==
+        Normalization::Samples);
+  setup.normalization = "auto";  // a float target (a regression model's own loss): samples, as before
+  CHECK(loss_config(setup, parse_tensor_spec("float32[B,2]", "--target"), "t").normalization ==
+        Normalization::Samples);
+}

@@ -75,8 +75,8 @@ std::string implementation_flags_set(const Setup& setup);
 std::string number_text(double value);
 
 // Whether the loss is normalised per valid token across the window (and ranks) rather than per
-// sample: "tokens"; "auto" for cross-entropy over a target of class indices with more than one
-// dimension ([B,T]); "samples". A floating target of cross-entropy holds class probabilities
+// sample: "tokens"; "auto" for cross-entropy, or a model's own loss (loss "model"), over a target
+// of class indices with more than one dimension ([B,T]); "samples". A floating target of cross-entropy holds class probabilities
 // ([B,C], one distribution per sample): "auto" is samples for it. InputError for an unknown name,
 // or "tokens" with a loss that has no tokens or with a floating target. The CLI and the Python
 // package (accumplan.resolve_normalization, through _core) both ask this.
