@@ -62,15 +62,22 @@ def read_plan(path):
 
 
 def make_optimizer(params, setup):
-    """setup.optimizer with setup.lr and setup.hyperparameters; absent ones at torch.optim's
-    defaults (LibTorch's, which measured the plan), "momentum" at 0.9 for the optimizer of that name."""
+    """setup.optimizer with setup.lr, setup.hyperparameters and (schema 1.6) setup.flags
+    (nesterov, amsgrad, ... by torch.optim's names); absent ones at torch.optim's defaults
+    (LibTorch's, which measured the plan), "momentum" at 0.9 for the optimizer of that name. A
+    plan of several parameter groups (setup.param_groups) does not say which parameters form
+    each group: build that optimizer yourself, from the groups' values."""
     name = setup["optimizer"]
+    if len(setup.get("param_groups") or []) > 1:
+        raise ValueError("the plan's optimizer has %d parameter groups (setup.param_groups); build it from their "
+                         "values with your own parameter split" % len(setup["param_groups"]))
     hp = dict(setup.get("hyperparameters") or {})
     lr = setup.get("lr", 0.001 if name in ("adam", "adamw", "rmsprop") else 0.01)
     if "beta1" in hp or "beta2" in hp:
         hp["betas"] = (hp.pop("beta1", 0.9), hp.pop("beta2", 0.999))
     if name == "momentum":
         hp.setdefault("momentum", 0.9)
+    hp.update(setup.get("flags") or {})
     return getattr(torch.optim, OPTIMIZERS[name])(params, lr=lr, **hp)
 
 
