@@ -170,7 +170,8 @@ class Optimizer(unittest.TestCase):
                       {"optimizer": "rmsprop", "lr": 0.001, "hyperparameters": {"alpha": 0.9, "momentum": 0.2}}):
             with self.subTest(optimizer=setup["optimizer"]):
                 opt = plain.make_optimizer(Classifier().parameters(), setup)
-                name, lr, hp = _setup_optimizer(opt)
+                recorded = _setup_optimizer(opt)  # the plan's setup fields: optimizer, lr, hyperparameters
+                name, lr, hp = recorded["optimizer"], recorded["lr"], recorded["hyperparameters"]
                 self.assertEqual((name, lr), (setup["optimizer"], setup["lr"]))
                 for k, v in setup["hyperparameters"].items():
                     self.assertEqual(hp[k], v, k)
