@@ -30,8 +30,9 @@ SCHEMA = "accumplan.plan"
 SCHEMA_VERSION = _core.SCHEMA_VERSION  # what the C++ writer writes ("1.6")
 SPLITS = ("balanced", "uniform")
 MAX_ACCUMULATION_STEPS = 1 << 20  # solver.h kMaxAccumulationSteps: the most microbatches of a window
-# The step cost's documented ranges (docs/plan-format.md), for pack_by_token_budget's arguments.
-STEP_COST_LIMITS = {"per_microbatch": (0, 1 << 50), "per_token": (1, 1 << 16), "per_token_squared": (0, 1 << 30)}
+# The step cost's terms (docs/plan-format.md); their ranges are the C++ reader's (_core.check_step_cost).
+STEP_COST_TERMS = ("per_microbatch", "per_token", "per_token_squared")
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 # A plan given as a dict is turned into JSON text for the reader: more values than this, or deeper
 # nesting, is no plan (a dict sharing one list 2**60 times is refused, not expanded).
 MAX_JSON_VALUES = 1 << 20
@@ -88,16 +89,22 @@ def pack_by_token_budget(lengths, token_budget, step_cost=None):
 
 def _step_cost_arg(step_cost):
     """(per_microbatch, per_token, per_token_squared) of a step cost (a dict like the plan's
-    ``tokens.step_cost``, each in its documented range), or None: the fewest microbatches."""
+    ``tokens.step_cost``), or None: the fewest microbatches. Types are checked here; each term's
+    range is the C++ plan reader's (``_core.check_step_cost``), refused with its message."""
     if step_cost is None:
         return None
     if not isinstance(step_cost, dict):
         raise TypeError("step_cost must be None or a dict with %s, not %s (%s)"
-                        % (", ".join(STEP_COST_LIMITS), type(step_cost).__name__, shown_value(step_cost)))
-    missing = [k for k in STEP_COST_LIMITS if k not in step_cost]
+                        % (", ".join(STEP_COST_TERMS), type(step_cost).__name__, shown_value(step_cost)))
+    missing = [k for k in STEP_COST_TERMS if k not in step_cost]
     if missing:
         raise ValueError("step_cost has no %s" % ", ".join(missing))
-    return tuple(int_arg(step_cost[k], "step_cost[%r]" % k, lo, hi) for k, (lo, hi) in STEP_COST_LIMITS.items())
+    terms = tuple(int_arg(step_cost[k], "step_cost[%r]" % k, INT64_MIN, INT64_MAX) for k in STEP_COST_TERMS)
+    try:
+        _core.check_step_cost(*terms)
+    except _core.InputError as e:
+        raise ValueError(in_python_terms(str(e))) from None
+    return terms
 
 
 def _as_count(value):
@@ -338,15 +345,11 @@ class Plan:
             raise ValueError(in_python_terms(str(e))) from None
 
     def largest_fitting(self):
-        """The largest microbatch b with fit.intercept_bytes + fit.slope_bytes_per_sample * b <=
-        memory.usable_bytes (the budget less the margin), or None when the plan carries no memory
-        model."""
-        a = self.fit.get("intercept_bytes")
-        s = self.fit.get("slope_bytes_per_sample")
-        usable = self.memory.get("usable_bytes")
-        if a is None or s is None or not usable or s <= 0:
-            return None
-        return int(math.floor((usable - a) / s))
+        """The largest microbatch b whose predicted peak on the plan's fitted line (fit.intercept_bytes
+        + fit.slope_bytes_per_sample * b) fits memory.usable_bytes (the budget less the margin), by
+        the C++ memory model (MemoryModel::line_largest_fitting); 0 when not even one sample does;
+        None when the plan carries no memory line."""
+        return _core.plan_largest_fitting(self._text)
 
     def replan_below(self, failing_micro_batch):
         """Re-plans in place after microbatch size ``failing_micro_batch`` ran out of memory, by the
