@@ -26,7 +26,7 @@ import torch
 from . import _core
 from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, choice_arg, int_arg, real_arg, shown_value
 from .batches import as_inputs, count_samples, map_inputs
-from .errors import OutOfMemoryAtOne, PlanError, in_python_terms, oom_error, plan_error
+from .errors import PlanError, in_python_terms, oom_error, plan_error
 from .losses import LOSSES, check_class_target, causal_shift, count_units, units_rule
 from .meters import meter_for
 from .plans import Plan
@@ -217,10 +217,15 @@ _PERSISTENT_WINDOW = _core.PERSISTENT_WINDOW_SAMPLES
 
 def _persistent(runner, meter, weights_bytes, state_bytes):
     """Gradients and optimizer state as the C++ profiler measures them: deltas across one small
-    window (its backward, then its optimizer step). Returns (persistent, trial, over)."""
+    window (its backward, then its optimizer step). The attempts and their verdicts are the C++
+    protocol's (_core.PersistentStep: under the budget, then without it); this reports what each
+    attempt measured. Returns (persistent, trials, over the budget)."""
     cfg = runner.cfg
+    step = _core.PersistentStep(cfg["budget"])
     had_state = set(runner.optimizer.state)
-    for attempt, limit in enumerate((cfg["budget"], None) if cfg["budget"] is not None else (None,)):
+    trials = []
+    while True:
+        limit = step.attempt_budget_bytes
         t0 = time.perf_counter()
         before = meter.current()
         n = _PERSISTENT_WINDOW
@@ -245,17 +250,14 @@ def _persistent(runner, meter, weights_bytes, state_bytes):
             for p in [p for p in runner.optimizer.state if p not in had_state]:
                 del runner.optimizer.state[p]  # half-built by the failed step: measured again
             meter.clear()
-            if limit is None:
-                raise OutOfMemoryAtOne("the model's weights, gradients and optimizer state do not fit on %s even "
-                                       "without a budget" % meter.device_name) from None
+            # InfeasibleError when it ran without a budget: plan() raises it as OutOfMemoryAtOne.
+            trials.append(step.out_of_memory(time.perf_counter() - t0, meter.device_name))
             continue
         meter.limit(None)
         persistent = {"weights_bytes": weights_bytes, "gradients_bytes": grads[0],
                       "optimizer_state_bytes": state_bytes + meter.current() - with_data}
-        fit = cfg["budget"] is None or peak <= cfg["budget"]
-        trial = {"kind": "probe", "micro_batch": n, "fit": fit, "peak_bytes": int(peak),
-                 "seconds": time.perf_counter() - t0, "window": [n]}
-        return persistent, trial, attempt == 1
+        trials.append(step.measured(int(peak), time.perf_counter() - t0))
+        return persistent, trials, step.over_budget
 
 
 def _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, normalization, ignore_index):
@@ -298,7 +300,7 @@ def _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, no
                     "autocast": autocast_dtype(amp, device), "amp": amp, "max_grad_norm": max_grad_norm}
 
 
-def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trial):
+def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trials):
     """The profile's header: what was measured, on what, for what."""
     optimizer_setup = _setup_optimizer(optimizer)
     tensors = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
@@ -316,7 +318,7 @@ def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, tr
                   "inputs": [_spec(t) for t in tensors if isinstance(t, torch.Tensor)],
                   "target": "" if target is None else _spec(target), "ignore_index": cfg["ignore_index"]}),
         "libtorch_version": torch.__version__.split("+")[0], "probe": meter.probe_name, "budget_bytes": budget,
-        "persistent": persistent, "points": [], "trials": [trial],
+        "persistent": persistent, "points": [], "trials": trials,
     }
 
 
@@ -390,10 +392,10 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
         runner = _ModuleRunner(meter, model, optimizer, inputs, target, cfg)
         if say:
             say("measuring persistent memory on %s (one window of %d samples)" % (meter.device_name, _PERSISTENT_WINDOW))
-        persistent, trial, over = _persistent(runner, meter, weights, state)
+        persistent, trials, over = _persistent(runner, meter, weights, state)
         request.budget_is_simulated = meter.simulated
         request.persistent_over_budget = over
-        header = _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trial)
+        header = _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trials)
         plan_text = _core.search_plan(runner, json.dumps(header), request, say)
     except _core.InfeasibleError as e:
         raise oom_error(e) from None

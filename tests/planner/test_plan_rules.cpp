@@ -1,17 +1,21 @@
 // Rules the Python package asks the core for (python/core/plan_rules.cpp): the one check of a
 // step cost's ranges, which the run statistics reader uses too; the largest microbatch a plan's
-// fitted line admits, which is the fitted model's.
+// fitted line admits, which is the fitted model's; the persistent step's protocol, the profiler's.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
 #include "accumplan/memory_model.h"
+#include "accumplan/persistent_step.h"
 #include "accumplan/schema.h"
+#include "accumplan/search.h"
 #include "test_helpers.h"
 
 using namespace accumplan;
@@ -67,4 +71,23 @@ TEST_CASE("Memory model: a plan's line alone fits what the fitted model fits", "
   for (int64_t budget : {2599, 2600, 3500, 3599, 123456789}) {
     CHECK(MemoryModel::line_largest_fitting(m.summary(), budget) == m.largest_fitting(budget));
   }
+}
+
+TEST_CASE("Persistent step: an attempt under the budget, one without it after an OOM, then infeasible",
+          "[search][persistent]") {
+  PersistentStep step(int64_t{1000});
+  CHECK(step.attempt_budget_bytes() == int64_t{1000});
+  CHECK(step.measured(1000, 0.5).fit);
+  CHECK_FALSE(step.measured(1001, 0.5).fit);
+  const Trial failed = step.out_of_memory(0.5, "test device");
+  CHECK_FALSE(failed.fit);
+  CHECK(failed.window == std::vector<int64_t>{kPersistentWindowSamples});
+  CHECK(step.over_budget());
+  CHECK_FALSE(step.attempt_budget_bytes().has_value());
+  CHECK_FALSE(step.measured(1001, 0.5).fit);  // still judged against the budget it did not fit
+  CHECK_THROWS_AS(step.out_of_memory(0.5, "test device"), InfeasibleError);
+  PersistentStep unbounded(std::nullopt);
+  CHECK(unbounded.measured(int64_t{1} << 40, 0.5).fit);
+  CHECK_THROWS_WITH(unbounded.out_of_memory(0.5, "test device"), Catch::Contains("test device even without a budget"));
+  CHECK_FALSE(unbounded.over_budget());
 }

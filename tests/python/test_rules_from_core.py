@@ -1,7 +1,8 @@
 """Rules the Python wing asks the C++ core for instead of keeping its own copy (docs/python.md,
 "Where to change what"): a step cost's ranges (the plan reader's check_step_cost), the largest
-microbatch a plan's memory line fits (MemoryModel::line_largest_fitting). Each test makes the
-C++ reader or model answer first and asserts that Python answers the same."""
+microbatch a plan's memory line fits (MemoryModel::line_largest_fitting), the persistent step's
+protocol (PersistentStep, the profiler's). Each test makes the C++ reader or model answer first
+and asserts that Python answers the same, or drives the C++ protocol accumplan.plan follows."""
 import copy
 import json
 import unittest
@@ -79,6 +80,27 @@ class LargestFitting(unittest.TestCase):
             return  # the reader refuses a flat line: there is nothing to ask
         self.assertIsNone(plan.largest_fitting())
 
+
+
+class PersistentStep(unittest.TestCase):
+    def test_the_attempts_and_verdicts_are_the_c_plus_plus_protocols(self):
+        window = [accumplan._core.PERSISTENT_WINDOW_SAMPLES]
+        step = accumplan._core.PersistentStep(1000)
+        self.assertEqual(step.attempt_budget_bytes, 1000)
+        self.assertTrue(step.measured(1000, 0.5)["fit"])
+        self.assertFalse(step.measured(1001, 0.5)["fit"])
+        failed = step.out_of_memory(0.5, "test device")
+        self.assertEqual((failed["kind"], failed["fit"], failed["window"]), ("probe", False, window))
+        self.assertTrue(step.over_budget)
+        self.assertIsNone(step.attempt_budget_bytes)  # the next attempt runs without the budget
+        with self.assertRaisesRegex(accumplan._core.InfeasibleError, "test device even without a budget"):
+            step.out_of_memory(0.5, "test device")
+
+    def test_without_a_budget_an_out_of_memory_is_infeasible_with_the_profilers_advice(self):
+        unbounded = accumplan._core.PersistentStep(None)
+        with self.assertRaises(accumplan._core.InfeasibleError) as cm:
+            unbounded.out_of_memory(0.5, "cpu")
+        self.assertIn("use a smaller model", str(cm.exception))  # the advice the CLI's profiler gives
 
 
 if __name__ == "__main__":
