@@ -51,7 +51,6 @@ def count_samples(inputs, target):
     return n
 
 
-
 def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
     """Ragged data as accumplan holds it (the layout `accumplan run --data` reads from
     ``torch.save([sequences, targets_or_None], f)``): returns ``(inputs, target, lengths)`` with

@@ -10,6 +10,7 @@ rank reads the same sums and raises the same error.
 import torch
 import torch.distributed as dist
 
+
 _BUCKET_BYTES = 25 * 1024 * 1024
 
 

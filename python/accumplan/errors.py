@@ -8,6 +8,7 @@ the C++ core's CLI option names (``--target-batch``) to the Python argument name
 
 import re
 
+
 class PlanError(ValueError):
     """A plan that cannot be used: wrong schema, wrong major version, a missing or bad field
     (the message names its JSON path, e.g. ``$.microbatch_sizes[2]``), or a model whose hash

@@ -17,6 +17,7 @@ from . import _core
 from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, choice_arg, int_arg, shown_value
 from .distributed import is_ddp
 
+
 LOSSES = ("cross_entropy", "mse", "model")
 
 

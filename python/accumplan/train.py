@@ -36,7 +36,7 @@ from .errors import OutOfMemoryAtOne
 from .losses import (LOSSES, causal_shift, count_units, loss_sum, model_labels, model_output, resolve_normalization,
                      takes_num_items, units_rule)
 from .meters import CpuMeter, held_bytes, meter_for
-from .window import (Window, WindowStats, batch_dependent_layers, is_oom, run_rounds, optimizer_step,
+from .window import (Window, WindowStats, batch_dependent_layers, is_oom, optimizer_step, run_rounds,
                      trainable_parameters, warn_batch_dependent_once, zero_grads)
 
 
@@ -45,7 +45,6 @@ def _refuse_empty(samples, world):
     if samples == 0:
         raise ValueError("the window holds no samples (dim 0 of its tensors is 0%s); pass at least one"
                          % (" on every rank" if world > 1 else ""))
-
 
 
 # --- the low-level way: your own loop ----------------------------------------------------------
@@ -110,7 +109,6 @@ def split(plan, inputs, target=None, *, ignore_index=None, normalization=None, l
 
 
 # --- the high-level way: one call per window ---------------------------------------------------
-
 
 def _check_share(w, normalization):
     """This rank's share: its samples, lengths (packed plans) and units. Returns n; sets w.norm,
@@ -192,7 +190,6 @@ def _cut(w, n, rank_samples):
     sizes = plan.window_sizes(n) if n > 0 else []
     rounds = max(len(plan.window_sizes(m)) if m > 0 else 0 for m in rank_samples) if w.distributed else len(sizes)
     return sizes, None, rounds
-
 
 
 def _start_measuring(w, optimizer, measure_memory):

@@ -17,10 +17,10 @@ import torch.distributed as dist
 
 from . import _core
 from ._args import shown_value, warn_user
-from .batches import gather_packed, map_inputs, slice_samples
+from .batches import gather_packed, map_inputs, padding_mask, slice_samples
 from .distributed import agree_status, collective_device, group_world_size, is_ddp
 from .losses import causal_shift, loss_sum, model_labels, model_output, takes_num_items, units_rule
-from .batches import padding_mask
+
 
 def is_oom(error):
     """True for torch.cuda.OutOfMemoryError (PyTorch >= 1.13; torch.OutOfMemoryError in 2.x) and
@@ -33,7 +33,6 @@ def is_oom(error):
     return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
 
 
-
 def trainable_parameters(model):
     return [p for p in model.parameters() if p.requires_grad]
 
@@ -43,7 +42,6 @@ def zero_grads(params, optimizer=None):
         optimizer.zero_grad(set_to_none=True)
     for p in params:
         p.grad = None
-
 
 
 class WindowStats:
@@ -229,7 +227,6 @@ class Window:
         return dist.get_rank(self.group)
 
 
-
 def _run_microbatch(w, i, m, groups, start, oom_recovery):
     """Microbatch i (m samples from `start`, or the packed group i): forward, loss sum, backward of
     sum / N. Returns (loss sum, status, error): status 0, the failing size (packed: padded tokens)
@@ -257,7 +254,6 @@ def _run_microbatch(w, i, m, groups, start, oom_recovery):
                 raise
             return 0.0, -1, e
         return 0.0, (padded if w.packed else m), None
-
 
 
 def run_rounds(w, sizes, groups, rounds, oom_recovery, before_microbatch=None):
