@@ -267,6 +267,12 @@ int64_t MemoryModel::largest_fitting(int64_t budget_bytes, int64_t limit_micro_b
   return detail::settle_largest(estimate, limit, fits);
 }
 
+int64_t MemoryModel::line_largest_fitting(const FitSummary& fit, int64_t budget_bytes) {
+  MemoryModel line;
+  line.fit_ = fit;
+  return line.largest_fitting(budget_bytes);
+}
+
 int64_t MemoryModel::activation_fixed_bytes() const {
   return static_cast<int64_t>(std::llround(fit_.intercept_bytes - static_cast<double>(persistent_.total())));
 }

@@ -285,9 +285,7 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       {"seq_len", {1, static_cast<double>(int64_t{1} << 31), false, false}},
       {"longest_sequence_alone", {0, static_cast<double>(int64_t{1} << 31), false, false}},
       {"target_tokens", {1, static_cast<double>(int64_t{1} << 50), false, false}},
-      {"per_microbatch", {0, static_cast<double>(int64_t{1} << 50), false, false}},
-      {"per_token", {1, static_cast<double>(int64_t{1} << 16), false, false}},
-      {"per_token_squared", {0, static_cast<double>(int64_t{1} << 30), false, false}},
+      // per_microbatch, per_token, per_token_squared: check_step_cost (kStepCostTermRanges).
       {"seconds", kSecondsRange},
   };
   if (in_hyperparameters) return &kHyperparameterRange;
@@ -405,6 +403,18 @@ void check_version(const JsonField& root, const char* expected_schema) {
 }
 
 }  // namespace
+
+void check_step_cost(const TokenStepCost& cost, const std::string& prefix, const std::string& suffix) {
+  const int64_t terms[] = {cost.per_microbatch, cost.per_token, cost.per_token_squared};
+  for (size_t i = 0; i < 3; ++i) {
+    const StepCostTermRange& r = kStepCostTermRanges[i];
+    if (terms[i] < r.lo || terms[i] > r.hi) {
+      throw SchemaError(prefix + r.name + suffix + ": " + std::to_string(terms[i]) +
+                        " is out of range; expected an integer in [" + std::to_string(r.lo) + ", " +
+                        std::to_string(r.hi) + "]");
+    }
+  }
+}
 
 namespace {
 
@@ -544,6 +554,7 @@ std::optional<TokenBudget> tokens_from(const JsonField& root) {
     const JsonField sc = tk.at("step_cost");
     tb.step_cost = TokenStepCost{sc.i64("per_microbatch"), sc.i64("per_token"), sc.i64("per_token_squared"),
                                  sc.opt_f64("token_seconds").value_or(0)};  // token_seconds: 1.5
+    check_step_cost(*tb.step_cost, sc.path() + ".");
   }
   if (tb.token_budget < 1 || tb.max_seq_len < 1 || tb.max_seq_len > tb.token_budget) {
     throw SchemaError("$.tokens: token_budget " + std::to_string(tb.token_budget) + " must hold at least one sequence of max_seq_len " +
@@ -781,9 +792,9 @@ RunTimeModel time_model_from(const JsonField& f) {
   t.refits = f.i64("refits", kCount);
   if (f.has("final_cost") && !f.at("final_cost").raw().is_null()) {
     const JsonField c = f.at("final_cost");
-    t.final_cost = TokenStepCost{c.i64("per_microbatch", {0, int64_t{1} << 50}), c.i64("per_token", {1, int64_t{1} << 16}),
-                                 c.i64("per_token_squared", {0, int64_t{1} << 30}),
+    t.final_cost = TokenStepCost{c.i64("per_microbatch"), c.i64("per_token"), c.i64("per_token_squared"),
                                  c.f64("token_seconds", {0.0, 1e9})};
+    check_step_cost(*t.final_cost, c.path() + ".");
   }
   return t;
 }

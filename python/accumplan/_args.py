@@ -15,7 +15,7 @@ INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 MAX_COUNT = 2 ** 40  # the C++ options' bound on samples and microbatch sizes
 
 
-def _shown(value):
+def shown_value(value):
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -31,7 +31,7 @@ def int_arg(value, name, lo, hi):
             and str(value.dtype) != "torch.bool":
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError("%s must be an integer, not %s (%s)" % (name, type(value).__name__, _shown(value)))
+        raise TypeError("%s must be an integer, not %s (%s)" % (name, type(value).__name__, shown_value(value)))
     value = int(value)
     if not lo <= value <= hi:
         raise ValueError("%s is %d, out of range [%d, %d]" % (name, value, lo, hi))
@@ -48,7 +48,7 @@ def lengths_arg(lengths, name="lengths", minimum=1):
         values = lengths.tolist()
     elif isinstance(lengths, (str, bytes, dict)) or not hasattr(lengths, "__iter__"):
         raise TypeError("%s must be a 1-D integer tensor or a list of integers, not %s (%s)"
-                        % (name, type(lengths).__name__, _shown(lengths)))
+                        % (name, type(lengths).__name__, shown_value(lengths)))
     else:
         values = list(lengths)
     return [int_arg(v, "%s[%d]" % (name, i), minimum, INT32_MAX) for i, v in enumerate(values)]
@@ -60,13 +60,13 @@ def real_arg(value, name, lo, hi, lo_open=False):
     if _is_tensor(value) and value.dim() == 0 and not value.is_complex() and str(value.dtype) != "torch.bool":
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError("%s must be a number, not %s (%s)" % (name, type(value).__name__, _shown(value)))
+        raise TypeError("%s must be a number, not %s (%s)" % (name, type(value).__name__, shown_value(value)))
     try:
         value = float(value)
     except OverflowError:
         value = math.inf
     if not (math.isfinite(value) and (lo < value if lo_open else lo <= value) and value <= hi):
-        raise ValueError("%s is %s, out of range %s%s, %s]" % (name, _shown(value), "(" if lo_open else "[",
+        raise ValueError("%s is %s, out of range %s%s, %s]" % (name, shown_value(value), "(" if lo_open else "[",
                                                                bound_text(lo), bound_text(hi)))
     return value
 
@@ -75,9 +75,9 @@ def choice_arg(value, name, choices):
     """``value`` if it is one of the strings ``choices``; else TypeError or ValueError naming ``name``."""
     if not isinstance(value, str):
         raise TypeError("%s must be a string, one of %s; not %s (%s)"
-                        % (name, ", ".join(choices), type(value).__name__, _shown(value)))
+                        % (name, ", ".join(choices), type(value).__name__, shown_value(value)))
     if value not in choices:
-        raise ValueError("%s is %s; use one of %s" % (name, _shown(value), ", ".join(choices)))
+        raise ValueError("%s is %s; use one of %s" % (name, shown_value(value), ", ".join(choices)))
     return value
 
 
@@ -87,13 +87,13 @@ def path_arg(value, name):
     empty path or one holding a NUL byte."""
     if not isinstance(value, (str, bytes, os.PathLike)):
         raise TypeError("%s must be a path (str, bytes or os.PathLike), not %s (%s)"
-                        % (name, type(value).__name__, _shown(value)))
+                        % (name, type(value).__name__, shown_value(value)))
     try:
         path = os.fspath(value)
     except TypeError as e:
         raise TypeError("%s: %s" % (name, e)) from None
     if not path or ("\0" if isinstance(path, str) else b"\0") in path:
-        raise ValueError("%s %s: %s" % (name, _shown(path), "an empty path" if not path else "a NUL byte in the path"))
+        raise ValueError("%s %s: %s" % (name, shown_value(path), "an empty path" if not path else "a NUL byte in the path"))
     return path
 
 

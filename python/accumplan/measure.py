@@ -24,14 +24,15 @@ import time
 import torch
 
 from . import _core
-from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, _shown, choice_arg, int_arg, real_arg
+from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, choice_arg, int_arg, real_arg, shown_value
+from .batches import as_inputs, count_samples, map_inputs
+from .errors import PlanError, in_python_terms, oom_error, plan_error
+from .losses import LOSSES, check_class_target, causal_shift, count_units, units_rule
 from .meters import meter_for
+from .plans import Plan
 from .snapshot import TrainingState, interrupts_held
-from .plans import OutOfMemoryAtOne, Plan, PlanError, _oom_error, _plan_error, in_python_terms
-from .train import (LOSSES, WindowStats, _as_tuple, _autocast_dtype, _map_inputs, _parameters, _run_rounds, _samples,
-                    _step, _Window, _zero_grads, batch_dependent_layers, causal_shift, count_units, is_oom, units_rule,
-                    warn_batch_dependent)
-from .train import _check_class_target
+from .window import (Window, WindowStats, autocast_dtype, batch_dependent_layers, is_oom, optimizer_step, run_rounds,
+                     trainable_parameters, warn_batch_dependent, zero_grads)
 
 _OPTIMIZER_CLASSES = (  # torch.optim's class -> the plan's optimizer name (AdamW first: in 2.x it derives from Adam)
     (torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim.Adagrad, "adagrad"),
@@ -107,12 +108,12 @@ def _spec(t):
 
 def _tile(inputs, target, n):
     """The window's data: n samples, cycling over the given ones (as ``--batch-file`` is tiled)."""
-    first = _samples(inputs, target)
+    first = count_samples(inputs, target)
     idx = torch.arange(n) % first
 
     def pick(t):  # on the host, as `accumplan run` keeps its data; microbatches go to the device
         return t.detach().to("cpu").index_select(0, idx)
-    return _map_inputs(inputs, pick), (None if target is None else pick(target))
+    return map_inputs(inputs, pick), (None if target is None else pick(target))
 
 
 def _nbytes(t):
@@ -134,10 +135,9 @@ class _ModuleRunner(_core.WindowRunner):
 
     def _window(self, inputs, target, n):
         c = self.cfg
-        w = _Window(None, self.model, inputs, target, None, c["loss"], c["loss_fn"], c["ignore_index"],
-                    c["autocast"], None, None)
-        w.distributed = False  # every window is this process's own; the plan is per rank
-        w.shift_arg = c["shift_labels"]
+        w = Window(None, self.model, inputs, target, None, c["loss"], c["loss_fn"], c["ignore_index"],
+                   c["autocast"], None, None, shift_arg=c["shift_labels"],
+                   local=True)  # every window is this process's own; the plan is per rank
         labels = w.set_units_rule(c["normalization"])
         w.units = max(1, count_units(labels, n, w.norm, w.ii, w.shift))
         return w
@@ -176,17 +176,17 @@ class _ModuleRunner(_core.WindowRunner):
             starts.append(time.perf_counter())
         try:
             w = self._window(inputs, target, n)
-            _zero_grads(w.params, self.optimizer)
+            zero_grads(w.params, self.optimizer)
             meter.reset_peak()
             meter.limit(limit, data)
-            _run_rounds(w, sizes, None, len(sizes), False, before_microbatch)
+            run_rounds(w, sizes, None, len(sizes), False, before_microbatch)
             meter.sync()
             starts.append(time.perf_counter())
             read()
             m.step_seconds = min(b - a for a, b in zip(starts, starts[1:]))
             meter.reset_peak()
-            _step(w, self.optimizer, WindowStats(), self.cfg["max_grad_norm"], None)
-            _zero_grads(w.params, self.optimizer)
+            optimizer_step(w, self.optimizer, WindowStats(), self.cfg["max_grad_norm"], None)
+            zero_grads(w.params, self.optimizer)
             meter.sync()
             m.optimizer_step_peak_bytes = meter.peak() - data
             m.peak_bytes = max(peaks) - data
@@ -204,7 +204,7 @@ class _ModuleRunner(_core.WindowRunner):
         finally:
             meter.limit(None)
         if m.oom:
-            _zero_grads(_parameters(self.model), self.optimizer)
+            zero_grads(trainable_parameters(self.model), self.optimizer)
             meter.clear()
         m.seconds = time.perf_counter() - t0
         return m
@@ -217,10 +217,15 @@ _PERSISTENT_WINDOW = _core.PERSISTENT_WINDOW_SAMPLES
 
 def _persistent(runner, meter, weights_bytes, state_bytes):
     """Gradients and optimizer state as the C++ profiler measures them: deltas across one small
-    window (its backward, then its optimizer step). Returns (persistent, trial, over)."""
+    window (its backward, then its optimizer step). The attempts and their verdicts are the C++
+    protocol's (_core.PersistentStep: under the budget, then without it); this reports what each
+    attempt measured. Returns (persistent, trials, over the budget)."""
     cfg = runner.cfg
+    step = _core.PersistentStep(cfg["budget"])
     had_state = set(runner.optimizer.state)
-    for attempt, limit in enumerate((cfg["budget"], None) if cfg["budget"] is not None else (None,)):
+    trials = []
+    while True:
+        limit = step.attempt_budget_bytes
         t0 = time.perf_counter()
         before = meter.current()
         n = _PERSISTENT_WINDOW
@@ -229,45 +234,42 @@ def _persistent(runner, meter, weights_bytes, state_bytes):
         grads = []
         try:
             w = runner._window(inputs, target, n)
-            _zero_grads(w.params, runner.optimizer)
+            zero_grads(w.params, runner.optimizer)
             meter.reset_peak()
             meter.limit(limit, with_data - before)
-            _run_rounds(w, [n], None, 1, False)
+            run_rounds(w, [n], None, 1, False)
             grads.append(meter.current() - with_data)
-            _step(w, runner.optimizer, WindowStats(), cfg["max_grad_norm"], None)
-            _zero_grads(w.params, runner.optimizer)
+            optimizer_step(w, runner.optimizer, WindowStats(), cfg["max_grad_norm"], None)
+            zero_grads(w.params, runner.optimizer)
             peak = max(meter.peak(), meter.reserved_peak() or 0) - (with_data - before)
         except Exception as e:  # noqa: BLE001
             meter.limit(None)
             if not (meter.oom() or is_oom(e)):
                 raise
-            _zero_grads(_parameters(runner.model), runner.optimizer)
+            zero_grads(trainable_parameters(runner.model), runner.optimizer)
             for p in [p for p in runner.optimizer.state if p not in had_state]:
                 del runner.optimizer.state[p]  # half-built by the failed step: measured again
             meter.clear()
-            if limit is None:
-                raise OutOfMemoryAtOne("the model's weights, gradients and optimizer state do not fit on %s even "
-                                       "without a budget" % meter.device_name) from None
+            # InfeasibleError when it ran without a budget: plan() raises it as OutOfMemoryAtOne.
+            trials.append(step.out_of_memory(time.perf_counter() - t0, meter.device_name))
             continue
         meter.limit(None)
         persistent = {"weights_bytes": weights_bytes, "gradients_bytes": grads[0],
                       "optimizer_state_bytes": state_bytes + meter.current() - with_data}
-        fit = cfg["budget"] is None or peak <= cfg["budget"]
-        trial = {"kind": "probe", "micro_batch": n, "fit": fit, "peak_bytes": int(peak),
-                 "seconds": time.perf_counter() - t0, "window": [n]}
-        return persistent, trial, attempt == 1
+        trials.append(step.measured(int(peak), time.perf_counter() - t0))
+        return persistent, trials, step.over_budget
 
 
 def _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, normalization, ignore_index):
     """Every argument checked before any window runs; the settings the windows share."""
-    params = _parameters(model)
+    params = trainable_parameters(model)
     if not params:
         raise ValueError("the model has no trainable parameters; there is nothing to plan for")
     where = params[0].device
     try:
         device = where if device is None else torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError("device %s is not a device; use 'cpu', 'cuda' or 'cuda:N'" % _shown(device)) from None
+        raise ValueError("device %s is not a device; use 'cpu', 'cuda' or 'cuda:N'" % shown_value(device)) from None
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if device != where:
@@ -278,27 +280,27 @@ def _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, no
     if loss_fn is None:
         loss = choice_arg(loss, "loss", LOSSES)
     elif not callable(loss_fn):
-        raise TypeError("loss_fn must be callable(output, target) returning the loss SUM, not %s" % _shown(loss_fn))
+        raise TypeError("loss_fn must be callable(output, target) returning the loss SUM, not %s" % shown_value(loss_fn))
     if loss == "model" and target is not None and isinstance(inputs, dict):
         raise ValueError("loss='model' with dict inputs takes its labels from the dict: pass target=None")
     if loss_fn is None and loss != "model" and target is None:
         raise ValueError("loss=%r needs a target; pass target= or use loss='model' (the output carries the loss)"
                          % loss)
-    n = _samples(inputs, target)
+    n = count_samples(inputs, target)
     if n < 1:
         raise ValueError("inputs hold no samples (dim 0 is 0); pass at least one")
     ii = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     norm, _ = units_rule(normalization, loss, loss_fn, inputs, target)
     if loss_fn is None and loss == "cross_entropy" and isinstance(target, torch.Tensor) and target.is_floating_point():
         # Class probabilities: every row checked here, before any window runs.
-        _check_class_target(target, target.shape[-1] if target.dim() == 2 else -1, ii)
+        check_class_target(target, target.shape[-1] if target.dim() == 2 else -1, ii)
     if max_grad_norm is not None:
         max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)
     return device, {"loss": loss, "loss_fn": loss_fn, "ignore_index": ii, "norm": norm, "normalization": normalization,
-                    "autocast": _autocast_dtype(amp, device), "amp": amp, "max_grad_norm": max_grad_norm}
+                    "autocast": autocast_dtype(amp, device), "amp": amp, "max_grad_norm": max_grad_norm}
 
 
-def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trial):
+def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trials):
     """The profile's header: what was measured, on what, for what."""
     optimizer_setup = _setup_optimizer(optimizer)
     tensors = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
@@ -316,7 +318,7 @@ def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, tr
                   "inputs": [_spec(t) for t in tensors if isinstance(t, torch.Tensor)],
                   "target": "" if target is None else _spec(target), "ignore_index": cfg["ignore_index"]}),
         "libtorch_version": torch.__version__.split("+")[0], "probe": meter.probe_name, "budget_bytes": budget,
-        "persistent": persistent, "points": [], "trials": [trial],
+        "persistent": persistent, "points": [], "trials": trials,
     }
 
 
@@ -362,14 +364,14 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
     request = _core.SearchRequest()
     request.target_batch, request.world_size = target_batch, world_size
     if isinstance(headroom, bool) or not isinstance(headroom, (str, int, float)):
-        raise TypeError("headroom must be 'auto', a fraction (0.05) or a size ('256MiB', bytes), not %s" % _shown(headroom))
+        raise TypeError("headroom must be 'auto', a fraction (0.05) or a size ('256MiB', bytes), not %s" % shown_value(headroom))
     request.headroom = str(headroom)  # read by the CLI's --headroom parser
     try:
         _core.check_request(request)
     except _core.InputError as e:
         raise ValueError(in_python_terms(str(e))) from None
     _setup_optimizer(optimizer)
-    inputs = _as_tuple(inputs)
+    inputs = as_inputs(inputs)
     device, cfg = _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, normalization,
                           ignore_index)
     cfg["shift_labels"] = causal_shift(model, shift_labels) if shift_labels is not None else None
@@ -390,15 +392,15 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
         runner = _ModuleRunner(meter, model, optimizer, inputs, target, cfg)
         if say:
             say("measuring persistent memory on %s (one window of %d samples)" % (meter.device_name, _PERSISTENT_WINDOW))
-        persistent, trial, over = _persistent(runner, meter, weights, state)
+        persistent, trials, over = _persistent(runner, meter, weights, state)
         request.budget_is_simulated = meter.simulated
         request.persistent_over_budget = over
-        header = _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trial)
+        header = _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trials)
         plan_text = _core.search_plan(runner, json.dumps(header), request, say)
     except _core.InfeasibleError as e:
-        raise _oom_error(e) from None
+        raise oom_error(e) from None
     except _core.InputError as e:
-        raise _plan_error(e) from None
+        raise plan_error(e) from None
     finally:
         with interrupts_held():  # Ctrl-C now would leave the state half put back: held until it is back
             try:

@@ -14,10 +14,10 @@ import json
 import math
 import operator
 import os
-import re
 import stat
 
-from ._args import MAX_COUNT, _shown, choice_arg, int_arg, lengths_arg, path_arg
+from ._args import MAX_COUNT, choice_arg, int_arg, lengths_arg, path_arg, shown_value
+from .errors import OutOfMemoryAtOne, PlanError, in_python_terms, oom_error, plan_error  # noqa: F401 - re-exported
 
 try:
     from . import _core
@@ -30,56 +30,16 @@ SCHEMA = "accumplan.plan"
 SCHEMA_VERSION = _core.SCHEMA_VERSION  # what the C++ writer writes ("1.6")
 SPLITS = ("balanced", "uniform")
 MAX_ACCUMULATION_STEPS = 1 << 20  # solver.h kMaxAccumulationSteps: the most microbatches of a window
-# The step cost's documented ranges (docs/plan-format.md), for pack_by_token_budget's arguments.
-STEP_COST_LIMITS = {"per_microbatch": (0, 1 << 50), "per_token": (1, 1 << 16), "per_token_squared": (0, 1 << 30)}
+# The step cost's terms (docs/plan-format.md); their ranges are the C++ reader's (_core.check_step_cost).
+STEP_COST_TERMS = ("per_microbatch", "per_token", "per_token_squared")
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 # A plan given as a dict is turned into JSON text for the reader: more values than this, or deeper
 # nesting, is no plan (a dict sharing one list 2**60 times is refused, not expanded).
 MAX_JSON_VALUES = 1 << 20
 MAX_JSON_DEPTH = 64  # json_io.h kMaxJsonDepth: a plan nests 4 levels
 
 
-class PlanError(ValueError):
-    """A plan that cannot be used: wrong schema, wrong major version, a missing or bad field
-    (the message names its JSON path, e.g. ``$.microbatch_sizes[2]``), or a model whose hash
-    differs from the plan's."""
-
-
-class OutOfMemoryAtOne(RuntimeError):
-    """Out of memory with a single-sample microbatch: nothing smaller exists to re-plan to."""
-
-
 # --- the planner's arithmetic (the C++ rules; arguments checked here) ----------------------------
-
-# The C++ core words its messages for the CLI; a Python user reads them with the names of
-# accumplan.plan's arguments instead (its keyword for each option, or what stands for it).
-_PYTHON_NAMES = {
-    "target-batch": "target_batch", "world-size": "world_size", "memory-budget": "memory_budget",
-    "headroom": "headroom", "optimizer": "optimizer", "normalization": "normalization", "loss": "loss",
-    "amp": "amp", "max-grad-norm": "max_grad_norm", "ignore-index": "ignore_index", "device": "device",
-    "lr": "the optimizer's lr", "multiple-of": "multiple_of", "plan": "the plan",
-}
-_CLI_OPTION = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)")
-
-
-def in_python_terms(message):
-    """A core message in Python's words: `accumplan plan ...` advice becomes accumplan.plan(...),
-    --target-batch becomes target_batch (options Python has no argument for are left as they are)."""
-    message = re.sub(r"`accumplan (?:plan|profile)((?: --[a-z-]+)*)`",
-                     lambda m: "accumplan.plan(...%s)" % "".join(", %s=..." % _PYTHON_NAMES.get(o, o)
-                                                                for o in re.findall(r"--([a-z-]+)", m.group(1))),
-                     message)
-    return _CLI_OPTION.sub(lambda m: _PYTHON_NAMES.get(m.group(1), m.group(0)), message)
-
-
-def _plan_error(e):
-    """The core's refusal as PlanError, in Python's words."""
-    return PlanError(in_python_terms(str(e)))
-
-
-def _oom_error(e):
-    """The core's infeasible plan as OutOfMemoryAtOne, in Python's words."""
-    return OutOfMemoryAtOne(in_python_terms(str(e)))
-
 
 def balanced_split(total, parts, unit=1):
     """``total`` samples in ``parts`` microbatches, multiples of ``unit``, sizes differing by at
@@ -124,21 +84,27 @@ def pack_by_token_budget(lengths, token_budget, step_cost=None):
     try:
         return _core.pack_by_token_budget(lengths, token_budget, _step_cost_arg(step_cost))
     except _core.InputError as e:
-        raise _plan_error(e) from None
+        raise plan_error(e) from None
 
 
 def _step_cost_arg(step_cost):
     """(per_microbatch, per_token, per_token_squared) of a step cost (a dict like the plan's
-    ``tokens.step_cost``, each in its documented range), or None: the fewest microbatches."""
+    ``tokens.step_cost``), or None: the fewest microbatches. Types are checked here; each term's
+    range is the C++ plan reader's (``_core.check_step_cost``), refused with its message."""
     if step_cost is None:
         return None
     if not isinstance(step_cost, dict):
         raise TypeError("step_cost must be None or a dict with %s, not %s (%s)"
-                        % (", ".join(STEP_COST_LIMITS), type(step_cost).__name__, _shown(step_cost)))
-    missing = [k for k in STEP_COST_LIMITS if k not in step_cost]
+                        % (", ".join(STEP_COST_TERMS), type(step_cost).__name__, shown_value(step_cost)))
+    missing = [k for k in STEP_COST_TERMS if k not in step_cost]
     if missing:
         raise ValueError("step_cost has no %s" % ", ".join(missing))
-    return tuple(int_arg(step_cost[k], "step_cost[%r]" % k, lo, hi) for k, (lo, hi) in STEP_COST_LIMITS.items())
+    terms = tuple(int_arg(step_cost[k], "step_cost[%r]" % k, INT64_MIN, INT64_MAX) for k in STEP_COST_TERMS)
+    try:
+        _core.check_step_cost(*terms)
+    except _core.InputError as e:
+        raise ValueError(in_python_terms(str(e))) from None
+    return terms
 
 
 def _as_count(value):
@@ -187,7 +153,7 @@ def _file_sha256(path, what):
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
         except OSError as e:
-            raise PlanError("cannot read %s %s: %s" % (what, _shown(os.fsdecode(path)), e.strerror)) from None
+            raise PlanError("cannot read %s %s: %s" % (what, shown_value(os.fsdecode(path)), e.strerror)) from None
     return h.hexdigest()
 
 
@@ -201,7 +167,7 @@ def _open_regular(path, what):
         path = path_arg(path, what)
     except ValueError as e:
         raise PlanError(str(e)) from None
-    name = _shown(os.fsdecode(path))
+    name = shown_value(os.fsdecode(path))
     try:
         st = os.stat(path)
         if stat.S_ISREG(st.st_mode):
@@ -236,7 +202,7 @@ def _json_text(doc, source):
         is_dict = isinstance(obj, dict)
         for k, v in (obj.items() if is_dict else enumerate(obj)):
             if is_dict and not isinstance(k, str):
-                raise PlanError("%s: %s has the key %s; JSON keys are strings" % (source, path, _shown(k)))
+                raise PlanError("%s: %s has the key %s; JSON keys are strings" % (source, path, shown_value(k)))
             where = "%s.%s" % (path, k) if is_dict else "%s[%d]" % (path, k)
             shown = where if len(where) <= 160 else where[:157] + "..."  # as the C++ reader cuts a path
             if isinstance(v, (dict, list, tuple)):
@@ -279,7 +245,7 @@ class Plan:
         try:
             text, version = _core.read_plan_text(_json_text(doc, source), source)
         except _core.InputError as e:
-            raise _plan_error(e) from None
+            raise plan_error(e) from None
         self._start(text, version, source)
 
     @classmethod
@@ -290,7 +256,7 @@ class Plan:
             # bytes: a file name that is not UTF-8 reaches the reader as it is on disk.
             text, version = _core.read_plan_file(os.fsencode(path))
         except (ValueError, _core.InputError) as e:
-            raise _plan_error(e) from None
+            raise plan_error(e) from None
         source = os.fsdecode(path)
         plan = cls.__new__(cls)
         plan._start(text, version, source)
@@ -302,7 +268,7 @@ class Plan:
         try:
             text, version = _core.read_plan_text(text, source)
         except _core.InputError as e:
-            raise _plan_error(e) from None
+            raise plan_error(e) from None
         plan = cls.__new__(cls)
         plan._start(text, version, source)
         return plan
@@ -350,7 +316,7 @@ class Plan:
         """Raises PlanError when the file's SHA-256 differs from the plan's ``model.sha256``
         (unless ``force``). Returns the file's hash."""
         if not isinstance(force, bool):
-            raise TypeError("force must be True or False, not %s (%s)" % (type(force).__name__, _shown(force)))
+            raise TypeError("force must be True or False, not %s (%s)" % (type(force).__name__, shown_value(force)))
         digest = _file_sha256(model_path, "model")
         want = self.model.get("sha256")
         if want and digest != want and not force:
@@ -379,15 +345,11 @@ class Plan:
             raise ValueError(in_python_terms(str(e))) from None
 
     def largest_fitting(self):
-        """The largest microbatch b with fit.intercept_bytes + fit.slope_bytes_per_sample * b <=
-        memory.usable_bytes (the budget less the margin), or None when the plan carries no memory
-        model."""
-        a = self.fit.get("intercept_bytes")
-        s = self.fit.get("slope_bytes_per_sample")
-        usable = self.memory.get("usable_bytes")
-        if a is None or s is None or not usable or s <= 0:
-            return None
-        return int(math.floor((usable - a) / s))
+        """The largest microbatch b whose predicted peak on the plan's fitted line (fit.intercept_bytes
+        + fit.slope_bytes_per_sample * b) fits memory.usable_bytes (the budget less the margin), by
+        the C++ memory model (MemoryModel::line_largest_fitting); 0 when not even one sample does;
+        None when the plan carries no memory line."""
+        return _core.plan_largest_fitting(self._text)
 
     def replan_below(self, failing_micro_batch):
         """Re-plans in place after microbatch size ``failing_micro_batch`` ran out of memory, by the
@@ -400,7 +362,7 @@ class Plan:
         try:
             text, how = _core.replan_below(self._text, failing_micro_batch)
         except _core.InfeasibleError as e:
-            raise _oom_error(e) from None
+            raise oom_error(e) from None
         self._set(text)
         note = ("out of memory at microbatch %d: re-planned %d samples into %s (was %s); %s"
                 % (failing_micro_batch, self.per_rank_batch, ",".join(map(str, self.microbatch_sizes)), old,
@@ -443,7 +405,7 @@ class Plan:
         try:
             self._set(_core.repack_below(self._text, failing_tokens))
         except _core.InfeasibleError as e:
-            raise _oom_error(e) from None
+            raise oom_error(e) from None
         note = ("out of memory at %d padded tokens: token budget lowered to %d padded tokens per microbatch"
                 % (failing_tokens, self.tokens["token_budget"]))
         self.replans.append(note)
@@ -465,7 +427,7 @@ class Plan:
         try:
             _write_atomically(path, self._text)
         except OSError as e:
-            raise ValueError("cannot write the plan to %s: %s" % (_shown(path), e.strerror or e)) from None
+            raise ValueError("cannot write the plan to %s: %s" % (shown_value(path), e.strerror or e)) from None
 
     def export(self, to, out=None, *, allow_slow=False, allow_lossy=False, lightning_datamodule=None,
                plan_path=None):
@@ -481,9 +443,9 @@ class Plan:
         to = choice_arg(to, "to", tuple(_core.EXPORT_TARGETS))
         for value, name in ((allow_slow, "allow_slow"), (allow_lossy, "allow_lossy")):
             if not isinstance(value, bool):
-                raise TypeError("%s must be True or False, not %s" % (name, _shown(value)))
+                raise TypeError("%s must be True or False, not %s" % (name, shown_value(value)))
         if lightning_datamodule is not None and not isinstance(lightning_datamodule, str):
-            raise TypeError("lightning_datamodule must be a class path string, not %s" % _shown(lightning_datamodule))
+            raise TypeError("lightning_datamodule must be a class path string, not %s" % shown_value(lightning_datamodule))
         if plan_path is None:
             plan_path = self.source if os.path.exists(str(self.source)) else "plan.json"
         plan_path = os.fsdecode(path_arg(plan_path, "plan_path"))
@@ -492,13 +454,13 @@ class Plan:
             text, notes = _core.export_plan(self._text, to, plan_path, allow_slow, allow_lossy,
                                             lightning_datamodule or "")
         except _core.InputError as e:  # InfeasibleError (a slow split) included
-            raise _plan_error(e) from None
+            raise plan_error(e) from None
         self.export_notes = notes.splitlines()
         if out is not None:
             try:
                 _write_atomically(out, text)
             except OSError as e:
-                raise ValueError("cannot write the export to %s: %s" % (_shown(out), e.strerror or e)) from None
+                raise ValueError("cannot write the export to %s: %s" % (shown_value(out), e.strerror or e)) from None
         return text
 
     def __repr__(self):
@@ -523,7 +485,7 @@ def _output_path(path, name):
     '', a directory, a FIFO, device or socket (save replaces a file, it writes no stream), a
     missing directory or one this process cannot write in."""
     path = os.fsdecode(path_arg(path, name))
-    shown = "%s %s" % (name, _shown(path))
+    shown = "%s %s" % (name, shown_value(path))
     real = os.path.realpath(path)
     try:
         mode = os.stat(real).st_mode
@@ -537,9 +499,9 @@ def _output_path(path, name):
         raise ValueError("%s is not a regular file (a FIFO, device or socket); give a file name" % shown)
     parent = os.path.dirname(real)
     if not os.path.isdir(parent):
-        raise ValueError("%s: no such directory %s; create it first or choose another path" % (shown, _shown(parent)))
+        raise ValueError("%s: no such directory %s; create it first or choose another path" % (shown, shown_value(parent)))
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError("%s: the directory %s is not writable; choose another path" % (shown, _shown(parent)))
+        raise ValueError("%s: the directory %s is not writable; choose another path" % (shown, shown_value(parent)))
     return real
 
 

@@ -9,7 +9,7 @@
 //     pack_by_token_budget, token_windows;
 //   - which layers are batch-dependent (is_batch_dependent_type), for train_window's warning;
 //   - the measurement search (accumplan/search.h): `search_plan` drives a WindowRunner that Python
-//     implements (accumplan/measure.py: windows of train_window's own microbatch step on the
+//     implements (accumplan/measure.py: windows of accumplan/window.py's microbatch step, train_window's, on the
 //     user's module) through the probe schedule, the confirmation and the climb that `accumplan
 //     profile` runs on its C++ executor, and plans with make_plan; the budget and headroom are
 //     read by the CLI's parsers (parse_budget, parse_headroom).
@@ -198,6 +198,7 @@ void bind_optimizer_and_exports(py::module_& m) {
 
 namespace accumplan {
 void bind_loss_rules(pybind11::module_& m);  // python/core/loss_rules.cpp
+void bind_plan_rules(pybind11::module_& m);  // python/core/plan_rules.cpp
 }  // namespace accumplan
 
 PYBIND11_MODULE(_core, m) {
@@ -215,6 +216,7 @@ PYBIND11_MODULE(_core, m) {
     }
   });
   bind_loss_rules(m);  // python/core/loss_rules.cpp: the normalization rule
+  bind_plan_rules(m);  // python/core/plan_rules.cpp: step-cost ranges, a plan's largest fitting microbatch
   m.attr("SCHEMA_VERSION") = schema_version_string();
   m.attr("PERSISTENT_WINDOW_SAMPLES") = kPersistentWindowSamples;
   m.def("read_plan_file", &read_file, py::arg("path"),

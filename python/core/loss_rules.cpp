@@ -1,7 +1,7 @@
 // python/core/loss_rules.cpp — the loss rules of accumplan/setup_rules.h, bound into accumplan._core.
 //
 // What it is: _core.normalizes_by_tokens, the one normalization rule (`accumplan run` and the
-// exporters read it too), which accumplan.resolve_normalization (accumplan/train.py) calls with
+// exporters read it too), which accumplan.resolve_normalization (accumplan/losses.py) calls with
 // its target's dimensions and whether it is floating; its InputError (a ValueError) names
 // `normalization`, as Python's argument is named. _core.probability_row_tolerance, how far a row
 // of class probabilities may sum from 1, which accumplan.loss_sum allows as the CLI does.

@@ -16,6 +16,7 @@
 
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
+#include "accumplan/persistent_step.h"
 #include "accumplan/tensor_spec.h"
 #include "executor/executor.h"
 #include "runtime/loss.h"
@@ -307,7 +308,9 @@ WindowMeasurement ProbeRunner::window(const std::vector<int64_t>& sizes) {
 
 void ProbeRunner::load_and_measure_persistent() {
   // Attempt 0 runs under the budget. If persistent memory alone does not fit, attempt 1 measures
-  // it without the budget, so the error can give the breakdown instead of "out of memory".
+  // it without the budget, so the error can give the breakdown instead of "out of memory": the
+  // protocol and its verdicts are PersistentStep's (accumplan/persistent_step.h), accumplan.plan's too.
+  PersistentStep step(budget_bytes_);
   for (int attempt = 0; attempt < 2; ++attempt) {
     const auto t0 = Clock::now();
     try {
@@ -334,8 +337,7 @@ void ProbeRunner::load_and_measure_persistent() {
       executor.apply(st);  // steps the optimizer, then sets the gradients to none
       persistent_.optimizer_state_bytes = (after_construct - before_optimizer) + (probe_.current_bytes() - with_data);
       const int64_t peak = probe_peak() - (with_data - after_construct) - host_bytes_;
-      trials_.push_back({"probe", kPersistentWindowSamples, !budget_bytes_ || peak <= *budget_bytes_, peak,
-                         seconds_since(t0), {kPersistentWindowSamples}});
+      trials_.push_back(step.measured(peak, seconds_since(t0)));
       say("measured persistent memory: weights " + format_bytes(persistent_.weights_bytes) + ", gradients " +
           format_bytes(persistent_.gradients_bytes) + ", optimizer state " +
           format_bytes(persistent_.optimizer_state_bytes) + " (" + options_.setup.optimizer + ")");
@@ -356,16 +358,11 @@ void ProbeRunner::load_and_measure_persistent() {
       model_ = LoadedModel{};
       probe_.clear_oom();
       probe_.release_cached();
-      trials_.push_back({"probe", kPersistentWindowSamples, false, 0, seconds_since(t0), {kPersistentWindowSamples}});
-      if (attempt == 1 || !budget_bytes_) {
-        throw InfeasibleError("the model's weights, gradients and optimizer state do not fit on " +
-                              probe_.device_name() + " even without a budget; use a smaller model, "
-                              "an optimizer with less state (sgd keeps none), or a larger device");
-      }
+      trials_.push_back(step.out_of_memory(seconds_since(t0), probe_.device_name()));  // throws without a budget
       say("persistent memory does not fit the budget of " + format_bytes(*budget_bytes_) +
           "; measuring it without the budget to report the breakdown");
-      persistent_over_budget_ = true;
-      probe_.set_budget_bytes(std::nullopt);
+      persistent_over_budget_ = step.over_budget();
+      probe_.set_budget_bytes(step.attempt_budget_bytes());
     }
   }
 }

@@ -215,7 +215,7 @@ class HostileArithmetic(unittest.TestCase):
                  (accumplan.pack_by_token_budget, (["x"], 8), TypeError, r"lengths\[0\] must be an integer, not str"),
                  (accumplan.pack_by_token_budget, ([3], 8, {"per_token": 1}), ValueError, r"step_cost has no per_microbatch"),
                  (accumplan.pack_by_token_budget, ([3], 8, {"per_microbatch": 1, "per_token": 0, "per_token_squared": 0}),
-                  ValueError, r"step_cost\['per_token'\] is 0"))
+                  ValueError, r"step_cost\['per_token'\]: 0 is out of range"))
         for fn, args, kind, pattern in cases:
             with self.subTest(fn=fn.__name__, args=args):
                 with self.assertRaisesRegex(kind, pattern) as cm:

@@ -116,7 +116,7 @@ class Packing(unittest.TestCase):
         self.assertEqual(plan.to_dict()["tokens"]["step_cost"], d["tokens"]["step_cost"])
         self.assertEqual(packed_plan(6, 400, 100).pack([100, 90, 10, 10, 10, 10]), [[0, 1, 2, 3], [4, 5]])
         d["tokens"]["step_cost"]["per_token"] = 0
-        with self.assertRaisesRegex(accumplan.PlanError, r"\$\.tokens\.step_cost\.per_token: 0 is out of range; expected a number in \[1, 65536\]"):
+        with self.assertRaisesRegex(accumplan.PlanError, r"\$\.tokens\.step_cost\.per_token: 0 is out of range; expected an integer in \[1, 65536\]"):
             accumplan.load_plan(d)
 
     def test_a_step_costs_seconds_are_read_checked_and_written_back(self):

@@ -39,6 +39,9 @@ class MemoryModel {
   // budget in terabytes must not hang), and no double is converted out of int64's range.
   int64_t largest_fitting(int64_t budget_bytes, int64_t limit_micro_batch = kMaxMicroBatch, int64_t extra_bytes = 0,
                           double fraction = 0) const;
+  // The same for a plan's fit summary alone (its line, no extra, no fraction): what a plan read
+  // without its profile says fits `budget_bytes` (Plan.largest_fitting in the Python package).
+  static int64_t line_largest_fitting(const FitSummary& fit, int64_t budget_bytes);
   // No plan, probe or re-plan goes above this microbatch (2^40 samples).
   static constexpr int64_t kMaxMicroBatch = int64_t{1} << 40;
   // a0 = intercept - persistent, rounded to bytes; may be negative when the fit is poor.

@@ -215,6 +215,21 @@ struct TokenStepCost {
   double token_seconds = 0;
 };
 
+// The range of each integer term of a step cost (docs/plan-format.md), checked in one place,
+// check_step_cost: the plan reader's $.tokens.step_cost, the run statistics' time_model.final_cost
+// and the Python package's pack_by_token_budget (python/core/plan_rules.cpp) all call it.
+struct StepCostTermRange {
+  const char* name;
+  int64_t lo;
+  int64_t hi;
+};
+inline constexpr StepCostTermRange kStepCostTermRanges[] = {
+    {"per_microbatch", 0, int64_t{1} << 50}, {"per_token", 1, int64_t{1} << 16}, {"per_token_squared", 0, int64_t{1} << 30}};
+// SchemaError for the first term outside its range, naming it as `prefix` + term + `suffix`
+// ("$.tokens.step_cost." + "per_token"; Python: "step_cost['" + "per_token" + "']"), its value and
+// its range.
+void check_step_cost(const TokenStepCost& cost, const std::string& prefix, const std::string& suffix = "");
+
 struct TokenBudget {
   int64_t token_budget = 0;            // padded tokens per microbatch
   int64_t max_seq_len = 0;             // the longest sequence the budget was planned (and confirmed) for

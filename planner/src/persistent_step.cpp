@@ -1,0 +1,25 @@
+// The persistent-memory step's protocol (accumplan/persistent_step.h).
+#include "accumplan/persistent_step.h"
+
+#include "accumplan/errors.h"
+#include "accumplan/search.h"
+
+namespace accumplan {
+
+Trial PersistentStep::measured(int64_t peak_bytes, double seconds) const {
+  // Judged against the budget also when the attempt ran without it: persistent memory over it.
+  return Trial{"probe", kPersistentWindowSamples, !budget_bytes_ || peak_bytes <= *budget_bytes_, peak_bytes, seconds,
+               {kPersistentWindowSamples}, std::nullopt};
+}
+
+Trial PersistentStep::out_of_memory(double seconds, const std::string& device_name) {
+  if (!attempt_budget_bytes()) {
+    throw InfeasibleError("the model's weights, gradients and optimizer state do not fit on " + device_name +
+                          " even without a budget; use a smaller model, an optimizer with less state (sgd keeps "
+                          "none), or a larger device");
+  }
+  over_budget_ = true;
+  return Trial{"probe", kPersistentWindowSamples, false, 0, seconds, {kPersistentWindowSamples}, std::nullopt};
+}
+
+}  // namespace accumplan

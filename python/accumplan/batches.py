@@ -1,0 +1,162 @@
+"""accumplan.batches — a window's data: its tensors, its samples, its microbatches, ragged sequences.
+
+Public: ``pad_sequences``, ``valid_token_counts``, ``padding_mask`` (re-exported by accumplan).
+Internal to the package (no underscore so that train, window and measure can share them; not
+part of the API): ``as_inputs``, ``input_tensors``, ``map_inputs``, ``count_samples``,
+``gather_packed``, ``slice_samples``.
+"""
+
+from collections.abc import Mapping
+
+import torch
+
+from ._args import INT32_MAX, INT32_MIN, int_arg, lengths_arg, shown_value
+
+
+def as_inputs(inputs):
+    """A window's inputs as the model takes them: a tuple of positional tensors, or a dict passed as
+    ``model(**inputs)`` (a Hugging Face batch: input_ids, attention_mask, labels). A dict's values
+    that are not tensors (flags) go to every microbatch unchanged."""
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,)
+    if isinstance(inputs, Mapping):  # a dict, or a tokenizer's BatchEncoding (a UserDict)
+        return dict(inputs)
+    return tuple(inputs)
+
+
+def input_tensors(inputs):
+    """The sample-indexed tensors of a window's inputs (a tuple, or a dict's tensor values)."""
+    if isinstance(inputs, dict):
+        return [v for v in inputs.values() if isinstance(v, torch.Tensor)]
+    return list(inputs)
+
+
+def map_inputs(inputs, fn):
+    """The inputs with ``fn`` applied to every tensor (a dict keeps its keys and other values)."""
+    if isinstance(inputs, dict):
+        return {k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    return tuple(fn(t) for t in inputs)
+
+
+def count_samples(inputs, target):
+    tensors = input_tensors(inputs) + ([target] if target is not None else [])
+    if not tensors:
+        raise ValueError("the window holds no tensors")
+    n = tensors[0].shape[0] if tensors[0].dim() > 0 else None
+    for i, t in enumerate(tensors):
+        if t.dim() < 1:
+            raise ValueError("tensor %d of the window is a scalar; dim 0 must index samples" % i)
+        if t.shape[0] != n:
+            raise ValueError("tensor %d of the window has %d samples (dim 0) but the first has %d" % (i, t.shape[0], n))
+    return n
+
+
+def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
+    """Ragged data as accumplan holds it (the layout `accumplan run --data` reads from
+    ``torch.save([sequences, targets_or_None], f)``): returns ``(inputs, target, lengths)`` with
+    inputs int64 [n, T] padded with 0, target [n, T] padded with ``ignore_index`` (per-token
+    ``targets``, in their own dtype — int64 class indices, or float values for mse — which every
+    target must share; or, with ``next_token=True`` and no targets, the inputs shifted left by one,
+    int64, the last position ignored; else None) and lengths int64 [n]."""
+    ignore_index = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
+    if not isinstance(next_token, bool):
+        raise TypeError("next_token must be True or False, not %s (%s)" % (type(next_token).__name__, shown_value(next_token)))
+    sequences = _vectors(sequences, "sequences", integer=True)
+    n = len(sequences)
+    if n == 0:
+        raise ValueError("sequences is empty: no sequences to pad")
+    lengths = torch.tensor([int(s.numel()) for s in sequences], dtype=torch.long)
+    if int(lengths.min()) < 1:
+        raise ValueError("sequences[%d] is empty; every sequence needs at least one token" % int(lengths.argmin()))
+    longest = int(lengths.max())
+    inputs = torch.zeros(n, longest, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        inputs[i, :s.numel()] = s
+    target = None
+    if targets is not None:
+        targets = _vectors(targets, "targets", integer=False)
+        if len(targets) != n:
+            raise ValueError("%d sequences but %d targets" % (n, len(targets)))
+        dtype = targets[0].dtype
+        for i, t in enumerate(targets):
+            if t.dtype != dtype:
+                raise ValueError("target %d is %s but target 0 is %s; give every target the same dtype (class indices "
+                                 "as int64, values for mse as float)" % (i, t.dtype, dtype))
+        if not dtype.is_floating_point and dtype != torch.bool:
+            info = torch.iinfo(dtype)
+            if not info.min <= ignore_index <= info.max:
+                raise ValueError("the targets are %s, which cannot hold the padding ignore_index %d; convert them to "
+                                 "int64 or pass an ignore_index in %d..%d" % (dtype, ignore_index, info.min, info.max))
+        target = torch.full((n, longest), ignore_index, dtype=dtype)
+        for i, t in enumerate(targets):
+            if t.numel() != int(lengths[i]):
+                raise ValueError("target %d has %d entries but sequence %d has %d tokens"
+                                 % (i, t.numel(), i, int(lengths[i])))
+            target[i, :t.numel()] = t
+    elif next_token:
+        target = torch.full((n, longest), ignore_index, dtype=torch.long)
+        target[:, :-1] = inputs[:, 1:]
+        positions = torch.arange(longest).unsqueeze(0)
+        target[positions >= (lengths.unsqueeze(1) - 1)] = ignore_index
+    return inputs, target, lengths
+
+
+def _vectors(tensors, name, integer):
+    """``tensors`` (a list or tuple) as a list of 1-D tensors: of integer dtype (token ids) when
+    ``integer``, else of a real dtype (class indices or values; not bool or complex). TypeError
+    naming ``name[i]``."""
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError("%s must be a list of 1-D tensors, not %s (%s)" % (name, type(tensors).__name__, shown_value(tensors)))
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1:
+            raise TypeError("%s[%d] must be a 1-D tensor, not %s" % (
+                name, i, "a tensor of shape %s" % list(t.shape) if isinstance(t, torch.Tensor) else
+                "%s (%s)" % (type(t).__name__, shown_value(t))))
+        if t.is_complex() or t.dtype == torch.bool or (integer and t.is_floating_point()):
+            raise TypeError("%s[%d] is a %s tensor; %s" % (name, i, str(t.dtype).replace("torch.", ""),
+                            "token ids are integers" if integer else "targets are integers or floats"))
+    return list(tensors)
+
+
+def valid_token_counts(lengths, target=None, ignore_index=-100):
+    """Each sequence's valid tokens, a list of ints in data order (what ``token_windows`` takes),
+    the rule of the C++ executor (valid_tokens_per_sample): with an integer per-token target
+    [n, T] (``pad_sequences``), the positions whose target is not ``ignore_index`` (next-token
+    targets give length - 1; padding is ``ignore_index``); with ``target=None``, a float target
+    (mse values) or one target per sequence, the lengths themselves."""
+    lengths = lengths_arg(lengths, "lengths", minimum=0)
+    ignore_index = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
+    if target is None:
+        return lengths
+    if not isinstance(target, torch.Tensor):
+        raise ValueError("the target must be a tensor (the padded [n, T] target pad_sequences returns) or None, got %s"
+                         % type(target).__name__)
+    if target.dim() < 1 or target.shape[0] != len(lengths):
+        raise ValueError("the target has %s sequences (dim 0) but lengths has %d entries"
+                         % (target.shape[0] if target.dim() else "no", len(lengths)))
+    if target.dim() < 2 or target.is_floating_point():
+        return lengths
+    return [int(v) for v in target.ne(ignore_index).reshape(target.shape[0], -1).sum(1).tolist()]
+
+
+def padding_mask(lengths, padded_length):
+    """bool [n, padded_length], True at padding (nn.TransformerEncoder's src_key_padding_mask)."""
+    lengths = lengths_arg(lengths, "lengths", minimum=0)
+    padded_length = int_arg(padded_length, "padded_length", max(lengths, default=0), INT32_MAX)
+    return torch.arange(padded_length).unsqueeze(0) >= torch.tensor(lengths, dtype=torch.long).reshape(-1, 1)
+
+
+def gather_packed(inputs, target, indices, lengths):
+    """A packed microbatch: the samples at ``indices``, every tensor with a sequence dimension
+    (dim >= 2) cut to the longest of them (the C++ Batch::gather)."""
+    longest = max(lengths[i] for i in indices)
+
+    def pick(t):
+        idx = torch.tensor(indices, dtype=torch.long, device=t.device)
+        return (t[:, :longest] if t.dim() >= 2 else t).index_select(0, idx)
+
+    return map_inputs(inputs, pick), (None if target is None else pick(target)), longest
+
+
+def slice_samples(inputs, target, start, n):
+    return map_inputs(inputs, lambda t: t[start:start + n]), (None if target is None else target[start:start + n])

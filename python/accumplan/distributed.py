@@ -1,0 +1,122 @@
+"""accumplan.distributed — torch.distributed for one window: the world, the agreement
+all-reduces, and the one gradient exchange.
+
+Public: ``all_reduce_gradients`` (re-exported by accumplan). Internal to the package:
+``group_world_size``, ``is_ddp``, ``all_reduce_ints``, ``raise_if_a_rank_failed``,
+``collective_device``, ``agree_status``. No rule is decided here: every rank reports, every
+rank reads the same sums and raises the same error.
+"""
+
+import torch
+import torch.distributed as dist
+
+
+_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+def group_world_size(group=None):
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(group)
+    return 1
+
+
+def is_ddp(model):
+    return isinstance(model, torch.nn.parallel.DistributedDataParallel)
+
+
+def all_reduce_ints(values, group, device):
+    t = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return [int(v) for v in t.tolist()]
+
+
+def raise_if_a_rank_failed(slots, local_error, rank, during):
+    """After the counts collective: ``slots[r]`` is -1 when rank r could not check its share (the
+    C++ executor's throw_if_a_rank_failed). Every rank raises, so none waits in a collective its
+    peer will never join: the failing rank its own error (a ValueError names the rank), every other
+    rank a ValueError naming the failing rank."""
+    failed = [r for r, v in enumerate(slots) if v < 0]
+    if not failed:
+        return
+    if local_error is not None:
+        if isinstance(local_error, ValueError):
+            try:
+                named = type(local_error)("rank %d: %s" % (rank, local_error))
+            except Exception:  # noqa: BLE001 - a subclass with another constructor
+                named = ValueError("rank %d: %s" % (rank, local_error))
+            raise named from local_error
+        raise local_error
+    raise ValueError("rank%s %s failed %s (its own error says why); this rank stops with it"
+                     % ("s" if len(failed) > 1 else "", ", ".join(map(str, failed)), during))
+
+
+def collective_device(group, params):
+    try:
+        backend = dist.get_backend(group)
+    except Exception:  # noqa: BLE001 - older releases raise different types here
+        backend = "gloo"
+    if backend == "nccl":
+        return params[0].device if params else torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_gradients(params, group=None, extra=None):
+    """ONE gradient exchange (flat buckets of at most 25 MiB, summed) over the process group.
+    Parameters without a gradient send zeros, so every rank sends the same list. ``extra`` (a
+    float) rides along in the last bucket; the summed value is returned."""
+    device = collective_device(group, params)
+    grads = []
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grads.append(p.grad)
+    tail = torch.tensor([0.0 if extra is None else float(extra)], dtype=torch.float64)
+    by_dtype = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    buckets = []
+    for dtype, gs in by_dtype.items():
+        bucket, size = [], 0
+        for g in gs:
+            nbytes = g.numel() * g.element_size()
+            if bucket and size + nbytes > _BUCKET_BYTES:
+                buckets.append(bucket)
+                bucket, size = [], 0
+            bucket.append(g)
+            size += nbytes
+        if bucket:
+            buckets.append(bucket)
+    for i, bucket in enumerate(buckets):
+        flat = torch.cat([g.reshape(-1).to(device) for g in bucket])
+        last = i == len(buckets) - 1
+        if last:
+            flat = torch.cat([flat, tail.to(device=device, dtype=flat.dtype)])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        if last:
+            tail = flat[-1:].to(torch.float64).cpu()
+            flat = flat[:-1]
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+    if not buckets and extra is not None:
+        tail = tail.to(device)
+        dist.all_reduce(tail, op=dist.ReduceOp.SUM, group=group)
+    return float(tail.item())
+
+
+def agree_status(w, status, error):
+    """The agreement point of a round: every rank's status in one all-reduce. Raises when any rank
+    failed otherwise than for memory; returns the smallest failing size anywhere (0: none)."""
+    if not w.distributed:
+        return status
+    flags = [0] * w.world
+    flags[w.rank()] = status
+    flags = all_reduce_ints(flags, w.group, w.cdev)
+    if any(f < 0 for f in flags):
+        if status < 0:
+            raise error
+        raise RuntimeError("rank %d failed in a microbatch (its own error says why); this rank stops with it"
+                           % flags.index(min(flags)))
+    failed = [f for f in flags if f > 0]
+    return min(failed) if failed else 0
