@@ -487,12 +487,6 @@ static void check_finite(const at::Tensor& t, const std::string& name) {
                    std::to_string(first) + "; their loss would be non-finite and every step with them skipped");
 }
 
-static std::string number_text(double v) {
-  std::ostringstream s;
-  s << std::setprecision(6) << v;
-  return s.str();
-}
-
 void check_probability_rows(const at::Tensor& target, const std::string& what) {
   if (target.dim() != 2 || !at::isFloatingType(target.scalar_type())) {
     throw InputError(what + " is " + dtype_name(target.scalar_type()) + shape_text(target.sizes()) +
