@@ -95,6 +95,7 @@ struct RunArgs {
   CLI::Option* synthetic_option = nullptr;
   std::string seq_len_file;  // run: synthetic lengths drawn from these observed ones
   std::string packing;       // run, packed plans: time (default) or fill
+  CLI::Option* packing_option = nullptr;
   uint64_t seed = 1234;
   int threads = 0;
   int dist_timeout_s = 120;
@@ -337,9 +338,9 @@ void check_run_outputs(const RunArgs& a, int rank) {
   check_outputs(outputs, {{"--plan", a.plan}, {"--model", a.model}, {"--data", a.data}, {"--seq-len-file", a.seq_len_file}});
 }
 
-// The one parser of --packing.
-Packing parse_packing(const std::string& text) {
-  if (text == "time" || text.empty()) return Packing::Time;
+// The one parser of --packing (not given: time). Given empty, it is refused as any other word.
+Packing parse_packing(const std::string& text, bool given) {
+  if (text == "time" || (text.empty() && !given)) return Packing::Time;
   if (text == "fill") return Packing::Fill;
   throw InputError("--packing must be time or fill, got '" + cut_for_message(text) +
                    "' (time: cut each window where the measured step times predict the least time; fill: each "
@@ -358,7 +359,7 @@ void check_run_flags(const RunArgs& a) {
   }
   if (a.clip != 0) check_grad_norm(a.clip, "--clip-grad-norm");  // 0: no clipping; nan and inf refused
   parse_progress_mode(a.progress);  // a bad --progress stops the run before anything loads
-  parse_packing(a.packing);
+  parse_packing(a.packing, a.packing_option && a.packing_option->count() > 0);
   if (a.dist_timeout_s < 1) throw InputError("--dist-timeout must be at least 1 second");
 }
 
@@ -429,7 +430,7 @@ ExecutorOptions run_executor_options(const RunArgs& a, const Prepared& p, const 
   }
   eo.oom_recovery = !a.no_recovery;
   eo.padding_mask = setup.padding_mask;
-  eo.packing = parse_packing(a.packing);
+  eo.packing = parse_packing(a.packing, a.packing_option && a.packing_option->count() > 0);
   eo.probe = p.probe.get();
   eo.plan_out = rank_path(a.plan_out, rank);
   eo.communicator = comm;
@@ -683,7 +684,7 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
                   "memory timeline on a CUDA build with CUPTI)");
   add_progress_option(run, args->progress);
   run->add_flag("--no-oom-recovery", args->no_recovery, "fail on the first out-of-memory instead of re-planning");
-  choice(run->add_option("--packing", args->packing,
+  args->packing_option = choice(run->add_option("--packing", args->packing,
                          "plans packed by tokens: time (default) cuts each window where the step times predict the "
                          "least time, the plan's at first, then those of this run's own microbatches (cpu); fill "
                          "fills each microbatch to the token budget"));

@@ -230,3 +230,11 @@ TEST_CASE("CLI hostile: integer options are decimal: 010 is ten, hex, exponents 
   expect_refusal(dir, plan(""), "--target-batch: '' is not a decimal integer");
   expect_refusal(dir, plan("8", "--multiple-of", "0b11"), "--multiple-of: '0b11' is not a decimal integer");
 }
+
+TEST_CASE("CLI hostile: report --format '' is refused naming the option and its values", "[cli][hostile][report]") {
+  const std::string out = scratch_dir("hostile-report-format");
+  expect_refusal(out, {"report", kPlan, "--out", out + "/r.html", "--format", ""}, "--format must be html or svg, got ''");
+  // Absent, the extension decides, as before.
+  const CliResult r = run_cli({"report", kPlan, "--out", out + "/r.svg"}, 30);
+  CHECK(r.exit_code == 0);
+}
