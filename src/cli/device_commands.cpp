@@ -341,12 +341,12 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
                         ProbeRunner runner(*probe, o);
                         const Profile p = runner.profile();
                         progress->finish();
+                        emit_output(pargs->out, json_text(to_json(p)));  // first: no summary of an unsaved profile
                         std::cerr << "profile: weights " << format_bytes(p.persistent.weights_bytes) << " + gradients "
                                   << format_bytes(p.persistent.gradients_bytes) << " + optimizer state "
                                   << format_bytes(p.persistent.optimizer_state_bytes) << "; " << p.points.size()
                                   << " microbatch sizes measured on " << p.device.name << "\n"
                                   << steps_summary(p.trials);
-                        emit_output(pargs->out, json_text(to_json(p)));
                         return 0;
                       }});
 
@@ -386,11 +386,15 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
             if (runner.budget_bytes()) req.budget.bytes = runner.budget_bytes();
             const Plan plan = runner.plan_and_confirm(profile, req);
             progress->finish();
-            std::cerr << describe_plan(plan) << steps_summary(plan.profile.trials);
-            emit_output(args->out, json_text(to_json(plan)));
+            // Written before the summary, files before stdout: an output that cannot be written (a
+            // full disk) is one error line, with no summary of a plan never saved and no plan on stdout.
+            std::vector<std::pair<std::string, std::string>> outputs = {{args->out, json_text(to_json(plan))}};
             if (!args->report.empty()) {
-              emit_output(args->report, render_report(report_input_from_plan(plan), report_format_for("", args->report)));
+              outputs.emplace_back(args->report,
+                                   render_report(report_input_from_plan(plan), report_format_for("", args->report)));
             }
+            emit_outputs(outputs);
+            std::cerr << describe_plan(plan) << steps_summary(plan.profile.trials);
             return 0;
           })};
 }

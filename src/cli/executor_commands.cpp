@@ -629,10 +629,13 @@ int verify_command(const RunArgs& a) {
     notes.push_back(note.str());
   }
   const VerifyReport rep = naming_data_source(a, [&] { return verify_accumulation(p.model.module, window, p.plan, vo); });
+  // The table and --json written together, files first: a --json that cannot be written (a full
+  // disk) is one error line with no table before it, and a table that cannot be written is one too.
+  std::vector<std::pair<std::string, std::string>> outputs = {{"-", format_table(rep)}};
+  if (!a.json_out.empty()) outputs.emplace_back(a.json_out, json_text(to_json(rep)));
+  emit_outputs(outputs);
   for (const auto& note : notes) std::cerr << "accumplan: note: " << note << "\n";
-  std::cout << format_table(rep) << std::flush;
   for (const auto& w : rep.warnings) std::cerr << "accumplan: warning: " << w << "\n";
-  if (!a.json_out.empty()) emit_output(a.json_out, json_text(to_json(rep)));
   return rep.pass ? 0 : kExitVerifyDiffers;
 }
 
