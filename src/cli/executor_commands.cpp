@@ -96,6 +96,8 @@ struct RunArgs {
   std::string seq_len_file;  // run: synthetic lengths drawn from these observed ones
   std::string packing;       // run, packed plans: time (default) or fill
   CLI::Option* packing_option = nullptr;
+  CLI::Option* device_option = nullptr;  // given '' is refused, not taken for the plan's
+  CLI::Option* amp_option = nullptr;
   uint64_t seed = 1234;
   int threads = 0;
   int dist_timeout_s = 120;
@@ -123,7 +125,7 @@ struct Prepared {
 
 // `dist`: a data-parallel rank uses the GPU of its LOCAL_RANK, as torchrun intends.
 std::string device_of(const RunArgs& a, const Plan& plan, const std::optional<DistEnv>& dist) {
-  if (!a.device.empty()) return a.device;
+  if (given(a.device_option)) return a.device;
   if (plan.device.type == "cuda") {
     if (!torch::cuda::is_available()) {
       throw InputError("the plan was made for cuda:" + std::to_string(plan.device.index) +
@@ -373,7 +375,7 @@ Setup run_setup(const RunArgs& a, const Plan& plan) {
   if (a.lr_option->count() > 0) setup.lr = a.lr;
   check_optimizer_values(setup);
   const AmpMode planned_amp = parse_amp_mode(setup.amp, "plan setup.amp");
-  const AmpMode amp = a.amp.empty() ? planned_amp : parse_amp_mode(a.amp, "--amp");
+  const AmpMode amp = given(a.amp_option) ? parse_amp_mode(a.amp, "--amp") : planned_amp;
   if (amp != planned_amp) {
     // Activations in bf16 take about half of float32's bytes: the plan's memory is not this run's.
     const std::string msg = "--amp " + to_string(amp) + " but the plan was measured with amp " + to_string(planned_amp);
@@ -646,7 +648,7 @@ void add_common(CLI::App* app, RunArgs& a) {
   app->add_option("--data", a.data,
                   "samples: Python's torch.save([inputs..., target], f), dim 0 = samples, in order; default: "
                   "synthetic samples from the plan's input specs");
-  choice(app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: the plan's device)"));
+  a.device_option = choice(app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: the plan's device)"));
   app->add_flag("--force", a.force, "run even if --model's SHA-256 (or --amp) differs from the plan's");
   app->add_option("--seed", a.seed, "seed of the synthetic samples")->capture_default_str();
   add_threads_option(app, a.threads, "Options");  // CLI11's default group ("" would hide it)
@@ -669,7 +671,7 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
   args->clip_option = run->add_option("--clip-grad-norm", args->clip,
                                       "clip the combined gradient of each window to this 2-norm (default: the plan's "
                                       "setup.max_grad_norm; 0 turns clipping off)");
-  choice(run->add_option("--amp", args->amp,
+  args->amp_option = choice(run->add_option("--amp", args->amp,
                   "none | bf16 | fp16 (default: the plan's setup.amp; another mode than the plan was measured with "
                   "needs --force); fp16 uses a dynamic loss scale"));
   run->add_option("--memory-budget", args->budget,

@@ -79,12 +79,23 @@ TEST_CASE("CLI lr 0: the main job plans it and run trains at it; a negative lr i
   expect_refusal(dir, main_job("16", {"--lr", "nan"}), "--lr: nan is out of range");
 }
 
-TEST_CASE("CLI run --packing '' is refused naming the option and its values", "[cli][run][packing]") {
+TEST_CASE("CLI empty words: run --packing, --amp, --device, verify --device and the main job's --loss, --device '' are refused",
+          "[cli][run][packing][empty]") {
   const std::string dir = scratch_dir("round-four-packing");
   const std::string plan_path = dir + "/plan.json";
   REQUIRE(run_cli(main_job("16", {"--out", plan_path})).exit_code == 0);
-  expect_refusal(dir, {"run", "--plan", plan_path, "--model", "builtin:mlp", "--steps", "1", "--packing", ""},
-                 "--packing must be time or fill, got ''");
+  const std::vector<std::string> run = {"run", "--plan", plan_path, "--model", "builtin:mlp", "--steps", "1"};
+  auto with = [](std::vector<std::string> args, const std::vector<std::string>& more) {
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  expect_refusal(dir, with(run, {"--packing", ""}), "--packing must be time or fill, got ''");
+  expect_refusal(dir, with(run, {"--amp", ""}), "--amp '' is unknown; use none, bf16 or fp16");
+  expect_refusal(dir, with(run, {"--device", ""}), "--device '' is not a device; known devices: cpu, cuda");
+  expect_refusal(dir, {"verify", "--plan", plan_path, "--model", "builtin:mlp", "--device", ""}, "--device '' is not a device");
+  expect_refusal(dir, main_job("16", {"--loss", ""}), "--loss '' is unknown; use cross_entropy, mse or model");
+  expect_refusal(dir, {"--model", "builtin:mlp", "--target-batch", "16", "--device", ""}, "--device '' is not a device");
+  expect_refusal(dir, {"profile", "--model", "builtin:mlp", "--device", ""}, "--device '' is not a device");
 }
 
 TEST_CASE("CLI full disk: the main job's --out and --report, and verify's --json, are one line with nothing before it",
