@@ -363,18 +363,20 @@ std::string follow_links(const std::string& path, bool* via_proc) {
   throw InputError("cannot write " + quoted(path) + ": too many levels of symbolic links");
 }
 
+// Why a write failed, as every writer says it (a file, or standard output).
+std::string write_failure_text(int err) {
+  if (err == ENOSPC || err == EDQUOT) return errno_text(err) + " (disk full?)";
+  if (err == EFBIG) return errno_text(err) + " (file size limit)";
+  return errno_text(err);
+}
+
 void write_all(int fd, const std::string& text, const std::string& path) {
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      const int err = errno;
-      if (err == ENOSPC || err == EDQUOT) {
-        throw InputError("cannot write " + quoted(path) + ": " + errno_text(err) + " (disk full?)");
-      }
-      if (err == EFBIG) throw InputError("cannot write " + quoted(path) + ": " + errno_text(err) + " (file size limit)");
-      throw InputError("cannot write " + quoted(path) + ": " + errno_text(err));
+      throw InputError("cannot write " + quoted(path) + ": " + write_failure_text(errno));
     }
     done += static_cast<size_t>(n);
   }
@@ -455,11 +457,22 @@ void fsync_dir(const std::string& dir, const std::string& path) {
 
 }  // namespace
 
+void write_stdout(const std::string& text) {
+  if (std::cout) {  // a stream already failed keeps its errno: the reason of that failed write
+    errno = 0;
+    std::cout << text << std::flush;
+  }
+  if (std::cout) return;
+  const int err = errno;
+  std::cout.clear();  // a later write (help at exit) must not fail on this one's state
+  throw InputError("cannot write to standard output: " + (err != 0 ? write_failure_text(err) : std::string("write failed")) +
+                   "; free space where it is redirected, or redirect it elsewhere");
+}
+
 void write_text_atomic(const std::string& path, const std::string& text) {
   if (path.empty()) throw InputError("cannot write '': empty file name");
   if (path == "-") {
-    std::cout << text << std::flush;
-    if (!std::cout) throw InputError("cannot write to standard output");
+    write_stdout(text);
     return;
   }
   install_temp_handlers();

@@ -277,7 +277,7 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       {"parameter_count", {0, kBytesMax, false, false}},
       {"weights", {0, 1, true, false}},
       {"headroom", {0, 1, false, true}},
-      {"lr", {0, 1e6, true, false}},
+      {"lr", {0, 1e6, false, false}},  // 0: a warm-up scheduler's first step
       {"max_grad_norm", {0, 1e12, true, false}},
       {"ignore_index", {-2147483648.0, 2147483647.0, false, false}},
       {"token_budget", {1, static_cast<double>(int64_t{1} << 40), false, false}},

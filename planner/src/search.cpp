@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <utility>
@@ -64,9 +65,15 @@ void Search::profile(Profile& p) {
   std::set<int64_t> sizes;
   for (int64_t b : settings_.probe_sizes) {
     if (b < 1) throw InputError("probe sizes must be at least 1, got " + std::to_string(b));
-    // Sizes above the per-rank target are never planned, but two points are needed for a fit.
-    if (settings_.max_probe_micro_batch > 0 && b > std::max<int64_t>(2, settings_.max_probe_micro_batch)) continue;
     sizes.insert(b);
+  }
+  // Sizes above the per-rank target are never planned, so they are not probed, except that a fit
+  // needs two points: the two smallest always run. A per-rank batch of 1, 2 or 3 (target_batch 8
+  // over 4 ranks) is then planned from 2 and 4 like any other, and confirmed by a real window of
+  // its own size (the whole per-rank batch, or microbatches of 1): dropping 4 left one size, and
+  // every such target was refused.
+  while (settings_.max_probe_micro_batch > 0 && sizes.size() > 2 && *sizes.rbegin() > settings_.max_probe_micro_batch) {
+    sizes.erase(std::prev(sizes.end()));
   }
   if (sizes.size() < 2) {
     throw InputError("profiling needs at least two probe sizes to fit peak(b) = persistent + a0 + a1*b");

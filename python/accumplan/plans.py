@@ -488,7 +488,7 @@ def _output_path(path, name):
     shown = "%s %s" % (name, shown_value(path))
     real = os.path.realpath(path)
     try:
-        mode = os.stat(real).st_mode
+        mode = os.stat(path).st_mode  # as given: realpath drops a trailing '/'; stat does not
     except FileNotFoundError:
         mode = None
     except OSError as e:
@@ -497,7 +497,9 @@ def _output_path(path, name):
         raise ValueError("%s is a directory; give a file name inside it" % shown)
     if mode is not None and not stat.S_ISREG(mode):
         raise ValueError("%s is not a regular file (a FIFO, device or socket); give a file name" % shown)
-    parent = os.path.dirname(real)
+    # 'p.json/' names a directory p.json, which the CLI refuses as missing; realpath would make
+    # it the file p.json.
+    parent = real if path.endswith(("/", os.sep)) else os.path.dirname(real)
     if not os.path.isdir(parent):
         raise ValueError("%s: no such directory %s; create it first or choose another path" % (shown, shown_value(parent)))
     if not os.access(parent, os.W_OK | os.X_OK):

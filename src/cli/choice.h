@@ -24,4 +24,8 @@ inline CLI::Option* choice(CLI::Option* option) {
   return option->transform([](std::string value) { return ascii_lower(std::move(value)); }, "", "choice");
 }
 
+// Whether `option` was on the command line, its value empty or not: an empty word given is a
+// word its parser refuses (naming the words it takes), never taken for the option's absence.
+inline bool given(const CLI::Option* option) { return option != nullptr && option->count() > 0; }
+
 }  // namespace accumplan::cli

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "accumplan/outputs.h"
@@ -51,6 +52,9 @@ std::vector<int64_t> read_seq_len_file(const std::string& path);
 
 // Writes `text` to `path` atomically, or to stdout when `path` is empty or "-".
 void emit_output(const std::string& path, const std::string& text);
+// Several outputs of one command, as (path, text): the files first, then standard output, so a
+// file that cannot be written (a full disk) leaves nothing on stdout. Every write is checked.
+void emit_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
 
 // The output option `name` of `app` with its value, for check_outputs (accumplan/outputs.h):
 // given when it was on the command line; `stdout_when_absent` for an output that then goes to

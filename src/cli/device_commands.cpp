@@ -51,6 +51,8 @@ struct DeviceArgs {
   std::string optimizer = "sgd";
   double lr = 0;
   CLI::Option* lr_option = nullptr;
+  CLI::Option* loss_option = nullptr;    // given '' is refused, not taken for the default
+  CLI::Option* device_option = nullptr;
   std::map<std::string, double> hyper;  // filled from the options below when given
   double momentum = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0, alpha = 0;
   std::vector<CLI::Option*> hyper_options;
@@ -106,7 +108,7 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
                 "variable-length data: pass the padding mask (bool [b, T], true at padding, as "
                 "src_key_padding_mask) as one more forward argument after the inputs")
       ->group(model_group);
-  choice(app->add_option("--loss", a.loss,
+  a.loss_option = choice(app->add_option("--loss", a.loss,
                   "cross_entropy ([B,C] or [B,T,C] logits with class indices, or [B,C] logits with a float [B,C] "
                   "target of class probabilities), mse, or model (forward takes the target last and returns the "
                   "loss); default cross_entropy"))
@@ -145,7 +147,9 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
           ->group(train_group);
 
   const std::string dev_group = "Device";
-  choice(app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: cuda when available, else cpu)"))->group(dev_group);
+  a.device_option =
+      choice(app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: cuda when available, else cpu)"))
+          ->group(dev_group);
   app->add_option("--memory-budget", a.budget,
                   "device memory to stay within, enforced while measuring: 512MiB, 12GiB, 1.5GB, bytes, or "
                   "90% of the device. On cpu this makes the CPU a simulated accelerator of that size")
@@ -186,11 +190,11 @@ RunnerOptions runner_options(const DeviceArgs& a) {
   Setup& s = o.setup;
   const std::optional<ModelDefaults> defaults = builtin_defaults(a.model);  // InputError for an unknown builtin
   if (!defaults) check_model_file(a.model);
-  s.loss = !a.loss.empty() ? a.loss : defaults ? defaults->loss : "cross_entropy";
+  s.loss = given(a.loss_option) ? a.loss : defaults ? defaults->loss : "cross_entropy";
   s.optimizer = a.optimizer;
   // Conventional defaults: adaptive optimizers diverge at SGD's 0.01 on many models.
   const bool adaptive = a.optimizer == "adam" || a.optimizer == "adamw" || a.optimizer == "rmsprop";
-  s.lr = a.lr_option->count() > 0 ? a.lr : adaptive ? 1e-3 : 1e-2;  // make_optimizer refuses lr <= 0
+  s.lr = a.lr_option->count() > 0 ? a.lr : adaptive ? 1e-3 : 1e-2;  // make_optimizer refuses lr < 0
   const char* names[] = {"momentum", "weight_decay", "beta1", "beta2", "eps", "alpha"};
   const double values[] = {a.momentum, a.weight_decay, a.beta1, a.beta2, a.eps, a.alpha};
   for (size_t i = 0; i < a.hyper_options.size(); ++i) {
@@ -227,7 +231,7 @@ RunnerOptions runner_options(const DeviceArgs& a) {
                        "--input float32[B,3,224,224] --target int64[B]:1000 (or give --batch-file)");
     }
   }
-  o.device = !a.device.empty() ? a.device : (torch::cuda::is_available() ? "cuda" : "cpu");
+  o.device = given(a.device_option) ? a.device : (torch::cuda::is_available() ? "cuda" : "cpu");
   parse_device(o.device);  // InputError for a bad --device before anything is loaded
   if (!a.budget.empty()) o.budget = parse_budget(a.budget, "--memory-budget");
   o.probe_sizes = parse_sizes(a.probe_sizes);
@@ -341,12 +345,12 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
                         ProbeRunner runner(*probe, o);
                         const Profile p = runner.profile();
                         progress->finish();
+                        emit_output(pargs->out, json_text(to_json(p)));  // first: no summary of an unsaved profile
                         std::cerr << "profile: weights " << format_bytes(p.persistent.weights_bytes) << " + gradients "
                                   << format_bytes(p.persistent.gradients_bytes) << " + optimizer state "
                                   << format_bytes(p.persistent.optimizer_state_bytes) << "; " << p.points.size()
                                   << " microbatch sizes measured on " << p.device.name << "\n"
                                   << steps_summary(p.trials);
-                        emit_output(pargs->out, json_text(to_json(p)));
                         return 0;
                       }});
 
@@ -386,11 +390,15 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
             if (runner.budget_bytes()) req.budget.bytes = runner.budget_bytes();
             const Plan plan = runner.plan_and_confirm(profile, req);
             progress->finish();
-            std::cerr << describe_plan(plan) << steps_summary(plan.profile.trials);
-            emit_output(args->out, json_text(to_json(plan)));
+            // Written before the summary, files before stdout: an output that cannot be written (a
+            // full disk) is one error line, with no summary of a plan never saved and no plan on stdout.
+            std::vector<std::pair<std::string, std::string>> outputs = {{args->out, json_text(to_json(plan))}};
             if (!args->report.empty()) {
-              emit_output(args->report, render_report(report_input_from_plan(plan), report_format_for("", args->report)));
+              outputs.emplace_back(args->report,
+                                   render_report(report_input_from_plan(plan), report_format_for("", args->report)));
             }
+            emit_outputs(outputs);
+            std::cerr << describe_plan(plan) << steps_summary(plan.profile.trials);
             return 0;
           })};
 }

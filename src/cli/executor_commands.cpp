@@ -95,6 +95,9 @@ struct RunArgs {
   CLI::Option* synthetic_option = nullptr;
   std::string seq_len_file;  // run: synthetic lengths drawn from these observed ones
   std::string packing;       // run, packed plans: time (default) or fill
+  CLI::Option* packing_option = nullptr;
+  CLI::Option* device_option = nullptr;  // given '' is refused, not taken for the plan's
+  CLI::Option* amp_option = nullptr;
   uint64_t seed = 1234;
   int threads = 0;
   int dist_timeout_s = 120;
@@ -122,7 +125,7 @@ struct Prepared {
 
 // `dist`: a data-parallel rank uses the GPU of its LOCAL_RANK, as torchrun intends.
 std::string device_of(const RunArgs& a, const Plan& plan, const std::optional<DistEnv>& dist) {
-  if (!a.device.empty()) return a.device;
+  if (given(a.device_option)) return a.device;
   if (plan.device.type == "cuda") {
     if (!torch::cuda::is_available()) {
       throw InputError("the plan was made for cuda:" + std::to_string(plan.device.index) +
@@ -337,9 +340,9 @@ void check_run_outputs(const RunArgs& a, int rank) {
   check_outputs(outputs, {{"--plan", a.plan}, {"--model", a.model}, {"--data", a.data}, {"--seq-len-file", a.seq_len_file}});
 }
 
-// The one parser of --packing.
-Packing parse_packing(const std::string& text) {
-  if (text == "time" || text.empty()) return Packing::Time;
+// The one parser of --packing (not given: time). Given empty, it is refused as any other word.
+Packing parse_packing(const std::string& text, bool given) {
+  if (text == "time" || (text.empty() && !given)) return Packing::Time;
   if (text == "fill") return Packing::Fill;
   throw InputError("--packing must be time or fill, got '" + cut_for_message(text) +
                    "' (time: cut each window where the measured step times predict the least time; fill: each "
@@ -358,7 +361,7 @@ void check_run_flags(const RunArgs& a) {
   }
   if (a.clip != 0) check_grad_norm(a.clip, "--clip-grad-norm");  // 0: no clipping; nan and inf refused
   parse_progress_mode(a.progress);  // a bad --progress stops the run before anything loads
-  parse_packing(a.packing);
+  parse_packing(a.packing, a.packing_option && a.packing_option->count() > 0);
   if (a.dist_timeout_s < 1) throw InputError("--dist-timeout must be at least 1 second");
 }
 
@@ -372,7 +375,7 @@ Setup run_setup(const RunArgs& a, const Plan& plan) {
   if (a.lr_option->count() > 0) setup.lr = a.lr;
   check_optimizer_values(setup);
   const AmpMode planned_amp = parse_amp_mode(setup.amp, "plan setup.amp");
-  const AmpMode amp = a.amp.empty() ? planned_amp : parse_amp_mode(a.amp, "--amp");
+  const AmpMode amp = given(a.amp_option) ? parse_amp_mode(a.amp, "--amp") : planned_amp;
   if (amp != planned_amp) {
     // Activations in bf16 take about half of float32's bytes: the plan's memory is not this run's.
     const std::string msg = "--amp " + to_string(amp) + " but the plan was measured with amp " + to_string(planned_amp);
@@ -429,7 +432,7 @@ ExecutorOptions run_executor_options(const RunArgs& a, const Prepared& p, const 
   }
   eo.oom_recovery = !a.no_recovery;
   eo.padding_mask = setup.padding_mask;
-  eo.packing = parse_packing(a.packing);
+  eo.packing = parse_packing(a.packing, a.packing_option && a.packing_option->count() > 0);
   eo.probe = p.probe.get();
   eo.plan_out = rank_path(a.plan_out, rank);
   eo.communicator = comm;
@@ -628,10 +631,13 @@ int verify_command(const RunArgs& a) {
     notes.push_back(note.str());
   }
   const VerifyReport rep = naming_data_source(a, [&] { return verify_accumulation(p.model.module, window, p.plan, vo); });
+  // The table and --json written together, files first: a --json that cannot be written (a full
+  // disk) is one error line with no table before it, and a table that cannot be written is one too.
+  std::vector<std::pair<std::string, std::string>> outputs = {{"-", format_table(rep)}};
+  if (!a.json_out.empty()) outputs.emplace_back(a.json_out, json_text(to_json(rep)));
+  emit_outputs(outputs);
   for (const auto& note : notes) std::cerr << "accumplan: note: " << note << "\n";
-  std::cout << format_table(rep) << std::flush;
   for (const auto& w : rep.warnings) std::cerr << "accumplan: warning: " << w << "\n";
-  if (!a.json_out.empty()) emit_output(a.json_out, json_text(to_json(rep)));
   return rep.pass ? 0 : kExitVerifyDiffers;
 }
 
@@ -642,7 +648,7 @@ void add_common(CLI::App* app, RunArgs& a) {
   app->add_option("--data", a.data,
                   "samples: Python's torch.save([inputs..., target], f), dim 0 = samples, in order; default: "
                   "synthetic samples from the plan's input specs");
-  choice(app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: the plan's device)"));
+  a.device_option = choice(app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: the plan's device)"));
   app->add_flag("--force", a.force, "run even if --model's SHA-256 (or --amp) differs from the plan's");
   app->add_option("--seed", a.seed, "seed of the synthetic samples")->capture_default_str();
   add_threads_option(app, a.threads, "Options");  // CLI11's default group ("" would hide it)
@@ -665,7 +671,7 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
   args->clip_option = run->add_option("--clip-grad-norm", args->clip,
                                       "clip the combined gradient of each window to this 2-norm (default: the plan's "
                                       "setup.max_grad_norm; 0 turns clipping off)");
-  choice(run->add_option("--amp", args->amp,
+  args->amp_option = choice(run->add_option("--amp", args->amp,
                   "none | bf16 | fp16 (default: the plan's setup.amp; another mode than the plan was measured with "
                   "needs --force); fp16 uses a dynamic loss scale"));
   run->add_option("--memory-budget", args->budget,
@@ -683,7 +689,7 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
                   "memory timeline on a CUDA build with CUPTI)");
   add_progress_option(run, args->progress);
   run->add_flag("--no-oom-recovery", args->no_recovery, "fail on the first out-of-memory instead of re-planning");
-  choice(run->add_option("--packing", args->packing,
+  args->packing_option = choice(run->add_option("--packing", args->packing,
                          "plans packed by tokens: time (default) cuts each window where the step times predict the "
                          "least time, the plan's at first, then those of this run's own microbatches (cpu); fill "
                          "fills each microbatch to the token budget"));

@@ -18,10 +18,16 @@
 namespace accumplan::cli {
 
 void emit_output(const std::string& path, const std::string& text) {
-  if (path.empty() || path == "-") {
-    std::cout << text << std::flush;
-  } else {
-    write_text_atomic(path, text);
+  write_text_atomic(path.empty() ? "-" : path, text);  // "-": written, flushed and checked (write_stdout)
+}
+
+void emit_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
+  // Files first, standard output last: a file that cannot be written leaves nothing on stdout.
+  for (const auto& [path, text] : outputs) {
+    if (!path.empty() && path != "-") write_text_atomic(path, text);
+  }
+  for (const auto& [path, text] : outputs) {
+    if (path.empty() || path == "-") write_stdout(text);
   }
 }
 
@@ -78,6 +84,18 @@ void decimal_integers(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands({})) decimal_integers(*sub);
 }
 
+// `code`, or kExitInput with one line when standard output could not take what was written to it
+// (help or the version on a full disk): CLI11 and the commands' stdout writes end here checked.
+int checked_stdout(int code) {
+  try {
+    write_stdout("");  // flushes; throws when this or an earlier write to stdout failed
+  } catch (const InputError& e) {
+    std::cerr << "accumplan: error: " << one_line(e.what()) << "\n";
+    return kExitInput;
+  }
+  return code;
+}
+
 }  // namespace
 }  // namespace accumplan::cli
 
@@ -121,11 +139,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(static_cast<int>(arg_pointers.size()), arg_pointers.data());
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return cli::checked_stdout(app.exit(e));
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return cli::checked_stdout(app.exit(e));
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    return cli::checked_stdout(app.exit(e));
   } catch (const CLI::ExtrasError&) {
     // CLI11 lists the extras back to front ("uniform --split"); say them as typed, and where.
     CLI::App* where = &app;
@@ -146,9 +164,9 @@ int main(int argc, char** argv) {
 
   try {
     for (const auto& c : commands) {
-      if (c.app != &app && c.app->parsed()) return c.run();
+      if (c.app != &app && c.app->parsed()) return cli::checked_stdout(c.run());
     }
-    return root_job.run();
+    return cli::checked_stdout(root_job.run());
   } catch (const accumplan::Error& e) {
     // One line whatever a value echoed into the message held (a newline in an option's value).
     std::cerr << "accumplan: error: " << one_line(e.what());

@@ -120,6 +120,8 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
   rep->add_option("--out", rargs->out, "write the report here (atomically); - for stdout")->required();
   choice(rep->add_option("--format", rargs->format, "html | svg (default: what --out's extension names, else html)"));
   commands.push_back({rep, [rargs, rep]() {
+                        // Given empty, --format is refused as any other word (absent: --out's extension decides).
+                        if (rep->count("--format") > 0) check_report_format(rargs->format, "--format");
                         const std::string format = report_format_for(rargs->format, rargs->out);
                         check_outputs({output_option(rep, "--out", rargs->out)},
                                       {{"report input", rargs->input}, {"--stats", rargs->stats}});

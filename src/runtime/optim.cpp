@@ -25,7 +25,7 @@ struct Range {
 };
 const std::map<std::string, Range>& hyperparameter_ranges() {
   static const std::map<std::string, Range> ranges = {
-      {"lr", {0, 1e6, true, false}},           {"momentum", {0, 1, false, true}},
+      {"lr", {0, 1e6, false, false}},          {"momentum", {0, 1, false, true}},
       {"dampening", {0, 1, false, false}},     {"weight_decay", {0, 1e6, false, false}},
       {"beta1", {0, 1, false, true}},          {"beta2", {0, 1, false, true}},
       {"eps", {0, 1, true, false}},            {"alpha", {0, 1, false, false}},

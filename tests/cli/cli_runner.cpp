@@ -1,5 +1,6 @@
 // cli_runner.cpp — fork/exec of the accumplan binary with stdout and stderr sent to files.
 #include "cli_runner.h"
+#include "cli_stdout.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -31,14 +32,17 @@ std::string scratch_dir(const std::string& name) {
   return dir.string();
 }
 
-CliResult run_cli(const std::vector<std::string>& args, int timeout_seconds) {
+namespace {
+
+CliResult run(const std::vector<std::string>& args, int timeout_seconds, const std::string& stdout_path) {
   static int counter = 0;
   const std::string base = scratch_dir("run-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
   const std::string out_path = base + "/stdout", err_path = base + "/stderr";
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
-    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int out = stdout_path.empty() ? ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)
+                                        : ::open(stdout_path.c_str(), O_WRONLY);
     const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int in = ::open("/dev/null", O_RDONLY);
     ::dup2(out, 1);
@@ -67,10 +71,18 @@ CliResult run_cli(const std::vector<std::string>& args, int timeout_seconds) {
   }
   CliResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(out_path);
+  if (stdout_path.empty()) r.out = slurp(out_path);
   r.err = slurp(err_path);
   std::filesystem::remove_all(base);
   return r;
+}
+
+}  // namespace
+
+CliResult run_cli(const std::vector<std::string>& args, int timeout_seconds) { return run(args, timeout_seconds, ""); }
+
+CliResult run_cli_with_stdout(const std::string& stdout_path, const std::vector<std::string>& args, int timeout_seconds) {
+  return run(args, timeout_seconds, stdout_path);
 }
 
 }  // namespace accumplan::test

@@ -21,6 +21,7 @@
 #include "accumplan/errors.h"  // path_for_message: how messages show a path
 #include "cli_expect.h"        // after Catch
 #include "cli_runner.h"
+#include "cli_stdout.h"
 
 using accumplan::path_for_message;
 using namespace accumplan::test;
@@ -229,4 +230,50 @@ TEST_CASE("CLI hostile: integer options are decimal: 010 is ten, hex, exponents 
   expect_refusal(dir, plan("1e3"), "--target-batch: '1e3' is not a decimal integer");
   expect_refusal(dir, plan(""), "--target-batch: '' is not a decimal integer");
   expect_refusal(dir, plan("8", "--multiple-of", "0b11"), "--multiple-of: '0b11' is not a decimal integer");
+}
+
+namespace {
+
+// The full-disk contract on standard output: exit 2, exactly one "accumplan: error:" line naming
+// standard output and the disk, nothing else on stderr (no summary, no note before it).
+void expect_stdout_full(const std::vector<std::string>& args) {
+  const CliResult r = run_cli_with_stdout("/dev/full", args, 30);
+  INFO("args: " << [&] { std::string s; for (const auto& a : args) s += a + " "; return s; }());
+  INFO("stderr: " << r.err);
+  CHECK(r.exit_code == 2);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(r.err.rfind("accumplan: error: cannot write to standard output: No space left on device (disk full?)", 0) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("CLI hostile: standard output on a full disk is one error line and exit 2, for every command writing it",
+          "[cli][hostile][out][full]") {
+  expect_stdout_full({"export", "--plan", kPlan, "--to", "deepspeed"});
+  expect_stdout_full({"export", "--plan", kPlan, "--to", "deepspeed", "--out", "-"});
+  expect_stdout_full({"report", kPlan, "--out", "-"});
+  expect_stdout_full({"plan", "--profile", kProfile, "--target-batch", "256"});
+  expect_stdout_full({"--help"});
+  expect_stdout_full({"help", "export"});
+  expect_stdout_full({"--version"});
+  // The same commands with standard output that takes the text still succeed.
+  for (const std::vector<std::string>& ok : std::vector<std::vector<std::string>>{
+           {"export", "--plan", kPlan, "--to", "deepspeed"}, {"--help"}, {"--version"}}) {
+    const CliResult r = run_cli(ok, 30);
+    CHECK(r.exit_code == 0);
+    CHECK_FALSE(r.out.empty());
+  }
+}
+
+TEST_CASE("CLI hostile: plan --out on a full disk prints no summary before its one error line", "[cli][hostile][out][full]") {
+  const std::string out = scratch_dir("hostile-plan-full");
+  expect_refusal(out, {"plan", "--profile", kProfile, "--target-batch", "256", "--out", "/dev/full"}, "(disk full?)");
+}
+
+TEST_CASE("CLI hostile: report --format '' is refused naming the option and its values", "[cli][hostile][report]") {
+  const std::string out = scratch_dir("hostile-report-format");
+  expect_refusal(out, {"report", kPlan, "--out", out + "/r.html", "--format", ""}, "--format must be html or svg, got ''");
+  // Absent, the extension decides, as before.
+  const CliResult r = run_cli({"report", kPlan, "--out", out + "/r.svg"}, 30);
+  CHECK(r.exit_code == 0);
 }

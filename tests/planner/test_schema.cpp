@@ -394,3 +394,24 @@ TEST_CASE("Schema: bad optimizer flags and groups are refused, naming the field"
   bad["setup"]["param_groups"][1].erase("lr");
   CHECK_THAT(error_of(bad, true), Catch::Contains("$.setup.param_groups[1].lr"));
 }
+
+TEST_CASE("Schema: lr 0 (a warm-up scheduler's first step) reads; a negative lr is refused, naming the field",
+          "[schema][errors][optimizer]") {
+  const json doc = json::parse(to_json(grouped_plan()).dump());
+  json zero = doc;
+  zero["setup"]["lr"] = 0.0;
+  zero["setup"]["param_groups"][0]["lr"] = 0.0;
+  zero["setup"]["param_groups"][1]["lr"] = 0.0;
+  zero["profile"]["setup"] = zero["setup"];
+  const Plan read = plan_from_json(zero);
+  CHECK(read.setup.lr == 0.0);
+  CHECK(read.setup.param_groups[1].lr == 0.0);
+  // Round trip: what the writer emits for lr 0 reads back.
+  CHECK(plan_from_json(json::parse(to_json(read).dump())).setup.lr == 0.0);
+  json bad = doc;
+  bad["setup"]["lr"] = -1e-9;
+  CHECK_THAT(error_of(bad, true), Catch::Contains("$.setup.lr: -1e-09 is out of range; expected a number in [0, 1000000]"));
+  bad = doc;
+  bad["setup"]["param_groups"][1]["lr"] = -0.5;
+  CHECK_THAT(error_of(bad, true), Catch::Contains("$.setup.param_groups[1].lr: -0.5 is out of range"));
+}

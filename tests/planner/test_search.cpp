@@ -11,7 +11,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "accumplan/errors.h"
 #include "accumplan/search.h"
@@ -163,4 +166,67 @@ TEST_CASE("Search: when every window runs out of memory the profile refuses, nam
   CHECK(d.limits.front() == WindowBudget::Enforced);
   CHECK(std::count(d.limits.begin(), d.limits.end(), WindowBudget::Lifted) >= 1);
   CHECK(p.points.size() >= 2);
+}
+
+namespace {
+
+// The whole search for a per-rank batch: profile, plan, confirm; the plan must read back as the
+// plan reader (and so `accumplan run`) reads it.
+Plan small_plan(FakeDevice& d, std::vector<Trial>& trials, int64_t target, int64_t world_size) {
+  Search search(d, settings_for(d, /*simulated=*/false, target / world_size), trials);
+  Profile p = header(d);
+  search.profile(p);
+  p.trials = trials;
+  PlanRequest r = request_for(target);
+  r.world_size = world_size;
+  const Plan plan = search.plan_and_confirm(p, r);
+  const Plan read = plan_from_json(nlohmann::json::parse(to_json(plan).dump()));
+  CHECK(read.microbatch_sizes == plan.microbatch_sizes);
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("Search: a per-rank batch of 1, 2 or 3 is planned from probes 2 and 4 in one microbatch, confirmed",
+          "[search][small]") {
+  for (const auto& [target, world_size] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 1}, {3, 1}, {8, 4}}) {
+    CAPTURE(target, world_size);
+    FakeDevice d;
+    d.budget = 64 * kMiB;  // far more than any of these needs
+    std::vector<Trial> trials;
+    const Plan plan = small_plan(d, trials, target, world_size);
+    REQUIRE(d.windows.size() >= 2);
+    CHECK(d.windows[0] == std::vector<int64_t>{2, 2});
+    CHECK(d.windows[1] == std::vector<int64_t>{4, 4});
+    CHECK(plan.per_rank_batch == target / world_size);
+    CHECK(plan.microbatch_sizes == std::vector<int64_t>{target / world_size});
+    CHECK(plan.confirmed);
+    CHECK(plan.memory.predicted_peak_bytes <= *d.budget);
+  }
+}
+
+TEST_CASE("Search: a per-rank batch of 3 that does not fit whole runs in microbatches of 1, confirmed by a real window",
+          "[search][small]") {
+  FakeDevice d;
+  // Activations dominate: one microbatch of 3 needs 17 MiB (first(3)), a window of 1s 10 MiB
+  // (steady(1)), a window of 2s 14 MiB; the budget of 12 MiB holds only microbatches of 1.
+  d.per_sample = 4 * kMiB;
+  d.grads = 1 * kMiB;
+  d.budget = 12 * kMiB;
+  std::vector<Trial> trials;
+  const Plan plan = small_plan(d, trials, 3, 1);
+  CHECK(plan.microbatch_sizes == std::vector<int64_t>{1, 1, 1});
+  CHECK(plan.confirmed);
+  // The window that confirmed it: microbatches of 1, run within the budget.
+  CHECK(std::any_of(trials.begin(), trials.end(), [](const Trial& t) {
+    return t.fit && !t.window.empty() && *std::max_element(t.window.begin(), t.window.end()) == 1;
+  }));
+}
+
+TEST_CASE("Search: a per-rank batch of 2 that does not fit even in microbatches of 1 is refused as infeasible",
+          "[search][small]") {
+  FakeDevice d;
+  d.budget = 7 * kMiB;  // weights and gradients alone are 8 MiB
+  std::vector<Trial> trials;
+  CHECK_THROWS_AS(small_plan(d, trials, 2, 1), InfeasibleError);
 }

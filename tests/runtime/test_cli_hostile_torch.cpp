@@ -139,7 +139,7 @@ TEST_CASE("CLI hostile torch: the main job refuses out-of-range numbers before m
   expect_refusal(out, job({"--target-batch", "9223372036854775807"}),
                  "--target-batch: 9223372036854775807 is out of range [1, 1099511627776]");
   expect_refusal(out, job({"--target-batch", "4611686018427387904"}), "--target-batch: 4611686018427387904 is out of range");
-  expect_refusal(out, job({"--lr", "1e308"}), "--lr: 1e+308 is out of range (0, 1e+06]");
+  expect_refusal(out, job({"--lr", "1e308"}), "--lr: 1e+308 is out of range [0, 1e+06]");
   expect_refusal(out, job({"--lr", "inf"}), "--lr: inf is out of range");
   expect_refusal(out, job({"--momentum", "nan", "--optimizer", "momentum"}), "--momentum: nan is out of range [0, 1)");
   expect_refusal(out, job({"--max-grad-norm", "nan"}), "--max-grad-norm: nan is out of range");

@@ -52,6 +52,9 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& where
 //  - a directory or a socket is refused.
 // Throws InputError naming the path and the reason (no such directory, disk full, ...).
 void write_text_atomic(const std::string& path, const std::string& text);
+// Writes `text` to standard output and flushes it; InputError naming the reason (a full disk:
+// "No space left on device") when the write or the flush fails, so no output is lost unsaid.
+void write_stdout(const std::string& text);
 
 // The text of a document accumplan writes: indented by `indent`, ending in a newline. Text that
 // is not valid UTF-8 (a path or a name from a non-UTF-8 locale) is written with U+FFFD in place

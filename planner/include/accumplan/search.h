@@ -80,7 +80,7 @@ struct SearchSettings {
   // Measured first; then, while the fit predicts more than 4x the largest, one size halfway toward
   // the budget's predicted maximum (search.cpp has the numbers behind both).
   std::vector<int64_t> probe_sizes = {2, 4};
-  int64_t max_probe_micro_batch = 0;    // per-rank target: probes above it are skipped (0: none)
+  int64_t max_probe_micro_batch = 0;    // per-rank target: probes above it are skipped, the two smallest kept (0: none)
   std::optional<SeqLenRange> seq_range; // variable-length data: the lengths planned for
   std::function<void(const std::string&)> progress;  // one line per real window, no trailing newline
 };
