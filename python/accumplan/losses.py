@@ -63,12 +63,12 @@ _CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 def units_rule(normalization, loss, loss_fn, inputs, target):
     """(normalization, labels): what a window's N counts, "samples" or "tokens", and the tensor
-    its tokens are counted in. A model's own loss (loss="model") over integer labels [B,T] — the
-    target, or a dict's "labels" — follows cross-entropy's rule: its mean is over valid tokens."""
+    its tokens are counted in: the target, or for a model's own loss (loss="model") with dict
+    inputs their "labels". The rule is the core's (a model's own loss over integer labels [B,T]
+    is per token, as cross-entropy's: its mean is over valid tokens)."""
     own_loss = loss_fn is None and loss == "model"
     labels = model_labels(inputs, target) if own_loss else target
-    rule_loss = None if loss_fn is not None else ("cross_entropy" if own_loss else loss)
-    return resolve_normalization(normalization, rule_loss, labels), labels
+    return resolve_normalization(normalization, None if loss_fn is not None else loss, labels), labels
 
 
 def model_labels(inputs, target):
