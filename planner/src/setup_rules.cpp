@@ -133,8 +133,8 @@ std::string group_difference(const std::vector<OptimizerGroup>& groups) {
     if (differs) what += (what.empty() ? "" : "; ") + name + " " + values;
   };
   list("lr", [](const OptimizerGroup& g) { return number_text(g.lr); });
-  for (const auto& [key, v0] : groups.front().hyperparameters) {
-    (void)v0;
+  for (const auto& entry : groups.front().hyperparameters) {
+    const std::string& key = entry.first;  // a structured binding cannot be captured in C++17 (clang)
     list(key, [&key](const OptimizerGroup& g) {
       const auto it = g.hyperparameters.find(key);
       return it == g.hyperparameters.end() ? std::string("default") : number_text(it->second);
