@@ -301,20 +301,8 @@ std::function<int()> with_host_memory_errors(std::function<int()> run) {
   };
 }
 
-Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
-  const size_t first_device_command = commands.size();
-  // --- the root job: profile, plan, confirm ---------------------------------------------------
-  auto args = std::make_shared<DeviceArgs>();
-  add_setup_options(&root, *args);
-  const std::string plan_group = "Plan (the main job)";
-  add_plan_options(&root, args->plan, plan_group);
-  root.add_option("--out", args->out, "write plan.json here (atomically); default stdout")->group(plan_group);
-  root.add_option("--report", args->report,
-                  "also write the plan's picture here (atomically): self-contained HTML, or SVG for a .svg path "
-                  "(as `accumplan report`)")
-      ->group(plan_group);
-
-  // --- profile: measure only --------------------------------------------------------------------
+// `accumplan profile`: measure only.
+static void add_profile_command(CLI::App& root, std::vector<Command>& commands) {
   auto pargs = std::make_shared<DeviceArgs>();
   CLI::App* profile = root.add_subcommand(
       "profile",
@@ -353,7 +341,22 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
                                   << steps_summary(p.trials);
                         return 0;
                       }});
+}
 
+Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
+  const size_t first_device_command = commands.size();
+  // --- the root job: profile, plan, confirm ---------------------------------------------------
+  auto args = std::make_shared<DeviceArgs>();
+  add_setup_options(&root, *args);
+  const std::string plan_group = "Plan (the main job)";
+  add_plan_options(&root, args->plan, plan_group);
+  root.add_option("--out", args->out, "write plan.json here (atomically); default stdout")->group(plan_group);
+  root.add_option("--report", args->report,
+                  "also write the plan's picture here (atomically): self-contained HTML, or SVG for a .svg path "
+                  "(as `accumplan report`)")
+      ->group(plan_group);
+
+  add_profile_command(root, commands);
   add_executor_commands(root, commands);
   for (size_t i = first_device_command; i < commands.size(); ++i) commands[i].run = with_host_memory_errors(commands[i].run);
   return {&root, with_host_memory_errors([args, &root]() -> int {
