@@ -1,6 +1,5 @@
 // The peer searches against a fake oracle with a known threshold: what they find and what it
 // costs them, so the benchmark's comparison rests on tested logic.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include "peer_strategies.h"

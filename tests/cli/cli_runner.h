@@ -19,6 +19,10 @@ CliResult run_cli(const std::vector<std::string>& args, int timeout_seconds = 60
 std::string scratch_dir(const std::string& name);
 
 std::string source_path(const std::string& rel);
+
+// The golden profile and plan (tests/golden/), the inputs most CLI cases plan and export from.
+inline const std::string kProfile = source_path("tests/golden/profile.json");
+inline const std::string kPlan = source_path("tests/golden/plan.json");
 std::string slurp(const std::string& path);
 
 }  // namespace accumplan::test

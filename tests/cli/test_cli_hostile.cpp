@@ -30,8 +30,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kProfile = source_path("tests/golden/profile.json");
-const std::string kPlan = source_path("tests/golden/plan.json");
 
 // The golden document with `edit` applied, written to dir/name (raw text replacements for values
 // nlohmann cannot hold, such as 1e400).

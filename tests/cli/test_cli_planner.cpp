@@ -13,9 +13,6 @@
 using namespace accumplan::test;
 using nlohmann::json;
 
-namespace {
-const std::string kProfile = source_path("tests/golden/profile.json");
-}  // namespace
 
 TEST_CASE("CLI plan: writes plan JSON to stdout and a summary to stderr", "[cli][plan]") {
   const CliResult r = run_cli({"plan", "--profile", kProfile, "--target-batch", "256"});

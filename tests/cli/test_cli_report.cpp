@@ -14,8 +14,6 @@ using namespace accumplan::test;
 using nlohmann::json;
 
 namespace {
-const std::string kPlan = source_path("tests/golden/plan.json");
-const std::string kProfile = source_path("tests/golden/profile.json");
 
 size_t files_in(const std::string& dir) {
   return static_cast<size_t>(

@@ -21,8 +21,7 @@
 #include "accumplan/replan.h"
 #include "executor/verify.h"
 
-#undef CHECK
-#include <catch2/catch.hpp>
+#include "catch_after_torch.h"
 
 using namespace accumplan;
 using namespace accumplan::test;

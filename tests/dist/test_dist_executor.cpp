@@ -32,8 +32,7 @@
 #include "executor/verify.h"
 
 // Last: torch/torch.h brings glog's CHECK macro, which would shadow Catch's.
-#undef CHECK
-#include <catch2/catch.hpp>
+#include "catch_after_torch.h"
 
 using namespace accumplan;
 using namespace accumplan::test;

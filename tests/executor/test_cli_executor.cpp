@@ -15,12 +15,12 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
+#include "mlp_plan_fixture.h"
 #include "executor_fixtures.h"
 #include "torch_save_file.h"
 
 // Last: torch/torch.h brings glog's CHECK macro, which would shadow Catch's.
-#undef CHECK
-#include <catch2/catch.hpp>
+#include "catch_after_torch.h"
 
 #include "cli_expect.h"  // after Catch
 
@@ -28,37 +28,6 @@ using namespace accumplan::test;
 using nlohmann::json;
 
 namespace {
-
-constexpr const char* kBudget = "1200KiB";  // builtin:mlp: ~1 MiB persistent + 3.3 KiB/sample
-// 256, not 64: a window of ONE microbatch holds no resident gradient, and builtin:mlp's 64 fit
-// whole under kBudget that way (956,584 bytes); 256 needs accumulation.
-constexpr int64_t kTarget = 256;
-
-struct Fixture {
-  std::string dir;
-  std::string plan;  // plan.json for builtin:mlp, target kTarget, under kBudget
-  json plan_json;
-};
-
-// One plan shared by every case (profiling costs about a second); made on first use.
-const Fixture& mlp_plan() {
-  static const Fixture f = [] {
-    Fixture x;
-    // Memory alone (the default, no --use-timing): these cases need the largest microbatch that
-    // fits, not one that 1 ms step times on a busy machine happened to predict faster (a CI run
-    // planned 12 microbatches of up to 6, leaving the OOM case below no smaller size to recover to).
-    // One directory per process: ctest -j2 runs these cases as concurrent processes, and a shared
-    // name let one case empty the directory while another read its plan.json.
-    x.dir = scratch_dir("executor-cli-" + std::to_string(::getpid()));
-    x.plan = x.dir + "/plan.json";
-    const CliResult r = run_cli({"--model", "builtin:mlp", "--target-batch", std::to_string(kTarget), "--device", "cpu", "--memory-budget",
-                                 kBudget, "--threads", "2", "--out", x.plan});
-    if (r.exit_code != 0) throw std::runtime_error("accumplan --model builtin:mlp failed: " + r.err);
-    x.plan_json = json::parse(slurp(x.plan));
-    return x;
-  }();
-  return f;
-}
 
 std::string write_json(const std::string& path, const json& j) {
   std::ofstream(path) << j.dump(2);
@@ -69,11 +38,11 @@ std::string write_json(const std::string& path, const json& j) {
 
 TEST_CASE("run executes a plan from `accumplan --model` under the same CPU budget, peak next to prediction",
           "[cli][run]") {
-  const Fixture& f = mlp_plan();
+  const MlpPlan& f = mlp_plan();
   const std::vector<int64_t> planned = f.plan_json["microbatch_sizes"].get<std::vector<int64_t>>();
   REQUIRE(planned.size() >= 2);  // the budget forces accumulation, or this test shows nothing
   const std::string stats = f.dir + "/stats.json", saved = f.dir + "/trained.pt";
-  const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--memory-budget", kBudget, "--steps", "3",
+  const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--memory-budget", kMlpBudget, "--steps", "3",
                                "--threads", "2", "--stats", stats, "--save", saved});
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
@@ -82,14 +51,14 @@ TEST_CASE("run executes a plan from `accumplan --model` under the same CPU budge
   CHECK(s["windows"] == 3);
   CHECK(s["optimizer_steps"] == 3);
   CHECK(s["skipped_steps"] == 0);
-  CHECK(s["samples_seen"] == 3 * kTarget);
+  CHECK(s["samples_seen"] == 3 * kMlpTarget);
   CHECK(s["microbatch_sizes"].get<std::vector<int64_t>>() == planned);
   CHECK(s["normalization"] == "samples");
   const int64_t measured = s["measured_peak_bytes"], predicted = s["predicted_peak_bytes"], budget = s["budget_bytes"];
   CHECK(predicted == f.plan_json["memory"]["predicted_peak_bytes"].get<int64_t>());
   CHECK(measured > 0);
   CHECK(measured <= budget);
-  report("run builtin:mlp " + std::to_string(kTarget) + " = " + f.plan_json["microbatch_sizes"].dump() + ": measured/predicted peak",
+  report("run builtin:mlp " + std::to_string(kMlpTarget) + " = " + f.plan_json["microbatch_sizes"].dump() + ": measured/predicted peak",
          static_cast<double>(measured) / static_cast<double>(predicted));
   CHECK(std::abs(static_cast<double>(measured) / static_cast<double>(predicted) - 1.0) < 0.10);
   CHECK(s["mean_window_seconds"].get<double>() > 0);
@@ -100,10 +69,10 @@ TEST_CASE("run executes a plan from `accumplan --model` under the same CPU budge
 }
 
 TEST_CASE("run under a tighter budget recovers from OOM by re-planning and writes the new plan", "[cli][run][oom]") {
-  const Fixture& f = mlp_plan();
+  const MlpPlan& f = mlp_plan();
   const int64_t m = f.plan_json["micro_batch"];
   const int64_t m_max = f.plan_json["max_micro_batch"];
-  REQUIRE(f.plan_json["accumulation_steps"].get<int64_t>() == (kTarget + m_max - 1) / m_max);  // the fewest
+  REQUIRE(f.plan_json["accumulation_steps"].get<int64_t>() == (kMlpTarget + m_max - 1) / m_max);  // the fewest
   REQUIRE(m > 6);
   const double intercept = f.plan_json["fit"]["intercept_bytes"], slope = f.plan_json["fit"]["slope_bytes_per_sample"];
   // Six samples' worth below the planned microbatch's prediction: the planned size cannot fit,
@@ -116,7 +85,7 @@ TEST_CASE("run under a tighter budget recovers from OOM by re-planning and write
   REQUIRE(r.exit_code == 0);
   const json s = json::parse(slurp(stats));
   CHECK(s["oom_recoveries"].get<int64_t>() >= 1);
-  CHECK(s["samples_seen"] == 2 * kTarget);
+  CHECK(s["samples_seen"] == 2 * kMlpTarget);
   CHECK(s["optimizer_steps"] == 2);
   const auto sizes = s["microbatch_sizes"].get<std::vector<int64_t>>();
   CHECK(*std::max_element(sizes.begin(), sizes.end()) < m);
@@ -124,13 +93,13 @@ TEST_CASE("run under a tighter budget recovers from OOM by re-planning and write
   const json p = json::parse(slurp(plan_out));
   CHECK(p["microbatch_sizes"].get<std::vector<int64_t>>() == sizes);
   CHECK(p["confirmed"] == true);
-  CHECK(p["per_rank_batch"] == kTarget);
+  CHECK(p["per_rank_batch"] == kMlpTarget);
 }
 
 TEST_CASE("run over a data file: epochs of ceil(N/B) windows, the last one short", "[cli][run][epoch]") {
-  const Fixture& f = mlp_plan();
+  const MlpPlan& f = mlp_plan();
   torch::manual_seed(3);
-  const int64_t n = 2 * kTarget + 88;
+  const int64_t n = 2 * kMlpTarget + 88;
   const std::string data = write_torch_save(f.dir + "/data.pt", {torch::randn({n, 64}), torch::randint(0, 10, {n}, torch::kLong)});
   const std::string stats = f.dir + "/stats-epochs.json";
   const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--data", data, "--epochs", "2", "--threads",
@@ -138,19 +107,19 @@ TEST_CASE("run over a data file: epochs of ceil(N/B) windows, the last one short
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   const json s = json::parse(slurp(stats));
-  CHECK(s["windows"] == 6);          // kTarget, kTarget, 88 per epoch
-  CHECK(s["optimizer_steps"] == 6);  // 2 * ceil(n / kTarget)
+  CHECK(s["windows"] == 6);          // kMlpTarget, kMlpTarget, 88 per epoch
+  CHECK(s["optimizer_steps"] == 6);  // 2 * ceil(n / kMlpTarget)
   CHECK(s["samples_seen"] == 2 * n);
 }
 
 TEST_CASE("CLI outputs: every output is checked before measuring or training; nothing is replaced",
           "[cli][outputs][errors]") {
-  const Fixture& f = mlp_plan();
+  const MlpPlan& f = mlp_plan();
   const std::string dir = scratch_dir("executor-outputs-" + std::to_string(::getpid()));
   const std::string old_plan = dir + "/plan.json";
   std::ofstream(old_plan) << "an earlier plan";
   const std::vector<std::string> job = {"--model", "builtin:mlp", "--target-batch", "64", "--device", "cpu",
-                                        "--memory-budget", kBudget, "--threads", "2"};
+                                        "--memory-budget", kMlpBudget, "--threads", "2"};
   auto with = [](std::vector<std::string> a, const std::vector<std::string>& extra) {
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
@@ -176,13 +145,13 @@ TEST_CASE("CLI outputs: every output is checked before measuring or training; no
 TEST_CASE("CLI: --ignore-index outside what a plan's reader accepts is refused before measuring", "[cli][errors]") {
   const std::string dir = scratch_dir("ignore-index-" + std::to_string(::getpid()));
   expect_refusal(dir,
-                 {"--model", "builtin:mlp", "--target-batch", "64", "--device", "cpu", "--memory-budget", kBudget,
+                 {"--model", "builtin:mlp", "--target-batch", "64", "--device", "cpu", "--memory-budget", kMlpBudget,
                   "--ignore-index", "4294967296", "--out", dir + "/plan.json"},
                  "--ignore-index");
 }
 
 TEST_CASE("run refuses bad input with exit code 2 and a clear message", "[cli][run][errors]") {
-  const Fixture& f = mlp_plan();
+  const MlpPlan& f = mlp_plan();
   auto run = [&](const std::string& plan, std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {"run", "--plan", plan, "--model", "builtin:mlp", "--steps", "1", "--threads", "2"};
     args.insert(args.end(), extra.begin(), extra.end());
@@ -241,7 +210,7 @@ TEST_CASE("run refuses bad input with exit code 2 and a clear message", "[cli][r
 }
 
 TEST_CASE("verify: accumulated equals combined on an MLP — BatchNorm is warned about and differs", "[cli][verify]") {
-  const Fixture& f = mlp_plan();
+  const MlpPlan& f = mlp_plan();
   const std::string out = f.dir + "/verify.json";
   const CliResult ok = run_cli({"verify", "--plan", f.plan, "--model", "builtin:mlp", "--threads", "2", "--json", out});
   INFO(ok.err);

@@ -17,8 +17,7 @@
 #include "torch_save_file.h"
 
 // Last: torch/torch.h brings glog's CHECK macro, which would shadow Catch's.
-#undef CHECK
-#include <catch2/catch.hpp>
+#include "catch_after_torch.h"
 
 #include "cli_expect.h"  // after Catch
 

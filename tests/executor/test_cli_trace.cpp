@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
+#include "mlp_plan_fixture.h"
 
 #include <catch2/catch.hpp>
 
@@ -22,29 +23,6 @@ using namespace accumplan::test;
 using nlohmann::json;
 
 namespace {
-
-constexpr const char* kBudget = "1200KiB";  // builtin:mlp needs accumulation for 256 under it
-constexpr int64_t kTarget = 256;
-
-struct Fixture {
-  std::string dir;
-  std::string plan;
-  json plan_json;
-};
-
-const Fixture& mlp_plan() {
-  static const Fixture f = [] {
-    Fixture x;
-    x.dir = scratch_dir("trace-cli-" + std::to_string(::getpid()));
-    x.plan = x.dir + "/plan.json";
-    const CliResult r = run_cli({"--model", "builtin:mlp", "--target-batch", std::to_string(kTarget), "--device", "cpu",
-                                 "--memory-budget", kBudget, "--threads", "2", "--out", x.plan});
-    if (r.exit_code != 0) throw std::runtime_error("accumplan --model builtin:mlp failed: " + r.err);
-    x.plan_json = json::parse(slurp(x.plan));
-    return x;
-  }();
-  return f;
-}
 
 std::vector<json> events_of(const json& trace, const std::string& ph, const std::string& cat = "") {
   std::vector<json> out;
@@ -77,12 +55,12 @@ void check_times(const json& trace) {
 }  // namespace
 
 TEST_CASE("run --trace: a span per window and per microbatch, --stats a record per window", "[cli][run][trace]") {
-  const Fixture& f = mlp_plan();
+  const MlpPlan& f = mlp_plan();
   const int64_t k = f.plan_json["accumulation_steps"];
   REQUIRE(k >= 2);
   const int64_t windows = 3;
   const std::string trace_path = f.dir + "/trace.json", stats_path = f.dir + "/stats.json";
-  const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--memory-budget", kBudget, "--steps",
+  const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--memory-budget", kMlpBudget, "--steps",
                                std::to_string(windows), "--threads", "2", "--trace", trace_path, "--stats", stats_path,
                                "--progress", "plain"});
   INFO(r.err);
@@ -125,7 +103,7 @@ TEST_CASE("run --trace: a span per window and per microbatch, --stats a record p
 
 TEST_CASE("run --trace: an OOM recovery is an instant, its re-plan another, the replay's microbatches spans",
           "[cli][run][trace][oom]") {
-  const Fixture& f = mlp_plan();
+  const MlpPlan& f = mlp_plan();
   const int64_t m = f.plan_json["micro_batch"];
   REQUIRE(m > 6);
   const double intercept = f.plan_json["fit"]["intercept_bytes"], slope = f.plan_json["fit"]["slope_bytes_per_sample"];
@@ -166,7 +144,7 @@ TEST_CASE("run --trace: an OOM recovery is an instant, its re-plan another, the 
 }
 
 TEST_CASE("run refuses a bad --progress with exit 2 naming the value", "[cli][run][errors]") {
-  const Fixture& f = mlp_plan();
+  const MlpPlan& f = mlp_plan();
   const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--steps", "1", "--progress", "fancy"});
   CHECK(r.exit_code == 2);
   CHECK(r.err.find("--progress must be auto, bar, plain or none, got 'fancy'") != std::string::npos);

@@ -22,8 +22,7 @@
 #include "executor_fixtures.h"
 
 // Last: torch/torch.h brings glog's CHECK macro, which would shadow Catch's.
-#undef CHECK
-#include <catch2/catch.hpp>
+#include "catch_after_torch.h"
 
 using namespace accumplan;
 using namespace accumplan::test;
@@ -77,7 +76,7 @@ std::vector<at::Tensor> unpadded_reference(torch::jit::Module module, const Ragg
   return g;
 }
 
-struct Outcome {
+struct PackingOutcome {
   std::vector<at::Tensor> grads;
   WindowStats stats;
   Plan plan;
@@ -86,12 +85,12 @@ struct Outcome {
   std::vector<std::string> log;
 };
 
-Outcome run_packed(const torch::jit::Module& model, const Plan& plan, const Batch& window, MemoryProbe* probe,
+PackingOutcome run_packed(const torch::jit::Module& model, const Plan& plan, const Batch& window, MemoryProbe* probe,
                    bool padding_mask = false, std::function<void(const MicrobatchEvent&)> hook = {}) {
   auto m = clone_module(model);
   auto params = params_of(m);
   torch::optim::SGD opt(params, torch::optim::SGDOptions(0.1));
-  Outcome out;
+  PackingOutcome out;
   ExecutorOptions o;
   o.loss.normalization = Normalization::Tokens;
   o.probe = probe;
@@ -149,7 +148,7 @@ TEST_CASE("Packing: the accumulated gradient equals the unpadded per-token gradi
   const std::vector<int64_t> lengths = window.sequence_lengths();
   const int64_t valid = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
   const Plan plan = packed_plan(13, 40, 20);
-  const Outcome o = run_packed(model, plan, window, nullptr);
+  const PackingOutcome o = run_packed(model, plan, window, nullptr);
 
   CHECK(o.stats.units == valid);  // N: the valid tokens, not the padded ones
   CHECK(o.stats.valid_tokens == valid);
@@ -170,7 +169,7 @@ TEST_CASE("Packing: the accumulated gradient equals the unpadded per-token gradi
   CHECK(rel <= 1e-5);
   // Padded to the window's longest in one microbatch (the sample plan's way): the same gradient.
   Plan one = make_plan_with({13});
-  const Outcome whole = run_packed(model, one, window, nullptr);
+  const PackingOutcome whole = run_packed(model, one, window, nullptr);
   CHECK(compare_tensors(whole.grads, o.grads).max_rel <= 1e-5);
 }
 
@@ -183,7 +182,7 @@ TEST_CASE("Packing: with a step cost the executor cuts where it is cheapest, and
   Plan plan = packed_plan(13, 40, 20);
   // A microbatch costs as much as 2 padded tokens: padding weighs more than filling the budget.
   plan.tokens->step_cost = TokenStepCost{2 * kStepCostPerToken, kStepCostPerToken, 0};
-  const Outcome o = run_packed(model, plan, window, nullptr);
+  const PackingOutcome o = run_packed(model, plan, window, nullptr);
   const auto groups = pack_by_token_budget(lengths, 40, plan.tokens->step_cost);
   CHECK(groups != pack_by_token_budget(lengths, 40));  // not the fill
   REQUIRE(o.events.size() == groups.size());
@@ -221,7 +220,7 @@ def forward(self, x):
     shorter += *std::max_element(lengths.begin() + start, lengths.begin() + start + 4) < window.padded_length() ? 1 : 0;
   }
   REQUIRE(shorter > 0);
-  const Outcome o = run_packed(strict, make_plan_with({4, 4, 4}), window, nullptr);
+  const PackingOutcome o = run_packed(strict, make_plan_with({4, 4, 4}), window, nullptr);
   CHECK(o.stats.microbatch_sizes == std::vector<int64_t>{4, 4, 4});
   const double rel = compare_tensors(o.grads, unpadded_reference(clone_module(strict), data, false)).max_rel;
   CHECK(rel <= 1e-5);
@@ -240,7 +239,7 @@ TEST_CASE("Packing: an out-of-memory at any microbatch re-packs under a lower bu
   if (GENERATE(false, true)) plan.tokens->step_cost = TokenStepCost{3 * kStepCostPerToken, kStepCostPerToken, 0};
   INFO("step cost: " << (plan.tokens->step_cost ? "yes" : "none"));
   const auto reference = unpadded_reference(clone_module(model), data, false);
-  const Outcome clean = run_packed(model, plan, window, probe);
+  const PackingOutcome clean = run_packed(model, plan, window, probe);
   const int64_t count = static_cast<int64_t>(clean.events.size());
   REQUIRE(count >= 3);
   double worst = 0;
@@ -266,7 +265,7 @@ TEST_CASE("Packing: an out-of-memory at any microbatch re-packs under a lower bu
       continue;
     }
     ++recovered;
-    const Outcome o = run_packed(model, plan, window, probe, false, fail_here);
+    const PackingOutcome o = run_packed(model, plan, window, probe, false, fail_here);
     REQUIRE(fired);
     CHECK(o.stats.oom_recoveries == 1);
     REQUIRE(o.plan.tokens.has_value());
@@ -297,13 +296,13 @@ TEST_CASE("Packing: the padding mask keeps attention off the padding", "[packing
   const Batch window = ragged_batch(data.sequences, data.targets);
   const Plan plan = packed_plan(9, 30, 12);
   const auto masked = make_attention_lm(true);
-  const Outcome with_mask = run_packed(masked, plan, window, nullptr, /*padding_mask=*/true);
+  const PackingOutcome with_mask = run_packed(masked, plan, window, nullptr, /*padding_mask=*/true);
   const double rel = compare_tensors(with_mask.grads, unpadded_reference(clone_module(masked), data, true)).max_rel;
   report("packed attention gradient with the padding mask vs unpadded reference, max rel", rel);
   CHECK(rel <= 1e-5);
   // The same weights without the mask: valid positions attend to padding, the gradient moves.
   const auto unmasked = make_attention_lm(false);
-  const Outcome without = run_packed(unmasked, plan, window, nullptr, /*padding_mask=*/false);
+  const PackingOutcome without = run_packed(unmasked, plan, window, nullptr, /*padding_mask=*/false);
   const double off = compare_tensors(without.grads, unpadded_reference(clone_module(unmasked), data, false)).max_rel;
   INFO("without the mask: max rel " << off);
   CHECK(off > 1e-3);

@@ -18,8 +18,7 @@
 #include "cli_runner.h"
 
 // Last: torch/torch.h brings glog's CHECK macro, which would shadow Catch's.
-#undef CHECK
-#include <catch2/catch.hpp>
+#include "catch_after_torch.h"
 
 using namespace accumplan::test;
 using nlohmann::json;
@@ -52,12 +51,12 @@ struct Case {
   std::string target_batch;
 };
 
-struct Outcome {
+struct PredictionOutcome {
   json plan;
   json stats;
 };
 
-Outcome plan_and_run(const Case& c, const std::string& dir) {
+PredictionOutcome plan_and_run(const Case& c, const std::string& dir) {
   const std::string plan = dir + "/" + c.name + ".plan.json", stats = dir + "/" + c.name + ".stats.json";
   std::vector<std::string> args{"--model", c.model, "--target-batch", c.target_batch, "--device", "cpu",
                                 "--memory-budget", c.budget, "--headroom", "0", "--threads", "2", "--out", plan};
@@ -87,7 +86,7 @@ TEST_CASE("Prediction: the plan's predicted peak is within 2% of the peak `accum
   };
   for (const Case& c : cases) {
     SECTION(c.name) {
-      const Outcome o = plan_and_run(c, dir);
+      const PredictionOutcome o = plan_and_run(c, dir);
       const int64_t predicted = o.plan["memory"]["predicted_peak_bytes"];
       const int64_t measured = o.stats["measured_peak_bytes"];
       const double error = static_cast<double>(predicted - measured) / static_cast<double>(measured);
@@ -111,8 +110,8 @@ TEST_CASE("Prediction: bf16 is measured under autocast, with fewer activation by
   Case bf16 = f32;
   bf16.name = "convnet-bf16";
   bf16.extra.insert(bf16.extra.end(), {"--amp", "bf16"});
-  const Outcome a = plan_and_run(f32, dir);
-  const Outcome b = plan_and_run(bf16, dir);
+  const PredictionOutcome a = plan_and_run(f32, dir);
+  const PredictionOutcome b = plan_and_run(bf16, dir);
   CHECK(b.plan["setup"]["amp"] == "bf16");
   CHECK(b.stats["amp"] == "bf16");
   const double per_sample_f32 = a.plan["memory"]["activation_bytes_per_sample"];

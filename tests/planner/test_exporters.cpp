@@ -13,10 +13,10 @@
 #include "test_helpers.h"
 
 using namespace accumplan;
+using accumplan::test::MiB;
 using nlohmann::json;
 
 namespace {
-constexpr int64_t MiB = 1024 * 1024;
 
 // m_max = `fits` samples exactly (1 MiB per sample, no headroom).
 Plan plan_for(int64_t target, int64_t world, int64_t fits, bool timed = false) {

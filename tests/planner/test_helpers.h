@@ -10,6 +10,8 @@
 
 namespace accumplan::test {
 
+inline constexpr int64_t MiB = int64_t{1} << 20;  // bytes
+
 // peak(b) = persistent + fixed + per_sample * b exactly, probed at 1, 2, 4, 8.
 inline Profile linear_profile(int64_t weights_bytes, int64_t fixed_bytes, int64_t per_sample_bytes,
                               int64_t device_total_bytes = int64_t{1} << 34) {

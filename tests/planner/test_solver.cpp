@@ -12,10 +12,10 @@
 #include "test_helpers.h"
 
 using namespace accumplan;
+using accumplan::test::MiB;
 using accumplan::test::linear_profile;
 
 namespace {
-constexpr int64_t MiB = 1024 * 1024;
 
 // A budget (with headroom 0) at which exactly `m` samples fit.
 int64_t budget_for(const Profile& p, int64_t m, int64_t fixed, int64_t per_sample) {

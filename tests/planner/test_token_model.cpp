@@ -19,12 +19,13 @@
 #include "accumplan/json_io.h"
 #include "accumplan/step_time.h"
 #include "accumplan/token_model.h"
+#include "test_helpers.h"
 
 using namespace accumplan;
+using accumplan::test::MiB;
 
 namespace {
 
-constexpr int64_t MiB = int64_t{1} << 20;
 
 // Points of peak = c0 + a1·b·T + a2·b·T² (+ noise) on a (b, T) grid.
 std::vector<TokenPoint> grid(double c0, double a1, double a2, int64_t noise_bytes = 0) {

@@ -15,10 +15,10 @@
 #include "test_helpers.h"
 
 using namespace accumplan;
+using accumplan::test::MiB;
 
 namespace {
 
-constexpr int64_t MiB = int64_t{1} << 20;
 
 // peak(b, T) = 100 MiB + 4 KiB·b·T + 8 B·b·T², probed on b in {1, 2, 4} x T in {64, 256, 1024}.
 Profile token_profile(const std::string& seq_len = "16..1024") {

@@ -1,4 +1,0 @@
-// tests/executor/main.cpp — Catch2 entry point of the executor tests (accumplan_executor_tests).
-// What it is not: a test; the cases live in the test_*.cpp files next to it.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
