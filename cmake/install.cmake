@@ -1,5 +1,7 @@
 # cmake/install.cmake — what `cmake --install` puts under the prefix (docs/install.md):
 #   bin/accumplan
+#   libexec/accumplan/accumplan-device          with LibTorch: the whole CLI; bin/accumplan hands
+#                                               every command but plan/export/report to it
 #   share/accumplan/schemas/{plan,profile}.schema.json
 #   include/accumplan/*.h                       the planner's headers (and memory_probe.h, build_config.h)
 #   include/accumplan/{runtime,executor,dist,profiling}/*.h   with LibTorch: the runtime's headers
@@ -42,6 +44,10 @@ set_target_properties(accumplan_planner PROPERTIES EXPORT_NAME planner)
 target_compile_features(accumplan_planner INTERFACE cxx_std_17)
 
 install(TARGETS accumplan RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(TARGET accumplan_device)
+  # Where the front (bin/accumplan) looks for it: ../libexec/accumplan/ from its own folder.
+  install(TARGETS accumplan_device RUNTIME DESTINATION libexec/accumplan)
+endif()
 install(FILES ${PROJECT_SOURCE_DIR}/planner/schemas/plan.schema.json ${PROJECT_SOURCE_DIR}/planner/schemas/profile.schema.json
               ${PROJECT_SOURCE_DIR}/planner/schemas/run_stats.schema.json
         DESTINATION ${CMAKE_INSTALL_DATADIR}/accumplan/schemas)

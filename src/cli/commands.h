@@ -26,7 +26,13 @@ struct Command {
   std::function<int()> run;      // returns the exit code; throws accumplan::Error on failure
 };
 
-// `plan` and `export`: torch-free.
+// Returns when this executable runs the command line itself. The `accumplan` front of a LibTorch
+// build (front_dispatch.cpp) runs only plan, export, report and --version, without loading
+// LibTorch, and replaces itself (execv) with accumplan-device for everything else;
+// accumplan-device and the planner-only build run everything (in_process.cpp).
+void hand_over_device_commands(int argc, char** argv);
+
+// `plan`, `export` and `report`: torch-free.
 void add_planner_commands(CLI::App& root, std::vector<Command>& commands);
 
 // The root's own job (profile + plan + confirm) and `profile`, `run`, `verify`. Without LibTorch

@@ -101,6 +101,7 @@ int checked_stdout(int code) {
 
 int main(int argc, char** argv) {
   using namespace accumplan;
+  cli::hand_over_device_commands(argc, argv);  // returns only for a command this executable runs
   CLI::App app{
       "accumplan: measure a PyTorch model on its device, plan the largest microbatch that fits and\n"
       "the gradient accumulation that reaches your effective batch, and run that plan with exact\n"
