@@ -34,7 +34,8 @@ std::string scratch_dir(const std::string& name) {
 
 namespace {
 
-CliResult run(const std::vector<std::string>& args, int timeout_seconds, const std::string& stdout_path) {
+CliResult run(const std::string& bin_path, const std::vector<std::string>& args, int timeout_seconds,
+              const std::string& stdout_path) {
   static int counter = 0;
   const std::string base = scratch_dir("run-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
   const std::string out_path = base + "/stdout", err_path = base + "/stderr";
@@ -49,7 +50,7 @@ CliResult run(const std::vector<std::string>& args, int timeout_seconds, const s
     ::dup2(err, 2);
     ::dup2(in, 0);
     std::vector<char*> argv;
-    std::string bin = ACCUMPLAN_BIN;
+    std::string bin = bin_path;
     argv.push_back(bin.data());
     std::vector<std::string> copy = args;
     for (auto& a : copy) argv.push_back(a.data());
@@ -79,10 +80,14 @@ CliResult run(const std::vector<std::string>& args, int timeout_seconds, const s
 
 }  // namespace
 
-CliResult run_cli(const std::vector<std::string>& args, int timeout_seconds) { return run(args, timeout_seconds, ""); }
+CliResult run_cli(const std::vector<std::string>& args, int timeout_seconds) {
+  return run(ACCUMPLAN_BIN, args, timeout_seconds, "");
+}
+
+CliResult run_binary(const std::string& bin, const std::vector<std::string>& args) { return run(bin, args, 600, ""); }
 
 CliResult run_cli_with_stdout(const std::string& stdout_path, const std::vector<std::string>& args, int timeout_seconds) {
-  return run(args, timeout_seconds, stdout_path);
+  return run(ACCUMPLAN_BIN, args, timeout_seconds, stdout_path);
 }
 
 }  // namespace accumplan::test

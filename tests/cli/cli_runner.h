@@ -14,6 +14,8 @@ struct CliResult {
 
 // Runs ACCUMPLAN_BIN with `args` (no shell), waiting at most `timeout_seconds`.
 CliResult run_cli(const std::vector<std::string>& args, int timeout_seconds = 600);
+// Runs another executable `bin` the same way (a copy of accumplan somewhere else).
+CliResult run_binary(const std::string& bin, const std::vector<std::string>& args);
 
 // A fresh, empty directory under the test binary directory.
 std::string scratch_dir(const std::string& name);

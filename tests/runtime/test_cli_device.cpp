@@ -1,6 +1,8 @@
 // `accumplan --model ... --target-batch N` and `accumplan profile` as a user runs them, on the
 // CPU counting probe: exit codes, JSON on stdout or --out, summary and progress on stderr, and
 // every bad-input case with its message.
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -119,4 +121,29 @@ TEST_CASE("CLI: `accumplan plan` still parses beside the root job's options", "[
   CHECK(help.exit_code == 0);
   CHECK(help.out.find("--target-batch") != std::string::npos);
   CHECK(help.out.find("builtin:convnet") != std::string::npos);
+}
+
+TEST_CASE("CLI front: plan works without accumplan-device; a device command without it is one line naming it",
+          "[cli][front]") {
+  // build/accumplan alone in a folder: the torch-free front, without the executable it hands the
+  // device commands to.
+  const std::string dir = scratch_dir("front-alone");
+  const std::string front = dir + "/accumplan";
+  std::filesystem::copy_file(ACCUMPLAN_BIN, front);
+  const CliResult plan = run_binary(front, {"plan", "--profile", kProfile, "--target-batch", "64"});
+  INFO(plan.err);
+  CHECK(plan.exit_code == 0);
+  CHECK(json::parse(plan.out)["schema"] == "accumplan.plan");
+  CHECK(run_binary(front, {"--version"}).exit_code == 0);
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"run", "--help"}, {"--model", "builtin:mlp"}}) {
+    const CliResult r = run_binary(front, args);
+    INFO(r.err);
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("accumplan-device") != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+  // Beside it again, the same command line is the whole CLI's.
+  std::filesystem::copy_file(std::filesystem::path(ACCUMPLAN_BIN).parent_path() / "accumplan-device",
+                             dir + "/accumplan-device");
+  CHECK(run_binary(front, {"run", "--help"}).out == run_cli({"run", "--help"}).out);
 }
