@@ -1,6 +1,6 @@
 """setup.py — builds accumplan._core for `pip install --no-build-isolation .`.
 
-What it does: configures this repository's CMakeLists.txt in build/python-core/<interpreter>/ with
+What it does: configures this repository's CMakeLists.txt in build-python-<interpreter>/ with
 the planner only (no LibTorch, no tests) and ACCUMPLAN_WITH_PYTHON=ON, builds accumplan._core
 (python/core/core.cpp: the C++ planner and measurement search) and, when the interpreter that runs
 pip imports torch, accumplan._probes (python/core/probes.cpp: the cpu-counting probe, against that
@@ -78,7 +78,10 @@ def _torch_args():
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
         tag = sysconfig.get_config_var("SOABI") or "python%d.%d" % sys.version_info[:2]
-        build_dir = os.path.join(ROOT, "build", "python-core", tag)
+        # Beside build/, one level under the clone like it: the planner's objects then compile with
+        # the same relative paths and flags as the C++ build's, and ccache (CCACHE_BASEDIR set to
+        # the clone, as scripts/test.sh does) reuses them instead of compiling the planner again.
+        build_dir = os.path.join(ROOT, "build-python-" + tag)
         args = ["cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release", "-DACCUMPLAN_WITH_TORCH=OFF",
                 "-DACCUMPLAN_WITH_CUPTI=OFF", "-DACCUMPLAN_BUILD_TESTS=OFF", "-DACCUMPLAN_WITH_PYTHON=ON",
                 "-DPython_EXECUTABLE=" + sys.executable]

@@ -124,7 +124,7 @@ fi
 
 # Python: the package as a user installs it (README): a venv that sees Debian's python3-torch
 # (/usr/bin/python3; a pyenv python3 on PATH may not have it), `pip install --no-build-isolation .`
-# (setup.py builds the compiled core, accumplan._core, with CMake in build/python-core/), then the
+# (setup.py builds the compiled core, accumplan._core, with CMake in build-python-<interpreter>/), then the
 # tests against the INSTALLED package: tests/python never puts python/ on sys.path. --no-index:
 # nothing is downloaded; setuptools and torch are the system's.
 stage python-install
