@@ -163,7 +163,7 @@ class PathTrackingSax {
   }
   bool parse_error(std::size_t position, const std::string& last_token, const nlohmann::detail::exception& e) {
     if (e.id == 406) overflow(last_token);  // "number overflow": a float beyond a double
-    throw SyntaxError{position};  // the DOM parser would rethrow a sliced copy of `e`
+    throw SyntaxError{position, path()};  // the DOM parser would rethrow a sliced copy of `e`
   }
 
   // "$.points[2].peak_bytes": where the value being parsed sits.
@@ -183,7 +183,8 @@ class PathTrackingSax {
     std::string path;
   };
   struct SyntaxError {
-    size_t byte;  // 1-based offset of the failure, as nlohmann counts
+    size_t byte;       // 1-based offset of the failure, as nlohmann counts
+    std::string path;  // the field being read: NaN is not JSON, and the line alone did not say which
   };
 
  private:
@@ -243,7 +244,7 @@ json parse_json_text(const std::string& text, const std::string& where) {
       }
     }
     throw InputError(where + " is not valid JSON (line " + std::to_string(line) + ", column " +
-                     std::to_string(col) + ")");
+                     std::to_string(col) + (e.path == "$" || e.path.back() == '.' ? std::string() : ", in " + e.path) + ")");
   } catch (const json::exception& e) {
     // Any other refusal of the parser (none known): still the file's fault, not ours.
     throw InputError(where + " is not valid JSON (" + cut_for_message(e.what()) + ")");

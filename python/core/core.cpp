@@ -33,6 +33,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/exporters.h"
+#include "accumplan/host_data.h"
 #include "accumplan/json_io.h"
 #include "accumplan/replan.h"
 #include "accumplan/schema.h"
@@ -206,13 +207,21 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "accumplan's C++ planner rules (plan reader, splits, re-plans, packing); see accumplan.plan";
   static py::exception<InputError> input_error(m, "InputError", PyExc_ValueError);
   static py::exception<InfeasibleError> infeasible_error(m, "InfeasibleError", input_error.ptr());
+  // A message that echoes a non-UTF-8 path (load_plan(b'\xff\xfe.json')) is decoded with U+FFFD for
+  // the bad bytes: pybind11's own conversion would fail and the error arrive with an empty message.
+  static const auto raise_as = [](PyObject* type, const char* what) {
+    const std::string text = what;
+    PyObject* message = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "replace");
+    PyErr_SetObject(type, message);
+    Py_XDECREF(message);
+  };
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const InfeasibleError& e) {
-      infeasible_error(e.what());
+      raise_as(infeasible_error.ptr(), e.what());
     } catch (const InputError& e) {
-      input_error(e.what());
+      raise_as(input_error.ptr(), e.what());
     }
   });
   bind_loss_rules(m);  // python/core/loss_rules.cpp: the normalization rule
@@ -239,6 +248,13 @@ PYBIND11_MODULE(_core, m) {
   m.def("resolve_budget", &resolve_budget, py::arg("text"), py::arg("device_total_bytes"),
         "the budget in bytes: '12GiB', '90%' (of device_total_bytes) or a byte count, as --memory-budget reads it");
   m.def("parse_size_bytes", &parse_size_bytes, py::arg("text"), py::arg("what"), "'256MiB' -> bytes, as the CLI reads sizes");
+  m.def("check_host_data", &check_host_data_bytes, py::arg("bytes"), py::arg("what"), py::arg("fix"),
+        "InputError when host data of `bytes` is over the host-data limit (ACCUMPLAN_MAX_HOST_DATA), as the CLI refuses it");
+  m.def("failed_host_allocation_bytes", &failed_host_allocation_bytes, py::arg("error_text"),
+        "the bytes LibTorch's CPU allocator failed to allocate (0: unknown), or None for another error");
+  m.def("host_out_of_memory", [](int64_t bytes, const std::string& during) {
+          return std::string(host_out_of_memory(bytes, during).what());
+        }, py::arg("bytes"), py::arg("during"), "the one line for the host running out of memory");
 
   py::enum_<WindowBudget>(m, "WindowBudget")
       .value("ENFORCED", WindowBudget::Enforced)

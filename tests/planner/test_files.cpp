@@ -80,6 +80,9 @@ TEST_CASE("Files: a number beyond a double is named by file and JSON path", "[fi
   CHECK_THAT(error_of([&] { parse_json_text(std::string(100, '[') + std::string(100, ']'), "x"); }),
              Catch::Contains("nested deeper than"));
   CHECK_THAT(error_of([&] { parse_json_text("{\n  oops\n}", "x"); }), Catch::Contains("not valid JSON (line 2"));
+  // NaN is no JSON: the message names the field it stood in, not only where.
+  CHECK(error_of([&] { parse_json_text("{\"a\": {\"target_batch\": NaN}}", "x"); }) ==
+        "x is not valid JSON (line 1, column 24, in $.a.target_batch)");
   CHECK(parse_json_text("{\"a\": 1.5e300}", "x")["a"] == 1.5e300);
 }
 

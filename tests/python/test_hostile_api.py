@@ -62,7 +62,7 @@ class HostilePlanDocuments(unittest.TestCase):
                                      r"range of a double")
             with open(path, "w") as f:
                 f.write(text[:-1] + ', "extra": NaN}')
-            self.assertRefused(path, r"plan\.json' is not valid JSON \(line 1, column \d+\)")  # NaN is not JSON
+            self.assertRefused(path, r"plan\.json' is not valid JSON \(line 1, column \d+, in \$\.extra\)")  # NaN is not JSON
             with open(path, "w") as f:
                 f.write(text[:-1] + ', "extra": 1e400}')
             self.assertRefused(path, r"\$\.extra: the number 1e400 is beyond the range of a double")

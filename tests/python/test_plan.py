@@ -94,7 +94,7 @@ class LoadPlan(unittest.TestCase):
             latin = os.path.join(d, "latin1.json")
             with open(latin, "wb") as f:
                 f.write(b'{"reason": "caf\xe9"}')
-            with self.assertRaisesRegex(accumplan.PlanError, r"latin1\.json' is not valid JSON \(line 1, column 17\)"):
+            with self.assertRaisesRegex(accumplan.PlanError, r"latin1\.json' is not valid JSON \(line 1, column 17, in \$\.reason\)"):
                 accumplan.load_plan(latin)
             deep = os.path.join(d, "deep.json")
             with open(deep, "w") as f:
