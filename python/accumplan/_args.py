@@ -97,6 +97,61 @@ def path_arg(value, name):
     return path
 
 
+def tensor_arg(value, name):
+    """``value`` if it is a dense tensor on a real device whose dim 0 indexes samples; TypeError or
+    ValueError naming ``name`` (a list, an ndarray, a sparse or meta tensor, a 0-dim tensor)."""
+    if not _is_tensor(value) or not hasattr(value, "layout"):
+        raise TypeError("%s must be a torch.Tensor, not %s (%s)%s" % (
+            name, type(value).__name__, shown_value(value),
+            "; torch.as_tensor(...) converts it" if hasattr(value, "__len__") and not isinstance(value, str) else ""))
+    if str(value.layout) != "torch.strided":
+        raise ValueError("%s is a %s tensor; pass a dense one (.to_dense())" % (name, str(value.layout).replace("torch.", "")))
+    if value.device.type == "meta":
+        raise ValueError("%s is on the meta device (no data); pass real tensors" % name)
+    if value.dim() < 1:
+        raise ValueError("%s is a 0-dim tensor; dim 0 must index samples" % name)
+    return value
+
+
+def callable_arg(value, name, what, methods=()):
+    """``value`` if it is None or, with ``methods``, has each as a callable attribute (else is
+    callable); TypeError naming ``name`` and ``what`` it should be."""
+    ok = value is None or (all(callable(getattr(value, m, None)) for m in methods) if methods else callable(value))
+    if not ok:
+        raise TypeError("%s must be %s or None, not %s (%s)" % (name, what, type(value).__name__, shown_value(value)))
+    return value
+
+
+def flag_arg(value, name, none_ok=False):
+    """``value`` if it is True or False (or None with ``none_ok``); TypeError naming ``name``."""
+    if not (isinstance(value, bool) or (none_ok and value is None)):
+        raise TypeError("%s must be True%s, not %s (%s)" % (name, ", False or None" if none_ok else " or False",
+                                                            type(value).__name__, shown_value(value)))
+    return value
+
+
+def module_arg(value, name="model"):
+    """``value`` if it is a torch.nn.Module; TypeError naming ``name``."""
+    import torch
+    if not isinstance(value, torch.nn.Module):
+        raise TypeError("%s must be a torch.nn.Module, not %s (%s)" % (name, type(value).__name__, shown_value(value)))
+    return value
+
+
+def optimizer_arg(value, model=None, name="optimizer"):
+    """``value`` if it is a torch.optim.Optimizer (holding at least one of ``model``'s trainable
+    parameters, when given); TypeError/ValueError naming ``name``."""
+    import torch
+    if not isinstance(value, torch.optim.Optimizer):
+        raise TypeError("%s must be a torch.optim.Optimizer, not %s (%s)" % (name, type(value).__name__, shown_value(value)))
+    if model is not None:
+        held = {id(p) for g in value.param_groups for p in g["params"]}
+        if not any(id(p) in held for p in model.parameters() if p.requires_grad):
+            raise ValueError("%s holds none of the model's trainable parameters (was it built for another model?); "
+                             "pass torch.optim.X(model.parameters(), ...)" % name)
+    return value
+
+
 def bound_text(v):
     """A bound as the C++ messages print it: integral values as integers, others as %g."""
     return "%d" % v if abs(v) < 9.007199254740992e15 and v == int(v) else "%g" % v

@@ -10,18 +10,40 @@ from collections.abc import Mapping
 
 import torch
 
-from ._args import INT32_MAX, INT32_MIN, int_arg, lengths_arg, shown_value
+from ._args import INT32_MAX, INT32_MIN, int_arg, lengths_arg, shown_value, tensor_arg
 
 
 def as_inputs(inputs):
     """A window's inputs as the model takes them: a tuple of positional tensors, or a dict passed as
     ``model(**inputs)`` (a Hugging Face batch: input_ids, attention_mask, labels). A dict's values
-    that are not tensors (flags) go to every microbatch unchanged."""
+    that are not tensors (flags) go to every microbatch unchanged. TypeError/ValueError naming
+    ``inputs`` (or ``inputs[i]``) for anything else, before any window runs."""
     if isinstance(inputs, torch.Tensor):
-        return (inputs,)
-    if isinstance(inputs, Mapping):  # a dict, or a tokenizer's BatchEncoding (a UserDict)
-        return dict(inputs)
-    return tuple(inputs)
+        inputs = (inputs,)
+    elif isinstance(inputs, Mapping):  # a dict, or a tokenizer's BatchEncoding (a UserDict)
+        inputs = dict(inputs)
+        for key, value in inputs.items():
+            if isinstance(value, torch.Tensor):
+                tensor_arg(value, "inputs[%r]" % (key,))
+        if not input_tensors(inputs):
+            raise ValueError("inputs holds no tensor (a dict of %d non-tensor values); pass the batch's tensors"
+                             % len(inputs))
+        return inputs
+    elif isinstance(inputs, (list, tuple)):
+        inputs = tuple(inputs)
+    else:
+        raise TypeError("inputs must be a tensor, a tuple of tensors or a dict of them, not %s (%s)"
+                        % (type(inputs).__name__, shown_value(inputs)))
+    if not inputs:
+        raise ValueError("inputs is empty; pass the model's input tensors, e.g. (x,)")
+    for i, t in enumerate(inputs):
+        tensor_arg(t, "inputs[%d]" % i)
+    return inputs
+
+
+def target_arg(target):
+    """The target: None, or a tensor whose dim 0 indexes samples (TypeError/ValueError naming target)."""
+    return None if target is None else tensor_arg(target, "target")
 
 
 def input_tensors(inputs):
@@ -29,6 +51,12 @@ def input_tensors(inputs):
     if isinstance(inputs, dict):
         return [v for v in inputs.values() if isinstance(v, torch.Tensor)]
     return list(inputs)
+
+
+def _named_tensors(inputs, target):
+    named = [("inputs[%r]" % (k,), v) for k, v in inputs.items() if isinstance(v, torch.Tensor)] \
+        if isinstance(inputs, dict) else [("inputs[%d]" % i, t) for i, t in enumerate(inputs)]
+    return named + ([("target", target)] if target is not None else [])
 
 
 def map_inputs(inputs, fn):
@@ -39,16 +67,17 @@ def map_inputs(inputs, fn):
 
 
 def count_samples(inputs, target):
-    tensors = input_tensors(inputs) + ([target] if target is not None else [])
-    if not tensors:
-        raise ValueError("the window holds no tensors")
-    n = tensors[0].shape[0] if tensors[0].dim() > 0 else None
-    for i, t in enumerate(tensors):
+    """The window's samples: dim 0 of every tensor, which must agree (ValueError naming the tensor)."""
+    named = _named_tensors(inputs, target)
+    if not named:
+        raise ValueError("inputs holds no tensors")
+    first_name, first = named[0]
+    for name, t in named:
         if t.dim() < 1:
-            raise ValueError("tensor %d of the window is a scalar; dim 0 must index samples" % i)
-        if t.shape[0] != n:
-            raise ValueError("tensor %d of the window has %d samples (dim 0) but the first has %d" % (i, t.shape[0], n))
-    return n
+            raise ValueError("%s is a 0-dim tensor; dim 0 must index samples" % name)
+        if t.shape[0] != first.shape[0]:
+            raise ValueError("%s has %d samples (dim 0) but %s has %d" % (name, t.shape[0], first_name, first.shape[0]))
+    return first.shape[0]
 
 
 def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):

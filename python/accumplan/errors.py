@@ -25,7 +25,7 @@ _PYTHON_NAMES = {
     "target-batch": "target_batch", "world-size": "world_size", "memory-budget": "memory_budget",
     "headroom": "headroom", "optimizer": "optimizer", "normalization": "normalization", "loss": "loss",
     "amp": "amp", "max-grad-norm": "max_grad_norm", "ignore-index": "ignore_index", "device": "device",
-    "lr": "the optimizer's lr", "multiple-of": "multiple_of", "plan": "the plan",
+    "lr": "the optimizer's lr", "multiple-of": "multiple_of", "plan": "the plan", "seq-len": "the sequence length",
 }
 _CLI_OPTION = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)")
 

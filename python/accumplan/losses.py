@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from . import _core
 from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, choice_arg, int_arg, shown_value
 from .distributed import is_ddp
+from .errors import plan_error
 
 
 LOSSES = ("cross_entropy", "mse", "model")
@@ -28,9 +29,12 @@ def resolve_normalization(name, loss, target):
     loss_fn) follows cross-entropy's rule. The rule is the C++ core's (accumplan/setup_rules.h),
     the one `accumplan run` follows; ValueError names ``normalization``."""
     is_tensor = isinstance(target, torch.Tensor)
-    tokens = _core.normalizes_by_tokens(str(name), "cross_entropy" if loss is None else str(loss),
-                                        target.dim() if is_tensor else 0,
-                                        is_tensor and target.is_floating_point())
+    try:
+        tokens = _core.normalizes_by_tokens(str(name), "cross_entropy" if loss is None else str(loss),
+                                            target.dim() if is_tensor else 0,
+                                            is_tensor and target.is_floating_point())
+    except _core.InputError as e:
+        raise plan_error(e) from None
     return "tokens" if tokens else "samples"
 
 

@@ -24,13 +24,14 @@ import time
 import torch
 
 from . import _core
-from ._args import INT32_MAX, INT32_MIN, MAX_COUNT, choice_arg, int_arg, real_arg, shown_value
-from .batches import as_inputs, count_samples, map_inputs
+from ._args import (INT32_MAX, INT32_MIN, MAX_COUNT, callable_arg, choice_arg, int_arg, module_arg, optimizer_arg,
+                    real_arg, shown_value)
+from .batches import as_inputs, count_samples, input_tensors, map_inputs, target_arg
 from .errors import PlanError, in_python_terms, oom_error, plan_error
 from .losses import LOSSES, check_class_target, causal_shift, count_units, units_rule
 from .meters import meter_for
 from .plans import Plan
-from .snapshot import TrainingState, interrupts_held
+from .snapshot import RestoreGuard, TrainingState
 from .window import (Window, WindowStats, autocast_dtype, batch_dependent_layers, is_oom, optimizer_step, run_rounds,
                      trainable_parameters, warn_batch_dependent, zero_grads)
 
@@ -48,7 +49,7 @@ def _group_values(group, cls_name, table, defaults):
     values = dict(group)
     if "betas" in values:
         values["beta1"], values["beta2"] = (float(b) for b in values.pop("betas"))
-    hp = {k: float(values[k]) for k in table["hyperparameters"] if k in values}
+    hp = {k: _finite(values[k], "optimizer: %s's %s" % (cls_name, k)) for k in table["hyperparameters"] if k in values}
     flags = {}
     for key, value in values.items():
         if key in _GROUP_KEYS_NOT_SETTINGS or key == "lr" or key in hp:
@@ -62,7 +63,13 @@ def _group_values(group, cls_name, table, defaults):
                              "%s); leave it at its default %r" % (cls_name, key, value,
                                                                    ", ".join(table["hyperparameters"]),
                                                                    ", ".join(table["flags"]), default))
-    return float(values["lr"]), hp, flags
+    return _finite(values["lr"], "optimizer: %s's lr" % cls_name), hp, flags
+
+
+def _finite(value, name):
+    """A hyperparameter as a finite float (TypeError/ValueError naming it): NaN cannot cross to
+    the core as JSON. Its range is the core's (the plan reader's, with the JSON path)."""
+    return real_arg(value, name, -1.7976931348623157e308, 1.7976931348623157e308)
 
 
 def _setup_optimizer(optimizer):
@@ -107,8 +114,17 @@ def _spec(t):
 
 
 def _tile(inputs, target, n):
-    """The window's data: n samples, cycling over the given ones (as ``--batch-file`` is tiled)."""
+    """The window's data: n samples, cycling over the given ones (as ``--batch-file`` is tiled), on
+    the host. Held to the host-data limit before anything is allocated (the C++ rule: 16 GiB, half
+    the machine or ACCUMPLAN_MAX_HOST_DATA): a target_batch of 2**30 small samples used to ask the
+    allocator for 64 GiB."""
     first = count_samples(inputs, target)
+    per_sample = sum(_nbytes(t) for t in input_tensors(inputs) + ([target] if target is not None else [])) // first
+    try:
+        _core.check_host_data(per_sample * n, "a window of %d samples tiled from inputs and target" % n,
+                              "give a smaller target_batch or memory_budget")
+    except _core.InputError as e:
+        raise plan_error(e) from None
     idx = torch.arange(n) % first
 
     def pick(t):  # on the host, as `accumplan run` keeps its data; microbatches go to the device
@@ -149,8 +165,8 @@ class _ModuleRunner(_core.WindowRunner):
 
     def run_window(self, sizes, seq_len, budget):
         if seq_len:
-            raise PlanError("accumplan.plan plans fixed-shape data; for variable-length data use accumplan profile "
-                            "--seq-len")
+            raise PlanError("accumplan.plan plans fixed-shape data; for variable-length data use `accumplan profile "
+                            "--seq-len`")
         return self.measure(list(sizes), self._limit(budget))
 
     def measure(self, sizes, limit):
@@ -250,6 +266,9 @@ def _persistent(runner, meter, weights_bytes, state_bytes):
             for p in [p for p in runner.optimizer.state if p not in had_state]:
                 del runner.optimizer.state[p]  # half-built by the failed step: measured again
             meter.clear()
+            # The failed attempt's window and data go now, not while the next attempt measures (they
+            # were freed inside it and its optimizer state came out negative: -144 bytes).
+            w = inputs = target = None
             # InfeasibleError when it ran without a budget: plan() raises it as OutOfMemoryAtOne.
             trials.append(step.out_of_memory(time.perf_counter() - t0, meter.device_name))
             continue
@@ -270,8 +289,13 @@ def _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, no
         device = where if device is None else torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError("device %s is not a device; use 'cpu', 'cuda' or 'cuda:N'" % shown_value(device)) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device %r: this torch (%s) sees no CUDA device; use device='cpu' or a CUDA build of torch"
+                         % (str(device), torch.__version__))
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cuda" and device.index >= torch.cuda.device_count():
+        raise ValueError("device %r: this machine has %d CUDA device(s)" % (str(device), torch.cuda.device_count()))
     if device != where:
         raise ValueError("the model's parameters are on %s but device=%r: move the model there first (model.to(%r))"
                          % (where, str(device), str(device)))
@@ -297,7 +321,7 @@ def _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, no
     if max_grad_norm is not None:
         max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)
     return device, {"loss": loss, "loss_fn": loss_fn, "ignore_index": ii, "norm": norm, "normalization": normalization,
-                    "autocast": autocast_dtype(amp, device), "amp": amp, "max_grad_norm": max_grad_norm}
+                    "autocast": autocast_dtype(amp, device, "amp"), "amp": amp, "max_grad_norm": max_grad_norm}
 
 
 def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trials):
@@ -370,18 +394,23 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
         _core.check_request(request)
     except _core.InputError as e:
         raise ValueError(in_python_terms(str(e))) from None
+    module_arg(model, "model")
+    optimizer_arg(optimizer, model)
     _setup_optimizer(optimizer)
-    inputs = as_inputs(inputs)
+    if not (progress is None or isinstance(progress, bool)):
+        callable_arg(progress, "progress", "True, False or a callable(line)")
+    inputs, target = as_inputs(inputs), target_arg(target)
     device, cfg = _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, normalization,
                           ignore_index)
     cfg["shift_labels"] = causal_shift(model, shift_labels) if shift_labels is not None else None
     say = _say(progress)
     warn_batch_dependent(batch_dependent_layers(model))
-    snapshot = TrainingState(model, optimizer, device)
     weights = sum(_nbytes(t) for t in list(model.parameters()) + list(model.buffers()))
     state = _state_bytes(optimizer)
-    meter = meter_for(device, weights + state)
+    guard = RestoreGuard()  # Ctrl-C from here on cannot cut the put-back below in half
     try:
+        guard.protected(lambda: guard.hold(TrainingState(model, optimizer, device), meter_for(device, weights + state)))
+        meter = guard.meter
         total = meter.total_bytes
         budget = None
         if memory_budget is not None:
@@ -402,11 +431,7 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
     except _core.InputError as e:
         raise plan_error(e) from None
     finally:
-        with interrupts_held():  # Ctrl-C now would leave the state half put back: held until it is back
-            try:
-                meter.close()
-            finally:
-                snapshot.restore()
+        guard.put_back()  # the meter closed, the state restored, Ctrl-C held meanwhile
     return Plan._from_text(plan_text, "accumplan.plan(%s)" % type(model).__name__)
 
 

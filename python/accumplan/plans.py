@@ -240,6 +240,9 @@ class Plan:
     """
 
     def __init__(self, doc, source="plan"):
+        if not isinstance(source, str):
+            raise TypeError("source must be a str naming the plan in messages, not %s (%s)"
+                            % (type(source).__name__, shown_value(source)))
         if not isinstance(doc, dict):
             raise PlanError("%s: the document must be a JSON object, not %s" % (source, type(doc).__name__))
         try:
@@ -383,7 +386,7 @@ class Plan:
         if longest > self.tokens["max_seq_len"]:
             raise PlanError("the window holds a sequence of %d tokens, longer than the %d tokens the plan's token "
                             "budget was planned for ($.tokens.max_seq_len); truncate the sequences or plan again "
-                            "with a longer --seq-len" % (longest, self.tokens["max_seq_len"]))
+                            "with a longer `accumplan profile --seq-len`" % (longest, self.tokens["max_seq_len"]))
         return pack_by_token_budget(lengths, self.tokens["token_budget"], self.step_cost)
 
     def repack_below(self, failing_tokens, longest_sequence):

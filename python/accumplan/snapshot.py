@@ -8,13 +8,12 @@ flag, the gradients of the model's and the optimizer's parameters, the optimizer
 tensor with its own dtype and device: ``load_state_dict`` would cast a float64 moment or an int64
 step to the parameter's dtype) and hyperparameters, the RNGs (torch CPU and CUDA, Python's
 ``random``, NumPy's when imported), grad mode and the default dtype. ``restore()`` puts them back.
-``interrupts_held()`` holds Ctrl-C while that happens and raises it after, so an interrupt cannot
-leave half of the state trained.
+``RestoreGuard`` holds Ctrl-C while that happens and raises it after, so an interrupt cannot
+leave half of the state trained or the counting allocator installed.
 
 What it is not: a checkpoint (it lives in this process only), nor a copy of the data.
 """
 
-import contextlib
 import copy
 import random
 import signal
@@ -101,24 +100,101 @@ class TrainingState:
             numpy.random.set_state(state)
 
 
-@contextlib.contextmanager
-def interrupts_held():
-    """Holds SIGINT (Ctrl-C) inside the block and delivers it after: KeyboardInterrupt, or the
-    handler that was installed. Outside the main thread (where Python takes no signals) a no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
-        if caught:
-            if callable(previous) and previous is not signal.default_int_handler:
-                previous(signal.SIGINT, caught[0])
-            elif previous != signal.SIG_IGN:
-                raise KeyboardInterrupt
+class RestoreGuard:
+    """Ctrl-C around planning: delivered at once while planning runs, held while what planning
+    installed and changed is put back, then delivered. Which one is decided by where the interrupt
+    lands — the guard's own code on the stack (``protected``, ``put_back``, the constructor), or
+    the owner's line that calls ``put_back`` — so an interrupt at any line of the restore path,
+    its first included, cannot leave the weights trained or the counting allocator installed
+    (a flag set by the restore's first line would itself be a line an interrupt can land before).
+
+    Usage (accumplan.plan)::
+
+        guard = RestoreGuard()                 # installs the SIGINT handler
+        try:
+            guard.protected(lambda: guard.hold(TrainingState(...), meter_for(...)))
+            ...                                # planning: Ctrl-C raises KeyboardInterrupt here
+        finally:
+            guard.put_back()                   # meter closed, state restored, handler removed
+
+    Outside the main thread (where Python takes no signals) the guard only puts back."""
+
+    def __init__(self):
+        self.snapshot, self.meter, self.caught = None, None, []
+        self.owner = sys._getframe(1).f_code
+        self.active = threading.current_thread() is threading.main_thread()
+        self.previous = signal.signal(signal.SIGINT, self._on_sigint) if self.active else None
+
+    def hold(self, snapshot, meter):
+        """What put_back undoes: the snapshot to restore, the meter to close."""
+        self.snapshot, self.meter = snapshot, meter
+
+    def protected(self, fn):
+        """fn() with Ctrl-C held; a held one is delivered after it returns."""
+        result = fn()
+        self._deliver()
+        return result
+
+    def put_back(self):
+        """Closes the meter, restores the snapshot and removes the handler, with Ctrl-C held; a
+        held one is delivered after (KeyboardInterrupt, or the handler that was installed)."""
+        try:
+            if self.meter is not None:
+                self.meter.close()
+        finally:
+            try:
+                if self.snapshot is not None:
+                    self.snapshot.restore()
+            finally:
+                if self.active:
+                    signal.signal(signal.SIGINT, self.previous if self.previous is not None else signal.default_int_handler)
+                    self.active = False
+        self._deliver()
+
+    def _on_sigint(self, signum, frame):
+        if self._in_restore_path(frame):
+            self.caught.append(frame)
+        else:
+            self._pass_on(signum, frame)
+
+    def _in_restore_path(self, frame):
+        mine = (RestoreGuard.__init__.__code__, RestoreGuard.protected.__code__, RestoreGuard.put_back.__code__)
+        f = frame
+        while f is not None:
+            if f.f_code in mine or (f.f_code is self.owner and f.f_lineno in _put_back_lines(self.owner)):
+                return True
+            f = f.f_back
+        return False
+
+    def _pass_on(self, signum, frame):
+        previous = self.previous
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+    def _deliver(self):
+        if self.caught:
+            frame, self.caught = self.caught[0], []
+            self._pass_on(signal.SIGINT, frame)
 
 
-__all__ = ["TrainingState", "interrupts_held", "to_host"]
+_PUT_BACK_LINES = {}
+
+
+def _put_back_lines(code):
+    """The lines of ``code`` that call ``put_back`` (found in its bytecode, once per code object)."""
+    if code not in _PUT_BACK_LINES:
+        import dis
+        lines, line = set(), None
+        for ins in dis.get_instructions(code):
+            start = getattr(ins, "line_number", None) or (ins.starts_line if isinstance(ins.starts_line, int)
+                                                          and not isinstance(ins.starts_line, bool) else None)
+            line = start or line
+            if ins.argval == "put_back" and line is not None:
+                lines.add(line)
+        _PUT_BACK_LINES[code] = lines
+    return _PUT_BACK_LINES[code]
+
+
+__all__ = ["RestoreGuard", "TrainingState", "to_host"]

@@ -27,8 +27,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from ._args import INT32_MAX, INT32_MIN, int_arg, lengths_arg, real_arg, shown_value
-from .batches import (as_inputs, count_samples, input_tensors, pad_sequences, padding_mask, slice_samples,
+from ._args import (INT32_MAX, INT32_MIN, callable_arg, flag_arg, int_arg, lengths_arg, module_arg, optimizer_arg,
+                    real_arg)
+from .batches import (as_inputs, count_samples, input_tensors, pad_sequences, padding_mask, slice_samples, target_arg,
                       valid_token_counts)
 from .distributed import (all_reduce_gradients, all_reduce_ints, collective_device, group_world_size, is_ddp,
                           raise_if_a_rank_failed)
@@ -63,7 +64,7 @@ def split(plan, inputs, target=None, *, ignore_index=None, normalization=None, l
     per-token labels, N counts the labels' valid tokens (of labels[:, 1:] when the model shifts
     them: ``shift_labels``, or detected from ``model=``); weight each microbatch's mean by its
     own: ``loss_sum(out.loss, labels, "model", "tokens", shift_labels=...)``."""
-    inputs = as_inputs(inputs)
+    inputs, target = as_inputs(inputs), target_arg(target)
     loss_kind = loss if loss is not None else plan.loss
     ii = plan.ignore_index if ignore_index is None else int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     world = group_world_size(group)
@@ -197,10 +198,8 @@ def _start_measuring(w, optimizer, measure_memory):
     caching allocator's peak statistics, reset here) and not on the CPU, where it installs the
     counting allocator for the window. Call after the gradients were dropped: what exists then
     (weights, buffers, optimizer state) is added to the figures, not counted."""
-    if measure_memory is None:
+    if measure_memory is None:  # checked already (_checked_arguments)
         measure_memory = w.device.type == "cuda"
-    elif not isinstance(measure_memory, bool):
-        raise TypeError("measure_memory must be True, False or None, not %s" % shown_value(measure_memory))
     if not measure_memory:
         return None
     if w.device.type not in ("cpu", "cuda"):
@@ -263,11 +262,12 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     (``lengths=`` missing or of the wrong count, mismatched tensors) reports it in the counts
     all-reduce and every rank raises a ValueError naming it, instead of its peers hanging."""
     t0 = time.perf_counter()
-    inputs = as_inputs(inputs)
+    inputs, target = _checked_arguments(model, optimizer, inputs, target, scheduler, scaler, on_oom, oom_recovery,
+                                        measure_memory)
     world = group_world_size(group)
     if world != plan.world_size and world > 1:
         raise ValueError("the plan is for world size %d but the process group has %d ranks; re-plan with "
-                         "--world-size %d" % (plan.world_size, world, world))
+                         "world_size=%d" % (plan.world_size, world, world))
     loss_kind = loss if loss is not None else plan.loss
     if loss_fn is None and loss_kind not in LOSSES:
         raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss_kind,))
@@ -309,6 +309,19 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
         _stop_measuring(meter, st)
     st.seconds = time.perf_counter() - t0
     return st
+
+
+def _checked_arguments(model, optimizer, inputs, target, scheduler, scaler, on_oom, oom_recovery, measure_memory):
+    """train_window's objects checked before anything runs (a scheduler=5 used to fail after the
+    optimizer had stepped). Returns (inputs, target) as the window takes them."""
+    module_arg(model, "model")
+    optimizer_arg(optimizer)
+    callable_arg(scheduler, "scheduler", "an LR scheduler (an object with step())", ("step",))
+    callable_arg(scaler, "scaler", "a torch.cuda.amp.GradScaler", ("scale", "unscale_", "step", "update", "get_scale"))
+    callable_arg(on_oom, "on_oom", "a callable(note)")
+    flag_arg(oom_recovery, "oom_recovery")
+    flag_arg(measure_memory, "measure_memory", none_ok=True)
+    return as_inputs(inputs), target_arg(target)
 
 
 def _train(w, st, plan, optimizer, n, rank_samples, oom_recovery, on_oom, max_grad_norm, scheduler):

@@ -19,6 +19,7 @@ from . import _core
 from ._args import shown_value, warn_user
 from .batches import gather_packed, map_inputs, padding_mask, slice_samples
 from .distributed import agree_status, collective_device, group_world_size, is_ddp
+from .errors import PlanError, in_python_terms
 from .losses import causal_shift, loss_sum, model_labels, model_output, takes_num_items, units_rule
 
 
@@ -79,14 +80,64 @@ def _check_loss_fn_sums(loss_fn, out, target):
     n = target.shape[0] if isinstance(target, torch.Tensor) and target.dim() > 0 else 0
     if n < 2 or not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != n:
         return
-    with torch.no_grad():
-        pair = float(loss_fn(out[:2], target[:2]))
-        each = float(loss_fn(out[:1], target[:1])) + float(loss_fn(out[1:2], target[1:2]))
+    with torch.no_grad(), blamed("loss_fn(output, target)"):
+        pair = float(_loss_tensor(loss_fn(out[:2], target[:2]), "loss_fn", 2))
+        each = sum(float(_loss_tensor(loss_fn(out[i:i + 1], target[i:i + 1]), "loss_fn", 1)) for i in (0, 1))
     if not math.isclose(pair, each, rel_tol=1e-3, abs_tol=1e-6):
         raise ValueError("loss_fn must return the SUM over the microbatch's samples: for samples 0 and 1 it returned "
                          "%.6g, but %.6g for them one at a time (a mean?); pass reduction='sum', e.g. "
                          "functools.partial(F.cross_entropy, reduction='sum'), or use loss='cross_entropy'"
                          % (pair, each))
+
+
+def _first_line(error):
+    text = " ".join(str(error).split("\n")[0].split())
+    return type(error).__name__ + (": " + text if text else "")
+
+
+def _specs(tensors):
+    return ", ".join("%s%s" % (str(t.dtype).replace("torch.", ""), list(t.shape)) for t in tensors)
+
+
+@contextlib.contextmanager
+def blamed(what, only=Exception):
+    """User code run inside a window — the model's forward, ``loss_fn``, a backward through the
+    user's hooks — failing with anything but out-of-memory: one PlanError that says which and the
+    error's first line (the original chained as ``__cause__``), not torch's trace from deep inside.
+    LibTorch's host allocator failing (a ulimit, the machine's memory) is the C++ core's
+    host_out_of_memory line: no smaller microbatch fixes it."""
+    try:
+        yield
+    except only as e:  # noqa: BLE001 - out-of-memory and accumplan's own errors pass unchanged
+        if is_oom(e) or isinstance(e, PlanError):
+            raise
+        asked = _core.failed_host_allocation_bytes(str(e))
+        if asked is not None:
+            raise PlanError(in_python_terms(_core.host_out_of_memory(asked, "in " + what))) from e
+        raise PlanError("%s failed: %s" % (what, _first_line(e))) from e
+
+
+def _loss_value(s, w, n):
+    """The microbatch's loss sum checked before its backward: a 0-dim floating tensor that requires
+    grad (a float, a vector or a detached output would otherwise fail inside torch, or train
+    nothing)."""
+    s = _loss_tensor(s, "loss_fn" if w.loss_fn is not None else "the model's loss", n)
+    if not s.requires_grad:
+        raise PlanError("the loss does not require grad, so backward cannot train the model: its output is "
+                        "detached, computed under torch.no_grad(), or every parameter it uses is frozen")
+    return s
+
+
+def _loss_tensor(s, who, n):
+    """``s`` as a 0-dim floating tensor, or PlanError naming ``who`` returned what instead."""
+    if not isinstance(s, torch.Tensor):
+        raise PlanError("%s returned %s (%s); it must return the microbatch's loss SUM as a 0-dim tensor"
+                        % (who, type(s).__name__, shown_value(s)))
+    if s.numel() != 1 or not (s.is_floating_point() or s.is_complex()):
+        raise PlanError("%s returned a %s tensor of shape %s for a microbatch of %d samples; it must return their "
+                        "loss SUM as a 0-dim floating tensor" % (who, str(s.dtype).replace("torch.", ""),
+                                                                  list(s.shape), n))
+    return s.reshape(())
 
 
 def _forward_sum(w, mb_inputs, mb_target, n, mask=None, check_loss_fn=False):
@@ -112,22 +163,27 @@ def _forward_sum(w, mb_inputs, mb_target, n, mask=None, check_loss_fn=False):
             return w.model(*args, num_items_in_batch=w.units) if pass_units else w.model(*args)
     ctx = torch.autocast(device_type=device.type, dtype=w.autocast) if w.autocast is not None else contextlib.nullcontext()
     with ctx:
-        out = call()
+        with blamed("the model's forward on a microbatch of %d samples (inputs %s)"
+                    % (n, _specs(list(moved.values()) if isinstance(moved, dict) else moved))):
+            out = call()
         if w.loss_fn is not None:
             if check_loss_fn:
                 _check_loss_fn_sums(w.loss_fn, out, target)
-            return w.loss_fn(out, target)
+            with blamed("loss_fn(output, target)"):
+                return w.loss_fn(out, target)
         output, is_loss = model_output(out)
-        if not is_loss and w.loss_kind != "model":
-            return loss_sum(output, target, w.loss_kind, w.norm, w.ii, n)
-        return loss_sum(output, model_labels(moved, target), "model", w.norm, w.ii, n,
-                        units=w.units if pass_units else None, shift_labels=w.shift)
+        # torch's own errors only (a shape the loss cannot take); accumplan's checks name the target.
+        with blamed("the %s loss on the model's output" % w.loss_kind, only=(RuntimeError, IndexError)):
+            if not is_loss and w.loss_kind != "model":
+                return loss_sum(output, target, w.loss_kind, w.norm, w.ii, n)
+            return loss_sum(output, model_labels(moved, target), "model", w.norm, w.ii, n,
+                            units=w.units if pass_units else None, shift_labels=w.shift)
 
 
 _AUTOCAST_NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 
 
-def autocast_dtype(autocast, device):
+def autocast_dtype(autocast, device, name="autocast"):
     """The dtype ``train_window`` runs forwards under, or None: torch.bfloat16 or torch.float16, or
     its name as the plan's setup.amp writes it ("bf16", "fp16"; "none" for None). ValueError naming
     autocast for another dtype, or one torch cannot autocast to on ``device``."""
@@ -136,8 +192,8 @@ def autocast_dtype(autocast, device):
     dtype = _AUTOCAST_NAMES.get(autocast) if isinstance(autocast, str) else autocast
     if not isinstance(dtype, torch.dtype) or dtype not in (torch.bfloat16, torch.float16):
         kind = TypeError if not isinstance(autocast, (str, torch.dtype)) else ValueError
-        raise kind("autocast must be torch.bfloat16, torch.float16, 'bf16', 'fp16', 'none' or None, not %s"
-                   % shown_value(autocast))
+        raise kind("%s must be torch.bfloat16, torch.float16, 'bf16', 'fp16', 'none' or None, not %s"
+                   % (name, shown_value(autocast)))
     import warnings
     why = None
     try:
@@ -150,8 +206,8 @@ def autocast_dtype(autocast, device):
     except RuntimeError as e:  # torch 1.13 on a CPU: "AutocastCPU only support Bfloat16"
         why = str(e)
     if why:
-        raise ValueError("autocast %s is not supported on %s by this torch: %s"
-                         % (shown_value(autocast), device.type, (why.strip().splitlines() or [""])[0]))
+        raise ValueError("%s %s is not supported on %s by this torch: %s"
+                         % (name, shown_value(autocast), device.type, (why.strip().splitlines() or [""])[0]))
     return dtype
 
 
@@ -242,10 +298,11 @@ def _run_microbatch(w, i, m, groups, start, oom_recovery):
         else:
             mb_inputs, mb_target = slice_samples(w.inputs, w.target, start, m)
         with w.ddp_ctx():
-            s = _forward_sum(w, mb_inputs, mb_target, m, mask, check_loss_fn=(i == 0))
+            s = _loss_value(_forward_sum(w, mb_inputs, mb_target, m, mask, check_loss_fn=(i == 0)), w, m)
             total = float(s.detach())
             obj = s / w.units
-            (w.scaler.scale(obj) if w.scaler is not None else obj).backward()
+            with blamed("the backward of a microbatch of %d samples" % m):
+                (w.scaler.scale(obj) if w.scaler is not None else obj).backward()
         del s, obj
         return total, 0, None
     except Exception as e:  # noqa: BLE001 - only out-of-memory is recovered

@@ -35,7 +35,7 @@ class BadShareOnOneRank(unittest.TestCase):
             "lengths_missing": (peer, r"^rank 1: this plan packs ragged data by tokens .*pass lengths="),
             "samples_over_batch": (r"^rank 1 was handed 3 samples of a global window of 5, more than the plan's "
                                    r"per-rank batch of 2",) * 2,
-            "split_mismatch": (peer, r"^rank 1: tensor 1 of the window has 1 samples"),
+            "split_mismatch": (peer, r"^rank 1: target has 1 samples \(dim 0\) but inputs\[0\] has 2"),
         }
         for case, patterns in want.items():
             for r in range(2):

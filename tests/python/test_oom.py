@@ -73,9 +73,11 @@ class OomRecovery(unittest.TestCase):
             def forward(self, x):
                 raise RuntimeError("shape mismatch, not a memory problem")
 
-        m = Broken()
-        with self.assertRaisesRegex(RuntimeError, "shape mismatch"):
+        m = Broken()  # not out-of-memory: one PlanError line naming the forward, the original chained
+        with self.assertRaisesRegex(accumplan.PlanError, r"^the model's forward on a microbatch of 2 samples "
+                                    r"\(inputs float32\[2, 8\]\) failed: RuntimeError: shape mismatch") as caught:
             make_plan([2, 2]).train_window(m, torch.optim.SGD(m.parameters(), lr=0.5), (x,), y)
+        self.assertIsInstance(caught.exception.__cause__, RuntimeError)
         # recovery off: the OOM propagates
         model = FailingAt(Classifier(), position=0)
         with self.assertRaises(RuntimeError):

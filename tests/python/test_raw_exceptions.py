@@ -1,0 +1,178 @@
+"""accumplan.plan and train_window never end in a raw exception from deep inside torch or the core
+(issue 41): every bad argument is a TypeError/ValueError naming the Python argument before any
+window runs, what the user's model or loss_fn raises inside a window is one PlanError line saying
+which failed (the original chained), and a refused train_window leaves the weights as they were.
+The campaign (scripts/hostile-campaign.py, class python-plan) attacks the same surface wider."""
+import os
+import unittest
+
+import numpy
+import torch
+
+import accumplan
+
+
+def mlp():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 4))
+    return m, torch.optim.SGD(m.parameters(), lr=0.1)
+
+
+def data(n=8):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def plan(m=None, o=None, inputs=None, target=None, **kw):
+    if m is None:
+        m, o = mlp()
+    if inputs is None:
+        x, y = data()
+        inputs, target = (x,), y
+    kw.setdefault("target_batch", 8)
+    kw.setdefault("memory_budget", "64MiB")
+    kw.setdefault("progress", False)
+    return accumplan.plan(m, inputs, target, optimizer=o, **kw)
+
+
+def a_plan():
+    return plan()
+
+
+class Module(torch.nn.Module):
+    def __init__(self, forward):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 4)
+        self._forward = forward
+
+    def forward(self, x):
+        return self._forward(self, x)
+
+
+class ArgumentsNamedBeforeAnyWindow(unittest.TestCase):
+    def refused(self, kind, pattern, **kw):
+        with self.assertRaisesRegex(kind, pattern) as caught:
+            plan(**kw)
+        self.assertNotIn("\n", str(caught.exception))
+        self.assertNotRegex(str(caught.exception), r"(?<![\w-])--[a-z]", "a CLI option in a Python message")
+
+    def test_inputs_that_are_not_tensors_are_named(self):
+        x, y = data()
+        self.refused(ValueError, r"^inputs is empty", inputs=(), target=y)
+        self.refused(TypeError, r"^inputs must be a tensor, a tuple of tensors or a dict of them, not str",
+                     inputs="abc", target=y)
+        m, o = mlp()
+        with self.assertRaisesRegex(TypeError, r"^inputs must be a tensor, .* not NoneType"):
+            accumplan.plan(m, None, y, target_batch=8, optimizer=o, progress=False)
+        self.refused(TypeError, r"^inputs\[0\] must be a torch.Tensor, not ndarray .*torch.as_tensor",
+                     inputs=(numpy.zeros((8, 16), "float32"),), target=y)
+        self.refused(ValueError, r"^inputs\[0\] is a sparse_coo tensor", inputs=(x.to_sparse(),), target=y)
+        self.refused(ValueError, r"^inputs\[0\] is on the meta device", inputs=(torch.empty(8, 16, device="meta"),),
+                     target=y)
+
+    def test_a_target_that_is_not_a_tensor_is_named(self):
+        x, y = data()
+        self.refused(TypeError, r"^target must be a torch.Tensor, not list", inputs=(x,), target=y.tolist())
+        self.refused(TypeError, r"^target must be a torch.Tensor, not ndarray", inputs=(x,), target=y.numpy())
+        self.refused(ValueError, r"^target has 7 samples \(dim 0\) but inputs\[0\] has 8", inputs=(x,), target=y[:7])
+
+    def test_cuda_on_a_torch_without_it_is_named(self):
+        if torch.cuda.is_available():
+            self.skipTest("this torch has CUDA")
+        self.refused(ValueError, r"^device 'cuda': this torch \(.*\) sees no CUDA device", device="cuda")
+
+    def test_optimizers_a_plan_cannot_use_are_named(self):
+        m, o = mlp()
+        other, _ = mlp()
+        self.refused(TypeError, r"^optimizer must be a torch.optim.Optimizer, not str", m=m, o="adam")
+        self.refused(ValueError, r"^optimizer holds none of the model's trainable parameters", m=m,
+                     o=torch.optim.SGD(other.parameters(), lr=0.1))
+        self.refused(TypeError, r"^optimizer must be a torch.optim SGD, Adam, .* not LBFGS", m=m,
+                     o=torch.optim.LBFGS(m.parameters()))
+        o.param_groups[0]["lr"] = float("nan")
+        self.refused(ValueError, r"^optimizer: SGD's lr is nan", m=m, o=o)
+
+    def test_the_cores_refusals_are_in_python_words(self):
+        self.refused(ValueError, r"^normalization 'nope' is unknown", normalization="nope")
+        self.refused(ValueError, r"^amp must be", amp="fp8")
+        self.refused(TypeError, r"^progress must be True, False or a callable", progress=5)
+
+
+class UserCodeInAWindowIsOneLine(unittest.TestCase):
+    def planned_with(self, forward, pattern, **kw):
+        m = Module(forward)
+        o = torch.optim.SGD(m.parameters(), lr=0.1)
+        before = [p.detach().clone() for p in m.parameters()]
+        with self.assertRaisesRegex(accumplan.PlanError, pattern) as caught:
+            plan(m, o, **kw)
+        self.assertNotIn("\n", str(caught.exception))
+        self.assertTrue(all(torch.equal(a, p) for a, p in zip(before, m.parameters())), "the weights changed")
+        return caught.exception
+
+    def test_a_dtype_the_model_rejects_names_the_inputs(self):
+        x, y = data()
+        e = self.planned_with(lambda self, x: self.lin(x),
+                              r"^the model's forward on a microbatch of \d+ samples \(inputs float64\[\d+, 16\]\) "
+                              r"failed: RuntimeError: ", inputs=(x.double(),), target=y)
+        self.assertIsInstance(e.__cause__, RuntimeError)
+
+    def test_an_output_that_does_not_require_grad_is_named(self):
+        self.planned_with(lambda self, x: self.lin(x).detach(), r"^the loss does not require grad")
+
+    def test_a_multi_line_error_from_the_model_is_its_first_line(self):
+        def forward(self, x):
+            raise NotImplementedError("first\nsecond")
+        self.planned_with(forward, r"failed: NotImplementedError: first$")
+
+    def test_loss_fn_returning_a_float_or_a_vector_is_named_before_backward(self):
+        x, y = data()
+        for loss_fn, pattern in [(lambda out, t: 1.0, r"^loss_fn returned float \(1.0\)"),
+                                 (lambda out, t: (out * 1).sum(1), r"^loss_fn returned a float32 tensor of shape \[\d+\]"),
+                                 (lambda out, t: None, r"^loss_fn returned NoneType")]:
+            with self.subTest(pattern=pattern):
+                self.planned_with(lambda self, x: self.lin(x), pattern, loss_fn=loss_fn)
+
+
+class TrainWindowRefusesBeforeItSteps(unittest.TestCase):
+    def test_bad_objects_leave_the_weights_as_they_were(self):
+        p = a_plan()
+        for kw, pattern in [({"scheduler": 5}, r"^scheduler must be an LR scheduler"),
+                            ({"scaler": 5}, r"^scaler must be a torch.cuda.amp.GradScaler"),
+                            ({"on_oom": 5}, r"^on_oom must be a callable"),
+                            ({"oom_recovery": "yes"}, r"^oom_recovery must be True or False")]:
+            with self.subTest(kw=kw):
+                m, o = mlp()
+                x, y = data()
+                before = [t.detach().clone() for t in m.parameters()]
+                with self.assertRaisesRegex(TypeError, pattern):
+                    p.train_window(m, o, (x,), y, **kw)
+                self.assertTrue(all(torch.equal(a, t) for a, t in zip(before, m.parameters())))
+                self.assertTrue(all(t.grad is None for t in m.parameters()))
+
+    def test_model_and_optimizer_are_checked(self):
+        p = a_plan()
+        m, o = mlp()
+        x, y = data()
+        with self.assertRaisesRegex(TypeError, r"^model must be a torch.nn.Module, not int"):
+            p.train_window(5, o, (x,), y)
+        with self.assertRaisesRegex(TypeError, r"^optimizer must be a torch.optim.Optimizer, not str"):
+            p.train_window(m, "sgd", (x,), y)
+
+
+class HostMemory(unittest.TestCase):
+    def test_a_window_tiled_past_the_host_data_limit_is_refused_before_it_is_allocated(self):
+        os.environ["ACCUMPLAN_MAX_HOST_DATA"] = "1MiB"
+        try:
+            # 64 samples of 64 KiB: the persistent step's two fit, a window of 32 would not.
+            m = torch.nn.Sequential(torch.nn.Linear(16384, 2))
+            o = torch.optim.SGD(m.parameters(), lr=0.1)
+            with self.assertRaisesRegex(accumplan.PlanError, r"a window of \d+ samples tiled from inputs and target "
+                                        r"would take .*\(ACCUMPLAN_MAX_HOST_DATA raises it\).*target_batch"):
+                plan(m, o, (torch.zeros(4, 16384),), torch.zeros(4, dtype=torch.long), target_batch=64,
+                     memory_budget="1GiB")
+        finally:
+            del os.environ["ACCUMPLAN_MAX_HOST_DATA"]
+
+
+if __name__ == "__main__":
+    unittest.main()
