@@ -28,6 +28,11 @@ WHAT IT IS
                   character), stats with negative/huge/empty/mismatched values.
     8 python      accumplan.load_plan / Plan / replan_below / train_window / window_sizes / pack and
                   helpers with hostile arguments, one subprocess per case.
+    9 python-plan accumplan.plan and train_window on hostile arguments (inputs, targets, devices,
+                  optimizers, schedulers, loss functions, models whose forward misbehaves, host
+                  memory) and on small legal plans (target batches 1-3, lr 0, bf16, hooks, tied
+                  weights, reparametrisations) that must plan; messages must name the Python
+                  argument, never a CLI option; a failed call leaves the weights as they were.
 
 WHAT IT IS NOT
   Not a test of plan quality, measurement accuracy or OOM recovery; not a fuzzer (every case is a
@@ -37,9 +42,9 @@ WHAT IT IS NOT
 HOW TO RUN
   cp build/accumplan /tmp/hostile-bin/accumplan      # run against a copy, not a binary being relinked
   build/venv/bin/python scripts/hostile-campaign.py --bin /tmp/hostile-bin/accumplan \\
-      [--only CLASS[,CLASS]] [--jobs N<=2] [--json out.json] [--timeout S] [--list]
+      [--only CLASS[,CLASS]] [--sample N] [--jobs N<=2] [--json out.json] [--timeout S] [--list]
   CLASS is a class name or number (outputs|1, one-line|2, host-data|3, storage|4, later|5,
-  non-utf8|6, report|7, python|8). Needs a Python with torch (1.13 works) and the accumplan package
+  non-utf8|6, report|7, python|8, python-plan|9). Needs a Python with torch (1.13 works) and the accumplan package
   installed (build/venv, as scripts/test.sh makes it: `pip install --no-build-isolation .`) to craft the
   torch.save fixtures and run the Python cases. Children run with OMP_NUM_THREADS=1,
   ACCUMPLAN_MAX_HOST_DATA=1GiB (the documented host-data limit, set below the 4 GiB memory bound),
@@ -59,7 +64,9 @@ THE CONTRACT CHECKED
     or exactly ValueError or TypeError, with a one-line message naming the argument; any other
     exception type (OverflowError, RuntimeError, IndexError, UnicodeDecodeError, json's
     JSONDecodeError, RecursionError, MemoryError, KeyError, AttributeError, ...), a crash or a hang
-    is a failure. A case may list extra allowed types (OutOfMemoryAtOne for replan_below(1)).
+    is a failure. A case may list extra allowed types (OutOfMemoryAtOne for replan_below(1)). The
+    message holds no CLI option (--target-batch) outside a quoted command (`accumplan profile
+    --seq-len 512`): a Python caller is told the argument's name.
   Every case: max RSS of the child <= 4 GiB.
 
 OUTPUT
@@ -77,6 +84,7 @@ import json
 import os
 import pickle
 import random
+import re
 import resource
 import shutil
 import signal
@@ -89,9 +97,10 @@ import xml.etree.ElementTree as ET
 import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLASSES = ["outputs", "one-line", "host-data", "storage", "later", "non-utf8", "report", "python"]
+CLASSES = ["outputs", "one-line", "host-data", "storage", "later", "non-utf8", "report", "python", "python-plan"]
 GiB = 1 << 30
 RSS_LIMIT = 4 * GiB
+CLI_OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 AS_LIMIT = 8 * GiB
 SEED = 20240601
 
@@ -1373,6 +1382,175 @@ def gen_python():
     py("plan.save('')", "plan().save('')", names=("''", "path"))
 
 
+PLAN_HELPERS = r"""
+import torch
+def P(m=None, o=None, inputs=None, target=None, **kw):
+    if m is None:
+        m, o = mlp()
+    if inputs is None:
+        x, y = xy()
+        inputs, target = (x,), y
+    kw.setdefault("target_batch", 8)
+    kw.setdefault("memory_budget", "64MiB")
+    kw.setdefault("progress", False)
+    return accumplan.plan(m, inputs, target, optimizer=o, **kw)
+def weights(m):
+    return [p.detach().clone() for p in m.state_dict().values()]
+def unchanged(m, before):
+    after = weights(m)
+    assert len(after) == len(before) and all(torch.equal(a, b) for a, b in zip(after, before)), "the weights changed"
+def keeps_weights(m, call):
+    before = weights(m)
+    try:
+        call()
+    finally:
+        unchanged(m, before)
+class Bad(torch.nn.Module):
+    def __init__(self, fwd):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 10)
+        self.fwd = fwd
+    def forward(self, x):
+        return self.fwd(self, x)
+"""
+
+
+def pp(name, code, expect="raise", names=(), allow=(), timeout=90, heavy=False):
+    add("python-plan", name, py=PLAN_HELPERS + code, expect=expect, names=names, allow=allow, timeout=timeout,
+        heavy=heavy)
+
+
+def gen_python_plan():
+    # What a user passes as data: every one named by its argument, before any window runs.
+    for desc, code, nm in [
+            ("inputs=()", "P(inputs=(), target=xy()[1])", ("inputs",)),
+            ("inputs=None", "m, o = mlp()\naccumplan.plan(m, None, xy()[1], target_batch=8, optimizer=o, progress=False)", ("inputs",)),
+            ("inputs='abc'", "P(inputs='abc', target=xy()[1])", ("inputs",)),
+            ("inputs=(1.5,)", "P(inputs=(1.5,), target=xy()[1])", ("inputs",)),
+            ("inputs=[[list]]", "P(inputs=([[0.0] * 64] * 8,), target=xy()[1])", ("inputs",)),
+            ("inputs a NumPy array", "import numpy\nP(inputs=(numpy.zeros((8, 64), 'float32'),), target=xy()[1])", ("inputs",)),
+            ("inputs sparse", "x, y = xy()\nP(inputs=(x.to_sparse(),), target=y)", ("inputs", "sparse")),
+            ("inputs on the meta device", "x, y = xy()\nP(inputs=(torch.empty(8, 64, device='meta'),), target=y)", ("inputs", "meta")),
+            ("inputs float64 for a float32 model", "x, y = xy()\nP(inputs=(x.double(),), target=y)", ("inputs", "dtype", "float64")),
+            ("inputs int64 for a Linear", "x, y = xy()\nP(inputs=(x.long(),), target=y)", ("inputs", "dtype", "int64")),
+            ("inputs of the wrong width", "x, y = xy()\nP(inputs=(x[:, :32],), target=y)", ("inputs", "shape", "model")),
+            ("inputs a 0-dim tensor", "x, y = xy()\nP(inputs=(x[0, 0],), target=y)", ("inputs", "dim", "sample")),
+            ("target a list", "x, y = xy()\nP(inputs=(x,), target=y.tolist())", ("target",)),
+            ("target a NumPy array", "x, y = xy()\nP(inputs=(x,), target=y.numpy())", ("target",)),
+            ("target a string", "x, y = xy()\nP(inputs=(x,), target='y')", ("target",)),
+            ("target of 7 rows for 8 inputs", "x, y = xy()\nP(inputs=(x,), target=y[:7])", ("target", "samples", "7")),
+            ("target classes out of range", "x, y = xy()\ny[0] = 10\nP(inputs=(x,), target=y)", ("target", "class", "10")),
+            ("target float for mse of the wrong shape", "x, y = xy()\nP(inputs=(x,), target=torch.zeros(8, 3), loss='mse')",
+             ("target", "shape", "mse")),
+            ("inputs with requires_grad", "x, y = xy()\nP(inputs=(x.requires_grad_(),), target=y)", ("inputs", "grad")),
+    ]:
+        pp("plan " + desc, code, names=nm, expect="ok-or-raise" if "requires_grad" in desc else "raise")
+    # Devices, budgets, optimizers, schedulers.
+    for desc, code, nm in [
+            ("device='cuda' (no CUDA here)", "P(device='cuda')", ("device", "cuda")),
+            ("device='cuda:7'", "P(device='cuda:7')", ("device", "cuda")),
+            ("device='mps'", "P(device='mps')", ("device", "mps")),
+            ("device=5", "P(device=5)", ("device",)),
+            ("memory_budget='12XB'", "P(memory_budget='12XB')", ("memory_budget", "12XB")),
+            ("memory_budget='200%'", "P(memory_budget='200%')", ("memory_budget", "200%")),
+            ("memory_budget=-1", "P(memory_budget=-1)", ("memory_budget",)),
+            ("memory_budget=1.5", "P(memory_budget=1.5)", ("memory_budget",)),
+            ("memory_budget=[1]", "P(memory_budget=[1])", ("memory_budget",)),
+            ("headroom='-1'", "P(headroom='-1')", ("headroom",)),
+            ("headroom='2'", "P(headroom='2')", ("headroom",)),
+            ("headroom=None", "P(headroom=None)", ("headroom",)),
+            ("world_size=0", "P(world_size=0)", ("world_size",)),
+            ("world_size=16 over target_batch 8", "P(world_size=16)", ("world_size", "target_batch")),
+            ("target_batch=0", "P(target_batch=0)", ("target_batch",)),
+            ("target_batch='8'", "P(target_batch='8')", ("target_batch",)),
+            ("optimizer=None", "m, o = mlp()\nP(m, None)", ("optimizer",)),
+            ("optimizer='adam'", "m, o = mlp()\nP(m, 'adam')", ("optimizer",)),
+            ("optimizer LBFGS (needs a closure)", "m, o = mlp()\nP(m, torch.optim.LBFGS(m.parameters()))", ("optimizer", "LBFGS")),
+            ("optimizer of another model", "m, o = mlp()\nm2, o2 = mlp()\nP(m, o2)", ("optimizer", "parameters")),
+            ("lr=nan", "m, o = mlp()\no.param_groups[0]['lr'] = float('nan')\nP(m, o)", ("lr",)),
+            ("lr=-1", "m, o = mlp()\no.param_groups[0]['lr'] = -1.0\nP(m, o)", ("lr",)),
+            ("lr='x'", "m, o = mlp()\no.param_groups[0]['lr'] = 'x'\nP(m, o)", ("lr",)),
+            ("loss='nope'", "P(loss='nope')", ("loss",)),
+            ("loss_fn=5", "P(loss_fn=5)", ("loss_fn",)),
+            ("loss_fn returning a float", "P(loss_fn=lambda out, t: 1.0)", ("loss_fn",)),
+            ("loss_fn returning a vector", "P(loss_fn=lambda out, t: (out - out.detach()).sum(1))", ("loss_fn",)),
+            ("loss_fn returning None", "P(loss_fn=lambda out, t: None)", ("loss_fn",)),
+            ("loss_fn raising KeyError", "def f(out, t):\n    raise KeyError('mine')\nP(loss_fn=f)", ("loss_fn", "mine")),
+            ("amp='fp8'", "P(amp='fp8')", ("amp",)),
+            ("amp='fp16' on the CPU", "P(amp='fp16')", ("amp", "fp16")),
+            ("max_grad_norm=0", "P(max_grad_norm=0)", ("max_grad_norm",)),
+            ("normalization='nope'", "P(normalization='nope')", ("normalization",)),
+            ("ignore_index=2**40", "P(ignore_index=2**40)", ("ignore_index",)),
+            ("progress=5", "P(progress=5)", ("progress",)),
+    ]:
+        pp("plan " + desc, code, names=nm)
+    # Models whose forward misbehaves: one line naming the model, never torch's trace.
+    for desc, fwd, nm in [
+            ("an output that does not require grad", "lambda self, x: self.lin(x).detach()", ("model", "grad")),
+            ("a forward returning None", "lambda self, x: None", ("model", "output", "None")),
+            ("a forward returning a string", "lambda self, x: 'out'", ("model", "output", "str")),
+            ("a forward raising RuntimeError", "lambda self, x: (_ for _ in ()).throw(RuntimeError('mine'))", ("model", "mine")),
+            ("a forward raising ValueError", "lambda self, x: (_ for _ in ()).throw(ValueError('mine'))", ("model", "mine")),
+            ("a forward raising a multi-line error", "lambda self, x: (_ for _ in ()).throw(RuntimeError('a\\nb'))", ("model", "a")),
+            ("a forward raising NotImplementedError", "lambda self, x: (_ for _ in ()).throw(NotImplementedError())",
+             ("model", "NotImplementedError")),
+            ("a forward of the wrong output width", "lambda self, x: self.lin(x)[:, :3]", ("target", "class", "model")),
+    ]:
+        pp("plan with " + desc, "m = Bad(%s)\nkeeps_weights(m, lambda: P(m, torch.optim.SGD(m.parameters(), lr=0.1)))" % fwd,
+           names=nm)
+    pp("plan with a forward allocating 10 GiB on the host",
+       "m = Bad(lambda self, x: self.lin(x) + torch.empty(10 * 2**30 // 4).sum() * 0)\n"
+       "keeps_weights(m, lambda: P(m, torch.optim.SGD(m.parameters(), lr=0.1)))",
+       names=("memory", "model", "host"), allow=("OutOfMemoryAtOne",), heavy=True)
+    # Host memory: the window's data is bounded by ACCUMPLAN_MAX_HOST_DATA (1 GiB in the children).
+    pp("plan target_batch 2**30 with no budget (host data)",
+       "x, y = xy()\nP(inputs=(x,), target=y, target_batch=2**30, memory_budget=None)",
+       names=("ACCUMPLAN_MAX_HOST_DATA", "host", "target_batch"), expect="ok-or-raise", heavy=True, timeout=180)
+    pp("plan 1 MiB samples, target_batch 4096, 64 GiB budget (host data)",
+       "m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2**18, 2))\n"
+       "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+       "P(m, o, (torch.zeros(2, 2**18),), torch.zeros(2, dtype=torch.long), target_batch=4096, memory_budget='64GiB')",
+       names=("ACCUMPLAN_MAX_HOST_DATA", "host", "target_batch"), expect="ok-or-raise", heavy=True, timeout=180)
+    # Small and legal: these plan.
+    ok = "p = %s\nassert sum(p.microbatch_sizes) == p.per_rank_batch, p.microbatch_sizes"
+    for desc, call in [("target_batch=1", "P(target_batch=1)"), ("target_batch=2", "P(target_batch=2)"),
+                       ("target_batch=3", "P(target_batch=3)"), ("target_batch=8 over 4 ranks", "P(world_size=4)")]:
+        pp("plan " + desc + " (legal)", ok % call, expect="ok")
+    pp("plan lr=0 on the model's own optimizer (legal)",
+       "m, o = mlp()\no.param_groups[0]['lr'] = 0.0\n" + ok % "P(m, o)", expect="ok")
+    for desc, setup in [
+            ("amp='bf16'", "m, o = mlp()\nkw = dict(amp='bf16')"),
+            ("a gradient hook", "m, o = mlp()\nm[0].weight.register_hook(lambda g: g * 2)\nkw = {}"),
+            ("tied weights", "m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 10))\n"
+                             "m[1].weight = m[0].weight\no = torch.optim.SGD(m.parameters(), lr=0.1)\nkw = {}"),
+            ("weight_norm", "m, o = mlp()\nm[0] = torch.nn.utils.weight_norm(m[0])\no = torch.optim.SGD(m.parameters(), lr=0.1)\nkw = {}"),
+            ("spectral_norm", "m, o = mlp()\nm[0] = torch.nn.utils.spectral_norm(m[0])\no = torch.optim.SGD(m.parameters(), lr=0.1)\nkw = {}"),
+    ]:
+        pp("plan with %s on a small MLP (legal)" % desc, setup + "\n" + ok % "P(m, o, **kw)", expect="ok")
+    pp("plan SGD without momentum under a budget below two samples",
+       "P(memory_budget=2000)", allow=("OutOfMemoryAtOne",), names=("memory_budget", "2000", "budget", "sample"))
+    pp("plan leaves the weights as they were after a refusal",
+       "m, o = mlp()\nkeeps_weights(m, lambda: P(m, o, loss_fn=lambda out, t: out.mean()))", names=("loss_fn", "sum", "mean"))
+    # train_window: a bad argument costs nothing, the weights included.
+    tw = "m, o = mlp()\nx, y = xy()\nkeeps_weights(m, lambda: plan().train_window(m, o, (x,), y%s))"
+    for desc, kw, nm in [
+            ("scheduler=5", ", scheduler=5", ("scheduler",)), ("scheduler='cosine'", ", scheduler='cosine'", ("scheduler",)),
+            ("scaler=5", ", scaler=5", ("scaler",)), ("on_oom=5", ", on_oom=5", ("on_oom",)),
+            ("oom_recovery='yes'", ", oom_recovery='yes'", ("oom_recovery",)),
+            ("measure_memory='yes'", ", measure_memory='yes'", ("measure_memory",)),
+            ("loss_fn returning a float", ", loss_fn=lambda out, t: 1.0", ("loss_fn",)),
+            ("loss_fn raising KeyError", ", loss_fn=lambda out, t: {}['mine']", ("loss_fn", "mine")),
+    ]:
+        pp("train_window " + desc, tw % kw, names=nm)
+    tw = "m, o = mlp()\nx, y = xy()\nkeeps_weights(m, lambda: plan().train_window(%s))"
+    for desc, args, nm in [("inputs float64", "m, o, (x.double(),), y", ("inputs", "dtype", "float64")),
+                           ("target a list", "m, o, (x,), y.tolist()", ("target",)),
+                           ("optimizer='sgd'", "m, 'sgd', (x,), y", ("optimizer",)),
+                           ("model=5", "5, o, (x,), y", ("model",))]:
+        pp("train_window " + desc, tw % args, names=nm)
+    pp("Plan.save('p.json/')", "plan().save('p.json/')", names=("p.json/", "directory", "path"))
+
+
 # --------------------------------------------------------------------------------------------------
 # running
 
@@ -1611,6 +1789,8 @@ def run_case(c, timeout_default):
                     kinds.append("multi-line")
                 if okt and not needle_hit(r["msg"].encode(), c.names):
                     kinds.append("unnamed")
+                if okt and CLI_OPTION.search(re.sub(r"`[^`]*`", "", r["msg"])):
+                    kinds.append("cli-words")  # a Python caller has no --options: name the argument
         probs = diff_snap(before, after, c.outputs)
         # a Python case may create what its code creates itself (fifo, copies, dirs) in its cwd
         probs = [p for p in probs if p.startswith("temp file") or not p.split("'")[1].startswith("w")]
@@ -1675,7 +1855,7 @@ def class_of(arg):
         elif a in CLASSES:
             out.append(a)
         else:
-            raise SystemExit("unknown class %r; one of %s (or 1..8)" % (a, ", ".join(CLASSES)))
+            raise SystemExit("unknown class %r; one of %s (or 1..9)" % (a, ", ".join(CLASSES)))
     return out
 
 
@@ -1683,13 +1863,15 @@ def main():
     global BIN, FIX, WORK
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="the accumplan executable (a copy, not build/accumplan being relinked)")
-    ap.add_argument("--only", help="run only these classes (names or 1..8, comma-separated)")
+    ap.add_argument("--only", help="run only these classes (names or 1..9, comma-separated)")
     ap.add_argument("--jobs", type=int, default=2, help="cases in parallel (default 2)")
     ap.add_argument("--json", help="write every case's result here")
     ap.add_argument("--work", default="/tmp/hostile-campaign", help="scratch directory (recreated)")
     ap.add_argument("--timeout", type=float, default=60, help="default per-case timeout in seconds")
     ap.add_argument("--skip-bomb", action="store_true", help="do not build or run the 4.5 GiB zip-bomb cases")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--sample", type=int, metavar="N",
+                    help="run N of the cases, a fixed seeded choice (the test command's bounded subset)")
     args = ap.parse_args()
     BIN = os.path.abspath(args.bin)
     if not os.access(BIN, os.X_OK):
@@ -1709,7 +1891,7 @@ def main():
         FIX = os.path.join(WORK, "fixtures")
     gens = {"outputs": gen_outputs, "one-line": gen_one_line, "host-data": gen_host_data,
             "storage": lambda: gen_storage(args.skip_bomb), "later": gen_later, "non-utf8": gen_non_utf8,
-            "report": gen_report, "python": gen_python}
+            "report": gen_report, "python": gen_python, "python-plan": gen_python_plan}
     if args.list and not os.path.isdir(FIX):
         raise SystemExit("--list needs the fixtures of a previous run in %s" % FIX)
     for cls in CLASSES:
@@ -1718,6 +1900,10 @@ def main():
             gens[cls]()
             for i, c in enumerate(CASES[n0:]):
                 c.id = "%d-%s-%03d" % (CLASSES.index(cls) + 1, cls, i)
+    if args.sample is not None and args.sample < len(CASES):
+        if args.sample < 1:
+            raise SystemExit("--sample %d: give a positive number of cases" % args.sample)
+        CASES[:] = sorted(random.Random(SEED).sample(CASES, args.sample), key=lambda c: c.id)
     if args.list:
         for c in CASES:
             print(c.id, c.expect, c.name)
@@ -1746,7 +1932,7 @@ def main():
         extra.append("/tmp/hostile-pwned exists: a pickle's os.system ran")
 
     kinds_all = ["exit", "multi-line", "ctrl-char", "stdout", "file", "traceback", "signal", "hang", "memory",
-                 "unnamed", "bad-output", "wrong-exception", "no-error", "crash"]
+                 "unnamed", "cli-words", "bad-output", "wrong-exception", "no-error", "crash"]
     used = [k for k in kinds_all if any(k in r["kinds"] for r in results)]
     head = ["class", "cases", "pass", "skip", "fail"] + used
     rows = []

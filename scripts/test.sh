@@ -138,6 +138,21 @@ stage python-tests
 ACCUMPLAN_BIN="$PWD/${BUILD_DIR:-build}/accumplan" OMP_NUM_THREADS=1 \
   "$venv/bin/python" tests/python/run_tests.py -j "${JOBS:-2}"
 
+# The hostile campaign (scripts/hostile-campaign.py: the error contract under hostile inputs, ~925
+# cases in 9 classes, about 10 minutes on 2 cores) on a bounded subset: 40 cases, a fixed seeded
+# choice across every class, against copies of the binaries (the campaign must not run a binary
+# being relinked). CAMPAIGN_SAMPLE=0 skips it; a larger number runs more.
+stage campaign
+campaign_sample="${CAMPAIGN_SAMPLE:-40}"
+if [ "$campaign_sample" != 0 ]; then
+  bin_copy="${BUILD_DIR:-build}/campaign-bin"
+  rm -rf "$bin_copy" && mkdir -p "$bin_copy"
+  cp "${BUILD_DIR:-build}/accumplan" "$bin_copy/"
+  [ ! -x "${BUILD_DIR:-build}/accumplan-device" ] || cp "${BUILD_DIR:-build}/accumplan-device" "$bin_copy/"
+  OMP_NUM_THREADS=1 "$venv/bin/python" scripts/hostile-campaign.py --bin "$bin_copy/accumplan" --skip-bomb \
+    --sample "$campaign_sample" --jobs "${JOBS:-2}" --work "$PWD/${BUILD_DIR:-build}/campaign-work"
+fi
+
 # The GPU check's rehearsal (issue 27): scripts/gpu-check.sh as the GPU machine will run it, here
 # against Debian's LibTorch on the CPU device with tiny sizes, reusing the build above. It proves
 # that .gpu-deps configures, and that the build, the probe tests and the benchmark run end to end
@@ -169,4 +184,4 @@ cxx_flags=$(PKG_CONFIG_PATH="$(cd "$planner_dir" && pwd)/install-test/lib/pkgcon
 int main() { return accumplan::balanced_split(256, 5, 1).front() == 52 ? 0 : 1; }
 CPP
 "$planner_dir/consumer/pkg-config-check"
-echo "test.sh: all tests passed (C++, planner-only, sanitizers and fuzzing, Python, installed package)"
+echo "test.sh: all tests passed (C++, planner-only, sanitizers and fuzzing, Python, hostile campaign subset, installed package)"
