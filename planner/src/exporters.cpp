@@ -456,11 +456,38 @@ std::string torchrun_export(const Plan& plan, const ExportOptions& options) {
   return s.str();
 }
 
+// The export targets, one row each: the name `--to` takes, how a message names the trainer, and
+// the writer (torchrun's takes the plan alone: it launches `accumplan run` on it). The name list,
+// the messages and the dispatch all read this table, so a target cannot be listed and fall
+// through to another's writer (an added name once exported Lightning silently).
+struct ExportTarget {
+  const char* name;
+  const char* trainer;
+  std::string (*write)(ExportContext&);  // nullptr: torchrun
+};
+const std::vector<ExportTarget>& target_table() {
+  static const std::vector<ExportTarget> table = {
+      {"deepspeed", "DeepSpeed", &deepspeed_export},
+      {"accelerate", "Accelerate", &accelerate_export},
+      {"accelerate-config", "accelerate-config", &accelerate_config_export},
+      {"lightning", "Lightning", &lightning_export},
+      {"hf", "Hugging Face Trainer", &hf_export},
+      {"torchrun", "torchrun", nullptr},
+  };
+  return table;
+}
+const ExportTarget* find_target(const std::string& name) {
+  for (const ExportTarget& t : target_table()) {
+    if (name == t.name) return &t;
+  }
+  return nullptr;
+}
+
 // Everything export_plan refuses before writing anything: an unknown target or data module, a
 // uniform split that does not make the target, windows cut by tokens for a trainer that cuts
 // them by samples.
 void check_exportable(const Plan& plan, const std::string& target, const ExportOptions& options) {
-  if (std::find(export_targets().begin(), export_targets().end(), target) == export_targets().end()) {
+  if (find_target(target) == nullptr) {
     std::string list;
     for (const auto& t : export_targets()) list += (list.empty() ? "" : ", ") + t;
     throw InputError("--to '" + cut_for_message(target) + "' is not a known trainer; choose one of: " + list);
@@ -542,11 +569,8 @@ std::string departure_or_refusal(const Plan& plan, const std::string& target, co
 
 // How a message names the trainer an export is for.
 std::string trainer_name(const std::string& target) {
-  if (target == "deepspeed") return "DeepSpeed";
-  if (target == "hf") return "Hugging Face Trainer";
-  if (target == "lightning") return "Lightning";
-  if (target == "accelerate") return "Accelerate";
-  return target;
+  const ExportTarget* t = find_target(target);
+  return t != nullptr ? t->trainer : target;
 }
 
 // The torchrun export launches accumplan run on the plan: InputError naming what of the plan's
@@ -586,8 +610,11 @@ std::vector<std::string> optimizer_losses(const Training& t, const std::string& 
 }  // namespace
 
 const std::vector<std::string>& export_targets() {
-  static const std::vector<std::string> targets = {"deepspeed", "accelerate", "accelerate-config", "lightning", "hf",
-                                                   "torchrun"};
+  static const std::vector<std::string> targets = [] {
+    std::vector<std::string> names;
+    for (const ExportTarget& t : target_table()) names.emplace_back(t.name);
+    return names;
+  }();
   return targets;
 }
 
@@ -659,7 +686,7 @@ void check_lightning_datamodule(const std::string& class_path, const std::string
 std::string export_plan(const Plan& plan, const std::string& target, std::string* note, const ExportOptions& options) {
   check_exportable(plan, target, options);
   if (note) note->clear();
-  if (target == "torchrun") {
+  if (find_target(target)->write == nullptr) {  // torchrun
     check_torchrun_optimizer(plan);
     return torchrun_export(plan, options);
   }
@@ -670,12 +697,7 @@ std::string export_plan(const Plan& plan, const std::string& target, std::string
   ExportContext c{plan, plan.uniform.micro_batch, plan.uniform.accumulation_steps, std::move(training),
                   provenance(plan, options, what, slowdown), {}, options, std::move(lossy)};
   if (!what.empty()) c.notes.push_back(what);
-  std::string text;
-  if (target == "deepspeed") text = deepspeed_export(c);
-  else if (target == "hf") text = hf_export(c);
-  else if (target == "accelerate") text = accelerate_export(c);
-  else if (target == "accelerate-config") text = accelerate_config_export(c);
-  else text = lightning_export(c);
+  std::string text = find_target(target)->write(c);  // check_exportable refused an unknown target
   if (note) {
     for (const std::string& n : c.lossy) *note += (note->empty() ? "" : "\n") + ("lossy: " + n);
     for (const std::string& n : c.notes) *note += (note->empty() ? "" : "\n") + n;

@@ -3,7 +3,10 @@
 // than 25% slower. tests/python/test_exports.py parses the same outputs with the consumers.
 #include <catch2/catch.hpp>
 
+#include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -77,6 +80,24 @@ TEST_CASE("Exporters: every trainer's batch arithmetic reaches the target with W
   CHECK(body.find("  accumulate_grad_batches: 2\n") != std::string::npos);
   CHECK(body.find("data:\n  batch_size: 64") != std::string::npos);
   CHECK(pl.find("NOTE") == std::string::npos);
+}
+
+TEST_CASE("Exporters: every listed target has its own writer, and an unlisted one is refused", "[export]") {
+  // One table owns the names and the writers: a name added to the list cannot fall through to
+  // another target's writer (an added name once exported Lightning silently).
+  const Plan plan = plan_for(256, 2, 64);
+  std::set<std::string> outputs;
+  for (const std::string& target : export_targets()) {
+    std::string note;
+    INFO(target);
+    outputs.insert(export_plan(plan, target, &note, ExportOptions{"p.json", "accumplan", true}));
+  }
+  CHECK(outputs.size() == export_targets().size());
+  CHECK(export_targets() ==
+        std::vector<std::string>{"deepspeed", "accelerate", "accelerate-config", "lightning", "hf", "torchrun"});
+  CHECK_THROWS_WITH(export_plan(plan, "lightning2", nullptr),
+                    "--to 'lightning2' is not a known trainer; choose one of: deepspeed, accelerate, "
+                    "accelerate-config, lightning, hf, torchrun");
 }
 
 TEST_CASE("Exporters: torchrun is a full command line with spellings 1.13 and 2.x accept", "[export]") {
