@@ -31,6 +31,7 @@
 #include "cli/commands.h"
 #include "runtime/host_data.h"
 #include "cli/plan_options.h"
+#include "cli/progress_option.h"
 #include "observe/progress.h"
 #include "profiling/probe_runner.h"
 #include "runtime/amp.h"
@@ -150,10 +151,8 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
   a.device_option =
       choice(app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: cuda when available, else cpu)"))
           ->group(dev_group);
-  app->add_option("--memory-budget", a.budget,
-                  "device memory to stay within, enforced while measuring: 512MiB, 12GiB, 1.5GB, bytes, or "
-                  "90% of the device. On cpu this makes the CPU a simulated accelerator of that size")
-      ->group(dev_group);
+  add_memory_budget_option(app, a.budget, "device memory to stay within, enforced while measuring",
+                           "on cpu this makes the CPU a simulated accelerator of that size", dev_group);
   choice(app->add_option("--probe", a.probe, "memory probe: auto | cpu-counting | cuda-caching-allocator | cupti"))
       ->capture_default_str()
       ->group(dev_group);
@@ -233,7 +232,7 @@ RunnerOptions runner_options(const DeviceArgs& a) {
   }
   o.device = given(a.device_option) ? a.device : (torch::cuda::is_available() ? "cuda" : "cpu");
   parse_device(o.device);  // InputError for a bad --device before anything is loaded
-  if (!a.budget.empty()) o.budget = parse_budget(a.budget, "--memory-budget");
+  o.budget = memory_budget_from(a.budget);
   o.probe_sizes = parse_sizes(a.probe_sizes);
   o.seed = a.seed;
   o.progress = [](const std::string& line) { std::cerr << "accumplan: " << line << "\n" << std::flush; };

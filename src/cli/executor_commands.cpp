@@ -41,11 +41,13 @@
 #include "accumplan/tensor_spec.h"
 #include "accumplan/units.h"
 #include "cli/commands.h"
+#include "cli/plan_options.h"
 #include "dist/communicator.h"
 #include "executor/executor.h"
 #include "accumplan/replan.h"
 #include "run/run_session.h"
 #include "executor/verify.h"
+#include "cli/progress_option.h"
 #include "observe/progress.h"
 #include "observe/trace.h"
 #include "runtime/batch.h"
@@ -413,7 +415,7 @@ RunData load_run_data(const RunArgs& a, Prepared& p) {
       d.host_data_bytes);
   batch_samples(d.data, "the data");  // every tensor holds the same samples
   if (!a.budget.empty()) {
-    d.budget_bytes = parse_budget(a.budget, "--memory-budget").resolve_bytes(p.probe->device_total_bytes());
+    d.budget_bytes = memory_budget_from(a.budget).resolve_bytes(p.probe->device_total_bytes());
     enforce_budget_beside(*p.probe, d.budget_bytes, d.host_data_bytes);
   }
   return d;
@@ -674,9 +676,9 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
   args->amp_option = choice(run->add_option("--amp", args->amp,
                   "none | bf16 | fp16 (default: the plan's setup.amp; another mode than the plan was measured with "
                   "needs --force); fp16 uses a dynamic loss scale"));
-  run->add_option("--memory-budget", args->budget,
-                  "enforce this device memory (512MiB, 12GiB, 90%); on cpu the counting allocator makes the CPU a "
-                  "simulated device of that size, as when planning");
+  add_memory_budget_option(run, args->budget, "device memory to enforce while training",
+                           "on cpu the counting allocator makes the CPU a simulated device of that size, as when "
+                           "planning", "");
   run->add_option("--save", args->save, "write the trained TorchScript module here (atomically)");
   run->add_option("--stats", args->stats,
                   "write run statistics JSON here (atomically; - for stdout): totals and window_series, one record "

@@ -61,4 +61,16 @@ PlanRequest plan_request_from(const PlanOptionArgs& a) {
   return req;
 }
 
+CLI::Option* add_memory_budget_option(CLI::App* app, std::string& text, const std::string& use,
+                                      const std::string& note, const std::string& group) {
+  CLI::Option* option = app->add_option("--memory-budget", text,
+                                        use + ": 512MiB, 12GiB, 1.5GB, a byte count, or 90% of the device" +
+                                            (note.empty() ? std::string() : "; " + note));
+  return group.empty() ? option : option->group(group);  // CLI11 hides an option of group ""
+}
+
+BudgetSpec memory_budget_from(const std::string& text) {
+  return text.empty() ? BudgetSpec{} : parse_budget(text, "--memory-budget");
+}
+
 }  // namespace accumplan::cli

@@ -4,15 +4,16 @@
 // `--max-micro-batch`, `--split` and `--use-timing`, with their help text, for `accumplan plan`
 // and the main job (`accumplan --model ... --target-batch ...`), and their conversion into a
 // PlanRequest (solver.h), so the two commands cannot drift apart.
-// What it is not: the budget (`--memory-budget` is a measuring option on the device commands and
-// a planning one on `plan`; each command declares it with its own meaning) or any checking beyond
-// parsing: the solver's check_request owns the ranges.
+// Also `--memory-budget`, declared once for `plan`, the main job and `run`: one parser and one list
+// of forms; each command says in `use` what it does with the budget (plans for it, enforces it).
+// What it is not: any checking beyond parsing: the solver's check_request owns the ranges.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "accumplan/solver.h"
+#include "accumplan/units.h"
 
 namespace CLI {
 class App;
@@ -42,5 +43,12 @@ void add_plan_options(CLI::App* app, PlanOptionArgs& args, const std::string& gr
 // The request the options describe (budget left unset: the caller's). Throws InputError for a bad
 // --headroom, or when neither --target-batch nor --target-tokens was given.
 PlanRequest plan_request_from(const PlanOptionArgs& args);
+
+// Adds --memory-budget to `app` in `group` ("": the command's default group); its help is `use`, the forms it takes, then `note`.
+CLI::Option* add_memory_budget_option(CLI::App* app, std::string& text, const std::string& use,
+                                      const std::string& note, const std::string& group);
+
+// The budget --memory-budget gave (unset when `text` is empty); InputError naming the option.
+BudgetSpec memory_budget_from(const std::string& text);
 
 }  // namespace accumplan::cli

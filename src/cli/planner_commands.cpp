@@ -55,17 +55,15 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
       "plan", "Plan from a saved profile (no device needed): microbatch, accumulation, weights.");
   plan->add_option("--profile", args->profile, "profile.json written by `accumplan profile`")->required();
   add_plan_options(plan, args->plan, "Plan");
-  plan->add_option("--memory-budget", args->budget,
-                   "device memory to plan for: 512MiB, 12GiB, 1.5GB, bytes, or 90% (default: the "
-                   "profiled device's total)")
-      ->group("Plan");
+  add_memory_budget_option(plan, args->budget, "device memory to plan for",
+                           "default: the profiled device's total", "Plan");
   plan->add_option("--out", args->out, "write plan.json here (atomically); default stdout");
 
   commands.push_back({plan, [args, plan]() {
                         check_outputs({output_option(plan, "--out", args->out, true)}, {{"--profile", args->profile}});
                         const Profile profile = read_profile_file(args->profile, "--profile");
                         PlanRequest req = plan_request_from(args->plan);
-                        if (!args->budget.empty()) req.budget = parse_budget(args->budget, "--memory-budget");
+                        req.budget = memory_budget_from(args->budget);
                         const Plan p = make_plan(profile, req);
                         // Written first: a bad --out is then one error line, not a summary of a
                         // plan that was never saved followed by the error.
