@@ -4,8 +4,6 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -14,7 +12,6 @@
 #include <iostream>
 
 #include "accumplan/errors.h"
-#include "cli/choice.h"  // header-only: observe declares --progress, a choice
 
 namespace accumplan {
 namespace {
@@ -56,14 +53,6 @@ std::string to_string(ProgressMode mode) {
     case ProgressMode::None: return "none";
   }
   return "auto";
-}
-
-CLI::Option* add_progress_option(CLI::App* app, std::string& mode) {
-  if (mode.empty()) mode = "auto";
-  return cli::choice(app->add_option("--progress", mode,
-                   "auto | bar | plain | none: auto draws one updating line (elapsed, samples/s, ETA) when stderr is "
-                   "a terminal and NO_COLOR is unset, else plain lines (one per 10%); none prints no progress"))
-      ->capture_default_str();
 }
 
 Terminal terminal_from_environment() {

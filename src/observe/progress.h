@@ -20,11 +20,6 @@
 #include <string>
 #include <vector>
 
-namespace CLI {
-class App;
-class Option;
-}  // namespace CLI
-
 namespace accumplan {
 
 enum class ProgressMode { Auto, Bar, Plain, None };
@@ -32,10 +27,6 @@ enum class ProgressMode { Auto, Bar, Plain, None };
 // "auto" | "bar" | "plain" | "none"; InputError naming the value and the choices otherwise.
 ProgressMode parse_progress_mode(const std::string& text, const std::string& what = "--progress");
 std::string to_string(ProgressMode mode);
-
-// The one declaration of `--progress auto|bar|plain|none` (default auto), for every command
-// that shows progress; `mode` receives the text, parse it with parse_progress_mode.
-CLI::Option* add_progress_option(CLI::App* app, std::string& mode);
 
 // What decides "auto", read from the process by terminal_from_environment().
 struct Terminal {

@@ -46,6 +46,7 @@
 #include "accumplan/memory_probe.h"
 #include "accumplan/units.h"
 #include "bench_overhead.h"
+#include "cli/progress_option.h"
 #include "observe/progress.h"
 #include "peer_strategies.h"
 #include "accumplan/schema.h"
