@@ -3,6 +3,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/search.h"
+#include "accumplan/units.h"
 
 namespace accumplan {
 
@@ -13,10 +14,13 @@ Trial PersistentStep::measured(int64_t peak_bytes, double seconds) const {
 }
 
 Trial PersistentStep::out_of_memory(double seconds, const std::string& device_name) {
-  if (!attempt_budget_bytes()) {
-    throw InfeasibleError("the model's weights, gradients and optimizer state do not fit on " + device_name +
-                          " even without a budget; use a smaller model, an optimizer with less state (sgd keeps "
-                          "none), or a larger device");
+  if (over_budget_ || !budget_bytes_) {
+    const std::string where = over_budget_ && lifted_cap_bytes_
+                                  ? " even without the budget, within the host-data limit of " +
+                                        format_bytes(*lifted_cap_bytes_) + " (ACCUMPLAN_MAX_HOST_DATA raises it)"
+                                  : " even without a budget";
+    throw InfeasibleError("the model's weights, gradients and optimizer state do not fit on " + device_name + where +
+                          "; use a smaller model, an optimizer with less state (sgd keeps none), or a larger device");
   }
   over_budget_ = true;
   return Trial{"probe", kPersistentWindowSamples, false, 0, seconds, {kPersistentWindowSamples}, std::nullopt};

@@ -237,7 +237,8 @@ def _persistent(runner, meter, weights_bytes, state_bytes):
     protocol's (_core.PersistentStep: under the budget, then without it); this reports what each
     attempt measured. Returns (persistent, trials, over the budget)."""
     cfg = runner.cfg
-    step = _core.PersistentStep(cfg["budget"])
+    # On the CPU the attempt without the budget is still held to the host-data limit.
+    step = _core.PersistentStep(cfg["budget"], _core.max_host_data_bytes() if meter.simulated else None)
     had_state = set(runner.optimizer.state)
     trials = []
     while True:

@@ -250,6 +250,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("parse_size_bytes", &parse_size_bytes, py::arg("text"), py::arg("what"), "'256MiB' -> bytes, as the CLI reads sizes");
   m.def("check_host_data", &check_host_data_bytes, py::arg("bytes"), py::arg("what"), py::arg("fix"),
         "InputError when host data of `bytes` is over the host-data limit (ACCUMPLAN_MAX_HOST_DATA), as the CLI refuses it");
+  m.def("max_host_data_bytes", &max_host_data_bytes, "the host-data limit: 16 GiB, half the machine, or ACCUMPLAN_MAX_HOST_DATA");
   m.def("failed_host_allocation_bytes", &failed_host_allocation_bytes, py::arg("error_text"),
         "the bytes LibTorch's CPU allocator failed to allocate (0: unknown), or None for another error");
   m.def("host_out_of_memory", [](int64_t bytes, const std::string& during) {

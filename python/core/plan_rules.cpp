@@ -58,7 +58,8 @@ void bind_plan_rules(py::module_& m) {
         "the largest microbatch whose predicted peak (the plan's fitted line) fits memory.usable_bytes; 0 if not "
         "even one sample; None when the plan has no memory line");
   py::class_<PersistentStep>(m, "PersistentStep")
-      .def(py::init<std::optional<int64_t>>(), py::arg("budget_bytes"))
+      .def(py::init<std::optional<int64_t>, std::optional<int64_t>>(), py::arg("budget_bytes"),
+           py::arg("lifted_cap_bytes") = py::none())
       .def_property_readonly("attempt_budget_bytes", &PersistentStep::attempt_budget_bytes,
                              "the budget the next attempt runs under (None: none)")
       .def_property_readonly("over_budget", &PersistentStep::over_budget,

@@ -310,7 +310,9 @@ void ProbeRunner::load_and_measure_persistent() {
   // Attempt 0 runs under the budget. If persistent memory alone does not fit, attempt 1 measures
   // it without the budget, so the error can give the breakdown instead of "out of memory": the
   // protocol and its verdicts are PersistentStep's (accumplan/persistent_step.h), accumplan.plan's too.
-  PersistentStep step(budget_bytes_);
+  // On the CPU the attempt without the budget is still held to the host-data limit.
+  PersistentStep step(budget_bytes_, probe_.budget_is_simulated() ? std::optional<int64_t>(max_host_data_bytes())
+                                                                  : std::nullopt);
   for (int attempt = 0; attempt < 2; ++attempt) {
     const auto t0 = Clock::now();
     try {
@@ -362,7 +364,7 @@ void ProbeRunner::load_and_measure_persistent() {
       say("persistent memory does not fit the budget of " + format_bytes(*budget_bytes_) +
           "; measuring it without the budget to report the breakdown");
       persistent_over_budget_ = step.over_budget();
-      probe_.set_budget_bytes(step.attempt_budget_bytes());
+      enforce(step.attempt_budget_bytes());
     }
   }
 }

@@ -91,3 +91,16 @@ TEST_CASE("Persistent step: an attempt under the budget, one without it after an
   CHECK_THROWS_WITH(unbounded.out_of_memory(0.5, "test device"), Catch::Contains("test device even without a budget"));
   CHECK_FALSE(unbounded.over_budget());
 }
+
+TEST_CASE("Persistent step: on a simulated device the attempt without the budget is held to the host cap",
+          "[search][persistent]") {
+  PersistentStep step(int64_t{1000}, int64_t{1} << 30);
+  CHECK(step.attempt_budget_bytes() == int64_t{1000});
+  step.out_of_memory(0.5, "cpu");
+  CHECK(step.attempt_budget_bytes() == (int64_t{1} << 30));  // the fallback is bounded, not unlimited
+  CHECK_FALSE(step.measured(2000, 0.5).fit);                 // and still judged against the budget
+  CHECK_THROWS_WITH(step.out_of_memory(0.5, "cpu"),
+                    "the model's weights, gradients and optimizer state do not fit on cpu even without the budget, "
+                    "within the host-data limit of 1.0 GiB (ACCUMPLAN_MAX_HOST_DATA raises it); use a smaller "
+                    "model, an optimizer with less state (sgd keeps none), or a larger device");
+}

@@ -4,6 +4,7 @@ window runs, what the user's model or loss_fn raises inside a window is one Plan
 which failed (the original chained), and a refused train_window leaves the weights as they were.
 The campaign (scripts/hostile-campaign.py, class python-plan) attacks the same surface wider."""
 import os
+import subprocess
 import unittest
 
 import numpy
@@ -172,6 +173,29 @@ class HostMemory(unittest.TestCase):
                      memory_budget="1GiB")
         finally:
             del os.environ["ACCUMPLAN_MAX_HOST_DATA"]
+
+    def test_persistent_memory_over_the_budget_is_measured_within_the_host_data_limit(self):
+        # Python and the CLI: the attempt without the budget is held to ACCUMPLAN_MAX_HOST_DATA, not
+        # unbounded (a 64 MiB budget's fallback once took 1.2 GiB of the host).
+        m = torch.nn.Sequential(torch.nn.Linear(512, 512))  # 1 MiB of weights, 2 more of Adam state
+        o = torch.optim.Adam(m.parameters())
+        os.environ["ACCUMPLAN_MAX_HOST_DATA"] = "1MiB"
+        try:
+            with self.assertRaisesRegex(accumplan.OutOfMemoryAtOne, r"do not fit on .* even without the budget, within "
+                                        r"the host-data limit of 1.0 MiB \(ACCUMPLAN_MAX_HOST_DATA raises it\)"):
+                plan(m, o, (torch.zeros(4, 512),), torch.zeros(4, dtype=torch.long), memory_budget=1024)
+        finally:
+            del os.environ["ACCUMPLAN_MAX_HOST_DATA"]
+        binary = os.environ.get("ACCUMPLAN_BIN")
+        if not binary:
+            self.skipTest("ACCUMPLAN_BIN is not set (scripts/test.sh sets it)")
+        run = subprocess.run([binary, "--model", "builtin:mlp", "--target-batch", "8", "--device", "cpu",
+                              "--memory-budget", "1KiB", "--optimizer", "adam", "--progress", "none"],
+                             env=dict(os.environ, ACCUMPLAN_MAX_HOST_DATA="1MiB"), capture_output=True, text=True)
+        self.assertEqual(run.returncode, 2, run.stderr)
+        self.assertEqual(run.stdout, "")
+        self.assertRegex(run.stderr.splitlines()[-1], r"^accumplan: error: .* even without the budget, within the "
+                         r"host-data limit of 1.0 MiB")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@
 // accumplan/search.h, whose deltas are the gradients and the optimizer state). Attempt 0 runs
 // under the budget; if it runs out of memory and there is a budget, attempt 1 runs without one,
 // so the error can give the breakdown, and persistent memory is over the budget (the search then
-// runs its windows Lifted). Each attempt is recorded as a probe trial, its fit judged here; an
-// attempt that runs out of memory with no budget left to lift is infeasible.
+// runs its windows Lifted). On a simulated device (the CPU) "without the budget" is still held
+// to `lifted_cap_bytes`, the host-data limit (accumplan/host_data.h): a 64 MiB budget's fallback
+// once took 1.2 GiB of the host unbounded. Each attempt is recorded as a probe trial, its fit
+// judged here; an attempt that runs out of memory with no budget left to lift is infeasible.
 // What it is not: the measurement (the executor reads its own probe) nor the search's judgement
 // of its windows (Search::run).
 #pragma once
@@ -22,22 +24,25 @@ namespace accumplan {
 
 class PersistentStep {
  public:
-  explicit PersistentStep(std::optional<int64_t> budget_bytes) : budget_bytes_(budget_bytes) {}
+  explicit PersistentStep(std::optional<int64_t> budget_bytes, std::optional<int64_t> lifted_cap_bytes = std::nullopt)
+      : budget_bytes_(budget_bytes), lifted_cap_bytes_(lifted_cap_bytes) {}
 
-  // The budget the next attempt runs under (nullopt: none).
-  std::optional<int64_t> attempt_budget_bytes() const { return over_budget_ ? std::nullopt : budget_bytes_; }
+  // The budget the next attempt runs under (nullopt: none); after an out-of-memory under the
+  // budget, the lifted cap.
+  std::optional<int64_t> attempt_budget_bytes() const { return over_budget_ ? lifted_cap_bytes_ : budget_bytes_; }
   // The trial of an attempt that ran, its peak `peak_bytes` (its data excluded): fit when there is
   // no budget or the peak is within it (the budget's, also for an attempt that ran without it).
   Trial measured(int64_t peak_bytes, double seconds) const;
   // The trial of an attempt that ran out of memory. Afterwards persistent memory is over the
-  // budget and the next attempt runs without one; InfeasibleError naming `device_name` when this
-  // attempt already ran without a budget.
+  // budget and the next attempt runs without one (under the lifted cap); InfeasibleError naming
+  // `device_name` (and the cap) when this attempt already ran without the budget, or had none.
   Trial out_of_memory(double seconds, const std::string& device_name);
   // Whether an attempt under the budget ran out of memory (the search's persistent_over_budget).
   bool over_budget() const { return over_budget_; }
 
  private:
   std::optional<int64_t> budget_bytes_;
+  std::optional<int64_t> lifted_cap_bytes_;
   bool over_budget_ = false;
 };
 
