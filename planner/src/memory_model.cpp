@@ -172,11 +172,16 @@ MemoryModel MemoryModel::fit(const Profile& profile) {
 
   const Line line = memory_fit(from_size(xy, start));
   m.fit_.fitted_from_micro_batch = start;
-  if (!(line.slope > 0)) {
+  // A peak that is the same at every size measured (a b-independent phase sets it up to the
+  // largest: the search doubles its probes up to the per-rank target first) is a flat line, known
+  // only that far: nothing larger is planned from it. One that falls is no line at all.
+  const bool flat = line.slope == 0;
+  if (!(line.slope > 0) && !flat) {
     throw InputError("the profile's peak does not grow with the microbatch (fitted slope " +
                      std::to_string(line.slope) +
                      " bytes/sample); probe sizes further apart so activations show");
   }
+  if (flat) m.flat_to_micro_batch_ = by_size.rbegin()->first;
   m.fit_.intercept_bytes = line.intercept;
   m.fit_.slope_bytes_per_sample = line.slope;
   double sum_sq = 0;
@@ -252,7 +257,8 @@ int64_t MemoryModel::line_peak_bytes(const FitSummary& fit, int64_t micro_batch)
 
 int64_t MemoryModel::largest_fitting(int64_t budget_bytes, int64_t limit_micro_batch, int64_t extra_bytes,
                                      double fraction) const {
-  const int64_t limit = std::min(std::max<int64_t>(limit_micro_batch, 0), kMaxMicroBatch);
+  int64_t limit = std::min(std::max<int64_t>(limit_micro_batch, 0), kMaxMicroBatch);
+  if (flat_to_micro_batch_ > 0) limit = std::min(limit, flat_to_micro_batch_);  // measured flat only that far
   const double slope = fit_.slope_bytes_per_sample;
   auto fits = [&](int64_t b) {
     const double need = std::ceil(predict_bytes(b)) + static_cast<double>(extra_bytes) +

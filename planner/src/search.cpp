@@ -9,6 +9,7 @@
 #include <set>
 #include <utility>
 
+#include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
 #include "accumplan/token_model.h"
@@ -107,10 +108,35 @@ void Search::profile(Profile& p) {
     }
     if (!s.fit && p.points.size() >= 2) break;
   }
+  probe_until_peak_grows(p, lifted, record);
   if (!lifted) extend_linear_tail(p, sizes.empty() ? 1 : *sizes.rbegin(), record);
   if (p.points.size() < 2) {
     throw InfeasibleError("only " + std::to_string(p.points.size()) + " probe size(s) ran on " + settings_.device_name +
                           "; a memory model needs two. Raise --memory-budget or use a smaller model");
+  }
+}
+
+void Search::probe_until_peak_grows(Profile& p, bool lifted,
+                                    const std::function<void(const WindowMeasurement&)>& record) {
+  // A peak set by a phase that does not depend on the microbatch — a gradient hook's copies, tied
+  // weights or weight_norm's recomputed weight in the backward, on a small MLP: 23.1 KiB at b = 2
+  // and at b = 4 — gives the line no slope, and the fit refused it with advice (probe sizes
+  // further apart) a Python caller cannot follow. The probes double from the largest instead,
+  // up to the per-rank target, until the activations show above that phase.
+  constexpr int kMaxFlatProbes = 12;
+  for (int extra = 0; extra < kMaxFlatProbes && p.points.size() >= 2; ++extra) {
+    const ProfilePoint& last = p.points.back();
+    const ProfilePoint& before = p.points[p.points.size() - 2];
+    if (last.peak_bytes > before.peak_bytes) return;  // it grows: the fit's to judge
+    if (!trials_.empty() && !trials_.back().fit) return;  // the last probe already failed the budget
+    int64_t next = checked_mul(last.micro_batch, 2, "the next probe size");
+    if (settings_.max_probe_micro_batch > 0) next = std::min(next, settings_.max_probe_micro_batch);
+    if (next <= last.micro_batch) return;  // the per-rank target is reached: the fit says what it can
+    say("the peak does not grow from b=" + std::to_string(before.micro_batch) + " to b=" +
+        std::to_string(last.micro_batch) + "; probing b=" + std::to_string(next) + " where activations show");
+    const WindowMeasurement s = run({next, next}, next, 0, lifted ? WindowBudget::Lifted : WindowBudget::Enforced);
+    record(s);
+    if (s.oom) return;
   }
 }
 

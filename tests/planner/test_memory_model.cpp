@@ -53,6 +53,18 @@ TEST_CASE("MemoryModel: peaks that fall with the microbatch are refused, noise i
   CHECK_NOTHROW(MemoryModel::fit(p));
   p.points[2].peak_bytes = p.points[1].peak_bytes / 2;     // halved: broken measurement
   CHECK_THROWS_WITH(MemoryModel::fit(p), Catch::Contains("peaks must grow"));
-  Profile flat = linear_profile(1000, 500, 0);
-  CHECK_THROWS_WITH(MemoryModel::fit(flat), Catch::Contains("does not grow"));
+  Profile falling = linear_profile(1000, 500, 0);
+  falling.points[3].peak_bytes -= 1;  // within noise, but the line falls: no line at all
+  CHECK_THROWS_WITH(MemoryModel::fit(falling), Catch::Contains("does not grow"));
+}
+
+TEST_CASE("MemoryModel: a flat peak is a line known only up to the largest size measured", "[model]") {
+  // A b-independent phase (a gradient hook's copies on a small MLP) sets the peak at every size
+  // probed, 1 to 8 here: planned from, but never past 8, where the activations may yet show.
+  const Profile flat = linear_profile(1000, 500, 0);
+  const MemoryModel m = MemoryModel::fit(flat);
+  CHECK(m.summary().slope_bytes_per_sample == 0);
+  CHECK(m.largest_fitting(int64_t{1} << 30, 1000) == 8);
+  CHECK(m.largest_fitting(int64_t{1} << 30, 5) == 5);
+  CHECK(m.largest_fitting(2499, 1000) == 0);  // persistent 2000 + 500 does not fit 2499
 }

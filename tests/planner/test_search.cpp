@@ -31,8 +31,10 @@ struct FakeDevice final : WindowRunner {
   std::vector<std::vector<int64_t>> windows;  // every window asked for, in order
   std::vector<WindowBudget> limits;           // the limit each ran under
 
-  int64_t first(int64_t b) const { return weights + fixed + per_sample * b; }
-  int64_t steady(int64_t b) const { return weights + grads + fixed + per_sample * b; }
+  int64_t floor = 0;  // a b-independent phase's peak (a gradient hook's copies): the peaks are at least this
+
+  int64_t first(int64_t b) const { return std::max(floor, weights + fixed + per_sample * b); }
+  int64_t steady(int64_t b) const { return std::max(floor, weights + grads + fixed + per_sample * b); }
 
   WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t, WindowBudget limit) override {
     windows.push_back(sizes);
@@ -111,6 +113,37 @@ TEST_CASE("Search: probes 2 and 4 first, then plans a size a real window ran at 
   CHECK(trials.size() == d.windows.size());
   CHECK(std::count(d.limits.begin(), d.limits.end(), WindowBudget::Doubled) >= 1);
   CHECK(d.windows.size() <= 2 + 2 + 6);  // probes, at most two tail probes, at most six windows after
+}
+
+TEST_CASE("Search: a peak flat at the first probes doubles them until it grows, or plans the flat target", "[search]") {
+  FakeDevice d;
+  d.budget = 64 * kMiB;
+  d.floor = d.steady(24);  // flat up to b = 24: 2, 4, 8 and 16 all peak at the floor
+  {
+    std::vector<Trial> trials;
+    Search search(d, settings_for(d, true, 1024), trials);
+    Profile p = header(d);
+    search.profile(p);
+    REQUIRE(d.windows.size() >= 5);
+    CHECK(d.windows[2] == std::vector<int64_t>{8, 8});
+    CHECK(d.windows[4] == std::vector<int64_t>{32, 32});  // the first size past the floor
+    p.trials = trials;
+    const Plan plan = search.plan_and_confirm(p, request_for(1024));
+    CHECK(plan.confirmed);
+    CHECK(plan.max_micro_batch <= true_max(d));
+  }
+  d.windows.clear();
+  {
+    std::vector<Trial> trials;  // a per-rank target of 16: flat all the way, planned as one microbatch of 16
+    Search search(d, settings_for(d, true, 16), trials);
+    Profile p = header(d);
+    search.profile(p);
+    CHECK(d.windows.back() == std::vector<int64_t>{16, 16});
+    p.trials = trials;
+    const Plan plan = search.plan_and_confirm(p, request_for(16));
+    CHECK(plan.confirmed);
+    CHECK(plan.microbatch_sizes == std::vector<int64_t>{16});
+  }
 }
 
 TEST_CASE("Search: on a real (not simulated) budget no window runs past it", "[search]") {

@@ -50,5 +50,48 @@ class SmallPlans(unittest.TestCase):
         self.assertTrue(plan.confirmed)
 
 
+
+class SmallModelsThatChangeTheirGradientPath(unittest.TestCase):
+    """bf16, a gradient hook, tied weights, weight_norm and spectral_norm on a small MLP plan (they
+    once ended in "peak does not grow ... probe sizes further apart", advice Python cannot follow),
+    and the plan's split reaches the target."""
+
+    def variants(self):
+        def tied():
+            m = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 10))
+            m[1].weight = m[0].weight
+            return m
+
+        def reparametrised(wrap):
+            def build():
+                m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+                m[0] = wrap(m[0])
+                return m
+            return build
+
+        def hooked():
+            m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+            m[0].weight.register_hook(lambda g: g * 2)
+            return m
+        plain = model_and_data
+        return [("amp bf16", lambda: plain()[0], {"amp": "bf16"}), ("a gradient hook", hooked, {}),
+                ("tied weights", tied, {}), ("weight_norm", reparametrised(nn.utils.weight_norm), {}),
+                ("spectral_norm", reparametrised(nn.utils.spectral_norm), {})]
+
+    def test_each_plans_to_its_target(self):
+        _, x, y = model_and_data()
+        for name, build, kw in self.variants():
+            with self.subTest(name):
+                torch.manual_seed(0)
+                model = build()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    plan = accumplan.plan(model, (x,), y, target_batch=32, optimizer=opt, memory_budget="64MiB",
+                                          progress=False, **kw)
+                self.assertEqual(sum(plan.microbatch_sizes), 32)
+                self.assertTrue(plan.confirmed)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -64,6 +64,7 @@ class MemoryModel {
   std::optional<double> first_intercept_bytes_;
   double first_slope_bytes_per_sample_ = 0;
   double first_margin_bytes_ = 0;
+  int64_t flat_to_micro_batch_ = 0;  // a flat line (slope 0) is known only up to the largest size measured
 };
 
 // Seconds per microbatch as a function of its size, from the profile's `step_seconds`:

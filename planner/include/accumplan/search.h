@@ -104,6 +104,7 @@ class Search {
   // Doubled where the budget is simulated, else Enforced.
   WindowBudget past_the_budget() const;
   bool can_pass_budget() const { return settings_.budget_is_simulated && settings_.budget_bytes.has_value(); }
+  void probe_until_peak_grows(Profile& p, bool lifted, const std::function<void(const WindowMeasurement&)>& record);
   void extend_linear_tail(Profile& p, int64_t largest_scheduled,
                           const std::function<void(const WindowMeasurement&)>& record);
   void profile_tokens(Profile& p);
