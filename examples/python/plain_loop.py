@@ -32,6 +32,7 @@ is refused: its windows are not target_batch samples.
 """
 import argparse
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -41,9 +42,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-# torch.optim classes of the plan's setup.optimizer names ("momentum" is SGD with momentum).
-OPTIMIZERS = {"sgd": "SGD", "momentum": "SGD", "adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad",
-              "rmsprop": "RMSprop"}
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}  # setup.amp "none": no autocast at all
 
 
@@ -71,14 +69,18 @@ def make_optimizer(params, setup):
     if len(setup.get("param_groups") or []) > 1:
         raise ValueError("the plan's optimizer has %d parameter groups (setup.param_groups); build it from their "
                          "values with your own parameter split" % len(setup["param_groups"]))
+    # A plan names torch.optim's class in lower case; "momentum" is SGD with momentum
+    # (docs/plan-format.md). A plan always records lr.
+    cls = next(c for n, c in vars(torch.optim).items()
+               if isinstance(c, type) and n.lower() == ("sgd" if name == "momentum" else name))
     hp = dict(setup.get("hyperparameters") or {})
-    lr = setup.get("lr", 0.001 if name in ("adam", "adamw", "rmsprop") else 0.01)
     if "beta1" in hp or "beta2" in hp:
-        hp["betas"] = (hp.pop("beta1", 0.9), hp.pop("beta2", 0.999))
+        betas = inspect.signature(cls).parameters["betas"].default
+        hp["betas"] = (hp.pop("beta1", betas[0]), hp.pop("beta2", betas[1]))
     if name == "momentum":
         hp.setdefault("momentum", 0.9)
     hp.update(setup.get("flags") or {})
-    return getattr(torch.optim, OPTIMIZERS[name])(params, lr=lr, **hp)
+    return cls(params, lr=setup["lr"], **hp)
 
 
 def window_sizes(plan, samples):

@@ -182,22 +182,16 @@ Training training_of(const Plan& plan) {
 // takes a class (Lightning's class_path, Trainer's optimizer_cls_and_kwargs) builds exactly.
 // The flags follow the hyperparameters, in setup_rules' order, as recorded.
 std::pair<std::string, ojson> torch_optimizer(const Training& t) {
-  const auto& h = t.hp;
-  std::pair<std::string, ojson> out;
-  if (t.optimizer == "sgd" || t.optimizer == "momentum") {
-    out = {"SGD", ojson{{"lr", t.lr}, {"momentum", t.optimizer == "momentum" ? h.at("momentum") : 0.0},
-                        {"dampening", h.at("dampening")}, {"weight_decay", h.at("weight_decay")}}};
-  } else if (t.optimizer == "adam" || t.optimizer == "adamw") {
-    out = {t.optimizer == "adam" ? "Adam" : "AdamW",
-           ojson{{"lr", t.lr}, {"betas", ojson::array({h.at("beta1"), h.at("beta2")})}, {"eps", h.at("eps")},
-                 {"weight_decay", h.at("weight_decay")}}};
-  } else if (t.optimizer == "adagrad") {
-    out = {"Adagrad", ojson{{"lr", t.lr}, {"lr_decay", h.at("lr_decay")}, {"eps", h.at("eps")},
-                            {"weight_decay", h.at("weight_decay")},
-                            {"initial_accumulator_value", h.at("initial_accumulator_value")}}};
-  } else {
-    out = {"RMSprop", ojson{{"lr", t.lr}, {"alpha", h.at("alpha")}, {"eps", h.at("eps")},
-                            {"weight_decay", h.at("weight_decay")}, {"momentum", h.at("momentum")}}};
+  const OptimizerInfo& row = optimizer_info(t.optimizer);
+  std::pair<std::string, ojson> out{row.torch_class, ojson{{"lr", t.lr}}};
+  for (const auto& [key, value] : row.torch_fixed) out.second[key] = value;
+  for (const OptimizerHyperparameter& h : row.hyperparameters) {
+    if (h.name == "beta2") continue;  // written with beta1, as torch's betas
+    if (h.name == "beta1") {
+      out.second["betas"] = ojson::array({t.hp.at("beta1"), t.hp.at("beta2")});
+    } else {
+      out.second[h.name] = t.hp.at(h.name);
+    }
   }
   for (const std::string& flag : optimizer_flags(t.optimizer)) {
     const auto it = t.flags.find(flag);
@@ -265,35 +259,41 @@ std::string deepspeed_export(ExportContext& c) {
   return json_text(j);
 }
 
-// Hugging Face names the optimizer by one word and passes only lr (and AdamW's betas and eps);
-// the rest of a plan's optimizer goes through Trainer(optimizer_cls_and_kwargs=...).
+// Hugging Face names the optimizer by one word (optimizer_table's hf_optim) and passes it only lr,
+// weight_decay and the row's hf_arguments; the rest of a plan's optimizer goes through
+// Trainer(optimizer_cls_and_kwargs=...), which the notes say.
 std::string hf_optim(const Training& t, std::vector<std::string>& notes) {
-  const auto default_of = [&](const char* key) { return t.hp.at(key) == optimizer_defaults(t.optimizer).at(key); };
+  const OptimizerInfo& row = optimizer_info(t.optimizer);
   const std::string exact = "; for the plan's optimizer exactly pass Trainer(optimizer_cls_and_kwargs=(torch.optim." +
-                            torch_optimizer(t).first + ", cfg[\"optimizer\"][\"kwargs\"]))";
-  const bool decays = t.hp.at("weight_decay") > 0.0;
-  if (t.optimizer == "adam" && decays) notes.push_back("Trainer has no Adam with coupled (L2) weight decay" + exact);
-  if (t.optimizer == "momentum") notes.push_back("Trainer's \"sgd\" takes no momentum" + exact);
-  if ((t.optimizer == "adagrad" &&
-       !(default_of("lr_decay") && default_of("eps") && default_of("initial_accumulator_value"))) ||
-      (t.optimizer == "rmsprop" && !(default_of("alpha") && default_of("eps") && default_of("momentum")))) {
-    notes.push_back("Trainer passes " + t.optimizer + " only its learning rate" + exact);
+                            row.torch_class + ", cfg[\"optimizer\"][\"kwargs\"]))";
+  if (row.hf_optim.empty()) {
+    throw InputError("Hugging Face Trainer has no optim for the plan's optimizer " + t.optimizer +
+                     "; export --to lightning or accelerate, which take torch.optim." + row.torch_class);
   }
+  const bool decays = t.hp.count("weight_decay") > 0 && t.hp.at("weight_decay") > 0.0;
+  if (decays && !row.hf_decay_note.empty()) notes.push_back(row.hf_decay_note + exact);
+  std::string lost;  // hyperparameters Trainer builds at torch's default, set otherwise
+  for (const OptimizerHyperparameter& h : row.hyperparameters) {
+    const bool carried = h.name == "weight_decay" ||
+                         std::any_of(row.hf_arguments.begin(), row.hf_arguments.end(),
+                                     [&](const auto& a) { return a.first == h.name; });
+    if (!carried && t.hp.at(h.name) != h.torch_default) {
+      lost += (lost.empty() ? "" : ", ") + h.name + "=" + number_text(t.hp.at(h.name));
+    }
+  }
+  if (!lost.empty()) notes.push_back("Trainer's optim \"" + row.hf_optim + "\" cannot set " + lost + exact);
   if (decays) {
     notes.push_back("Trainer's own optimizer leaves biases and LayerNorm weights undecayed, the plan decays every "
                     "parameter" + exact);
   }
-  // AdamW without weight decay is Adam; Trainer has no other Adam. Its fused AdamW is a name of its own.
-  const bool adam = t.optimizer == "adam" || t.optimizer == "adamw";
   const auto fused = t.flags.find("fused");
-  const bool fused_adam = adam && fused != t.flags.end() && fused->second;
+  const bool fused_name = !row.hf_optim_fused.empty() && fused != t.flags.end() && fused->second;
   std::string said;  // the flags Trainer's `optim` cannot say
   for (const auto& [flag, on] : t.flags) {
-    if (!(fused_adam && flag == "fused")) said += (said.empty() ? "" : ", ") + flag + (on ? "=true" : "=false");
+    if (!(fused_name && flag == "fused")) said += (said.empty() ? "" : ", ") + flag + (on ? "=true" : "=false");
   }
   if (!said.empty()) notes.push_back("Trainer's optim cannot say " + said + exact);
-  if (adam) return fused_adam ? "adamw_torch_fused" : "adamw_torch";
-  return t.optimizer == "momentum" ? "sgd" : t.optimizer;
+  return fused_name ? row.hf_optim_fused : row.hf_optim;
 }
 
 std::string hf_export(ExportContext& c) {
@@ -303,13 +303,9 @@ std::string hf_export(ExportContext& c) {
   args["fp16"] = t.amp == "fp16";
   args["max_grad_norm"] = t.max_grad_norm.value_or(0.0);  // Trainer clips at 1.0 unless told 0
   args["learning_rate"] = t.lr;
-  args["weight_decay"] = t.hp.at("weight_decay");
+  if (t.hp.count("weight_decay") > 0) args["weight_decay"] = t.hp.at("weight_decay");
   args["optim"] = hf_optim(t, c.notes);
-  if (t.optimizer == "adam" || t.optimizer == "adamw") {
-    args["adam_beta1"] = t.hp.at("beta1");
-    args["adam_beta2"] = t.hp.at("beta2");
-    args["adam_epsilon"] = t.hp.at("eps");
-  }
+  for (const auto& [key, argument] : optimizer_info(t.optimizer).hf_arguments) args[argument] = t.hp.at(key);
   args["use_cpu"] = !t.cuda;
   if (t.per_token) {
     // Trainer then sums the valid labels of the k microbatches (num_items_in_batch), gathers the

@@ -146,7 +146,7 @@ Setup setup_from(const JsonField& f) {
   if (auto lr = f.opt_f64("lr")) {
     s.lr = *lr;
   } else {
-    s.lr = (s.optimizer == "adam" || s.optimizer == "adamw" || s.optimizer == "rmsprop") ? 1e-3 : 1e-2;
+    s.lr = optimizer_info(s.optimizer).default_lr;
   }
   if (f.has("hyperparameters")) s.hyperparameters = numbers_from(f.at("hyperparameters"));
   if (f.has("flags")) s.flags = flags_from(f.at("flags"));  // 1.6

@@ -10,35 +10,38 @@
 namespace accumplan {
 namespace {
 
-using Defaults = std::map<std::string, double>;
-
-const std::map<std::string, Defaults>& defaults_by_optimizer() {
-  // LibTorch's option defaults (torch/optim/*.h), except momentum's 0.9: "momentum" is SGD with
-  // momentum, and 0 would make it sgd.
-  static const std::map<std::string, Defaults> table = {
-      {"sgd", {{"weight_decay", 0.0}, {"dampening", 0.0}}},
-      {"momentum", {{"momentum", 0.9}, {"dampening", 0.0}, {"weight_decay", 0.0}}},
-      {"adam", {{"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.0}}},
-      {"adamw", {{"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 1e-2}}},
-      {"adagrad", {{"lr_decay", 0.0}, {"eps", 1e-10}, {"weight_decay", 0.0}, {"initial_accumulator_value", 0.0}}},
-      {"rmsprop", {{"alpha", 0.99}, {"eps", 1e-8}, {"weight_decay", 0.0}, {"momentum", 0.0}}},
+// The one optimizer table. Hyperparameters in torch.optim's keyword order, each with the default
+// an absent one means (LibTorch's, torch/optim/*.h; momentum's momentum is 0.9 because 0 would
+// make it sgd) and torch.optim's class default (they differ only there). Flags: torch.optim's
+// on/off options, the union over torch 1.13 and 2.x, in the order messages list them. The learning
+// rate: 0.001 for the adaptive optimizers, which diverge at SGD's 0.01 on many models.
+const std::vector<OptimizerInfo>& table() {
+  const std::vector<std::string> sgd_flags = {"nesterov", "maximize", "foreach", "fused", "differentiable"};
+  const std::vector<std::string> adam_flags = {"amsgrad", "maximize", "foreach", "fused", "capturable", "differentiable"};
+  const std::vector<OptimizerHyperparameter> adam = {
+      {"beta1", 0.9, 0.9}, {"beta2", 0.999, 0.999}, {"eps", 1e-8, 1e-8}, {"weight_decay", 0.0, 0.0}};
+  std::vector<OptimizerHyperparameter> adamw = adam;
+  adamw.back() = {"weight_decay", 1e-2, 1e-2};
+  const std::vector<std::pair<std::string, std::string>> hf_adam = {
+      {"beta1", "adam_beta1"}, {"beta2", "adam_beta2"}, {"eps", "adam_epsilon"}};
+  static const std::vector<OptimizerInfo> rows = {
+      {"sgd", "SGD", 1e-2, {{"dampening", 0.0, 0.0}, {"weight_decay", 0.0, 0.0}}, {{"momentum", 0.0}}, sgd_flags,
+       "sgd", "", {}, ""},
+      {"momentum", "SGD", 1e-2, {{"momentum", 0.9, 0.0}, {"dampening", 0.0, 0.0}, {"weight_decay", 0.0, 0.0}}, {},
+       sgd_flags, "sgd", "", {}, ""},
+      // Trainer's AdamW without weight decay is Adam; it has no other Adam.
+      {"adam", "Adam", 1e-3, adam, {}, adam_flags, "adamw_torch", "adamw_torch_fused", hf_adam,
+       "Trainer has no Adam with coupled (L2) weight decay"},
+      {"adamw", "AdamW", 1e-3, adamw, {}, adam_flags, "adamw_torch", "adamw_torch_fused", hf_adam, ""},
+      {"adagrad", "Adagrad", 1e-2,
+       {{"lr_decay", 0.0, 0.0}, {"eps", 1e-10, 1e-10}, {"weight_decay", 0.0, 0.0},
+        {"initial_accumulator_value", 0.0, 0.0}},
+       {}, {"maximize", "foreach", "fused", "differentiable"}, "adagrad", "", {}, ""},
+      {"rmsprop", "RMSprop", 1e-3,
+       {{"alpha", 0.99, 0.99}, {"eps", 1e-8, 1e-8}, {"weight_decay", 0.0, 0.0}, {"momentum", 0.0, 0.0}}, {},
+       {"centered", "maximize", "foreach", "capturable", "differentiable"}, "rmsprop", "", {}, ""},
   };
-  return table;
-}
-
-// torch.optim's on/off options (the union over torch 1.13 and 2.x), in the order messages list them.
-const std::map<std::string, std::vector<std::string>>& flags_by_optimizer() {
-  static const std::vector<std::string> sgd = {"nesterov", "maximize", "foreach", "fused", "differentiable"};
-  static const std::vector<std::string> adam = {"amsgrad", "maximize", "foreach", "fused", "capturable", "differentiable"};
-  static const std::map<std::string, std::vector<std::string>> table = {
-      {"sgd", sgd},
-      {"momentum", sgd},
-      {"adam", adam},
-      {"adamw", adam},
-      {"adagrad", {"maximize", "foreach", "fused", "differentiable"}},
-      {"rmsprop", {"centered", "maximize", "foreach", "capturable", "differentiable"}},
-  };
-  return table;
+  return rows;
 }
 
 std::string joined(const std::vector<std::string>& names) {
@@ -63,18 +66,35 @@ std::string flag_text(const std::string& flag, bool on) { return flag + (on ? "=
 
 }  // namespace
 
+const std::vector<OptimizerInfo>& optimizer_table() { return table(); }
+
 const std::vector<std::string>& optimizer_names() {
-  static const std::vector<std::string> names = {"sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const OptimizerInfo& row : table()) n.push_back(row.name);
+    return n;
+  }();
   return names;
 }
 
-const std::map<std::string, double>& optimizer_defaults(const std::string& optimizer) {
-  const auto it = defaults_by_optimizer().find(optimizer);
-  if (it == defaults_by_optimizer().end()) {
-    throw InputError("--optimizer '" + cut_for_message(optimizer) + "' is unknown; choose one of: " +
-                     joined(optimizer_names()));
+const OptimizerInfo& optimizer_info(const std::string& optimizer) {
+  for (const OptimizerInfo& row : table()) {
+    if (row.name == optimizer) return row;
   }
-  return it->second;
+  throw InputError("--optimizer '" + cut_for_message(optimizer) + "' is unknown; choose one of: " +
+                   joined(optimizer_names()));
+}
+
+const std::map<std::string, double>& optimizer_defaults(const std::string& optimizer) {
+  static const std::map<std::string, std::map<std::string, double>> by_name = [] {
+    std::map<std::string, std::map<std::string, double>> m;
+    for (const OptimizerInfo& row : table()) {
+      for (const OptimizerHyperparameter& h : row.hyperparameters) m[row.name][h.name] = h.plan_default;
+    }
+    return m;
+  }();
+  optimizer_info(optimizer);  // InputError naming the known optimizers
+  return by_name.at(optimizer);
 }
 
 std::map<std::string, double> optimizer_hyperparameters(const Setup& setup) {
@@ -93,8 +113,7 @@ std::map<std::string, double> optimizer_hyperparameters(const Setup& setup) {
 }
 
 const std::vector<std::string>& optimizer_flags(const std::string& optimizer) {
-  optimizer_defaults(optimizer);  // InputError naming the known optimizers
-  return flags_by_optimizer().at(optimizer);
+  return optimizer_info(optimizer).flags;
 }
 
 bool is_implementation_flag(const std::string& flag) {

@@ -35,10 +35,6 @@ from .snapshot import RestoreGuard, TrainingState
 from .window import (Window, WindowStats, autocast_dtype, batch_dependent_layers, is_oom, optimizer_step, run_rounds,
                      trainable_parameters, warn_batch_dependent, zero_grads)
 
-_OPTIMIZER_CLASSES = (  # torch.optim's class -> the plan's optimizer name (AdamW first: in 2.x it derives from Adam)
-    (torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim.Adagrad, "adagrad"),
-    (torch.optim.RMSprop, "rmsprop"), (torch.optim.SGD, "sgd"),
-)
 _GROUP_KEYS_NOT_SETTINGS = ("params", "initial_lr")  # the parameters, and what an LR scheduler adds
 
 
@@ -72,19 +68,31 @@ def _finite(value, name):
     return real_arg(value, name, -1.7976931348623157e308, 1.7976931348623157e308)
 
 
+def _optimizer_row(optimizer):
+    """(the plan's optimizer name, torch.optim's class, its table row) of the user's optimizer, by the C++ table
+    (_core.optimizer_table): the most derived of the table's classes it is an instance of (in 2.x
+    AdamW derives from Adam); of the rows sharing that class, the first whose fixed keywords every
+    param_group holds (sgd: momentum 0), else the first without any (momentum)."""
+    table = _core.optimizer_table()
+    classes = {row["torch_class"]: getattr(torch.optim, row["torch_class"], None) for row in table.values()}
+    held = [c for c in classes.values() if c is not None and isinstance(optimizer, c)]
+    if not held:
+        raise TypeError("optimizer must be a torch.optim %s (the optimizers a plan states), not %s"
+                        % (", ".join(classes), type(optimizer).__name__))
+    cls = next(c for c in held if all(issubclass(c, other) for other in held))
+    rows = [(name, row) for name, row in table.items() if classes[row["torch_class"]] is cls]
+    for name, row in rows:
+        fixed = row["torch_fixed"]
+        if fixed and all(g.get(k, v) == v for g in optimizer.param_groups for k, v in fixed.items()):
+            return name, cls, row
+    return next((name, cls, row) for name, row in rows if not row["torch_fixed"])
+
+
 def _setup_optimizer(optimizer):
     """The plan's setup fields of the user's optimizer: optimizer, lr, hyperparameters, and (1.6)
     flags and, for more than one parameter group, param_groups (each group's values and its
     parameter count). The table of what each optimizer takes is the C++ one (_core.optimizer_table)."""
-    for cls, name in _OPTIMIZER_CLASSES:
-        if isinstance(optimizer, cls):
-            break
-    else:
-        raise TypeError("optimizer must be a torch.optim SGD, Adam, AdamW, Adagrad or RMSprop (the optimizers a plan "
-                        "states), not %s" % type(optimizer).__name__)
-    if name == "sgd" and any(g.get("momentum", 0) for g in optimizer.param_groups):
-        name = "momentum"
-    table = _core.optimizer_table()[name]
+    name, cls, table = _optimizer_row(optimizer)
     defaults = {}  # each constructor setting's default: torch's class, then a subclass's own
     for c in (cls, type(optimizer)):
         defaults.update((k, p.default) for k, p in inspect.signature(c.__init__).parameters.items()

@@ -154,18 +154,25 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
 }
 
 // ---- The optimizer table and the exports (issue 36) -------------------------------------------
-// optimizer_table: what accumplan/measure.py records of a torch optimizer, from the one table
-// (accumplan/setup_rules.h): {name: {"hyperparameters": {key: LibTorch's default}, "flags":
-// [on/off options]}}. export_plan: `accumplan export`'s exporter, its refusals naming the Python
+// optimizer_table: how accumplan/measure.py recognises a torch optimizer and what it records of
+// it, from the one table (accumplan/setup_rules.h): {name: {"torch_class": torch.optim's class,
+// "torch_fixed": {keyword: the value that makes the class this optimizer}, "default_lr",
+// "hyperparameters": {key: the default an absent one means}, "flags": [on/off options]}}, in the
+// table's order. export_plan: `accumplan export`'s exporter, its refusals naming the Python
 // arguments (allow_slow, allow_lossy, lightning_datamodule).
 
-py::dict optimizer_table() {
+py::dict optimizer_table_dict() {
   py::dict table;
-  for (const std::string& name : optimizer_names()) {
+  for (const OptimizerInfo& row : optimizer_table()) {
     py::dict entry;
-    entry["hyperparameters"] = optimizer_defaults(name);
-    entry["flags"] = optimizer_flags(name);
-    table[py::str(name)] = entry;
+    entry["torch_class"] = row.torch_class;
+    py::dict fixed;
+    for (const auto& [key, value] : row.torch_fixed) fixed[py::str(key)] = value;
+    entry["torch_fixed"] = fixed;
+    entry["default_lr"] = row.default_lr;
+    entry["hyperparameters"] = optimizer_defaults(row.name);
+    entry["flags"] = row.flags;
+    table[py::str(row.name)] = entry;
   }
   return table;
 }
@@ -186,8 +193,9 @@ std::pair<std::string, std::string> export_text(const std::string& plan_text, co
 }
 
 void bind_optimizer_and_exports(py::module_& m) {
-  m.def("optimizer_table", &optimizer_table,
-        "{optimizer: {'hyperparameters': {name: default}, 'flags': [names]}}: what a plan's setup records");
+  m.def("optimizer_table", &optimizer_table_dict,
+        "{optimizer: {'torch_class', 'torch_fixed', 'default_lr', 'hyperparameters': {name: default}, 'flags'}}: "
+        "the optimizers a plan's setup records, in order");
   m.attr("EXPORT_TARGETS") = export_targets();
   m.def("export_plan", &export_text, py::arg("plan"), py::arg("target"), py::arg("plan_path"), py::arg("allow_slow"),
         py::arg("allow_lossy"), py::arg("lightning_datamodule"),

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -26,6 +27,7 @@
 #include "accumplan/memory_probe.h"
 #include "accumplan/report.h"
 #include "accumplan/schema.h"
+#include "accumplan/setup_rules.h"
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
 #include "cli/commands.h"
@@ -76,6 +78,27 @@ struct DeviceArgs {
   bool padding_mask = false;  // --padding-mask
 };
 
+// "0.9 for momentum; 0 for rmsprop": the optimizers that take `key` ("lr": all) grouped by the
+// default an absent value means, from the one optimizer table.
+std::string defaults_help(const std::string& key) {
+  std::vector<std::pair<std::string, std::string>> groups;  // default -> the optimizers, in table order
+  for (const OptimizerInfo& row : optimizer_table()) {
+    std::optional<double> value;
+    if (key == "lr") value = row.default_lr;
+    for (const OptimizerHyperparameter& h : row.hyperparameters) {
+      if (h.name == key) value = h.plan_default;
+    }
+    if (!value) continue;
+    const std::string text = number_text(*value);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == text; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {text, ""});
+    it->second += (it->second.empty() ? "" : ", ") + row.name;
+  }
+  std::string help;
+  for (const auto& [value, names] : groups) help += (help.empty() ? "" : "; ") + value + " for " + names;
+  return help;
+}
+
 void add_setup_options(CLI::App* app, DeviceArgs& a) {
   add_progress_option(app, a.progress);
   const std::string model_group = "Model and data";
@@ -122,17 +145,18 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
       ->group(model_group);
 
   const std::string opt_group = "Optimizer (its state is measured after a real step)";
-  choice(app->add_option("--optimizer", a.optimizer, "sgd | momentum | adam | adamw | adagrad | rmsprop"))
-      ->capture_default_str()
-      ->group(opt_group);
-  a.lr_option = app->add_option("--lr", a.lr, "learning rate (default 0.01; 0.001 for adam, adamw, rmsprop)")->group(opt_group);
+  std::string names;
+  for (const std::string& name : optimizer_names()) names += (names.empty() ? "" : " | ") + name;
+  choice(app->add_option("--optimizer", a.optimizer, names))->capture_default_str()->group(opt_group);
+  a.lr_option = app->add_option("--lr", a.lr, "learning rate (" + defaults_help("lr") + ")")->group(opt_group);
   a.hyper_options = {
-      app->add_option("--momentum", a.momentum, "momentum (momentum: 0.9, rmsprop: 0)")->group(opt_group),
-      app->add_option("--weight-decay", a.weight_decay, "weight decay (adamw: 0.01, others 0)")->group(opt_group),
-      app->add_option("--beta1", a.beta1, "adam/adamw beta1 (0.9)")->group(opt_group),
-      app->add_option("--beta2", a.beta2, "adam/adamw beta2 (0.999)")->group(opt_group),
-      app->add_option("--eps", a.eps, "adam/adamw/rmsprop/adagrad epsilon")->group(opt_group),
-      app->add_option("--alpha", a.alpha, "rmsprop smoothing constant (0.99)")->group(opt_group),
+      app->add_option("--momentum", a.momentum, "momentum (" + defaults_help("momentum") + ")")->group(opt_group),
+      app->add_option("--weight-decay", a.weight_decay, "weight decay (" + defaults_help("weight_decay") + ")")
+          ->group(opt_group),
+      app->add_option("--beta1", a.beta1, "beta1 (" + defaults_help("beta1") + ")")->group(opt_group),
+      app->add_option("--beta2", a.beta2, "beta2 (" + defaults_help("beta2") + ")")->group(opt_group),
+      app->add_option("--eps", a.eps, "epsilon (" + defaults_help("eps") + ")")->group(opt_group),
+      app->add_option("--alpha", a.alpha, "smoothing constant (" + defaults_help("alpha") + ")")->group(opt_group),
   };
 
   const std::string train_group = "Training (measured as `accumplan run` will train)";
@@ -191,9 +215,7 @@ RunnerOptions runner_options(const DeviceArgs& a) {
   if (!defaults) check_model_file(a.model);
   s.loss = given(a.loss_option) ? a.loss : defaults ? defaults->loss : "cross_entropy";
   s.optimizer = a.optimizer;
-  // Conventional defaults: adaptive optimizers diverge at SGD's 0.01 on many models.
-  const bool adaptive = a.optimizer == "adam" || a.optimizer == "adamw" || a.optimizer == "rmsprop";
-  s.lr = a.lr_option->count() > 0 ? a.lr : adaptive ? 1e-3 : 1e-2;  // make_optimizer refuses lr < 0
+  s.lr = a.lr_option->count() > 0 ? a.lr : optimizer_info(a.optimizer).default_lr;  // make_optimizer refuses lr < 0
   const char* names[] = {"momentum", "weight_decay", "beta1", "beta2", "eps", "alpha"};
   const double values[] = {a.momentum, a.weight_decay, a.beta1, a.beta2, a.eps, a.alpha};
   for (size_t i = 0; i < a.hyper_options.size(); ++i) {

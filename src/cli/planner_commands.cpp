@@ -76,8 +76,9 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
   CLI::App* exp = root.add_subcommand(
       "export", "Render a plan as trainer settings (DeepSpeed, Accelerate, Lightning, HF Trainer, torchrun).");
   exp->add_option("--plan", eargs->plan, "plan.json")->required();
-  choice(exp->add_option("--to", eargs->to, "deepspeed | accelerate | accelerate-config | lightning | hf | torchrun"))
-      ->required();
+  std::string targets;
+  for (const std::string& t : export_targets()) targets += (targets.empty() ? "" : " | ") + t;
+  choice(exp->add_option("--to", eargs->to, targets))->required();
   exp->add_option("--out", eargs->out, "write here (atomically); default stdout");
   exp->add_flag("--allow-slow", eargs->allow_slow,
                 "export the trainer's equal-microbatch split even when it is predicted more than 25% slower "

@@ -12,6 +12,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/exporters.h"
+#include "accumplan/setup_rules.h"
 #include "accumplan/solver.h"
 #include "test_helpers.h"
 
@@ -229,7 +230,35 @@ TEST_CASE("Exporters: Hugging Face gets precision, clipping, optimizer and per-t
   const json m = json::parse(export_plan(momentum, "hf", &note));
   CHECK(m["TrainingArguments"]["optim"] == "sgd");
   CHECK(m["optimizer"]["kwargs"]["momentum"] == 0.9);
-  CHECK(note.find("takes no momentum") != std::string::npos);
+  CHECK(note.find("Trainer's optim \"sgd\" cannot set momentum=0.9") != std::string::npos);
+  // Adagrad's lr_decay, which TrainingArguments cannot carry, is named with its value.
+  Plan adagrad = plan_for(256, 1, 256);
+  adagrad.setup.optimizer = "adagrad";
+  adagrad.setup.hyperparameters = {{"lr_decay", 0.5}};
+  CHECK(json::parse(export_plan(adagrad, "hf", &note))["TrainingArguments"]["optim"] == "adagrad");
+  CHECK(note.find("cannot set lr_decay=0.5") != std::string::npos);
+}
+
+TEST_CASE("Exporters: every optimizer of the table exports torch.optim's class with each hyperparameter", "[export]") {
+  for (const OptimizerInfo& row : optimizer_table()) {
+    Plan p = plan_for(256, 1, 256);
+    p.setup.optimizer = row.name;
+    p.setup.lr = 0.25;
+    const json hf = json::parse(export_plan(p, "hf", nullptr));
+    CAPTURE(row.name);
+    CHECK(hf["optimizer"]["class"] == "torch.optim." + row.torch_class);
+    const json& kwargs = hf["optimizer"]["kwargs"];
+    CHECK(kwargs["lr"] == 0.25);
+    for (const OptimizerHyperparameter& h : row.hyperparameters) {
+      if (h.name == "beta1" || h.name == "beta2") {
+        CHECK(kwargs["betas"][h.name == "beta1" ? 0 : 1] == h.plan_default);
+      } else {
+        CHECK(kwargs[h.name] == h.plan_default);
+      }
+    }
+    for (const auto& [key, value] : row.torch_fixed) CHECK(kwargs[key] == value);
+    CHECK(hf["TrainingArguments"]["optim"] == row.hf_optim);
+  }
 }
 
 TEST_CASE("Exporters: Lightning gets precision, clipping, accelerator and a LightningCLI optimizer", "[export]") {

@@ -11,6 +11,7 @@
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
 #include "accumplan/schema.h"
+#include "accumplan/setup_rules.h"
 #include "accumplan/solver.h"
 #include "test_helpers.h"
 
@@ -267,6 +268,25 @@ TEST_CASE("Schema: published JSON Schemas match what the writers emit", "[schema
       INFO("run_stats.schema.json window_series lacks " << f.key());
       CHECK(window_props.contains(f.key()));
     }
+  }
+}
+
+// Every "optimizer" property of a JSON Schema, wherever it stands.
+static void optimizer_enums(const json& schema, std::vector<json>& found) {
+  if (!schema.is_object() && !schema.is_array()) return;
+  if (schema.is_object() && schema.contains("properties") && schema["properties"].contains("optimizer")) {
+    found.push_back(schema["properties"]["optimizer"]["enum"]);
+  }
+  for (const auto& child : schema) optimizer_enums(child, found);
+}
+
+TEST_CASE("Schema: the published schemas list exactly the optimizer table's names", "[schema][optimizer]") {
+  for (const char* file : {"planner/schemas/plan.schema.json", "planner/schemas/profile.schema.json"}) {
+    std::vector<json> enums;
+    optimizer_enums(read_json_file(source_path(file), "schema"), enums);
+    INFO(file);
+    REQUIRE_FALSE(enums.empty());
+    for (const json& e : enums) CHECK(e == json(optimizer_names()));
   }
 }
 

@@ -187,6 +187,27 @@ class PlanTest(unittest.TestCase):
                 self.assertEqual(calls, [], "a window ran before the argument was refused")
 
 
+class OptimizerTableTest(unittest.TestCase):
+    """accumplan.plan names the user's optimizer by the C++ table (_core.optimizer_table): its
+    torch class, the most derived one, and the keywords that fix it (SGD's momentum 0 is sgd)."""
+
+    def test_each_row_recognises_its_torch_class(self):
+        from accumplan import _core
+        from accumplan.measure import _optimizer_row
+        params = [torch.nn.Parameter(torch.zeros(2))]
+        for name, row in _core.optimizer_table().items():
+            with self.subTest(name=name):
+                cls = getattr(torch.optim, row["torch_class"])
+                kwargs = {"momentum": 0.5} if name == "momentum" else {}
+                self.assertEqual(_optimizer_row(cls(params, lr=0.1, **kwargs))[0], name)
+
+        class MyAdamW(torch.optim.AdamW):  # a subclass is its base's row, AdamW before Adam
+            pass
+        self.assertEqual(_optimizer_row(MyAdamW(params))[0], "adamw")
+        with self.assertRaisesRegex(TypeError, "SGD, Adam, AdamW, Adagrad, RMSprop.*not LBFGS"):
+            _optimizer_row(torch.optim.LBFGS(params))
+
+
 class DictModelTest(unittest.TestCase):
     def test_hf_style_dict_model_with_its_own_loss_plans_and_trains(self):
         torch.manual_seed(0)

@@ -4,9 +4,10 @@
 // that follow from it, torch-free, so the LibTorch runtime (which builds the optimizer and the
 // loss) and the exporters (which write the same settings in each trainer's words) read them from
 // one place:
-//   - the optimizers accumplan measures, the hyperparameters each takes and LibTorch's default
-//     for each (what an absent hyperparameter means), the on/off options (flags) each takes, its
-//     parameter groups with every value filled in, and what LibTorch cannot run of them;
+//   - the one optimizer table: each optimizer's name, torch.optim class, default learning rate,
+//     hyperparameters with their defaults (what an absent one means), on/off options (flags) and
+//     Hugging Face Trainer's words for it; its parameter groups with every value filled in, and
+//     what LibTorch cannot run of them;
 //   - setup.normalization resolved: per token or per sample.
 // What it is not: validation of ranges (runtime/optim.h checks values against LibTorch's limits)
 // or the construction of anything.
@@ -15,21 +16,52 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "accumplan/schema.h"
 
 namespace accumplan {
 
-// sgd momentum adam adamw adagrad rmsprop, in that order.
+// One hyperparameter of an optimizer (beyond lr), by the plan's name: LibTorch's, with torch.optim's
+// `betas` as beta1 and beta2.
+struct OptimizerHyperparameter {
+  std::string name;
+  double plan_default = 0;   // what a plan that leaves it out means (momentum's momentum: 0.9)
+  double torch_default = 0;  // torch.optim's class default (SGD's momentum: 0)
+};
+
+// One row of the optimizer table: all accumplan knows of an optimizer except how LibTorch builds
+// it and which tensors hold its state (src/runtime/optim.cpp). Adding an optimizer is a row here
+// and a branch there; the CLI's help, the plan reader, the exporters and accumplan.plan (through
+// _core.optimizer_table) read the row.
+struct OptimizerInfo {
+  std::string name;         // the plan's name
+  std::string torch_class;  // torch.optim's class: what exports build, what accumplan.plan recognises
+  double default_lr = 0;    // the learning rate when none is given
+  std::vector<OptimizerHyperparameter> hyperparameters;    // in torch.optim's keyword order
+  std::vector<std::pair<std::string, double>> torch_fixed;  // keywords that make the class this optimizer (sgd: momentum 0)
+  std::vector<std::string> flags;                           // on/off options, by torch.optim's names
+  // Hugging Face Trainer: its `optim` name ("": Trainer has none), the name when fused is set ("":
+  // none), the hyperparameters TrainingArguments carry (plan name -> argument; weight_decay is
+  // carried for every optimizer) and a note said when the plan decays weights ("": none).
+  std::string hf_optim;
+  std::string hf_optim_fused;
+  std::vector<std::pair<std::string, std::string>> hf_arguments;
+  std::string hf_decay_note;
+};
+
+// Every optimizer accumplan measures: sgd momentum adam adamw adagrad rmsprop, in that order.
+const std::vector<OptimizerInfo>& optimizer_table();
+
+// The row of `optimizer`; InputError naming the known optimizers for an unknown name.
+const OptimizerInfo& optimizer_info(const std::string& optimizer);
+
+// The names of optimizer_table, in its order.
 const std::vector<std::string>& optimizer_names();
 
-// Every hyperparameter `optimizer` takes (beyond lr) with LibTorch's default for it:
-//   sgd: weight_decay 0, dampening 0; momentum: momentum 0.9 (accumplan's), dampening 0,
-//   weight_decay 0; adam: beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0; adamw: the same with
-//   weight_decay 0.01; adagrad: lr_decay 0, eps 1e-10, weight_decay 0, initial_accumulator_value 0;
-//   rmsprop: alpha 0.99, eps 1e-8, weight_decay 0, momentum 0.
-// InputError naming the known optimizers for an unknown name.
+// Every hyperparameter `optimizer` takes (beyond lr) with the default an absent one means
+// (optimizer_table's plan_default). InputError naming the known optimizers for an unknown name.
 const std::map<std::string, double>& optimizer_defaults(const std::string& optimizer);
 
 // setup.hyperparameters with every absent one at its default: the values the optimizer runs
@@ -38,13 +70,8 @@ const std::map<std::string, double>& optimizer_defaults(const std::string& optim
 std::map<std::string, double> optimizer_hyperparameters(const Setup& setup);
 
 // Every on/off option (flag) `optimizer` takes, by torch.optim's names; each is off by default
-// (foreach and fused: None, torch chooses), so an absent flag means torch's default:
-//   sgd, momentum: nesterov, maximize, foreach, fused, differentiable;
-//   adam, adamw: amsgrad, maximize, foreach, fused, capturable, differentiable;
-//   adagrad: maximize, foreach, fused, differentiable;
-//   rmsprop: centered, maximize, foreach, capturable, differentiable.
-// (The union over torch versions: a torch without one never records it.) InputError for an
-// unknown optimizer.
+// (foreach and fused: None, torch chooses), so an absent flag means torch's default. (The union
+// over torch versions: a torch without one never records it.) InputError for an unknown optimizer.
 const std::vector<std::string>& optimizer_flags(const std::string& optimizer);
 
 // Whether a flag chooses how the update is computed rather than what it is: foreach, fused,
