@@ -268,7 +268,7 @@ std::string hf_optim(const Training& t, std::vector<std::string>& notes) {
                             row.torch_class + ", cfg[\"optimizer\"][\"kwargs\"]))";
   if (row.hf_optim.empty()) {
     throw InputError("Hugging Face Trainer has no optim for the plan's optimizer " + t.optimizer +
-                     "; export --to lightning or accelerate, which take torch.optim." + row.torch_class);
+                     "; export the plan to lightning or accelerate, which take torch.optim." + row.torch_class);
   }
   const bool decays = t.hp.count("weight_decay") > 0 && t.hp.at("weight_decay") > 0.0;
   if (decays && !row.hf_decay_note.empty()) notes.push_back(row.hf_decay_note + exact);
