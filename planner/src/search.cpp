@@ -82,7 +82,7 @@ void Search::profile(Profile& p) {
 
   bool lifted = settings_.persistent_over_budget;  // the budget is not in force
   auto record = [&](const WindowMeasurement& s) {
-    trials_.push_back({"probe", s.micro_batch, s.fit, s.max_peak_bytes, s.seconds, s.sizes});
+    trials_.push_back({"probe", s.micro_batch, s.fit, s.max_peak_bytes, s.seconds, s.sizes, std::nullopt});
     if (s.oom) {
       say("probe b=" + std::to_string(s.micro_batch) + ": out of memory under the budget of " +
           format_bytes(settings_.budget_bytes.value_or(0)));
@@ -200,7 +200,7 @@ void Search::profile_tokens(Profile& p) {
   std::set<int64_t> lengths;
   for (int64_t t : {t_max / 4, t_max / 2, t_max}) lengths.insert(std::max({t, settings_.seq_range->min, int64_t{1}}));
   auto record = [&](const WindowMeasurement& s, int64_t t, const std::string& kind) {
-    Trial trial{kind, s.micro_batch, s.fit, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes};
+    Trial trial{kind, s.micro_batch, s.fit, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes, std::nullopt};
     trial.seq_len = t;
     trials_.push_back(trial);
     if (s.oom) {
@@ -243,7 +243,7 @@ Plan Search::plan_and_confirm_tokens(Profile& profile, PlanRequest request) {
     const int64_t t = plan.tokens->max_seq_len;
     const int64_t b = std::max<int64_t>(1, plan.tokens->token_budget / t);
     const WindowMeasurement s = run({b, b}, b, t, past_the_budget());
-    Trial trial{"confirm", b, s.fit, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes};
+    Trial trial{"confirm", b, s.fit, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes, std::nullopt};
     trial.seq_len = t;
     trials_.push_back(trial);
     profile.trials.push_back(trial);
@@ -314,7 +314,7 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
     // Within the budget less the margin's parts a measured size keeps (make_plan's own rule).
     const int64_t kept = kept_margin(plan.memory.margin).bytes_at(plan.fit.slope_bytes_per_sample, next);
     const bool ok = s.fit && s.max_peak_bytes + kept <= plan.memory.budget_bytes;
-    const Trial trial{kind, next, ok, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes};
+    const Trial trial{kind, next, ok, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes, std::nullopt};
     trials_.push_back(trial);
     profile.trials.push_back(trial);
     // A steady-state point like any probe's, within the budget or measured past it: the fit

@@ -2,9 +2,9 @@
 // from OOM) and `accumplan verify` (one accumulated update against one combined-batch update).
 //
 // What it is: flag parsing, the checks that keep a plan honest before a step is taken (schema
-// and version via read_plan_file, the model's SHA-256 against the plan's, the data's shapes
-// against the plan's input specs), the data (a torch.save file or synthetic samples from the
-// plan's specs), the Executor (src/executor/), and the outputs: a human summary on stderr,
+// and version via read_plan_file, the model's SHA-256 against the plan's), the data's source
+// (--data or synthetic samples: run/run_data.h loads and checks them), the session
+// (run/run_session.h) over the Executor (src/executor/), and the outputs: a human summary on stderr,
 // `--stats` JSON, `--plan-out` (the plan after any re-plan), `--save` (the trained TorchScript).
 // Data parallel: when WORLD_SIZE > 1 (torchrun --no_python sets RANK, WORLD_SIZE, LOCAL_RANK,
 // MASTER_ADDR, MASTER_PORT), `run` joins a c10d group (Gloo on cpu, NCCL on cuda when built),
@@ -27,7 +27,6 @@
 #include <cmath>
 #include <iostream>
 #include <memory>
-#include <random>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -45,6 +44,7 @@
 #include "dist/communicator.h"
 #include "executor/executor.h"
 #include "accumplan/replan.h"
+#include "run/run_data.h"
 #include "run/run_session.h"
 #include "executor/verify.h"
 #include "cli/progress_option.h"
@@ -67,9 +67,6 @@ namespace {
 constexpr int kExitVerifyDiffers = 3;
 // Passes over the data: a million is beyond any training run and keeps windows x epochs in int64.
 constexpr int64_t kMaxEpochs = 1000000;
-// The synthetic data set lives in host memory: at most 2^30 samples, and its bytes within
-// max_host_data_bytes() (runtime/host_data.h).
-constexpr int64_t kMaxSyntheticSamples = int64_t{1} << 30;
 
 struct RunArgs {
   std::string plan;
@@ -198,6 +195,20 @@ Prepared prepare(const RunArgs& a, const std::string& command, const std::option
   return p;
 }
 
+// Where `run` and `verify` take their samples from: --data, or synthetic ones (--synthetic-samples,
+// --seq-len-file, --seed).
+RunDataSource data_source(const RunArgs& a) {
+  RunDataSource s;
+  s.data_path = a.data;
+  if (a.synthetic_option && a.synthetic_option->count() > 0) s.synthetic_samples = a.synthetic_samples;
+  if (!a.seq_len_file.empty()) {
+    s.observed_lengths = read_seq_len_file(a.seq_len_file);
+    s.lengths_source = "--seq-len-file '" + path_for_message(a.seq_len_file) + "'";
+  }
+  s.seed = a.seed;
+  return s;
+}
+
 // Runs `fn`; a model's rejection of its inputs is rethrown naming where the samples of this run or
 // verify came from (the executor does not know).
 template <class Fn>
@@ -205,109 +216,8 @@ auto naming_data_source(const RunArgs& a, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const ModelRejectedInputError& e) {
-    const std::string source =
-        a.data.empty() ? "synthetic samples of the plan's setup.inputs" : "--data '" + path_for_message(a.data) + "'";
-    throw ModelRejectedInputError(e.shapes(), e.model_error(), source);
+    throw ModelRejectedInputError(e.shapes(), e.model_error(), data_source_text(data_source(a)));
   }
-}
-
-// Variable-length data without --data: the lengths synthetic sequences are drawn from — the plan's
-// setup.seq_len, no longer than the longest sequence its token budget holds (a re-planned plan
-// after an OOM lowers tokens.max_seq_len). nullopt for fixed shapes.
-std::optional<SeqLenRange> synthetic_range(const Plan& plan) {
-  if (plan.setup.seq_len.empty()) return std::nullopt;
-  SeqLenRange r = parse_seq_len(plan.setup.seq_len, "the plan's setup.seq_len");
-  if (plan.tokens) {
-    r.max = std::min(r.max, plan.tokens->max_seq_len);
-    r.min = std::min(r.min, r.max);
-  }
-  return r;
-}
-
-// `samples` synthetic lengths, seeded: drawn from --seq-len-file's observed lengths when given
-// (each must lie in `range`), else uniformly from `range`.
-std::vector<int64_t> synthetic_lengths(const RunArgs& a, const SeqLenRange& range, int64_t samples) {
-  std::mt19937_64 rng(a.seed);
-  std::vector<int64_t> lengths(static_cast<size_t>(samples));
-  if (a.seq_len_file.empty()) {
-    std::uniform_int_distribution<int64_t> length(range.min, range.max);
-    for (auto& l : lengths) l = length(rng);
-    return lengths;
-  }
-  const std::vector<int64_t> observed = read_seq_len_file(a.seq_len_file);
-  for (size_t i = 0; i < observed.size(); ++i) {
-    if (observed[i] > range.max) {
-      throw InputError("--seq-len-file '" + path_for_message(a.seq_len_file) + "': length " + std::to_string(observed[i]) +
-                       " (entry " + std::to_string(i + 1) + ") is longer than the " + std::to_string(range.max) +
-                       " tokens the plan's token budget holds; re-plan with these lengths (--seq-len-file) or truncate");
-    }
-  }
-  std::uniform_int_distribution<size_t> pick(0, observed.size() - 1);
-  for (auto& l : lengths) l = observed[pick(rng)];
-  return lengths;
-}
-
-// Synthetic samples for about `windows` global windows: windows x B, or for a --target-tokens
-// plan windows x target_tokens over the mean length less one (next-token targets have one valid
-// token fewer than the sequence), so the data holds at least that many windows.
-int64_t default_synthetic_samples(const RunArgs& a, const Plan& plan, int64_t windows) {
-  const int64_t B = checked_mul(plan.per_rank_batch, plan.world_size, "the global window");
-  if (!plan.tokens || !plan.tokens->target_tokens) return checked_mul(windows, B, "the default synthetic samples");
-  const std::optional<SeqLenRange> range = synthetic_range(plan);
-  double mean = range ? 0.5 * static_cast<double>(range->min + range->max) : 1.0;
-  if (range && !a.seq_len_file.empty()) {
-    const std::vector<int64_t> observed = read_seq_len_file(a.seq_len_file);
-    mean = 0;
-    for (int64_t l : observed) mean += static_cast<double>(l) / static_cast<double>(observed.size());
-  }
-  const double tokens = static_cast<double>(windows) * static_cast<double>(*plan.tokens->target_tokens);
-  return static_cast<int64_t>(std::min(static_cast<double>(kMaxSyntheticSamples), std::ceil(tokens / std::max(1.0, mean - 1.0))));
-}
-
-// The samples to train or verify on, on the CPU (microbatches move to the device one at a time).
-Batch load_data(const RunArgs& a, const Prepared& p, int64_t synthetic_samples) {
-  if (!a.data.empty()) {
-    const Batch b = load_batch_file(a.data, p.target.has_value(), "--data", p.loss.ignore_index);
-    check_batch_matches(b, p.inputs, p.target, "--data '" + path_for_message(a.data) + "'");
-    const int64_t n = batch_samples(b, "--data '" + path_for_message(a.data) + "'");
-    if (n < 1) throw InputError("--data '" + path_for_message(a.data) + "' has no samples");
-    DataRules rules = data_rules(p.inputs, p.target, p.loss.ignore_index, p.loss.kind);
-    if (p.plan.tokens) rules.max_length = p.plan.tokens->max_seq_len, rules.max_length_source = "the plan (tokens.max_seq_len)";
-    check_batch_values(b, rules, "--data '" + path_for_message(a.data) + "'", "re-plan with this data (--batch-file)");
-    return b;
-  }
-  const std::optional<SeqLenRange> range = synthetic_range(p.plan);
-  int64_t bytes_per_sample = 0;
-  auto add = [&](const TensorSpec& spec) {
-    const int64_t item = static_cast<int64_t>(c10::elementSize(scalar_type_of(spec.dtype)));
-    const int64_t elements = spec.elements_per_sample(range ? range->max : 1);
-    bytes_per_sample = checked_add(bytes_per_sample, checked_mul(elements, item, "bytes per sample"), "bytes per sample");
-  };
-  for (const auto& spec : p.inputs) add(spec);
-  if (p.target) add(*p.target);
-  const int64_t bytes = checked_mul(bytes_per_sample, synthetic_samples, "--synthetic-samples x bytes per sample");
-  check_host_data_bytes(bytes,
-                        "--synthetic-samples " + std::to_string(synthetic_samples) +
-                            (a.synthetic_option && a.synthetic_option->count() > 0 ? "" : " (the default, 4 global windows)"),
-                        "give fewer --synthetic-samples (" + format_bytes(bytes_per_sample) +
-                            " per sample) or real samples with --data");
-  if (range) {
-    return synthetic_ragged_batch(p.inputs, p.target, synthetic_lengths(a, *range, synthetic_samples), a.seed,
-                                  p.loss.ignore_index);
-  }
-  return synthetic_batch(p.inputs, p.target, synthetic_samples, a.seed, at::kCPU, p.loss.kind);
-}
-
-// Serialized in memory, then written by the same temp-and-rename as every other output, so a
-// failed save leaves nothing behind (host memory holds the bytes once, not the device).
-void save_module_atomic(torch::jit::Module& module, const std::string& path) {
-  std::ostringstream bytes;
-  try {
-    module.save(bytes);
-  } catch (const c10::Error& e) {
-    throw InputError("--save '" + path_for_message(path) + "': cannot serialize the model (" + cut_for_message(e.what_without_backtrace(), 200) + ")");
-  }
-  write_text_atomic(path, bytes.str());
 }
 
 // Where this rank writes an output: "{rank}" in the path makes every rank write its own file;
@@ -391,13 +301,7 @@ Setup run_setup(const RunArgs& a, const Plan& plan) {
   return setup;
 }
 
-// The run's data and the budget it runs under.
-struct RunData {
-  Batch data;
-  int64_t host_data_bytes = 0;  // CPU: the data's bytes in the counting allocator, outside the budget
-  std::optional<int64_t> budget_bytes;
-};
-
+// The run's data, with the budget enforced beside it.
 RunData load_run_data(const RunArgs& a, Prepared& p) {
   if (!a.seq_len_file.empty() && !a.data.empty()) {
     throw InputError("--seq-len-file draws the lengths of synthetic data; with --data the lengths are the data's own");
@@ -405,20 +309,9 @@ RunData load_run_data(const RunArgs& a, Prepared& p) {
   if (!a.seq_len_file.empty() && p.plan.setup.seq_len.empty()) {
     throw InputError("--seq-len-file applies to plans for variable-length data (setup.seq_len); this plan is for fixed shapes");
   }
-  const int64_t default_samples = default_synthetic_samples(a, p.plan, 4);
-  RunData d;
-  // Every rank loads the whole data set (synthetic samples come from the same seed) and takes its
-  // share of each window; a sharded loader is the trainer's business, not the plan's. On the CPU
-  // device its bytes are host data (runtime/host_data.h): outside every peak and the budget.
-  d.data = load_host_data(
-      *p.probe, [&] { return load_data(a, p, a.synthetic_samples > 0 ? a.synthetic_samples : default_samples); },
-      d.host_data_bytes);
-  batch_samples(d.data, "the data");  // every tensor holds the same samples
-  if (!a.budget.empty()) {
-    d.budget_bytes = memory_budget_from(a.budget).resolve_bytes(p.probe->device_total_bytes());
-    enforce_budget_beside(*p.probe, d.budget_bytes, d.host_data_bytes);
-  }
-  return d;
+  std::optional<int64_t> budget;
+  if (!a.budget.empty()) budget = memory_budget_from(a.budget).resolve_bytes(p.probe->device_total_bytes());
+  return accumplan::load_run_data(data_source(a), RunDataSpecs{p.plan, p.inputs, p.target, p.loss}, *p.probe, budget);
 }
 
 ExecutorOptions run_executor_options(const RunArgs& a, const Prepared& p, const Setup& setup, Communicator* comm,
@@ -599,7 +492,7 @@ int verify_command(const RunArgs& a) {
   check_run_outputs(a, 0);
   Prepared p = prepare(a, "verify");
   const int64_t T = p.plan.per_rank_batch;
-  Batch data = load_data(a, p, default_synthetic_samples(a, p.plan, 1));
+  Batch data = load_samples(data_source(a), RunDataSpecs{p.plan, p.inputs, p.target, p.loss}, 1);
   const int64_t n = batch_samples(data, "the data");
   Batch window;
   std::vector<std::string> notes;  // said after the check ran: a refusal stays one line

@@ -3,8 +3,8 @@
 // the confirmation of a re-planned plan; the replica check of a group; the run's RunRecord
 // (accumplan/schema.h, `--stats`).
 // What it is: everything `accumplan run` does besides turning flags into options and writing
-// files. What it is not: the window algorithm (Executor), the data loading or the flags
-// (cli/executor_commands.cpp), or a writer of files (the caller writes what it returns).
+// files. What it is not: the window algorithm (Executor), the data loading (run_data.h), the
+// flags (cli/executor_commands.cpp), or a writer of files (the caller writes what it returns).
 #pragma once
 
 #include <cstdint>
