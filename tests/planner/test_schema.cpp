@@ -280,6 +280,13 @@ static void optimizer_enums(const json& schema, std::vector<json>& found) {
   for (const auto& child : schema) optimizer_enums(child, found);
 }
 
+TEST_CASE("Schema: each published schema's $id carries the version the writers write", "[schema][version]") {
+  for (const std::string name : {"plan", "profile", "run_stats"}) {
+    const json schema = read_json_file(source_path("planner/schemas/" + name + ".schema.json"), "schema");
+    CHECK(schema["$id"] == "accumplan." + name + "/" + schema_version_string());
+  }
+}
+
 TEST_CASE("Schema: the published schemas list exactly the optimizer table's names", "[schema][optimizer]") {
   for (const char* file : {"planner/schemas/plan.schema.json", "planner/schemas/profile.schema.json"}) {
     std::vector<json> enums;
