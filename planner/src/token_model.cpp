@@ -60,7 +60,18 @@ TokenMemoryModel TokenMemoryModel::fit(const Profile& profile) {
   for (const auto& p : profile.points) {
     if (p.seq_len) pts.push_back({p.micro_batch, *p.seq_len, p.peak_bytes});
   }
-  return fit(pts);
+  TokenMemoryModel model = fit(pts);
+  model.gradients_bytes_ = profile.persistent.gradients_bytes;
+  model.optimizer_state_bytes_ = profile.persistent.optimizer_state_bytes;
+  return model;
+}
+
+int64_t TokenMemoryModel::predict_microbatch_peak_bytes(int64_t micro_batch, int64_t seq_len, bool first_in_window,
+                                                        bool optimizer_state_exists) const {
+  int64_t peak = predict_peak_bytes(micro_batch, seq_len);
+  if (first_in_window) peak -= gradients_bytes_;
+  if (!optimizer_state_exists) peak -= optimizer_state_bytes_;
+  return peak;
 }
 
 TokenMemoryModel TokenMemoryModel::fit(const std::vector<TokenPoint>& points) {

@@ -775,13 +775,8 @@ void Executor::time_microbatch(const WindowSplit& split, const MicrobatchEvent& 
                                RoundsOutcome& out) const {
   const int64_t length = split.padded_length(where.index);
   if (token_memory_) {
-    // The fit is of steady microbatches: the gradient resident, the optimizer's state allocated.
-    // A window's first microbatch runs with no gradient (it is set to none), and before the run's
-    // first optimizer step Adam's or momentum's state does not exist yet (LibTorch makes it in
-    // step()): on the token benchmark's decoder those are 1.2 MB and 2.4 MB of a 78 MB peak.
-    int64_t peak = token_memory_->predict_peak_bytes(where.size, length);
-    if (where.index == 0) peak -= plan_.profile.persistent.gradients_bytes;
-    if (optimizer_.state().empty()) peak -= plan_.profile.persistent.optimizer_state_bytes;
+    const int64_t peak =
+        token_memory_->predict_microbatch_peak_bytes(where.size, length, where.index == 0, !optimizer_.state().empty());
     out.predicted_peak_bytes = std::max(out.predicted_peak_bytes.value_or(0), peak);
   }
   // On CUDA the wall time of a queued step is not its device time: nothing to learn or judge.

@@ -393,3 +393,23 @@ TEST_CASE("Step time model: fits the run's most recent microbatches, and follows
   CHECK(model.fit()->per_token_seconds == Approx(4e-6).epsilon(1e-6));
   CHECK(model.refits() == 2);
 }
+TEST_CASE("Token model: a packed microbatch's peak leaves out the gradient first in a window and the state before the first step", "[token][predict]") {
+  Profile profile;
+  for (const TokenPoint& p : grid(100.0 * MiB, 4096, 48)) {
+    ProfilePoint point;
+    point.micro_batch = p.micro_batch;
+    point.peak_bytes = p.peak_bytes;
+    point.seq_len = p.seq_len;
+    profile.points.push_back(point);
+  }
+  profile.persistent.gradients_bytes = 3 * MiB;
+  profile.persistent.optimizer_state_bytes = 5 * MiB;
+  const TokenMemoryModel m = TokenMemoryModel::fit(profile);
+  const int64_t steady = m.predict_peak_bytes(4, 128);
+  CHECK(m.predict_microbatch_peak_bytes(4, 128, false, true) == steady);
+  CHECK(m.predict_microbatch_peak_bytes(4, 128, true, true) == steady - 3 * MiB);
+  CHECK(m.predict_microbatch_peak_bytes(4, 128, false, false) == steady - 5 * MiB);
+  CHECK(m.predict_microbatch_peak_bytes(4, 128, true, false) == steady - 8 * MiB);
+  // A fit from bare points knows no persistent parts.
+  CHECK(TokenMemoryModel::fit(grid(100.0 * MiB, 4096, 48)).predict_microbatch_peak_bytes(4, 128, true, false) == steady);
+}

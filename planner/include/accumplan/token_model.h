@@ -73,12 +73,22 @@ class TokenMemoryModel {
   // (whole sequences: 4404 tokens at L = 1024 hold 4, i.e. 4096 tokens, not 4404). Enumerates the
   // O(sqrt(budget)) distinct values of floor(budget / L), at the largest L of each.
   int64_t worst_packed_peak_bytes(int64_t token_budget, int64_t max_seq_len) const;
+  // The peak of one packed microbatch of b sequences padded to T as a run meets it. The fit is of
+  // steady microbatches (the gradient resident, the optimizer's state allocated): a window's first
+  // microbatch runs with no gradient (it is set to none), and before the run's first optimizer
+  // step the optimizer's state does not exist yet (LibTorch makes it in step()). On the token
+  // benchmark's decoder those are 1.2 MB and 2.4 MB of a 78 MB peak. Their bytes are the profile's
+  // persistent ones (fit(Profile)); a fit from bare points knows none and leaves them in.
+  int64_t predict_microbatch_peak_bytes(int64_t micro_batch, int64_t seq_len, bool first_in_window,
+                                        bool optimizer_state_exists) const;
 
   static constexpr int64_t kMaxSequences = int64_t{1} << 40;  // as MemoryModel::kMaxMicroBatch
   static constexpr int64_t kMaxSeqLen = int64_t{1} << 31;     // a tensor spec's dimension bound
 
  private:
   TokenFit fit_;
+  int64_t gradients_bytes_ = 0;        // the profile's persistent gradients
+  int64_t optimizer_state_bytes_ = 0;  // and optimizer state
 };
 
 // The integer unit of TokenStepCost: one padded token costs this much (2^16, so a per-token cost
