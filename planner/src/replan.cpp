@@ -26,6 +26,25 @@ std::vector<int64_t> window_sizes(const Plan& plan, int64_t samples) {
   return split_samples(samples, cap, plan.split == "uniform" ? "uniform" : "balanced", plan.multiple_of.value_or(1));
 }
 
+namespace {
+// A re-split window's peak by the solver's rule (MemoryModel::predict_window_peak_bytes: the first
+// microbatch, the steady ones and the optimizer step) from the plan's profile; a plan whose profile
+// holds no line to refit (written by hand) has only its fit's steady line; nullopt without either.
+std::optional<int64_t> resplit_peak_bytes(const Plan& plan, const std::vector<int64_t>& sizes) {
+  if (plan.profile.points.size() >= 2) {
+    try {
+      return MemoryModel::fit(plan.profile).predict_window_peak_bytes(sizes);
+    } catch (const InputError&) {
+      // points that fit no line: the plan's summary below
+    }
+  }
+  if (plan.fit.slope_bytes_per_sample > 0) {
+    return MemoryModel::line_peak_bytes(plan.fit, *std::max_element(sizes.begin(), sizes.end()));
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* note) {
   if (failing_micro_batch <= 1) {
     throw InfeasibleError(
@@ -78,9 +97,7 @@ Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* no
   if (!solved) {
     set_window(next, split_samples(plan.per_rank_batch, bound, plan.split == "uniform" ? "uniform" : "balanced", unit), bound,
                unit);
-    if (plan.fit.slope_bytes_per_sample > 0) {
-      next.memory.predicted_peak_bytes = MemoryModel::line_peak_bytes(plan.fit, next.micro_batch);
-    }
+    if (const auto peak = resplit_peak_bytes(plan, next.microbatch_sizes)) next.memory.predicted_peak_bytes = *peak;
     how << "re-split " << plan.per_rank_batch << " samples under max_micro_batch " << bound;
   }
   if (unit == 1 && plan.multiple_of.value_or(1) != 1) next.multiple_of.reset();

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "accumplan/errors.h"
+#include "accumplan/memory_model.h"
 #include "accumplan/replan.h"
 #include "accumplan/schema.h"
 #include "accumplan/solver.h"
@@ -68,6 +69,33 @@ TEST_CASE("Replan: below a failing size, the same batch in smaller microbatches"
   CHECK(window_sizes(big, 256) == big.microbatch_sizes);
   CHECK_THROWS_AS(window_sizes(big, 257), InputError);
   CHECK_THROWS_AS(window_sizes(big, 0), InputError);
+}
+
+TEST_CASE("Replan: a re-split without a budget to solve under predicts by the solver's window rule", "[replan]") {
+  // peak(b) = 10 MB + 1 MB per sample; the optimizer step peaks at 80 MB, above any microbatch
+  // here: the window rule says 80 MB where the steady line alone said 10 MB + 31 MB.
+  Plan p = make_plan_with({64, 64});
+  p.profile.persistent = {4000000, 4000000, 2000000};
+  for (int64_t b : {8, 16, 32, 64}) {
+    ProfilePoint point;
+    point.micro_batch = b;
+    point.peak_bytes = 10000000 + 1000000 * b;
+    point.optimizer_step_peak_bytes = 80000000;
+    p.profile.points.push_back(point);
+  }
+  p.fit = MemoryModel::fit(p.profile).summary();
+  std::string note;
+  const Plan q = replan_below(p, 32, &note);  // memory.budget_bytes 0: nothing to solve under
+  CHECK(note.find("re-split 128 samples under max_micro_batch 31") != std::string::npos);
+  CHECK(q.memory.predicted_peak_bytes == MemoryModel::fit(p.profile).predict_window_peak_bytes(q.microbatch_sizes));
+  CHECK(q.memory.predicted_peak_bytes == 80000000);
+  // Without profile points only the plan's line is left: the largest microbatch's steady peak
+  // (128 under 31: 26, 26, 26, 25, 25).
+  Plan bare = p;
+  bare.profile.points.clear();
+  const Plan r = replan_below(bare, 32, &note);
+  CHECK(r.micro_batch == 26);
+  CHECK(r.memory.predicted_peak_bytes == 10000000 + 1000000 * 26);
 }
 
 TEST_CASE("Replan: set_window sets sizes, weights, steps and the uniform split together", "[replan][plan-rules]") {
