@@ -116,6 +116,60 @@ int64_t saturated_bytes(double bytes) {
   return static_cast<int64_t>(std::ceil(bytes));
 }
 
+// Non-increasing peaks among the fitted sizes (from `start` on): small drops are noise, large ones
+// make the profile untrustworthy. (Below the fit's start a peak may be set by another phase: the
+// test convnet peaks at 224 KiB at b = 1 and 192 KiB at b = 2, then grows 80 KiB per sample.)
+void check_peaks_grow(const std::map<int64_t, std::vector<double>>& by_size, int64_t start) {
+  double prev_mean = -1;
+  int64_t prev_size = 0;
+  for (const auto& [size, ys] : by_size) {
+    if (size < start) continue;
+    double mean = 0;
+    for (double y : ys) mean += y;
+    mean /= static_cast<double>(ys.size());
+    if (prev_mean >= 0 && mean < prev_mean * (1.0 - kNoiseDropFraction)) {
+      throw InputError("the profile's peak falls from " + format_bytes(static_cast<int64_t>(prev_mean)) +
+                       " at microbatch " + std::to_string(prev_size) + " to " +
+                       format_bytes(static_cast<int64_t>(mean)) + " at microbatch " +
+                       std::to_string(size) +
+                       "; peaks must grow with the microbatch. Was something else using the "
+                       "device while profiling? Profile again");
+    }
+    prev_mean = mean;
+    prev_size = size;
+  }
+}
+
+// The first microbatch of a window runs with no gradient resident (the executor sets gradients
+// to none at every window start), so its peak follows the points' first-microbatch peaks, not
+// the steady ones. builtin:mlp (sgd): first 956,584 bytes at every b <= 64 against a steady
+// 1,023,160 + 3,146·b — the steady line over-predicted a one-microbatch plan of 64 by 28%.
+// Fitted where two sizes or more have it, on allocated bytes only (the caller skips reserved
+// peaks: a caching allocator's reserved segments carry over between microbatches, so they have
+// no such phase). The line's largest shortfall below a measured first peak is its margin: never under.
+struct FirstLine {
+  double intercept_bytes = 0;
+  double slope_bytes_per_sample = 0;
+  double margin_bytes = 0;
+};
+std::optional<FirstLine> first_microbatch_line(const std::vector<ProfilePoint>& pts) {
+  std::vector<std::pair<double, double>> first;
+  std::map<int64_t, int> first_sizes;
+  for (const auto& p : pts) {
+    if (!p.first_microbatch_peak_bytes) continue;
+    first.emplace_back(static_cast<double>(p.micro_batch), static_cast<double>(*p.first_microbatch_peak_bytes));
+    ++first_sizes[p.micro_batch];
+  }
+  if (first_sizes.size() < 2) return std::nullopt;
+  first = from_size(first, tail_start(first));
+  const Line f = memory_fit(first);
+  FirstLine out{f.intercept, std::max(0.0, f.slope), 0.0};
+  for (const auto& [x, y] : first) {
+    out.margin_bytes = std::max(out.margin_bytes, y - (f.intercept + out.slope_bytes_per_sample * x));
+  }
+  return out;
+}
+
 }  // namespace
 
 MemoryModel MemoryModel::fit(const Profile& profile) {
@@ -147,28 +201,8 @@ MemoryModel MemoryModel::fit(const Profile& profile) {
                      "again with more probe sizes)");
   }
 
-  // Non-increasing peaks among the fitted sizes: small drops are noise, large ones make the
-  // profile untrustworthy. (Below the fit's start a peak may be set by another phase: the test
-  // convnet peaks at 224 KiB at b = 1 and 192 KiB at b = 2, then grows 80 KiB per sample.)
   const int64_t start = tail_start(xy);
-  double prev_mean = -1;
-  int64_t prev_size = 0;
-  for (const auto& [size, ys] : by_size) {
-    if (size < start) continue;
-    double mean = 0;
-    for (double y : ys) mean += y;
-    mean /= static_cast<double>(ys.size());
-    if (prev_mean >= 0 && mean < prev_mean * (1.0 - kNoiseDropFraction)) {
-      throw InputError("the profile's peak falls from " + format_bytes(static_cast<int64_t>(prev_mean)) +
-                       " at microbatch " + std::to_string(prev_size) + " to " +
-                       format_bytes(static_cast<int64_t>(mean)) + " at microbatch " +
-                       std::to_string(size) +
-                       "; peaks must grow with the microbatch. Was something else using the "
-                       "device while profiling? Profile again");
-    }
-    prev_mean = mean;
-    prev_size = size;
-  }
+  check_peaks_grow(by_size, start);
 
   const Line line = memory_fit(from_size(xy, start));
   m.fit_.fitted_from_micro_batch = start;
@@ -196,27 +230,11 @@ MemoryModel MemoryModel::fit(const Profile& profile) {
   }
   m.fit_.rms_residual_bytes = std::sqrt(sum_sq / static_cast<double>(std::max(1, fitted)));
 
-  // The first microbatch of a window runs with no gradient resident (the executor sets gradients
-  // to none at every window start), so its peak follows the points' first-microbatch peaks, not
-  // the steady ones. builtin:mlp (sgd): first 956,584 bytes at every b <= 64 against a steady
-  // 1,023,160 + 3,146·b — the steady line over-predicted a one-microbatch plan of 64 by 28%.
-  // Fitted where two sizes or more have it, on allocated bytes only (a caching allocator's reserved
-  // segments carry over between microbatches, so reserved peaks have no such phase).
-  std::vector<std::pair<double, double>> first;
-  std::map<int64_t, int> first_sizes;
-  for (const auto& p : pts) {
-    if (!p.first_microbatch_peak_bytes) continue;
-    first.emplace_back(static_cast<double>(p.micro_batch), static_cast<double>(*p.first_microbatch_peak_bytes));
-    ++first_sizes[p.micro_batch];
-  }
-  if (!reserved && first_sizes.size() >= 2) {
-    first = from_size(first, tail_start(first));
-    const Line f = memory_fit(first);
-    m.first_intercept_bytes_ = f.intercept;
-    m.first_slope_bytes_per_sample_ = std::max(0.0, f.slope);
-    // The line's largest shortfall below a measured first peak is added back: never under.
-    for (const auto& [x, y] : first) {
-      m.first_margin_bytes_ = std::max(m.first_margin_bytes_, y - (f.intercept + m.first_slope_bytes_per_sample_ * x));
+  if (!reserved) {
+    if (const std::optional<FirstLine> f = first_microbatch_line(pts)) {
+      m.first_intercept_bytes_ = f->intercept_bytes;
+      m.first_slope_bytes_per_sample_ = f->slope_bytes_per_sample;
+      m.first_margin_bytes_ = f->margin_bytes;
     }
   }
   return m;
