@@ -52,7 +52,10 @@ class TrainingState:
     """What planning may touch, copied to the host before it starts and put back after."""
 
     def __init__(self, model, optimizer, device):
-        self.modules = [(m, dict(m._parameters), dict(m._buffers), dict(m._modules), m.training)
+        # A TorchScript module's structure is fixed (its _parameters and friends are read-only
+        # wrappers, and no forward can reassign them): only its values and training flag come back.
+        self.modules = [(m, None if isinstance(m, torch.jit.ScriptModule) else
+                         (dict(m._parameters), dict(m._buffers), dict(m._modules)), m.training)
                         for m in model.modules()]
         self.tensors = [(t, to_host(t)) for t in _unique(list(model.parameters()) + list(model.buffers()))]
         params = _unique(list(model.parameters()) + [p for g in optimizer.param_groups for p in g["params"]])
@@ -69,10 +72,11 @@ class TrainingState:
         self.default_dtype = torch.get_default_dtype()
 
     def restore(self):
-        for m, params, buffers, children, training in self.modules:
-            for mine, saved in ((m._parameters, params), (m._buffers, buffers), (m._modules, children)):
-                mine.clear()
-                mine.update(saved)
+        for m, structure, training in self.modules:
+            if structure is not None:
+                for mine, saved in zip((m._parameters, m._buffers, m._modules), structure):
+                    mine.clear()
+                    mine.update(saved)
             m.training = training
         with torch.no_grad():
             for t, saved in self.tensors:

@@ -94,6 +94,21 @@ class LeavesNothingBehind(unittest.TestCase):
         plan(model, opt, x, y, progress=False)
         self.assertSameState(before, state_of(model, opt, extra))
 
+    def test_a_torchscript_module_plans_and_comes_back(self):
+        # Its _parameters are read-only wrappers: putting back used to fail with AttributeError
+        # after the search had run (the Python-vs-CLI benchmark's TorchScript row).
+        torch.manual_seed(0)
+        model = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3)))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x, y = torch.randn(4, 8), torch.randint(0, 3, (4,))
+        before = [p.detach().clone() for p in model.parameters()]
+        p = plan(model, opt, x, y, progress=False)
+        self.assertEqual(sum(p.microbatch_sizes), 32)
+        self.assertTrue(all(torch.equal(a, b) for a, b in zip(before, model.parameters())))
+        self.assertTrue(all(q.grad is None for q in model.parameters()))
+        self.assertEqual(opt.state, {})
+        self.assertTrue(model.training)
+
     def test_an_interrupt_while_planning_restores_and_removes_the_probe(self):
         model, opt, extra, x, y = setup()
         before = state_of(model, opt, extra)
