@@ -3,7 +3,7 @@
 Public: ``pad_sequences``, ``valid_token_counts``, ``padding_mask`` (re-exported by accumplan).
 Internal to the package (no underscore so that train, window and measure can share them; not
 part of the API): ``as_inputs``, ``input_tensors``, ``map_inputs``, ``count_samples``,
-``gather_packed``, ``slice_samples``.
+``ragged_data``, ``gather_packed``, ``slice_samples``.
 """
 
 from collections.abc import Mapping
@@ -86,10 +86,20 @@ def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
     inputs int64 [n, T] padded with 0, target [n, T] padded with ``ignore_index`` (per-token
     ``targets``, in their own dtype — int64 class indices, or float values for mse — which every
     target must share; or, with ``next_token=True`` and no targets, the inputs shifted left by one,
-    int64, the last position ignored; else None) and lengths int64 [n]."""
+    int64, the last position ignored; else None) and lengths int64 [n].
+    ``sequences`` may instead be Hugging Face examples, dicts of 1-D tensors of one length each
+    (input_ids, attention_mask, labels, ...): inputs is then a dict of [n, T] tensors ("labels"
+    padded with ``ignore_index``, everything else with 0, so attention_mask is 0 at padding) and
+    target is None (the labels are in the dict). This is the collate helper for ``plan.pack``'s
+    microbatches: ``pad_sequences([examples[i] for i in group])``."""
     ignore_index = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     if not isinstance(next_token, bool):
         raise TypeError("next_token must be True or False, not %s (%s)" % (type(next_token).__name__, shown_value(next_token)))
+    if isinstance(sequences, (list, tuple)) and sequences and isinstance(sequences[0], Mapping):
+        if targets is not None or next_token:
+            raise ValueError("examples given as dicts carry their labels (\"labels\"): pass targets=None and "
+                             "next_token=False")
+        return _pad_examples(sequences, ignore_index)
     sequences = _vectors(sequences, "sequences", integer=True)
     n = len(sequences)
     if n == 0:
@@ -128,6 +138,89 @@ def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
         positions = torch.arange(longest).unsqueeze(0)
         target[positions >= (lengths.unsqueeze(1) - 1)] = ignore_index
     return inputs, target, lengths
+
+
+def _pad_examples(examples, ignore_index):
+    """Hugging Face examples (dicts of 1-D tensors, one length per example) padded into one dict."""
+    keys = list(examples[0].keys())
+    lengths = []
+    for i, ex in enumerate(examples):
+        if not isinstance(ex, Mapping):
+            raise TypeError("sequences[%d] is %s but sequences[0] is a dict; give every example as a dict"
+                            % (i, type(ex).__name__))
+        if list(ex.keys()) != keys:
+            raise ValueError("sequences[%d] has keys %s but sequences[0] has %s; give every example the same keys"
+                             % (i, list(ex.keys()), keys))
+        n = None
+        for k in keys:
+            t = ex[k]
+            if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.is_complex():
+                raise TypeError("sequences[%d][%r] must be a 1-D tensor (one entry per token), not %s"
+                                % (i, k, "a tensor of shape %s" % list(t.shape) if isinstance(t, torch.Tensor)
+                                   else "%s (%s)" % (type(t).__name__, shown_value(t))))
+            if n is not None and t.numel() != n:
+                raise ValueError("sequences[%d][%r] has %d entries but sequences[%d][%r] has %d; every tensor of "
+                                 "an example has one entry per token" % (i, k, t.numel(), i, keys[0], n))
+            n = t.numel()
+        if n < 1:
+            raise ValueError("sequences[%d] is empty; every sequence needs at least one token" % i)
+        lengths.append(n)
+    longest = max(lengths)
+    inputs = {}
+    for k in keys:
+        t0 = examples[0][k]
+        pad = ignore_index if k == "labels" else 0
+        if not t0.is_floating_point() and t0.dtype != torch.bool:
+            info = torch.iinfo(t0.dtype)
+            if not info.min <= pad <= info.max:
+                raise ValueError("sequences[0][%r] is %s, which cannot hold the padding %d; convert it to int64"
+                                 % (k, t0.dtype, pad))
+        out = torch.full((len(examples), longest), pad, dtype=t0.dtype)
+        for i, ex in enumerate(examples):
+            out[i, :lengths[i]] = ex[k]
+        inputs[k] = out
+    return inputs, None, torch.tensor(lengths, dtype=torch.long)
+
+
+def _is_ragged_list(inputs, target, packed):
+    """Whether ``inputs`` is ragged data rather than a list of positional tensors: a list of dicts,
+    or of 1-D tensors that differ in length, come with a list of targets, or go to a packed plan."""
+    if not isinstance(inputs, list) or not inputs:
+        return False
+    if all(isinstance(x, Mapping) for x in inputs):
+        return True
+    if not all(isinstance(x, torch.Tensor) and x.dim() == 1 for x in inputs):
+        return False
+    return packed or isinstance(target, list) or len({x.numel() for x in inputs}) > 1
+
+
+def ragged_data(inputs, target, lengths, loss, ignore_index, packed=False):
+    """A window's ragged data as (inputs padded along dim 1, target, lengths as a list), or None
+    for fixed-shape data. Ragged data is a list of 1-D token tensors (targets: a list of per-token
+    tensors, a tensor of one target per sequence, or None: next-token targets for cross_entropy, as
+    ``accumplan run --data`` reads ``[sequences, None]``), a list of Hugging Face example dicts
+    (``pad_sequences``), or a padded batch with ``lengths=``."""
+    if lengths is not None:
+        if _is_ragged_list(inputs, target, True):
+            raise ValueError("lengths= goes with a padded batch; a list of sequences carries its own lengths: "
+                             "drop lengths=")
+        return as_inputs(inputs), target_arg(target), lengths_arg(lengths, "lengths", minimum=1)
+    if not _is_ragged_list(inputs, target, packed):
+        return None
+    if isinstance(inputs[0], Mapping):
+        if target is not None:
+            raise ValueError("examples given as dicts carry their labels (\"labels\"): pass target=None")
+        padded, _, lens = pad_sequences(inputs, ignore_index=ignore_index)
+        return padded, None, lens.tolist()
+    per_token = isinstance(target, (list, tuple))
+    next_token = target is None and loss == "cross_entropy"
+    padded, tgt, lens = pad_sequences(inputs, target if per_token else None, ignore_index, next_token=next_token)
+    if not per_token and target is not None:
+        tgt = target_arg(target)
+        if tgt.shape[0] != len(inputs):
+            raise ValueError("target has %d entries (dim 0) for %d sequences; give one target per sequence or a "
+                             "list of per-token targets" % (tgt.shape[0], len(inputs)))
+    return (padded,), tgt, lens.tolist()
 
 
 def _vectors(tensors, name, integer):
@@ -173,6 +266,21 @@ def padding_mask(lengths, padded_length):
     lengths = lengths_arg(lengths, "lengths", minimum=0)
     padded_length = int_arg(padded_length, "padded_length", max(lengths, default=0), INT32_MAX)
     return torch.arange(padded_length).unsqueeze(0) >= torch.tensor(lengths, dtype=torch.long).reshape(-1, 1)
+
+
+def check_lengths(inputs, target, lengths, n):
+    """Ragged data's lengths against its padded tensors: one per sample, each at least one token,
+    none longer than the tensors' dim 1. Returns them as a list of ints; ValueError naming them."""
+    lengths = lengths_arg(lengths, "lengths", minimum=1)  # every sequence needs at least one token
+    if len(lengths) != n:
+        raise ValueError("lengths has %d entries for a window of %d samples" % (len(lengths), n))
+    longest = max(lengths) if lengths else 0
+    for i, t in enumerate(input_tensors(inputs) + ([target] if target is not None else [])):
+        if t.dim() >= 2 and longest > t.shape[1]:
+            raise ValueError("lengths says sequence %d has %d tokens but tensor %d of the window holds %d "
+                             "positions (dim 1); pass the lengths of these padded sequences"
+                             % (lengths.index(longest), longest, i, t.shape[1]))
+    return lengths
 
 
 def gather_packed(inputs, target, indices, lengths):

@@ -13,8 +13,12 @@ fraction. Planning leaves nothing behind: parameters, buffers (BatchNorm statist
 the optimizer's state and hyperparameters, and the RNG state are put back, the probe and the
 budget removed, also when planning fails.
 
-What it is not: a second search or planner (both are C++), nor a profile of variable-length data
-(``accumplan profile --seq-len`` plans packed windows).
+Variable-length data (a list of sequences, or a padded batch with lengths=) is planned as the CLI
+plans a ragged ``--batch-file``: the C++ search's (b, T) grid over windows of b sequences of
+exactly T tokens, the token model, the token budget; the plan is the CLI's token plan.
+
+What it is not: a second search or planner (both are C++), nor a packer (the C++ one is asked
+through ``Plan.pack``).
 """
 import inspect
 import json
@@ -24,9 +28,9 @@ import time
 import torch
 
 from . import _core
-from ._args import (INT32_MAX, INT32_MIN, MAX_COUNT, callable_arg, choice_arg, int_arg, module_arg, optimizer_arg,
-                    real_arg, shown_value)
-from .batches import as_inputs, count_samples, input_tensors, map_inputs, target_arg
+from ._args import (INT32_MAX, INT32_MIN, MAX_COUNT, callable_arg, choice_arg, flag_arg, int_arg, module_arg,
+                    optimizer_arg, real_arg, shown_value)
+from .batches import as_inputs, check_lengths, count_samples, input_tensors, map_inputs, ragged_data, target_arg
 from .errors import PlanError, in_python_terms, oom_error, plan_error
 from .losses import LOSSES, check_class_target, causal_shift, count_units, units_rule
 from .meters import meter_for
@@ -111,32 +115,50 @@ def _setup_optimizer(optimizer):
     return setup
 
 
-def _spec(t):
-    """A tensor's spec as a plan's setup writes one: dtype[B,dims...], integers with :high."""
+def _spec(t, ragged=False):
+    """A tensor's spec as a plan's setup writes one: dtype[B,dims...], integers with :high; ragged
+    data's sequence dimension (dim 1) is T, as the CLI writes a ragged --batch-file's."""
     dtype = str(t.dtype).replace("torch.", "")
-    text = "%s[%s]" % (dtype, ",".join(["B"] + [str(d) for d in t.shape[1:]]))
+    dims = [str(d) for d in t.shape[1:]]
+    if ragged and dims:
+        dims[0] = "T"
+    text = "%s[%s]" % (dtype, ",".join(["B"] + dims))
     if not (t.is_floating_point() or t.is_complex()):
         high = int(t.max()) + 1 if t.numel() else 1
         text += ":%d" % max(1, high)
     return text
 
 
-def _tile(inputs, target, n):
+def _tile(inputs, target, n, lengths=None, seq_len=None):
     """The window's data: n samples, cycling over the given ones (as ``--batch-file`` is tiled), on
-    the host. Held to the host-data limit before anything is allocated (the C++ rule: 16 GiB, half
-    the machine or ACCUMPLAN_MAX_HOST_DATA): a target_batch of 2**30 small samples used to ask the
-    allocator for 64 GiB."""
+    the host. Ragged data at ``seq_len``: every sample exactly seq_len tokens, sample i being
+    sequence i % count with its own tokens repeated to that length (the CLI's (b, T) grid windows
+    are synthetic sequences of exactly T tokens; these are the user's tokens and labels). Held to
+    the host-data limit before anything is allocated (the C++ rule: 16 GiB, half the machine or
+    ACCUMPLAN_MAX_HOST_DATA): a target_batch of 2**30 small samples used to ask the allocator for
+    64 GiB."""
     first = count_samples(inputs, target)
-    per_sample = sum(_nbytes(t) for t in input_tensors(inputs) + ([target] if target is not None else [])) // first
+    tensors = input_tensors(inputs) + ([target] if target is not None else [])
+    if seq_len is None:
+        per_sample = sum(_nbytes(t) for t in tensors) // first
+    else:  # a sequence tensor [count, T0, ...] holds seq_len / T0 times its row per sample
+        per_sample = sum(_nbytes(t) * (seq_len if t.dim() >= 2 else 1) // (t.shape[1] if t.dim() >= 2 else 1)
+                         for t in tensors) // first
     try:
         _core.check_host_data(per_sample * n, "a window of %d samples tiled from inputs and target" % n,
                               "give a smaller target_batch or memory_budget")
     except _core.InputError as e:
         raise plan_error(e) from None
     idx = torch.arange(n) % first
+    positions = None
+    if seq_len is not None:
+        positions = torch.arange(seq_len).unsqueeze(0) % torch.tensor(lengths, dtype=torch.long)[idx].unsqueeze(1)
 
     def pick(t):  # on the host, as `accumplan run` keeps its data; microbatches go to the device
-        return t.detach().to("cpu").index_select(0, idx)
+        t = t.detach().to("cpu")
+        if positions is not None and t.dim() >= 2:
+            return t[idx.unsqueeze(1), positions]  # [n, seq_len, ...]
+        return t.index_select(0, idx)
     return map_inputs(inputs, pick), (None if target is None else pick(target))
 
 
@@ -157,11 +179,18 @@ class _ModuleRunner(_core.WindowRunner):
         self.inputs, self.target, self.cfg = inputs, target, cfg
         self.budget = cfg["budget"]
 
-    def _window(self, inputs, target, n):
+    def data(self, n, seq_len=None):
+        """A window's n samples (ragged data: each of exactly seq_len tokens) and their lengths."""
         c = self.cfg
-        w = Window(None, self.model, inputs, target, None, c["loss"], c["loss_fn"], c["ignore_index"],
+        inputs, target = _tile(self.inputs, self.target, n, c["lengths"], seq_len)
+        return inputs, target, (None if seq_len is None else [seq_len] * n)
+
+    def _window(self, inputs, target, n, lengths=None):
+        c = self.cfg
+        w = Window(None, self.model, inputs, target, lengths, c["loss"], c["loss_fn"], c["ignore_index"],
                    c["autocast"], None, None, shift_arg=c["shift_labels"],
                    local=True)  # every window is this process's own; the plan is per rank
+        w.mask = c["padding_mask"]
         labels = w.set_units_rule(c["normalization"])
         w.units = max(1, count_units(labels, n, w.norm, w.ii, w.shift))
         return w
@@ -172,19 +201,19 @@ class _ModuleRunner(_core.WindowRunner):
         return self.budget * (2 if budget == _core.WindowBudget.DOUBLED else 1)
 
     def run_window(self, sizes, seq_len, budget):
-        if seq_len:
-            raise PlanError("accumplan.plan plans fixed-shape data; for variable-length data use `accumplan profile "
-                            "--seq-len`")
-        return self.measure(list(sizes), self._limit(budget))
+        if seq_len and self.cfg["lengths"] is None:
+            raise PlanError("the search asked for sequences of %d tokens, but the data has fixed shapes" % seq_len)
+        return self.measure(list(sizes), self._limit(budget), seq_len or None)
 
-    def measure(self, sizes, limit):
-        """One window of these microbatch sizes and its optimizer step under ``limit`` bytes (None:
-        none): its peaks, persistent memory included, its data excluded; an OOM is reported."""
+    def measure(self, sizes, limit, seq_len=None):
+        """One window of these microbatch sizes (ragged data: sequences of exactly seq_len tokens)
+        and its optimizer step under ``limit`` bytes (None: none): its peaks, persistent memory
+        included, its data excluded; an OOM is reported."""
         m, meter, t0 = _core.WindowMeasurement(), self.meter, time.perf_counter()
         n = sum(sizes)
         meter.limit(None)
         before = meter.current()
-        inputs, target = _tile(self.inputs, self.target, n)  # the data set's, outside the budget
+        inputs, target, lengths = self.data(n, seq_len)  # the data set's, outside the budget
         data = meter.current() - before
         peaks, starts, reserved = [], [], []
 
@@ -199,7 +228,7 @@ class _ModuleRunner(_core.WindowRunner):
                 meter.reset_peak()
             starts.append(time.perf_counter())
         try:
-            w = self._window(inputs, target, n)
+            w = self._window(inputs, target, n, lengths)
             zero_grads(w.params, self.optimizer)
             meter.reset_peak()
             meter.limit(limit, data)
@@ -254,11 +283,12 @@ def _persistent(runner, meter, weights_bytes, state_bytes):
         t0 = time.perf_counter()
         before = meter.current()
         n = _PERSISTENT_WINDOW
-        inputs, target = _tile(runner.inputs, runner.target, n)
+        # Ragged data: the shortest sequences, as the C++ profiler's persistent step.
+        inputs, target, lengths = runner.data(n, cfg["seq_range"][0] if cfg["seq_range"] else None)
         with_data = meter.current()
         grads = []
         try:
-            w = runner._window(inputs, target, n)
+            w = runner._window(inputs, target, n, lengths)
             zero_grads(w.params, runner.optimizer)
             meter.reset_peak()
             meter.limit(limit, with_data - before)
@@ -333,12 +363,41 @@ def _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, no
                     "autocast": autocast_dtype(amp, device, "amp"), "amp": amp, "max_grad_norm": max_grad_norm}
 
 
+def _data(inputs, target, lengths, loss, loss_fn, ignore_index, padding_mask):
+    """(inputs, target, lengths) as the windows take them: ragged data padded, with its lengths
+    (None: fixed shapes). ValueError/TypeError naming the argument."""
+    flag_arg(padding_mask, "padding_mask")
+    ii = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
+    ragged = ragged_data(inputs, target, lengths, None if loss_fn is not None else loss, ii)
+    if ragged is None:
+        if padding_mask:
+            raise ValueError("padding_mask=True needs variable-length data: a list of sequences, or a padded batch "
+                             "with lengths=")
+        return as_inputs(inputs), target_arg(target), None
+    inputs, target, lengths = ragged
+    if padding_mask and isinstance(inputs, dict):
+        raise ValueError("padding_mask=True passes the mask as one more positional argument; dict inputs carry "
+                         "theirs (attention_mask): plan without padding_mask")
+    lengths = check_lengths(inputs, target, lengths, count_samples(inputs, target))
+    if not any(t.dim() >= 2 for t in input_tensors(inputs)):
+        raise ValueError("lengths= needs inputs with a sequence dimension (dim 1, padded); every input tensor is 1-D")
+    return inputs, target, lengths
+
+
 def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trials):
     """The profile's header: what was measured, on what, for what."""
     optimizer_setup = _setup_optimizer(optimizer)
     tensors = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
     amp = {None: "none", torch.bfloat16: "bf16", torch.float16: "fp16"}[cfg["autocast"]]
     budget = cfg["budget"]
+    ragged = cfg["seq_range"] is not None
+    data_setup = {"inputs": [_spec(t, ragged) for t in tensors if isinstance(t, torch.Tensor)],
+                  "target": "" if target is None else _spec(target, ragged)}
+    if ragged:  # the range the (b, T) grid plans for, and the mask as the CLI's --padding-mask
+        lo, hi = cfg["seq_range"]
+        data_setup["seq_len"] = str(lo) if lo == hi else "%d..%d" % (lo, hi)
+        if cfg["padding_mask"]:
+            data_setup["padding_mask"] = True
     return {
         "schema": "accumplan.profile", "schema_version": _core.SCHEMA_VERSION,
         "device": {"type": device.type, "index": device.index or 0, "name": meter.device_name,
@@ -348,8 +407,7 @@ def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, tr
                   "batch_dependent_layers": batch_dependent_layers(model)},
         "setup": dict(optimizer_setup, **{"amp": amp,
                   "max_grad_norm": cfg["max_grad_norm"], "loss": cfg["loss"], "normalization": _recorded_normalization(cfg),
-                  "inputs": [_spec(t) for t in tensors if isinstance(t, torch.Tensor)],
-                  "target": "" if target is None else _spec(target), "ignore_index": cfg["ignore_index"]}),
+                  "ignore_index": cfg["ignore_index"]}, **data_setup),
         "libtorch_version": torch.__version__.split("+")[0], "probe": meter.probe_name, "budget_bytes": budget,
         "persistent": persistent, "points": [], "trials": trials,
     }
@@ -373,7 +431,7 @@ def _say(progress):
 
 def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_entropy", loss_fn=None,
          memory_budget=None, device=None, amp=None, max_grad_norm=None, world_size=1, headroom="auto",
-         normalization="auto", ignore_index=-100, shift_labels=None, progress=None):
+         normalization="auto", ignore_index=-100, shift_labels=None, lengths=None, padding_mask=False, progress=None):
     """The plan for training ``model`` with ``optimizer`` at an effective batch of ``target_batch``,
     measured by real windows of ``train_window``'s step on this module in this process.
 
@@ -385,6 +443,14 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
     or "fp16". headroom: "auto", a fraction ("0.05") or bytes ("256MiB"), as ``--headroom``.
     shift_labels: with loss="model" and per-token labels, whether the model's loss shifts them
     (None: detected, as ``train_window`` does; the plan records normalization "tokens").
+    Variable-length data (a packed plan, ``plan.tokens``, the CLI's token plan): inputs a list of 1-D
+    token tensors with target a list of per-token tensors, a tensor of one target per sequence, or
+    None (next-token targets for cross_entropy, as ``accumplan run --data`` reads ``[sequences,
+    None]``); or a list of Hugging Face example dicts (loss="model"); or a padded batch with
+    ``lengths=``. The C++ search measures windows of b sequences of exactly T tokens (the data's own
+    tokens repeated) over T up to the longest given, and plans the token budget by the CLI's token
+    model. padding_mask=True passes ``padding_mask(lengths, T)`` as one more forward argument
+    (``--padding-mask``; dict inputs carry their attention_mask instead).
     progress: None prints one line per window to stderr, False is silent, a callable gets the lines.
     The plan's setup records the optimizer whole: every parameter group's lr and hyperparameters and
     its flags (nesterov, amsgrad, maximize, foreach, ...; docs/plan-format.md), so an export carries
@@ -408,9 +474,11 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
     _setup_optimizer(optimizer)
     if not (progress is None or isinstance(progress, bool)):
         callable_arg(progress, "progress", "True, False or a callable(line)")
-    inputs, target = as_inputs(inputs), target_arg(target)
+    inputs, target, lengths = _data(inputs, target, lengths, loss, loss_fn, ignore_index, padding_mask)
     device, cfg = _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, normalization,
                           ignore_index)
+    cfg["lengths"], cfg["padding_mask"] = lengths, padding_mask
+    cfg["seq_range"] = (min(lengths), max(lengths)) if lengths is not None else None
     cfg["shift_labels"] = causal_shift(model, shift_labels) if shift_labels is not None else None
     say = _say(progress)
     warn_batch_dependent(batch_dependent_layers(model))

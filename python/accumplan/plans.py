@@ -16,7 +16,7 @@ import operator
 import os
 import stat
 
-from ._args import MAX_COUNT, choice_arg, int_arg, lengths_arg, path_arg, shown_value
+from ._args import INT32_MAX, MAX_COUNT, choice_arg, flag_arg, int_arg, lengths_arg, path_arg, shown_value
 from .errors import OutOfMemoryAtOne, PlanError, in_python_terms, oom_error, plan_error  # noqa: F401 - re-exported
 
 try:
@@ -301,6 +301,7 @@ class Plan:
         self.target_tokens = self.tokens.get("target_tokens") if self.tokens else None
         self.step_cost = dict(self.tokens["step_cost"]) if self.tokens and self.tokens.get("step_cost") else None
         self.confirmed, self.reason = d["confirmed"], d["reason"]
+        self._token_model = None  # fitted from the profile when first asked (predicted_packed_peak_bytes)
 
     @property
     def micro_batch(self):
@@ -388,6 +389,28 @@ class Plan:
                             "budget was planned for ($.tokens.max_seq_len); truncate the sequences or plan again "
                             "with a longer `accumplan profile --seq-len`" % (longest, self.tokens["max_seq_len"]))
         return pack_by_token_budget(lengths, self.tokens["token_budget"], self.step_cost)
+
+    def predicted_packed_peak_bytes(self, microbatches, optimizer_state_exists=True):
+        """The highest peak the plan's token memory model predicts for a window of packed
+        microbatches, each ``(sequences, padded_length)`` in window order (the first runs with no
+        gradient resident; ``optimizer_state_exists``: the optimizer has stepped before): the
+        prediction ``accumplan run`` reports as packed_predicted_peak_bytes, by the same C++ rule.
+        None when the plan's profile holds too few (b, T) windows to fit the model (a hand-made plan)."""
+        if self.tokens is None:
+            raise PlanError("%s packs no tokens: it is a sample plan (no $.tokens); its predicted peak is "
+                            "memory['predicted_peak_bytes']" % self.source)
+        flag_arg(optimizer_state_exists, "optimizer_state_exists")
+        if self._token_model is None:
+            try:
+                self._token_model = _core.TokenMemoryModel(self._text)
+            except _core.InputError:  # a profile without (b, T) points: nothing to predict from, as in the executor
+                self._token_model = False
+        if self._token_model is False:
+            return None
+        peaks = [self._token_model.predict_microbatch_peak_bytes(
+            int_arg(b, "microbatches[%d][0]" % i, 1, MAX_COUNT), int_arg(t, "microbatches[%d][1]" % i, 1, INT32_MAX),
+            i == 0, optimizer_state_exists) for i, (b, t) in enumerate(microbatches)]
+        return max(peaks) if peaks else 0
 
     def repack_below(self, failing_tokens, longest_sequence):
         """Lowers the token budget in place below ``failing_tokens`` (the padded tokens of a

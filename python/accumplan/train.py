@@ -29,8 +29,8 @@ import torch.distributed as dist
 
 from ._args import (INT32_MAX, INT32_MIN, callable_arg, flag_arg, int_arg, lengths_arg, module_arg, optimizer_arg,
                     real_arg)
-from .batches import (as_inputs, count_samples, input_tensors, pad_sequences, padding_mask, slice_samples, target_arg,
-                      valid_token_counts)
+from .batches import (as_inputs, check_lengths, count_samples, input_tensors, pad_sequences, padding_mask,
+                      ragged_data, slice_samples, target_arg, valid_token_counts)
 from .distributed import (all_reduce_gradients, all_reduce_ints, collective_device, group_world_size, is_ddp,
                           raise_if_a_rank_failed)
 from .errors import OutOfMemoryAtOne
@@ -116,20 +116,13 @@ def _check_share(w, normalization):
     w.units, w.longest and w.lengths. Raises ValueError naming what is wrong."""
     n = count_samples(w.inputs, w.target)
     labels = w.set_units_rule(normalization or w.plan.normalization)
-    if w.packed:
-        if w.lengths is None:
-            raise ValueError("this plan packs ragged data by tokens (plan.tokens): pass lengths=, each sample's "
-                             "length (accumplan.pad_sequences returns them)")
-        lengths = lengths_arg(w.lengths, "lengths", minimum=1)  # every sequence needs at least one token
-        if len(lengths) != n:
-            raise ValueError("lengths has %d entries for a window of %d samples" % (len(lengths), n))
-        w.lengths = lengths
-        w.longest = max(lengths) if lengths else 0
-        for i, t in enumerate(input_tensors(w.inputs) + ([w.target] if w.target is not None else [])):
-            if t.dim() >= 2 and w.longest > t.shape[1]:
-                raise ValueError("lengths says sequence %d has %d tokens but tensor %d of the window holds %d "
-                                 "positions (dim 1); pass the lengths of these padded sequences"
-                                 % (lengths.index(w.longest), w.longest, i, t.shape[1]))
+    if w.packed and w.lengths is None:
+        raise ValueError("this plan packs ragged data by tokens (plan.tokens): pass the sequences as a list of 1-D "
+                         "tensors (or of example dicts), or a padded batch with lengths= (accumplan.pad_sequences "
+                         "returns them)")
+    if w.lengths is not None:
+        w.lengths = check_lengths(w.inputs, w.target, w.lengths, n)
+        w.longest = max(w.lengths) if w.lengths else 0
     w.units = count_units(labels, n, w.norm, w.ii, w.shift) if n > 0 else 0
     return n
 
@@ -251,29 +244,35 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     are counted globally, failures are agreed on after every microbatch round, and the gradients
     are exchanged once, after the last microbatch (a DDP module runs every microbatch under
     ``no_sync()``: a DDP backward cannot be abandoned when a peer runs out of memory).
-    Ragged data under a packed plan (``plan.tokens``): pass ``lengths=`` (each sample's length;
-    ``pad_sequences`` returns them) with inputs and target padded along dim 1; the window is packed
-    longest first under the token budget (``plan.pack``), each microbatch cut to its own longest,
-    with ``padding_mask(...)`` as one more forward argument when the plan's setup asks for it. An
-    out-of-memory lowers the budget below the failing microbatch's padded tokens and replays. A
+    Ragged data: pass the window's sequences as a list of 1-D token tensors with target a list of
+    per-token tensors, a tensor of one target per sequence, or None (next-token targets for
+    cross_entropy, as ``accumplan run --data`` reads ``[sequences, None]``); or a list of Hugging
+    Face example dicts (loss="model", labels in each dict); or inputs and target padded along dim 1
+    with ``lengths=`` (``pad_sequences`` returns them). Under a packed plan (``plan.tokens``) the
+    window is packed longest first under the token budget (``plan.pack``); under a sample plan it is
+    split by the plan's sizes in the order given. Either way each microbatch is cut to its own
+    longest, with ``padding_mask(...)`` as one more forward argument when the plan's setup asks for
+    it, and a packed window's ``WindowStats.predicted_peak_bytes`` is the plan's token model's
+    prediction for what it packed. An out-of-memory lowers the budget below the failing
+    microbatch's padded tokens and replays. A
     packed plan with ``tokens.target_tokens`` (schema 1.4) windows by valid tokens (``token_windows``
     over ``valid_token_counts``): its window holds any number of samples, a rank's share too (under
     torch.distributed a rank may hold none). Under torch.distributed a rank whose share is bad
     (``lengths=`` missing or of the wrong count, mismatched tensors) reports it in the counts
     all-reduce and every rank raises a ValueError naming it, instead of its peers hanging."""
     t0 = time.perf_counter()
-    inputs, target = _checked_arguments(model, optimizer, inputs, target, scheduler, scaler, on_oom, oom_recovery,
-                                        measure_memory)
+    loss_kind = loss if loss is not None else plan.loss
+    ii = plan.ignore_index if ignore_index is None else int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
+    inputs, target, lengths = _checked_arguments(model, optimizer, inputs, target, scheduler, scaler, on_oom,
+                                                 oom_recovery, measure_memory, lengths, loss_kind, ii, plan)
     world = group_world_size(group)
     if world != plan.world_size and world > 1:
         raise ValueError("the plan is for world size %d but the process group has %d ranks; re-plan with "
                          "world_size=%d" % (plan.world_size, world, world))
-    loss_kind = loss if loss is not None else plan.loss
     if loss_fn is None and loss_kind not in LOSSES:
         raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss_kind,))
     if loss_fn is None and loss_kind == "model" and target is not None and isinstance(inputs, dict):
         raise ValueError("loss='model' with dict inputs takes its labels from the dict: pass target=None")
-    ii = plan.ignore_index if ignore_index is None else int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     if max_grad_norm is not None:
         max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)  # setup.max_grad_norm's range
     w = Window(plan, model, inputs, target, lengths, loss_kind, loss_fn, ii, autocast, scaler, group,
@@ -311,9 +310,11 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     return st
 
 
-def _checked_arguments(model, optimizer, inputs, target, scheduler, scaler, on_oom, oom_recovery, measure_memory):
+def _checked_arguments(model, optimizer, inputs, target, scheduler, scaler, on_oom, oom_recovery, measure_memory,
+                       lengths, loss_kind, ii, plan):
     """train_window's objects checked before anything runs (a scheduler=5 used to fail after the
-    optimizer had stepped). Returns (inputs, target) as the window takes them."""
+    optimizer had stepped). Returns (inputs, target, lengths) as the window takes them: ragged
+    data (a list of sequences or of example dicts) padded, with its lengths."""
     module_arg(model, "model")
     optimizer_arg(optimizer)
     callable_arg(scheduler, "scheduler", "an LR scheduler (an object with step())", ("step",))
@@ -321,12 +322,16 @@ def _checked_arguments(model, optimizer, inputs, target, scheduler, scaler, on_o
     callable_arg(on_oom, "on_oom", "a callable(note)")
     flag_arg(oom_recovery, "oom_recovery")
     flag_arg(measure_memory, "measure_memory", none_ok=True)
-    return as_inputs(inputs), target_arg(target)
+    ragged = ragged_data(inputs, target, lengths, loss_kind, ii, packed=plan.tokens is not None)  # pads a list
+    if ragged is not None:
+        return ragged
+    return as_inputs(inputs), target_arg(target), None
 
 
 def _train(w, st, plan, optimizer, n, rank_samples, oom_recovery, on_oom, max_grad_norm, scheduler):
     """The window after its counts are agreed: attempts until one runs without out-of-memory
     (re-planned below each failure), the gradient exchange, the step."""
+    had_state = bool(optimizer.state)  # before this window's step (the first step makes it)
     while True:
         zero_grads(w.params, optimizer)
         sizes, groups, rounds = _cut(w, n, rank_samples)
@@ -346,6 +351,10 @@ def _train(w, st, plan, optimizer, n, rank_samples, oom_recovery, on_oom, max_gr
             on_oom(note)
 
     st.microbatch_sizes = sizes
+    if w.packed and groups:
+        # What the plan predicts for what it packed (the executor's rule, the same C++ model).
+        st.predicted_peak_bytes = plan.predicted_packed_peak_bytes(
+            [(len(g), max(w.lengths[j] for j in g)) for g in groups], optimizer_state_exists=had_state)
     if w.distributed:
         total = all_reduce_gradients(w.params, w.group, extra=total)
     st.loss = total / w.units

@@ -265,6 +265,8 @@ class Window:
         self.autocast = autocast_dtype(autocast, self.device)
         self.cdev = collective_device(group, self.params) if self.distributed else None
         self.packed = plan is not None and plan.tokens is not None  # None: accumplan.plan's measured windows
+        # The padding mask as one more forward argument, for ragged data (lengths given).
+        self.mask = plan is not None and plan.padding_mask
         self.ddp_ctx = model.no_sync if is_ddp(model) else contextlib.nullcontext
         self.norm, self.units, self.longest = None, 0, 0
         self.shift, self.num_items = False, False  # loss="model" per token: set_units_rule
@@ -291,10 +293,13 @@ def _run_microbatch(w, i, m, groups, start, oom_recovery):
     padded = m * max(w.lengths[j] for j in groups[i]) if w.packed else 0
     try:
         mask = None
-        if w.packed:
-            mb_inputs, mb_target, mb_longest = gather_packed(w.inputs, w.target, groups[i], w.lengths)
-            if w.plan.padding_mask:
-                mask = padding_mask([w.lengths[j] for j in groups[i]], mb_longest)
+        # Ragged data: a packed group, or the sample split's next m sequences (a sample plan on
+        # ragged data, and accumplan.plan's windows at one length), cut to its own longest.
+        indices = groups[i] if w.packed else (list(range(start, start + m)) if w.lengths is not None else None)
+        if indices is not None:
+            mb_inputs, mb_target, mb_longest = gather_packed(w.inputs, w.target, indices, w.lengths)
+            if w.mask:
+                mask = padding_mask([w.lengths[j] for j in indices], mb_longest)
         else:
             mb_inputs, mb_target = slice_samples(w.inputs, w.target, start, m)
         with w.ddp_ctx():

@@ -40,6 +40,7 @@
 #include "accumplan/search.h"
 #include "accumplan/setup_rules.h"
 #include "accumplan/solver.h"
+#include "accumplan/tensor_spec.h"
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
 
@@ -144,6 +145,9 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
   settings.persistent_over_budget = r.persistent_over_budget;
   // Probes above the per-rank target are never planned (as `accumplan` passes it).
   settings.max_probe_micro_batch = r.target_batch / std::max<int64_t>(1, r.world_size);
+  // Variable-length data: the header's setup.seq_len is the range the (b, T) grid plans for, as
+  // `accumplan profile --seq-len` gives it (accumplan/measure.py writes the data's own range).
+  if (!profile.setup.seq_len.empty()) settings.seq_range = parse_seq_len(profile.setup.seq_len, "seq_len");
   if (!progress.is_none()) settings.progress = [progress](const std::string& line) { progress(line); };
   std::vector<Trial> trials = profile.trials;
   Search search(runner, settings, trials);
@@ -251,6 +255,14 @@ PYBIND11_MODULE(_core, m) {
         py::arg("unit") = 1);
   m.def("pack_by_token_budget", &pack, py::arg("lengths"), py::arg("token_budget"), py::arg("cost") = py::none());
   m.def("token_windows", &token_windows, py::arg("valid_tokens"), py::arg("target_tokens"));
+  // The executor's prediction of one packed microbatch (TokenMemoryModel::predict_microbatch_peak_bytes
+  // fitted from the plan's profile): train_window reports it beside the measured peak.
+  py::class_<TokenMemoryModel>(m, "TokenMemoryModel")
+      .def(py::init([](const std::string& plan_text) {
+             return TokenMemoryModel::fit(plan_from_text(plan_text, "plan").profile);
+           }), py::arg("plan"))
+      .def("predict_microbatch_peak_bytes", &TokenMemoryModel::predict_microbatch_peak_bytes, py::arg("micro_batch"),
+           py::arg("seq_len"), py::arg("first_in_window"), py::arg("optimizer_state_exists"));
   m.def("is_batch_dependent_type", &is_batch_dependent_type, py::arg("type"), py::arg("tracks_running_stats"),
         "whether a module of this class name mixes the samples of its batch (BatchNorm*, tracking InstanceNorm*)");
   m.def("resolve_budget", &resolve_budget, py::arg("text"), py::arg("device_total_bytes"),

@@ -32,7 +32,7 @@ class BadShareOnOneRank(unittest.TestCase):
         peer = r"^rank 1 failed while checking its share of the window \(its own error says why\)"
         want = {
             "lengths_count": (peer, r"^rank 1: lengths has 1 entries for a window of 2 samples"),
-            "lengths_missing": (peer, r"^rank 1: this plan packs ragged data by tokens .*pass lengths="),
+            "lengths_missing": (peer, r"^rank 1: this plan packs ragged data by tokens .*padded batch with lengths="),
             "samples_over_batch": (r"^rank 1 was handed 3 samples of a global window of 5, more than the plan's "
                                    r"per-rank batch of 2",) * 2,
             "split_mismatch": (peer, r"^rank 1: target has 1 samples \(dim 0\) but inputs\[0\] has 2"),

@@ -219,7 +219,7 @@ class Packing(unittest.TestCase):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         with self.assertRaisesRegex(accumplan.PlanError, "longer than the %d tokens" % (int(lengths.max()) - 1)):
             packed_plan(6, 100, int(lengths.max()) - 1).train_window(model, opt, (x,), y, lengths=lengths)
-        with self.assertRaisesRegex(ValueError, "pass lengths="):
+        with self.assertRaisesRegex(ValueError, "a padded batch with lengths="):
             packed_plan(6, 100, 10).train_window(model, opt, (x,), y)
 
     def test_next_token_targets_shift_the_inputs(self):
