@@ -164,4 +164,14 @@ bool StepTimeModel::refit() {
   return fit_.has_value();
 }
 
+void PackingCost::observe_window(const std::vector<TimedMicrobatch>& microbatches) {
+  for (const auto& t : microbatches) model_.observe(t);
+  if (!microbatches.empty()) model_.refit();
+}
+
+std::optional<TokenStepCost> PackingCost::cost() const {
+  if (model_.fit()) return model_.fit()->cost();
+  return plan_cost_;
+}
+
 }  // namespace accumplan

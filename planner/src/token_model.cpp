@@ -74,6 +74,43 @@ int64_t TokenMemoryModel::predict_microbatch_peak_bytes(int64_t micro_batch, int
   return peak;
 }
 
+PackedPeakPredictor::PackedPeakPredictor(const Profile& profile) {
+  try {
+    model_ = TokenMemoryModel::fit(profile);
+  } catch (const InputError&) {
+    model_.reset();  // no (b, T) points to fit: nothing to predict from
+  }
+  for (const auto& p : profile.points) {
+    if (p.seq_len && p.optimizer_step_peak_bytes) {
+      optimizer_step_peak_bytes_ = std::max(optimizer_step_peak_bytes_.value_or(0), *p.optimizer_step_peak_bytes);
+    }
+  }
+}
+
+std::optional<int64_t> PackedPeakPredictor::microbatch_peak_bytes(int64_t micro_batch, int64_t seq_len,
+                                                                  bool first_in_window, bool optimizer_state_exists) const {
+  if (!model_) return std::nullopt;
+  return model_->predict_microbatch_peak_bytes(micro_batch, seq_len, first_in_window, optimizer_state_exists);
+}
+
+std::optional<int64_t> PackedPeakPredictor::window_peak_bytes(std::optional<int64_t> microbatches_peak_bytes) const {
+  if (microbatches_peak_bytes && optimizer_step_peak_bytes_) {
+    return std::max(*microbatches_peak_bytes, *optimizer_step_peak_bytes_);
+  }
+  return microbatches_peak_bytes;
+}
+
+std::optional<int64_t> PackedPeakPredictor::window_peak_bytes(const std::vector<std::pair<int64_t, int64_t>>& microbatches,
+                                                              bool optimizer_state_exists) const {
+  std::optional<int64_t> peak;
+  for (size_t i = 0; i < microbatches.size(); ++i) {
+    const std::optional<int64_t> m =
+        microbatch_peak_bytes(microbatches[i].first, microbatches[i].second, i == 0, optimizer_state_exists);
+    if (m) peak = std::max(peak.value_or(0), *m);
+  }
+  return window_peak_bytes(peak);
+}
+
 TokenMemoryModel TokenMemoryModel::fit(const std::vector<TokenPoint>& points) {
   std::set<double> tokens;
   std::set<int64_t> lengths;

@@ -16,7 +16,7 @@ import operator
 import os
 import stat
 
-from ._args import INT32_MAX, MAX_COUNT, choice_arg, flag_arg, int_arg, lengths_arg, path_arg, shown_value
+from ._args import INT32_MAX, MAX_COUNT, PACKINGS, choice_arg, flag_arg, int_arg, lengths_arg, path_arg, shown_value
 from .errors import OutOfMemoryAtOne, PlanError, in_python_terms, oom_error, plan_error  # noqa: F401 - re-exported
 
 try:
@@ -301,7 +301,9 @@ class Plan:
         self.target_tokens = self.tokens.get("target_tokens") if self.tokens else None
         self.step_cost = dict(self.tokens["step_cost"]) if self.tokens and self.tokens.get("step_cost") else None
         self.confirmed, self.reason = d["confirmed"], d["reason"]
-        self._token_model = None  # fitted from the profile when first asked (predicted_packed_peak_bytes)
+        self._packed_peak = None  # fitted from the profile when first asked (predicted_packed_peak_bytes)
+        if not hasattr(self, "_packing"):
+            self._packing = None  # the run's step-time fit (packing_cost); kept across a re-pack
 
     @property
     def micro_batch(self):
@@ -374,11 +376,14 @@ class Plan:
         self.replans.append(note)
         return note
 
-    def pack(self, lengths):
+    def pack(self, lengths, packing="time"):
         """The microbatches of one window of ragged data under a packed plan (``plan.tokens``):
         lists of sample indices, longest first, each at most the token budget in padded tokens.
-        Raises PlanError for a plan without a token budget, or a sequence longer than the plan's
+        packing: "time" cuts where ``packing_cost()`` predicts the least time; "fill" fills each
+        microbatch to the budget (fewest microbatches), as ``accumplan run --packing``. Raises
+        PlanError for a plan without a token budget, or a sequence longer than the plan's
         ``max_seq_len`` (the budget was planned for sequences up to it)."""
+        packing = choice_arg(packing, "packing", PACKINGS)
         if self.tokens is None:
             raise PlanError("%s packs no tokens: it is a sample plan (no $.tokens); split its windows by "
                             "microbatch_sizes" % self.source)
@@ -388,29 +393,39 @@ class Plan:
             raise PlanError("the window holds a sequence of %d tokens, longer than the %d tokens the plan's token "
                             "budget was planned for ($.tokens.max_seq_len); truncate the sequences or plan again "
                             "with a longer `accumplan profile --seq-len`" % (longest, self.tokens["max_seq_len"]))
-        return pack_by_token_budget(lengths, self.tokens["token_budget"], self.step_cost)
+        return pack_by_token_budget(lengths, self.tokens["token_budget"],
+                                    self.packing_cost() if packing == "time" else None)
 
     def predicted_packed_peak_bytes(self, microbatches, optimizer_state_exists=True):
-        """The highest peak the plan's token memory model predicts for a window of packed
-        microbatches, each ``(sequences, padded_length)`` in window order (the first runs with no
-        gradient resident; ``optimizer_state_exists``: the optimizer has stepped before): the
-        prediction ``accumplan run`` reports as packed_predicted_peak_bytes, by the same C++ rule.
-        None when the plan's profile holds too few (b, T) windows to fit the model (a hand-made plan)."""
+        """The peak the plan predicts for a window of packed microbatches, each ``(sequences,
+        padded_length)`` in window order (the first runs with no gradient resident;
+        ``optimizer_state_exists``: the optimizer has stepped before): the highest of theirs by the
+        plan's token memory model, and of the optimizer step the profile measured — what
+        ``accumplan run`` reports as packed_predicted_peak_bytes, by the same C++ rule
+        (accumplan/token_model.h PackedPeakPredictor). None when the plan's profile holds too few
+        (b, T) windows to fit the model (a hand-made plan)."""
         if self.tokens is None:
             raise PlanError("%s packs no tokens: it is a sample plan (no $.tokens); its predicted peak is "
                             "memory['predicted_peak_bytes']" % self.source)
         flag_arg(optimizer_state_exists, "optimizer_state_exists")
-        if self._token_model is None:
-            try:
-                self._token_model = _core.TokenMemoryModel(self._text)
-            except _core.InputError:  # a profile without (b, T) points: nothing to predict from, as in the executor
-                self._token_model = False
-        if self._token_model is False:
-            return None
-        peaks = [self._token_model.predict_microbatch_peak_bytes(
-            int_arg(b, "microbatches[%d][0]" % i, 1, MAX_COUNT), int_arg(t, "microbatches[%d][1]" % i, 1, INT32_MAX),
-            i == 0, optimizer_state_exists) for i, (b, t) in enumerate(microbatches)]
-        return max(peaks) if peaks else 0
+        pairs = [(int_arg(b, "microbatches[%d][0]" % i, 1, MAX_COUNT), int_arg(t, "microbatches[%d][1]" % i, 1, INT32_MAX))
+                 for i, (b, t) in enumerate(microbatches)]
+        if self._packed_peak is None:
+            self._packed_peak = _core.PackedPeakPredictor(self._text)
+        return self._packed_peak.window_peak_bytes(pairs, optimizer_state_exists)
+
+    def packing_cost(self):
+        """The step cost ``pack`` cuts the next window by: ``train_window``'s own fit over the packed
+        microbatches it timed on the CPU so far (refitted after every window), else the plan's
+        ``step_cost`` (None: each microbatch filled) — the rule of ``accumplan run --packing time``
+        (accumplan/step_time.h PackingCost)."""
+        return self._packing.cost() if self._packing is not None else self.step_cost
+
+    def _observe_packed_window(self, timed):
+        """A packed window's microbatches as train_window timed them: (sequences, padded length, seconds)."""
+        if self._packing is None:
+            self._packing = _core.PackingCost(self._text)
+        self._packing.observe_window(timed)
 
     def repack_below(self, failing_tokens, longest_sequence):
         """Lowers the token budget in place below ``failing_tokens`` (the padded tokens of a

@@ -27,8 +27,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from ._args import (INT32_MAX, INT32_MIN, callable_arg, flag_arg, int_arg, lengths_arg, module_arg, optimizer_arg,
-                    real_arg)
+from ._args import (INT32_MAX, INT32_MIN, PACKINGS, callable_arg, choice_arg, flag_arg, int_arg, lengths_arg,
+                    module_arg, optimizer_arg, real_arg)
 from .batches import (as_inputs, check_lengths, count_samples, input_tensors, pad_sequences, padding_mask,
                       ragged_data, slice_samples, target_arg, valid_token_counts)
 from .distributed import (all_reduce_gradients, all_reduce_ints, collective_device, group_world_size, is_ddp,
@@ -173,7 +173,7 @@ def _cut(w, n, rank_samples):
     packed plans, rounds every rank runs — the most microbatches of any rank)."""
     plan = w.plan
     if w.packed:
-        groups = plan.pack(w.lengths) if n > 0 else []
+        groups = plan.pack(w.lengths, w.packing) if n > 0 else []
         sizes = [len(g) for g in groups]
         rounds = len(sizes)
         if w.distributed:
@@ -218,7 +218,8 @@ def _stop_measuring(meter, st):
 
 def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss_fn=None, scaler=None,
                  max_grad_norm=None, scheduler=None, autocast=None, normalization=None, ignore_index=None,
-                 oom_recovery=True, group=None, on_oom=None, lengths=None, shift_labels=None, measure_memory=None):
+                 oom_recovery=True, group=None, on_oom=None, lengths=None, shift_labels=None, measure_memory=None,
+                 packing="time"):
     """Trains one window (the per-rank batch, or a shorter last one) and steps the optimizer once.
 
     loss: "cross_entropy" | "mse" | "model" (default: the plan's setup.loss), or ``loss_fn(output,
@@ -253,7 +254,10 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     split by the plan's sizes in the order given. Either way each microbatch is cut to its own
     longest, with ``padding_mask(...)`` as one more forward argument when the plan's setup asks for
     it, and a packed window's ``WindowStats.predicted_peak_bytes`` is the plan's token model's
-    prediction for what it packed. An out-of-memory lowers the budget below the failing
+    prediction for what it packed. packing ("time" or "fill", as ``accumplan run --packing``): "time"
+    cuts each window where ``plan.packing_cost()`` predicts the least time, a cost refitted on the
+    CPU from every packed microbatch this plan has timed (the plan's step cost until then);
+    "fill" fills each microbatch to the token budget. An out-of-memory lowers the budget below the failing
     microbatch's padded tokens and replays. A
     packed plan with ``tokens.target_tokens`` (schema 1.4) windows by valid tokens (``token_windows``
     over ``valid_token_counts``): its window holds any number of samples, a rank's share too (under
@@ -277,6 +281,7 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
         max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)  # setup.max_grad_norm's range
     w = Window(plan, model, inputs, target, lengths, loss_kind, loss_fn, ii, autocast, scaler, group,
                shift_arg=causal_shift(model, shift_labels) if shift_labels is not None else None)
+    w.packing = choice_arg(packing, "packing", PACKINGS)
     warn_batch_dependent_once(w.inner)
 
     # This rank's share, checked before the first collective. Under torch.distributed a rank whose
@@ -335,6 +340,8 @@ def _train(w, st, plan, optimizer, n, rank_samples, oom_recovery, on_oom, max_gr
     while True:
         zero_grads(w.params, optimizer)
         sizes, groups, rounds = _cut(w, n, rank_samples)
+        # On the CUDA device a queued step's wall time is not its device time: nothing is learnt.
+        w.timed = [] if w.packed and w.packing == "time" and w.device.type == "cpu" else None
         total, failing = run_rounds(w, sizes, groups, rounds, oom_recovery)
         if not failing:
             break
@@ -351,6 +358,8 @@ def _train(w, st, plan, optimizer, n, rank_samples, oom_recovery, on_oom, max_gr
             on_oom(note)
 
     st.microbatch_sizes = sizes
+    if w.timed:
+        plan._observe_packed_window(w.timed)  # the next window is cut by the fit over these too
     if w.packed and groups:
         # What the plan predicts for what it packed (the executor's rule, the same C++ model).
         st.predicted_peak_bytes = plan.predicted_packed_peak_bytes(

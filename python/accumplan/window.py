@@ -10,6 +10,7 @@ both run this step, so what is planned is what is trained. Public: ``is_oom``, `
 
 import contextlib
 import math
+import time
 import weakref
 
 import torch
@@ -269,6 +270,7 @@ class Window:
         self.mask = plan is not None and plan.padding_mask
         self.ddp_ctx = model.no_sync if is_ddp(model) else contextlib.nullcontext
         self.norm, self.units, self.longest = None, 0, 0
+        self.timed = None  # packed windows on the CPU: (sequences, padded length, seconds) per microbatch
         self.shift, self.num_items = False, False  # loss="model" per token: set_units_rule
         self.shift_arg = shift_arg  # shift_labels as given (None: detected by set_units_rule)
 
@@ -327,7 +329,10 @@ def run_rounds(w, sizes, groups, rounds, oom_recovery, before_microbatch=None):
         if before_microbatch is not None and i < len(sizes):
             before_microbatch(i)
         if i < len(sizes):
+            t0 = time.perf_counter()
             part, status, error = _run_microbatch(w, i, sizes[i], groups, start, oom_recovery)
+            if w.timed is not None and status == 0:  # packed, on the CPU: what the step-time fit learns from
+                w.timed.append((sizes[i], max(w.lengths[j] for j in groups[i]), time.perf_counter() - t0))
             total += part
             start += sizes[i]
         failing = agree_status(w, status, error)

@@ -40,6 +40,7 @@
 #include "accumplan/search.h"
 #include "accumplan/setup_rules.h"
 #include "accumplan/solver.h"
+#include "accumplan/step_time.h"
 #include "accumplan/tensor_spec.h"
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
@@ -255,14 +256,43 @@ PYBIND11_MODULE(_core, m) {
         py::arg("unit") = 1);
   m.def("pack_by_token_budget", &pack, py::arg("lengths"), py::arg("token_budget"), py::arg("cost") = py::none());
   m.def("token_windows", &token_windows, py::arg("valid_tokens"), py::arg("target_tokens"));
-  // The executor's prediction of one packed microbatch (TokenMemoryModel::predict_microbatch_peak_bytes
-  // fitted from the plan's profile): train_window reports it beside the measured peak.
-  py::class_<TokenMemoryModel>(m, "TokenMemoryModel")
+  // What `accumplan run` predicts and cuts by for a packed plan, the planner's rules
+  // (accumplan/token_model.h, accumplan/step_time.h): train_window asks the same.
+  py::class_<PackedPeakPredictor>(m, "PackedPeakPredictor")
+      .def(py::init([](const std::string& plan_text) { return PackedPeakPredictor(plan_from_text(plan_text, "plan").profile); }),
+           py::arg("plan"))
+      .def("window_peak_bytes",
+           py::overload_cast<const std::vector<std::pair<int64_t, int64_t>>&, bool>(&PackedPeakPredictor::window_peak_bytes,
+                                                                                   py::const_),
+           py::arg("microbatches"), py::arg("optimizer_state_exists"),
+           "the peak a window of (sequences, padded length) microbatches is predicted to reach; None without a token profile");
+  py::class_<PackingCost>(m, "PackingCost")
       .def(py::init([](const std::string& plan_text) {
-             return TokenMemoryModel::fit(plan_from_text(plan_text, "plan").profile);
+             const Plan plan = plan_from_text(plan_text, "plan");
+             return PackingCost(plan.tokens ? plan.tokens->step_cost : std::nullopt);
            }), py::arg("plan"))
-      .def("predict_microbatch_peak_bytes", &TokenMemoryModel::predict_microbatch_peak_bytes, py::arg("micro_batch"),
-           py::arg("seq_len"), py::arg("first_in_window"), py::arg("optimizer_state_exists"));
+      .def("observe_window",
+           [](PackingCost& c, const std::vector<std::tuple<int64_t, int64_t, double>>& timed) {
+             std::vector<TimedMicrobatch> t;
+             for (const auto& [b, l, s] : timed) t.push_back({b, l, s});
+             c.observe_window(t);
+           },
+           py::arg("microbatches"), "a window's (sequences, padded length, seconds) microbatches, then a refit")
+      .def("cost",
+           [](const PackingCost& c) -> py::object {
+             const std::optional<TokenStepCost> cost = c.cost();
+             if (!cost) return py::none();
+             py::dict d;
+             d["per_microbatch"] = cost->per_microbatch;
+             d["per_token"] = cost->per_token;
+             d["per_token_squared"] = cost->per_token_squared;
+             d["token_seconds"] = cost->token_seconds;
+             return std::move(d);
+           },
+           "the cost the next window is cut by: the run's own fit once there is one, else the plan's (None: fill)")
+      .def_property_readonly("refits", [](const PackingCost& c) { return c.model().refits(); })
+      .def_property_readonly("held", [](const PackingCost& c) { return c.model().held(); },
+                             "the timed microbatches the fit is made from (the most recent 512)");
   m.def("is_batch_dependent_type", &is_batch_dependent_type, py::arg("type"), py::arg("tracks_running_stats"),
         "whether a module of this class name mixes the samples of its batch (BatchNorm*, tracking InstanceNorm*)");
   m.def("resolve_budget", &resolve_budget, py::arg("text"), py::arg("device_total_bytes"),

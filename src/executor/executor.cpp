@@ -163,18 +163,10 @@ Executor::Executor(torch::jit::Module module, torch::optim::Optimizer& optimizer
   }
   if (options_.amp == AmpMode::FP16) scaler_.emplace(options_.scaler, device_);
   if (plan_.tokens) {
-    // The plan's own memory model, to predict the peak of what each window packs. A plan made in
-    // code (tests) may carry no token profile: then no prediction.
-    try {
-      token_memory_ = TokenMemoryModel::fit(plan_.profile);
-    } catch (const InputError&) {
-      token_memory_.reset();
-    }
-    for (const auto& p : plan_.profile.points) {
-      if (p.seq_len && p.optimizer_step_peak_bytes) {
-        optimizer_step_peak_bytes_ = std::max(optimizer_step_peak_bytes_.value_or(0), *p.optimizer_step_peak_bytes);
-      }
-    }
+    // The plan's own memory model, to predict the peak of what each window packs (the planner's
+    // rule); the cost the first window is cut by is the plan's.
+    packed_peak_.emplace(plan_.profile);
+    packing_cost_.emplace(plan_.tokens->step_cost);
   }
   if (options_.max_grad_norm && !(*options_.max_grad_norm > 0)) {
     throw InputError("max gradient norm must be positive, got " + std::to_string(*options_.max_grad_norm));
@@ -766,17 +758,16 @@ void Executor::apply(WindowStats& st) {
 }
 
 std::optional<TokenStepCost> Executor::step_cost() const {
-  if (!plan_.tokens || options_.packing == Packing::Fill) return std::nullopt;
-  if (step_time_.fit()) return step_time_.fit()->cost();
-  return plan_.tokens->step_cost;
+  if (!packing_cost_ || options_.packing == Packing::Fill) return std::nullopt;
+  return packing_cost_->cost();
 }
 
 void Executor::time_microbatch(const WindowSplit& split, const MicrobatchEvent& where, double seconds,
                                RoundsOutcome& out) const {
   const int64_t length = split.padded_length(where.index);
-  if (token_memory_) {
+  if (packed_peak_ && packed_peak_->predicts()) {
     const int64_t peak =
-        token_memory_->predict_microbatch_peak_bytes(where.size, length, where.index == 0, !optimizer_.state().empty());
+        *packed_peak_->microbatch_peak_bytes(where.size, length, where.index == 0, !optimizer_.state().empty());
     out.predicted_peak_bytes = std::max(out.predicted_peak_bytes.value_or(0), peak);
   }
   // On CUDA the wall time of a queued step is not its device time: nothing to learn or judge.
@@ -797,10 +788,7 @@ void Executor::keep_times(const RoundsOutcome& o, WindowStats& st) {
   // The window's peak as measured (apply() merges the optimizer step's) against the larger of
   // its microbatches' and the optimizer step's the profile measured: a window of a few short
   // sequences peaks in the optimizer step.
-  st.predicted_peak_bytes = o.predicted_peak_bytes;
-  if (st.predicted_peak_bytes && optimizer_step_peak_bytes_) {
-    st.predicted_peak_bytes = std::max(*st.predicted_peak_bytes, *optimizer_step_peak_bytes_);
-  }
+  st.predicted_peak_bytes = packed_peak_ ? packed_peak_->window_peak_bytes(o.predicted_peak_bytes) : std::nullopt;
   if (!device_.is_cpu()) return;
   st.microbatch_seconds = o.microbatch_seconds;
   if (o.every_one_predicted && !o.timed.empty()) st.predicted_seconds = o.predicted_seconds;
@@ -808,8 +796,7 @@ void Executor::keep_times(const RoundsOutcome& o, WindowStats& st) {
     if (time_errors_.size() < kMaxTimeErrors) time_errors_.push_back(m);
   }
   // The next window is cut by the fit over every microbatch so far, this window's included.
-  for (const auto& t : o.timed) step_time_.observe(t);
-  if (!o.timed.empty()) step_time_.refit();
+  if (packing_cost_) packing_cost_->observe_window(o.timed);
 }
 
 std::optional<RunTimeModel> Executor::time_model() const {
@@ -828,7 +815,7 @@ std::optional<RunTimeModel> Executor::time_model() const {
     t.median_abs_error = rank(0.5);
     t.p90_abs_error = rank(0.9);
   }
-  t.refits = step_time_.refits();
+  t.refits = packing_cost_ ? packing_cost_->model().refits() : 0;
   t.final_cost = step_cost();
   return t;
 }

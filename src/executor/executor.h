@@ -303,9 +303,8 @@ class Executor {
   // Where microbatch steps run; dropped (joined) after an out-of-memory so the autograd work a
   // failed backward left queued on it is freed (executor/step_thread.h), made again on next use.
   std::unique_ptr<StepThread> step_thread_;
-  StepTimeModel step_time_;            // this run's microbatches (CPU device, Packing::Time)
-  std::optional<TokenMemoryModel> token_memory_;  // packed plans with a token profile
-  std::optional<int64_t> optimizer_step_peak_bytes_;  // the profile's (token points), the highest
+  std::optional<PackingCost> packing_cost_;          // packed plans: fed this run's microbatches (CPU, Packing::Time)
+  std::optional<PackedPeakPredictor> packed_peak_;   // packed plans: what a window is predicted to peak at
   // Each predicted microbatch's |predicted − measured| / measured, the first kMaxTimeErrors of
   // the run (8 bytes each: 0.5 MiB at most).
   std::vector<double> time_errors_;

@@ -224,6 +224,23 @@ class RaggedPlan(unittest.TestCase):
         lengths = [seqs[i].numel() for i in order]
         self.assertEqual(shapes, [(2, max(lengths[j:j + 2])) for j in range(0, 8, 2)])
 
+    def test_packing_by_time_learns_from_the_windows_it_timed_and_fill_does_not(self):
+        model = TinyDecoder()
+        seqs = sequences(24, 96, 11)
+        p, opt = self.plan(model, seqs, None, memory_budget="3MiB")
+        lengths = [s.numel() for s in seqs]
+        self.assertEqual(p.pack(lengths, "fill"), accumplan.pack_by_token_budget(lengths, p.tokens["token_budget"]))
+        self.assertEqual(p.packing_cost(), p.step_cost, "before any window the plan's own cost")
+        p.train_window(model, opt, seqs, None, packing="fill")
+        self.assertIsNone(p._packing, "a filled window is not timed")
+        runs = [len(p.train_window(model, opt, sequences(24, 96, 20 + w), None).microbatch_sizes) for w in range(3)]
+        self.assertEqual(p._packing.held, sum(runs), "every packed microbatch timed on the CPU")
+        if p._packing.refits:  # the fit needs 4 microbatches at 3 shapes: then it is what packing cuts by
+            cost = p.packing_cost()
+            self.assertEqual(p.pack(lengths), accumplan.pack_by_token_budget(lengths, p.tokens["token_budget"], cost))
+        with self.assertRaisesRegex(ValueError, "^packing is .tight.; use one of time, fill"):
+            p.train_window(model, opt, seqs, None, packing="tight")
+
     def test_pad_sequences_collates_example_dicts(self):
         ex = [{"input_ids": torch.tensor([5, 6, 7]), "attention_mask": torch.ones(3, dtype=torch.long),
                "labels": torch.tensor([5, 6, 7])},

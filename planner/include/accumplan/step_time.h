@@ -78,4 +78,21 @@ class StepTimeModel {
   int64_t refits_ = 0;
 };
 
+// The cost a run cuts its next packed window by (packing by time): its own fit over the microbatches
+// it timed once one exists, else the plan's step cost (tokens.step_cost; none: packing fills).
+// `accumplan run` (CPU) and Python's train_window (CPU) keep one per run and feed it every packed
+// microbatch's time; on CUDA nothing is observed (a queued step's wall time is not its device time).
+class PackingCost {
+ public:
+  explicit PackingCost(std::optional<TokenStepCost> plan_cost) : plan_cost_(std::move(plan_cost)) {}
+  // A window's timed microbatches, then one refit (as each window ends).
+  void observe_window(const std::vector<TimedMicrobatch>& microbatches);
+  std::optional<TokenStepCost> cost() const;
+  const StepTimeModel& model() const { return model_; }
+
+ private:
+  std::optional<TokenStepCost> plan_cost_;
+  StepTimeModel model_;
+};
+
 }  // namespace accumplan

@@ -91,6 +91,30 @@ class TokenMemoryModel {
   int64_t optimizer_state_bytes_ = 0;  // and optimizer state
 };
 
+// What a packed window is predicted to peak at, as `accumplan run` and Python's train_window report
+// it beside the measured peak: the highest of its microbatches' (predict_microbatch_peak_bytes) and
+// of the optimizer step the profile measured at any (b, T) (a window of a few short sequences peaks
+// in the step: AdamW's update temporaries). Built once per plan from its profile; a plan made in
+// code may carry no token profile, and then nothing is predicted.
+class PackedPeakPredictor {
+ public:
+  explicit PackedPeakPredictor(const Profile& profile);
+  bool predicts() const { return model_.has_value(); }
+  // One microbatch of b sequences padded to T (nullopt: no model).
+  std::optional<int64_t> microbatch_peak_bytes(int64_t micro_batch, int64_t seq_len, bool first_in_window,
+                                               bool optimizer_state_exists) const;
+  // The window's: the highest of its microbatches' (as microbatch_peak_bytes gave them) and the
+  // optimizer step's; nullopt when its microbatches had none.
+  std::optional<int64_t> window_peak_bytes(std::optional<int64_t> microbatches_peak_bytes) const;
+  // The same for a whole window of (b, T) microbatches in order (the first has no gradient).
+  std::optional<int64_t> window_peak_bytes(const std::vector<std::pair<int64_t, int64_t>>& microbatches,
+                                           bool optimizer_state_exists) const;
+
+ private:
+  std::optional<TokenMemoryModel> model_;
+  std::optional<int64_t> optimizer_step_peak_bytes_;  // the profile's (token points), the highest
+};
+
 // The integer unit of TokenStepCost: one padded token costs this much (2^16, so a per-token cost
 // 1/2^16 of a token's is still told from zero).
 inline constexpr int64_t kStepCostPerToken = int64_t{1} << 16;
