@@ -184,7 +184,8 @@ def _pad_examples(examples, ignore_index):
 
 def _is_ragged_list(inputs, target, packed):
     """Whether ``inputs`` is ragged data rather than a list of positional tensors: a list of dicts,
-    or of 1-D tensors that differ in length, come with a list of targets, or go to a packed plan."""
+    or of 1-D tensors that differ in length, come with a list of targets, or go to a plan made for
+    variable-length data (``packed``: one whose setup has seq_len)."""
     if not isinstance(inputs, list) or not inputs:
         return False
     if all(isinstance(x, Mapping) for x in inputs):

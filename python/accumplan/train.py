@@ -327,7 +327,10 @@ def _checked_arguments(model, optimizer, inputs, target, scheduler, scaler, on_o
     callable_arg(on_oom, "on_oom", "a callable(note)")
     flag_arg(oom_recovery, "oom_recovery")
     flag_arg(measure_memory, "measure_memory", none_ok=True)
-    ragged = ragged_data(inputs, target, lengths, loss_kind, ii, packed=plan.tokens is not None)  # pads a list
+    # A list of sequences is padded; a plan made for variable-length data takes any list as sequences
+    # (a window whose sequences happen to share one length included).
+    ragged = ragged_data(inputs, target, lengths, loss_kind, ii,
+                         packed=plan.tokens is not None or bool(plan.setup.get("seq_len")))
     if ragged is not None:
         return ragged
     return as_inputs(inputs), target_arg(target), None

@@ -223,6 +223,10 @@ class RaggedPlan(unittest.TestCase):
         sample_plan.train_window(model, opt, [seqs[i] for i in order], None)
         lengths = [seqs[i].numel() for i in order]
         self.assertEqual(shapes, [(2, max(lengths[j:j + 2])) for j in range(0, 8, 2)])
+        # A window whose sequences share one length is still a list of sequences under this plan.
+        shapes.clear()
+        sample_plan.train_window(model, opt, [seqs[0][:16] for _ in range(4)], None)
+        self.assertEqual(shapes, [(2, 16), (2, 16)])
 
     def test_packing_by_time_learns_from_the_windows_it_timed_and_fill_does_not(self):
         model = TinyDecoder()
