@@ -164,6 +164,19 @@ bool StepTimeModel::refit() {
   return fit_.has_value();
 }
 
+const std::vector<std::string>& packing_names() {
+  static const std::vector<std::string> names{"time", "fill"};
+  return names;
+}
+
+const std::string& packing_name(Packing packing) { return packing_names()[packing == Packing::Time ? 0 : 1]; }
+
+std::optional<Packing> packing_named(const std::string& name) {
+  if (name == packing_names()[0]) return Packing::Time;
+  if (name == packing_names()[1]) return Packing::Fill;
+  return std::nullopt;
+}
+
 void PackingCost::observe_window(const std::vector<TimedMicrobatch>& microbatches) {
   for (const auto& t : microbatches) model_.observe(t);
   if (!microbatches.empty()) model_.refit();

@@ -12,7 +12,6 @@ import numbers
 import os
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
-PACKINGS = ("time", "fill")  # how a packed window is cut, as `accumplan run --packing`
 MAX_COUNT = 2 ** 40  # the C++ options' bound on samples and microbatch sizes
 
 

@@ -16,7 +16,7 @@ import operator
 import os
 import stat
 
-from ._args import INT32_MAX, MAX_COUNT, PACKINGS, choice_arg, flag_arg, int_arg, lengths_arg, path_arg, shown_value
+from ._args import INT32_MAX, MAX_COUNT, choice_arg, flag_arg, int_arg, lengths_arg, path_arg, shown_value
 from .errors import OutOfMemoryAtOne, PlanError, in_python_terms, oom_error, plan_error  # noqa: F401 - re-exported
 
 try:
@@ -383,7 +383,7 @@ class Plan:
         microbatch to the budget (fewest microbatches), as ``accumplan run --packing``. Raises
         PlanError for a plan without a token budget, or a sequence longer than the plan's
         ``max_seq_len`` (the budget was planned for sequences up to it)."""
-        packing = choice_arg(packing, "packing", PACKINGS)
+        packing = choice_arg(packing, "packing", _core.PACKINGS)
         if self.tokens is None:
             raise PlanError("%s packs no tokens: it is a sample plan (no $.tokens); split its windows by "
                             "microbatch_sizes" % self.source)
@@ -421,8 +421,11 @@ class Plan:
         (accumplan/step_time.h PackingCost)."""
         return self._packing.cost() if self._packing is not None else self.step_cost
 
-    def _observe_packed_window(self, timed):
-        """A packed window's microbatches as train_window timed them: (sequences, padded length, seconds)."""
+    def observe_packed_window(self, timed):
+        """Feeds ``packing_cost()``'s fit one packed window's microbatches as they ran, each
+        ``(sequences, padded length, seconds of forward + backward)``, and refits (the C++ rule:
+        the most recent 512 are kept). ``train_window`` calls it on the CPU; a loop of your own over
+        ``pack`` may call it with its own timings."""
         if self._packing is None:
             self._packing = _core.PackingCost(self._text)
         self._packing.observe_window(timed)

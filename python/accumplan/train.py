@@ -27,7 +27,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from ._args import (INT32_MAX, INT32_MIN, PACKINGS, callable_arg, choice_arg, flag_arg, int_arg, lengths_arg,
+from . import _core
+from ._args import (INT32_MAX, INT32_MIN, callable_arg, choice_arg, flag_arg, int_arg, lengths_arg,
                     module_arg, optimizer_arg, real_arg)
 from .batches import (as_inputs, check_lengths, count_samples, input_tensors, pad_sequences, padding_mask,
                       ragged_data, slice_samples, target_arg, valid_token_counts)
@@ -281,7 +282,7 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
         max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)  # setup.max_grad_norm's range
     w = Window(plan, model, inputs, target, lengths, loss_kind, loss_fn, ii, autocast, scaler, group,
                shift_arg=causal_shift(model, shift_labels) if shift_labels is not None else None)
-    w.packing = choice_arg(packing, "packing", PACKINGS)
+    w.packing = choice_arg(packing, "packing", _core.PACKINGS)  # run --packing's names
     warn_batch_dependent_once(w.inner)
 
     # This rank's share, checked before the first collective. Under torch.distributed a rank whose
@@ -362,7 +363,7 @@ def _train(w, st, plan, optimizer, n, rank_samples, oom_recovery, on_oom, max_gr
 
     st.microbatch_sizes = sizes
     if w.timed:
-        plan._observe_packed_window(w.timed)  # the next window is cut by the fit over these too
+        plan.observe_packed_window(w.timed)  # the next window is cut by the fit over these too
     if w.packed and groups:
         # What the plan predicts for what it packed (the executor's rule, the same C++ model).
         st.predicted_peak_bytes = plan.predicted_packed_peak_bytes(

@@ -241,6 +241,7 @@ PYBIND11_MODULE(_core, m) {
   bind_plan_rules(m);  // python/core/plan_rules.cpp: step-cost ranges, a plan's largest fitting microbatch
   m.attr("SCHEMA_VERSION") = schema_version_string();
   m.attr("PERSISTENT_WINDOW_SAMPLES") = kPersistentWindowSamples;
+  m.attr("PACKINGS") = py::tuple(py::cast(packing_names()));  // train_window(packing=), as run --packing
   m.def("read_plan_file", &read_file, py::arg("path"),
         "(canonical plan JSON, the file's schema_version) of a plan file, or InputError as `accumplan run` gives");
   m.def("read_plan_text", &read_text, py::arg("text"), py::arg("source"),

@@ -254,8 +254,8 @@ void check_run_outputs(const RunArgs& a, int rank) {
 
 // The one parser of --packing (not given: time). Given empty, it is refused as any other word.
 Packing parse_packing(const std::string& text, bool given) {
-  if (text == "time" || (text.empty() && !given)) return Packing::Time;
-  if (text == "fill") return Packing::Fill;
+  if (text.empty() && !given) return Packing::Time;
+  if (const std::optional<Packing> p = packing_named(text)) return *p;
   throw InputError("--packing must be time or fill, got '" + cut_for_message(text) +
                    "' (time: cut each window where the measured step times predict the least time; fill: each "
                    "microbatch filled to the token budget)");

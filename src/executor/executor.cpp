@@ -802,7 +802,7 @@ void Executor::keep_times(const RoundsOutcome& o, WindowStats& st) {
 std::optional<RunTimeModel> Executor::time_model() const {
   if (!plan_.tokens) return std::nullopt;
   RunTimeModel t;
-  t.packing = options_.packing == Packing::Time ? "time" : "fill";
+  t.packing = packing_name(options_.packing);
   t.microbatches = static_cast<int64_t>(time_errors_.size());
   if (!time_errors_.empty()) {
     // Nearest rank: the smallest miss with at least p of them at or below it.

@@ -125,12 +125,6 @@ struct StepEvent {
   double loss = 0;
 };
 
-// How a packed plan cuts each window under its token budget (pack_by_token_budget).
-enum class Packing {
-  Time,  // where the step time model predicts the least time (the plan's cost, then the run's own fit)
-  Fill,  // each microbatch filled to the budget: the fewest microbatches, no time model
-};
-
 struct ExecutorOptions {
   LossConfig loss;                       // kind, normalization (samples|tokens), ignore_index
   AmpMode amp = AmpMode::None;

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "accumplan/schema.h"
@@ -77,6 +78,16 @@ class StepTimeModel {
   std::optional<StepTimeFit> fit_;
   int64_t refits_ = 0;
 };
+
+// How a packed plan cuts each window under its token budget (pack_by_token_budget): `accumplan run
+// --packing` and Python's train_window(packing=) take these names, in this order.
+enum class Packing {
+  Time,  // where the step time model predicts the least time (the plan's cost, then the run's own fit)
+  Fill,  // each microbatch filled to the budget: the fewest microbatches, no time model
+};
+const std::vector<std::string>& packing_names();  // {"time", "fill"}, the enum's order
+const std::string& packing_name(Packing packing);
+std::optional<Packing> packing_named(const std::string& name);
 
 // The cost a run cuts its next packed window by (packing by time): its own fit over the microbatches
 // it timed once one exists, else the plan's step cost (tokens.step_cost; none: packing fills).
