@@ -22,7 +22,7 @@ class OutOfMemoryAtOne(RuntimeError):
 # The C++ core words its messages for the CLI; a Python user reads them with the names of
 # accumplan.plan's arguments instead (its keyword for each option, or what stands for it).
 _PYTHON_NAMES = {
-    "target-batch": "target_batch", "world-size": "world_size", "memory-budget": "memory_budget",
+    "target-batch": "target_batch", "target-tokens": "target_tokens", "world-size": "world_size", "memory-budget": "memory_budget",
     "headroom": "headroom", "optimizer": "optimizer", "normalization": "normalization", "loss": "loss",
     "amp": "amp", "max-grad-norm": "max_grad_norm", "ignore-index": "ignore_index", "device": "device",
     "lr": "the optimizer's lr", "multiple-of": "multiple_of", "plan": "the plan", "seq-len": "the sequence length",

@@ -429,9 +429,10 @@ def _say(progress):
     return lambda line: print("accumplan: " + line, file=sys.stderr, flush=True)
 
 
-def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_entropy", loss_fn=None,
+def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cross_entropy", loss_fn=None,
          memory_budget=None, device=None, amp=None, max_grad_norm=None, world_size=1, headroom="auto",
-         normalization="auto", ignore_index=-100, shift_labels=None, lengths=None, padding_mask=False, progress=None):
+         normalization="auto", ignore_index=-100, shift_labels=None, lengths=None, padding_mask=False,
+         target_tokens=None, progress=None):
     """The plan for training ``model`` with ``optimizer`` at an effective batch of ``target_batch``,
     measured by real windows of ``train_window``'s step on this module in this process.
 
@@ -450,7 +451,9 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
     ``lengths=``. The C++ search measures windows of b sequences of exactly T tokens (the data's own
     tokens repeated) over T up to the longest given, and plans the token budget by the CLI's token
     model. padding_mask=True passes ``padding_mask(lengths, T)`` as one more forward argument
-    (``--padding-mask``; dict inputs carry their attention_mask instead).
+    (``--padding-mask``; dict inputs carry their attention_mask instead). target_tokens, instead of
+    target_batch: each update a window of consecutive sequences holding at least that many valid
+    tokens (``--target-tokens``; ``plan.target_tokens``, ``token_windows``).
     progress: None prints one line per window to stderr, False is silent, a callable gets the lines.
     The plan's setup records the optimizer whole: every parameter group's lr and hyperparameters and
     its flags (nesterov, amsgrad, maximize, foreach, ...; docs/plan-format.md), so an export carries
@@ -458,10 +461,16 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
     Returns the ``Plan`` ``load_plan`` returns; ``plan.save(path)`` writes the file the CLI writes.
     The model, optimizer and RNG are left as they were; ValueError/TypeError name a bad argument
     before anything runs; OutOfMemoryAtOne when not even one sample fits."""
-    target_batch = int_arg(target_batch, "target_batch", 1, MAX_COUNT)
+    if (target_batch is None) == (target_tokens is None):
+        raise TypeError("give target_batch (samples per optimizer step) or, for variable-length data, target_tokens "
+                        "(valid tokens per optimizer step)%s" % (", not both" if target_batch is not None else ""))
     world_size = int_arg(world_size, "world_size", 1, 1 << 20)
     request = _core.SearchRequest()
-    request.target_batch, request.world_size = target_batch, world_size
+    request.world_size = world_size
+    if target_tokens is None:
+        request.target_batch = int_arg(target_batch, "target_batch", 1, MAX_COUNT)
+    else:
+        request.target_tokens = int_arg(target_tokens, "target_tokens", 1, (1 << 63) - 1)  # its range: the solver's
     if isinstance(headroom, bool) or not isinstance(headroom, (str, int, float)):
         raise TypeError("headroom must be 'auto', a fraction (0.05) or a size ('256MiB', bytes), not %s" % shown_value(headroom))
     request.headroom = str(headroom)  # read by the CLI's --headroom parser
@@ -475,6 +484,9 @@ def plan(model, inputs, target=None, *, target_batch, optimizer, loss="cross_ent
     if not (progress is None or isinstance(progress, bool)):
         callable_arg(progress, "progress", "True, False or a callable(line)")
     inputs, target, lengths = _data(inputs, target, lengths, loss, loss_fn, ignore_index, padding_mask)
+    if target_tokens is not None and lengths is None:
+        raise ValueError("target_tokens=%d counts the tokens of variable-length data: pass a list of sequences (or a "
+                         "padded batch with lengths=); otherwise use target_batch" % target_tokens)
     device, cfg = _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, normalization,
                           ignore_index)
     cfg["lengths"], cfg["padding_mask"] = lengths, padding_mask

@@ -117,6 +117,7 @@ struct SearchRequest {
   std::string headroom = "auto";
   bool budget_is_simulated = false;
   bool persistent_over_budget = false;
+  int64_t target_tokens = 0;  // packed plans: windows of at least this many valid tokens (0: target_batch samples)
 };
 
 // The plan request of a search, checked (the solver's rules and the CLI's --headroom parser): a
@@ -126,6 +127,7 @@ PlanRequest plan_request(const SearchRequest& r) {
   request.target_batch = r.target_batch;
   request.world_size = r.world_size;
   request.headroom = parse_headroom(r.headroom, "headroom");
+  if (r.target_tokens != 0) request.target_tokens = r.target_tokens;  // the solver checks the range
   check_request(request);
   return request;
 }
@@ -144,8 +146,9 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
   settings.device_total_bytes = profile.device.total_bytes;
   settings.device_name = profile.device.name;
   settings.persistent_over_budget = r.persistent_over_budget;
-  // Probes above the per-rank target are never planned (as `accumplan` passes it).
-  settings.max_probe_micro_batch = r.target_batch / std::max<int64_t>(1, r.world_size);
+  // Probes above the per-rank target are never planned (as `accumplan` passes it); a window of
+  // target_tokens holds a number of sequences that depends on their lengths: memory bounds them.
+  settings.max_probe_micro_batch = r.target_tokens != 0 ? 0 : r.target_batch / std::max<int64_t>(1, r.world_size);
   // Variable-length data: the header's setup.seq_len is the range the (b, T) grid plans for, as
   // `accumplan profile --seq-len` gives it (accumplan/measure.py writes the data's own range).
   if (!profile.setup.seq_len.empty()) settings.seq_range = parse_seq_len(profile.setup.seq_len, "seq_len");
@@ -334,7 +337,8 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("world_size", &SearchRequest::world_size)
       .def_readwrite("headroom", &SearchRequest::headroom)
       .def_readwrite("budget_is_simulated", &SearchRequest::budget_is_simulated)
-      .def_readwrite("persistent_over_budget", &SearchRequest::persistent_over_budget);
+      .def_readwrite("persistent_over_budget", &SearchRequest::persistent_over_budget)
+      .def_readwrite("target_tokens", &SearchRequest::target_tokens);
   m.def("check_request", [](const SearchRequest& r) { plan_request(r); }, py::arg("request"),
         "InputError naming a bad target_batch, world_size or headroom");
   m.def("search_plan", &search_plan, py::arg("runner"), py::arg("header"), py::arg("request"),

@@ -245,6 +245,28 @@ class RaggedPlan(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "^packing is .tight.; use one of time, fill"):
             p.train_window(model, opt, seqs, None, packing="tight")
 
+    def test_target_tokens_plans_windows_of_valid_tokens_as_the_cli(self):
+        model = TinyDecoder()
+        seqs = sequences(24, 96, 12)
+        p, opt = self.plan(model, seqs, None, target_batch=None, target_tokens=600, memory_budget="3MiB")
+        self.assertEqual(p.target_tokens, 600)
+        x, y, lengths = accumplan.pad_sequences(seqs, next_token=True)
+        valid = accumplan.valid_token_counts(lengths, y)
+        windows = accumplan.token_windows(valid, p.target_tokens)
+        self.assertGreater(len(windows), 1)
+        for start, count in windows:
+            st = p.train_window(model, opt, seqs[start:start + count], None)
+            self.assertEqual(st.units, sum(valid[start:start + count]))
+        with self.assertRaisesRegex(TypeError, "^give target_batch .* or, for variable-length data, target_tokens"):
+            accumplan.plan(model, seqs, None, optimizer=opt, device="cpu", progress=False)
+        with self.assertRaisesRegex(TypeError, ", not both$"):
+            accumplan.plan(model, seqs, None, target_batch=8, target_tokens=600, optimizer=opt, progress=False)
+        with self.assertRaisesRegex(ValueError, "^target_tokens=600 counts the tokens of variable-length data"):
+            accumplan.plan(model, (torch.zeros(4, 8, dtype=torch.long),), torch.zeros(4, 8, dtype=torch.long),
+                           target_tokens=600, optimizer=opt, progress=False)
+        with self.assertRaisesRegex(ValueError, "target_tokens"):
+            accumplan.plan(model, seqs, None, target_tokens=1 << 55, optimizer=opt, progress=False)
+
     def test_pad_sequences_collates_example_dicts(self):
         ex = [{"input_ids": torch.tensor([5, 6, 7]), "attention_mask": torch.ones(3, dtype=torch.long),
                "labels": torch.tensor([5, 6, 7])},
