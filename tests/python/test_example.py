@@ -1,4 +1,5 @@
-"""examples/python/train_with_plan.py runs as documented and trains like plan.train_window."""
+"""examples/python/train_with_plan.py runs as documented and trains like plan.train_window;
+examples/python/plan_ragged.py plans and trains packed windows of ragged sequences."""
 import os
 import subprocess
 import sys
@@ -38,6 +39,24 @@ class Example(unittest.TestCase):
                 plan.train_window(ref, opt, (x[s:s + 13],), y[s:s + 13])
             for g, w in zip(params_of(torch.jit.load(out)), params_of(ref)):
                 torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
+
+
+
+
+class RaggedExample(unittest.TestCase):
+    def test_the_ragged_example_plans_and_trains_packed_windows(self):
+        script = os.path.join(ROOT, "examples", "python", "plan_ragged.py")
+        with tempfile.TemporaryDirectory() as d:
+            plan_path = os.path.join(d, "plan.json")
+            p = subprocess.run([sys.executable, script, "--windows", "2", "--plan-out", plan_path],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300,
+                               env=dict(os.environ, OMP_NUM_THREADS="1"))
+            out = p.stdout.decode()
+            self.assertEqual(p.returncode, 0, out)
+            self.assertRegex(out, r"window 2: loss [0-9.]+ over [0-9]+ tokens in microbatches \[")
+            plan = accumplan.load_plan(plan_path)
+            self.assertIsNotNone(plan.tokens)
+            self.assertIn("plan: token budget %d padded tokens" % plan.tokens["token_budget"], out)
 
 
 if __name__ == "__main__":
