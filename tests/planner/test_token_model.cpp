@@ -413,3 +413,56 @@ TEST_CASE("Token model: a packed microbatch's peak leaves out the gradient first
   // A fit from bare points knows no persistent parts.
   CHECK(TokenMemoryModel::fit(grid(100.0 * MiB, 4096, 48)).predict_microbatch_peak_bytes(4, 128, true, false) == steady);
 }
+
+TEST_CASE("Packed peak: a window's is its highest microbatch's or the profile's optimizer step, whichever is higher",
+          "[token][predict]") {
+  constexpr int64_t kStep = 100 * MiB + MiB / 2;  // above a lone short sequence's, below two of 64 tokens
+  Profile profile;
+  CHECK_FALSE(PackedPeakPredictor(profile).predicts());  // no (b, T) points: nothing to predict from
+  CHECK_FALSE(PackedPeakPredictor(profile).window_peak_bytes({{4, 128}}, true).has_value());
+  for (const TokenPoint& p : grid(100.0 * MiB, 4096, 48)) {
+    ProfilePoint point;
+    point.micro_batch = p.micro_batch;
+    point.peak_bytes = p.peak_bytes;
+    point.seq_len = p.seq_len;
+    point.optimizer_step_peak_bytes = kStep;
+    profile.points.push_back(point);
+  }
+  profile.persistent.gradients_bytes = 3 * MiB;
+  const TokenMemoryModel m = TokenMemoryModel::fit(profile);
+  const PackedPeakPredictor predictor(profile);
+  REQUIRE(predictor.predicts());
+  // The first microbatch has no gradient resident: the window's peak is the larger second one.
+  const int64_t second = m.predict_microbatch_peak_bytes(2, 64, false, true);
+  REQUIRE(second > kStep);
+  CHECK(predictor.window_peak_bytes({{8, 512}, {2, 64}}, true) ==
+        std::max(m.predict_microbatch_peak_bytes(8, 512, true, true), second));
+  // A window of a few short sequences peaks in the optimizer step.
+  REQUIRE(m.predict_microbatch_peak_bytes(1, 16, true, true) < kStep);
+  CHECK(predictor.window_peak_bytes({{1, 16}}, true) == kStep);
+  CHECK(predictor.window_peak_bytes(std::optional<int64_t>(200 * MiB)) == 200 * MiB);
+}
+
+TEST_CASE("Packing cost: the plan's until the run's own microbatches fit one, then the run's", "[token][step-time]") {
+  const TokenStepCost plan_cost{7 * kStepCostPerToken, kStepCostPerToken, 0, 1e-6};
+  PackingCost cost(plan_cost);
+  CHECK(cost.cost()->per_microbatch == plan_cost.per_microbatch);
+  cost.observe_window({{1, 40, 1e-3}, {3, 40, 1.2e-3}});  // 2 microbatches at 2 shapes: no fit yet
+  CHECK(cost.cost()->per_microbatch == plan_cost.per_microbatch);
+  std::vector<TimedMicrobatch> window;
+  for (int64_t b : {1, 3}) {
+    for (int64_t t : {40, 200}) window.push_back({b, t, 1e-3 + 1e-6 * double(b * t)});
+  }
+  cost.observe_window(window);
+  REQUIRE(cost.model().fit());
+  CHECK(cost.cost()->per_token == kStepCostPerToken);
+  CHECK(cost.cost()->per_microbatch != plan_cost.per_microbatch);
+  CHECK_FALSE(PackingCost(std::nullopt).cost().has_value());  // no plan cost, no fit: packing fills
+}
+
+TEST_CASE("Packing: the names --packing and Python's packing= take", "[token][pack]") {
+  CHECK(packing_names() == std::vector<std::string>{"time", "fill"});
+  CHECK(packing_named("fill") == Packing::Fill);
+  CHECK(packing_name(Packing::Time) == "time");
+  CHECK_FALSE(packing_named("Fill").has_value());
+}
