@@ -16,7 +16,8 @@ import operator
 import os
 import stat
 
-from ._args import INT32_MAX, MAX_COUNT, choice_arg, flag_arg, int_arg, lengths_arg, path_arg, shown_value
+from ._args import (INT32_MAX, MAX_COUNT, choice_arg, flag_arg, int_arg, lengths_arg, path_arg, real_arg,
+                    shown_value)
 from .errors import OutOfMemoryAtOne, PlanError, in_python_terms, oom_error, plan_error  # noqa: F401 - re-exported
 
 try:
@@ -391,8 +392,9 @@ class Plan:
         longest = max(lengths, default=0)
         if longest > self.tokens["max_seq_len"]:
             raise PlanError("the window holds a sequence of %d tokens, longer than the %d tokens the plan's token "
-                            "budget was planned for ($.tokens.max_seq_len); truncate the sequences or plan again "
-                            "with a longer `accumplan profile --seq-len`" % (longest, self.tokens["max_seq_len"]))
+                            "budget was planned for ($.tokens.max_seq_len); truncate the sequences, or plan again "
+                            "with sequences that long (accumplan.plan on data holding one, or `accumplan profile "
+                            "--seq-len`)" % (longest, self.tokens["max_seq_len"]))
         return pack_by_token_budget(lengths, self.tokens["token_budget"],
                                     self.packing_cost() if packing == "time" else None)
 
@@ -426,9 +428,16 @@ class Plan:
         ``(sequences, padded length, seconds of forward + backward)``, and refits (the C++ rule:
         the most recent 512 are kept). ``train_window`` calls it on the CPU; a loop of your own over
         ``pack`` may call it with its own timings."""
+        checked = []
+        for i, item in enumerate(timed):
+            if not isinstance(item, (tuple, list)) or len(item) != 3:
+                raise TypeError("timed[%d] must be (sequences, padded length, seconds), not %s" % (i, shown_value(item)))
+            checked.append((int_arg(item[0], "timed[%d][0]" % i, 1, MAX_COUNT),
+                            int_arg(item[1], "timed[%d][1]" % i, 1, INT32_MAX),
+                            real_arg(item[2], "timed[%d][2]" % i, 0, 1e9, lo_open=True)))
         if self._packing is None:
             self._packing = _core.PackingCost(self._text)
-        self._packing.observe_window(timed)
+        self._packing.observe_window(checked)
 
     def repack_below(self, failing_tokens, longest_sequence):
         """Lowers the token budget in place below ``failing_tokens`` (the padded tokens of a

@@ -242,6 +242,11 @@ class RaggedPlan(unittest.TestCase):
         if p._packing.refits:  # the fit needs 4 microbatches at 3 shapes: then it is what packing cuts by
             cost = p.packing_cost()
             self.assertEqual(p.pack(lengths), accumplan.pack_by_token_budget(lengths, p.tokens["token_budget"], cost))
+        # A bad timing is refused before it reaches the fit (one NaN would spoil the 512 it keeps).
+        with self.assertRaisesRegex(ValueError, r"^timed\[1\]\[2\]"):
+            p.observe_packed_window([(1, 16, 0.01), (2, 16, float("nan"))])
+        with self.assertRaisesRegex(TypeError, r"^timed\[0\] must be \(sequences, padded length, seconds\)"):
+            p.observe_packed_window([(1, 16)])
         with self.assertRaisesRegex(ValueError, "^packing is .tight.; use one of time, fill"):
             p.train_window(model, opt, seqs, None, packing="tight")
 
