@@ -14,6 +14,7 @@
 #include "accumplan/memory_model.h"
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
+#include "least_squares.h"
 
 namespace accumplan {
 namespace {
@@ -349,6 +350,111 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
                                                       : fits + (fails - fits) / 2;
     request.max_micro_batch = bounded(std::max<int64_t>(1, std::min(bound, next - 1)));
   }
+}
+
+// ---- The evaluation batch (issue 39) ----------------------------------------------------------
+
+namespace {
+
+// An eval microbatch above this multiple of the training one is not planned: the confirming window
+// would tile that many samples, and a line that flat says the eval activations were not measured.
+constexpr int64_t kMaxEvalMultiple = 256;
+
+// The eval line peak(b) = intercept + slope·b over the measured (b, peak) points, least squares;
+// nullopt with fewer than two distinct sizes.
+std::optional<std::pair<double, double>> eval_line(const std::vector<std::pair<int64_t, int64_t>>& points) {
+  std::set<int64_t> sizes;
+  std::vector<std::vector<double>> rows;
+  std::vector<double> y, w;
+  for (const auto& [b, peak] : points) {
+    sizes.insert(b);
+    rows.push_back({1.0, static_cast<double>(b)});
+    y.push_back(static_cast<double>(peak));
+    w.push_back(1.0);
+  }
+  if (sizes.size() < 2) return std::nullopt;
+  const std::optional<std::vector<double>> c = detail::weighted_least_squares(rows, y, w, 2);
+  if (!c) return std::nullopt;
+  return std::make_pair((*c)[0], (*c)[1]);
+}
+
+int64_t line_peak_bytes(const std::pair<double, double>& line, int64_t b) {
+  return static_cast<int64_t>(std::ceil(line.first + line.second * static_cast<double>(b)));
+}
+
+// The largest b in [1, cap] whose line peak fits `usable` (0: not even one).
+int64_t eval_largest(const std::pair<double, double>& line, int64_t usable, int64_t cap) {
+  if (line_peak_bytes(line, 1) > usable) return 0;
+  if (!(line.second > 0)) return cap;
+  int64_t b = static_cast<int64_t>(std::floor((static_cast<double>(usable) - line.first) / line.second));
+  b = std::clamp<int64_t>(b, 1, cap);
+  while (b > 1 && line_peak_bytes(line, b) > usable) --b;  // settle the floating floor on the integer rule
+  return b;
+}
+
+}  // namespace
+
+std::optional<EvalMeasurement> Search::run_eval(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget,
+                                                EvalPlan& e) {
+  std::optional<EvalMeasurement> m = runner_.run_eval_window(sizes, seq_len, budget);
+  if (!m) return std::nullopt;
+  m->sizes = sizes;
+  if (m->oom || m->peak_bytes.size() != sizes.size()) {
+    m->oom = true;
+    m->peak_bytes.clear();
+  }
+  const int64_t peak = m->peak_bytes.empty() ? 0 : *std::max_element(m->peak_bytes.begin(), m->peak_bytes.end());
+  m->fit = !m->oom && (!settings_.budget_bytes || peak <= *settings_.budget_bytes);
+  Trial trial{"eval", *std::max_element(sizes.begin(), sizes.end()), m->fit, peak, m->seconds, sizes, std::nullopt};
+  if (seq_len > 0) trial.seq_len = seq_len;
+  e.trials.push_back(trial);
+  std::string shown;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    shown += (i ? ", b=" : "b=") + std::to_string(sizes[i]) +
+             (m->oom ? "" : " peak " + format_bytes(m->peak_bytes[i]));
+  }
+  say("eval " + shown + (m->oom ? ": out of memory" : (m->fit ? "" : " (over the budget)")));
+  return m;
+}
+
+std::optional<EvalPlan> Search::plan_eval(const Plan& plan) {
+  const int64_t m = std::max<int64_t>(1, plan.micro_batch);
+  const int64_t seq_len = plan.tokens ? plan.tokens->max_seq_len : 0;
+  const int64_t usable = plan.memory.usable_bytes;
+  EvalPlan e;
+  e.weights_bytes = plan.profile.persistent.weights_bytes;
+  e.optimizer_state_bytes = plan.profile.persistent.optimizer_state_bytes;
+  std::vector<std::pair<int64_t, int64_t>> points;  // (eval microbatch, its peak)
+  auto keep = [&](const EvalMeasurement& s) {
+    for (size_t i = 0; i < s.peak_bytes.size(); ++i) points.push_back({s.sizes[i], s.peak_bytes[i]});
+  };
+  const std::optional<EvalMeasurement> first = run_eval({m, 2 * m}, seq_len, past_the_budget(), e);
+  if (!first) return std::nullopt;
+  keep(*first);
+  std::optional<std::pair<double, double>> line = eval_line(points);
+  // The second (and last) window: the line's largest size (a measured size that fit needs none),
+  // or, when the first window ran out of memory, the training microbatch itself.
+  const int64_t b = first->oom ? m : (line ? eval_largest(*line, usable, kMaxEvalMultiple * m) : 0);
+  if (b > 0 && (first->oom || (b != m && b != 2 * m))) {
+    const std::optional<EvalMeasurement> confirm = run_eval({b}, seq_len, WindowBudget::Enforced, e);
+    if (confirm) keep(*confirm);
+  }
+  // The plan: the largest eval size a real microbatch ran at within the usable bytes.
+  for (const auto& [size, peak] : points) {
+    if (peak <= usable && size > e.micro_batch) e.micro_batch = size;
+  }
+  line = eval_line(points);
+  e.confirmed = e.micro_batch > 0;
+  if (line) {
+    e.intercept_bytes = line->first;
+    e.slope_bytes_per_sample = line->second;
+    if (e.micro_batch > 0) e.predicted_peak_bytes = line_peak_bytes(*line, e.micro_batch);
+  }
+  say(e.micro_batch > 0 ? "eval microbatch " + std::to_string(e.micro_batch) + " (training " + std::to_string(m) +
+                              "): predicted peak " + format_bytes(e.predicted_peak_bytes) + " of " + format_bytes(usable) +
+                              " usable"
+                        : "eval: not even " + std::to_string(m) + " samples fit beside the training state");
+  return e;
 }
 
 }  // namespace accumplan

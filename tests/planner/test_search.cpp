@@ -57,6 +57,33 @@ struct FakeDevice final : WindowRunner {
     }
     return m;
   }
+
+  // Evaluation (issue 39): the weights and optimizer state resident, no gradients, and far fewer
+  // activations per sample than training keeps for backward.
+  bool evaluates = true;
+  int64_t state = 2 * kMiB, eval_fixed = kMiB / 2, eval_per_sample = 32 * 1024;
+  std::vector<std::vector<int64_t>> eval_windows;
+  int64_t eval_peak(int64_t b) const { return weights + state + eval_fixed + eval_per_sample * b; }
+
+  std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t,
+                                                 WindowBudget limit) override {
+    if (!evaluates) return std::nullopt;
+    eval_windows.push_back(sizes);
+    limits.push_back(limit);
+    EvalMeasurement m;
+    std::optional<int64_t> cap = budget;
+    if (limit == WindowBudget::Doubled && cap) cap = 2 * *cap;
+    if (limit == WindowBudget::Lifted) cap.reset();
+    for (int64_t b : sizes) {
+      if (cap && eval_peak(b) > *cap) {
+        m.oom = true;
+        m.peak_bytes.clear();
+        break;
+      }
+      m.peak_bytes.push_back(eval_peak(b));
+    }
+    return m;
+  }
 };
 
 Profile header(const FakeDevice& d) {
@@ -262,4 +289,90 @@ TEST_CASE("Search: a per-rank batch of 2 that does not fit even in microbatches 
   d.budget = 7 * kMiB;  // weights and gradients alone are 8 MiB
   std::vector<Trial> trials;
   CHECK_THROWS_AS(small_plan(d, trials, 2, 1), InfeasibleError);
+}
+
+// ---- The evaluation batch (issue 39) ----------------------------------------------------------
+
+namespace {
+
+Plan planned(FakeDevice& d, std::vector<Trial>& trials, int64_t target = 1024) {
+  Search search(d, settings_for(d, /*simulated=*/true, target), trials);
+  Profile p = header(d);
+  p.persistent.optimizer_state_bytes = d.state;
+  search.profile(p);
+  p.trials = trials;
+  return search.plan_and_confirm(p, request_for(target));
+}
+
+}  // namespace
+
+TEST_CASE("Search: the eval batch is the largest eval microbatch the budget holds, in two eval windows", "[search][eval]") {
+  FakeDevice d;
+  d.budget = 64 * kMiB;
+  std::vector<Trial> trials;
+  const Plan plan = planned(d, trials);
+  Search search(d, settings_for(d, true, 1024), trials);
+  const std::optional<EvalPlan> e = search.plan_eval(plan);
+  REQUIRE(e);
+  const int64_t m = plan.micro_batch;
+  REQUIRE(d.eval_windows.size() == 2);
+  CHECK(d.eval_windows[0] == std::vector<int64_t>{m, 2 * m});
+  CHECK(d.eval_windows[1] == std::vector<int64_t>{e->micro_batch});
+  // The line is exact on the fake: the plan is the true largest under the usable bytes.
+  const int64_t usable = plan.memory.usable_bytes;
+  CHECK(d.eval_peak(e->micro_batch) <= usable);
+  CHECK(d.eval_peak(e->micro_batch + 1) > usable);
+  CHECK(e->micro_batch > 4 * m);  // eval keeps no graph: several times the training microbatch
+  CHECK(e->confirmed);
+  CHECK(e->predicted_peak_bytes == d.eval_peak(e->micro_batch));
+  CHECK(e->weights_bytes == d.weights);
+  CHECK(e->optimizer_state_bytes == d.state);
+  REQUIRE(e->trials.size() == 2);
+  CHECK(e->trials[0].kind == "eval");
+  CHECK(e->trials[1].fit);
+}
+
+TEST_CASE("Search: a runner that does not evaluate gives no eval batch and runs no window", "[search][eval]") {
+  FakeDevice d;
+  d.budget = 64 * kMiB;
+  d.evaluates = false;
+  std::vector<Trial> trials;
+  const Plan plan = planned(d, trials);
+  const size_t windows = d.windows.size();
+  Search search(d, settings_for(d, true, 1024), trials);
+  CHECK_FALSE(search.plan_eval(plan).has_value());
+  CHECK(d.windows.size() == windows);
+}
+
+TEST_CASE("Search: a confirming eval window that fails leaves the largest measured size that fit", "[search][eval]") {
+  FakeDevice d;
+  d.budget = 64 * kMiB;
+  std::vector<Trial> trials;
+  const Plan plan = planned(d, trials);
+  const int64_t m = plan.micro_batch;
+  // The eval activations turn out larger past 2m than the first window's line says.
+  struct Steeper final : WindowRunner {
+    FakeDevice& d;
+    int64_t m;
+    Steeper(FakeDevice& device, int64_t micro) : d(device), m(micro) {}
+    WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t t, WindowBudget b) override {
+      return d.run_window(sizes, t, b);
+    }
+    std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t t,
+                                                   WindowBudget b) override {
+      if (sizes.size() == 1 && sizes[0] > 2 * m) {
+        EvalMeasurement oom;
+        oom.oom = true;
+        return oom;
+      }
+      return d.run_eval_window(sizes, t, b);
+    }
+  } steeper(d, m);
+  Search search(steeper, settings_for(d, true, 1024), trials);
+  const std::optional<EvalPlan> e = search.plan_eval(plan);
+  REQUIRE(e);
+  CHECK(e->micro_batch == 2 * m);
+  CHECK(e->confirmed);
+  REQUIRE(e->trials.size() == 2);
+  CHECK_FALSE(e->trials[1].fit);
 }

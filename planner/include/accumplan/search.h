@@ -48,6 +48,30 @@ struct WindowMeasurement {
   double seconds = 0;                    // the whole window (its cost as a Trial)
 };
 
+// One evaluation window (issue 39): microbatches of these sizes through the forward under no_grad
+// in eval mode, the loss summed, with what stays resident in a mid-training evaluation (weights and
+// optimizer state; gradients freed as zero_grad(set_to_none=True) leaves them).
+struct EvalMeasurement {
+  std::vector<int64_t> sizes;
+  bool oom = false;                     // an allocation failed
+  bool fit = false;                     // finished, every peak within the budget (the search sets it)
+  std::vector<int64_t> peak_bytes;      // each microbatch's peak, the training state included, the data not (empty after an OOM)
+  double seconds = 0;
+};
+
+// The evaluation batch the search plans beside the training plan: the largest eval microbatch whose
+// predicted peak fits the training plan's usable bytes, with the training state resident.
+struct EvalPlan {
+  int64_t micro_batch = 0;
+  int64_t predicted_peak_bytes = 0;     // at micro_batch, by the eval line refitted with every eval point
+  double intercept_bytes = 0;           // the eval line: peak(b) = intercept + slope·b
+  double slope_bytes_per_sample = 0;
+  int64_t weights_bytes = 0;            // resident: the profile's persistent weights
+  int64_t optimizer_state_bytes = 0;    // and optimizer state (no gradients)
+  bool confirmed = false;               // an eval window at micro_batch ran within the budget
+  std::vector<Trial> trials;            // the eval windows, kind "eval"
+};
+
 // The window each runner measures persistent memory with before the search starts (gradients:
 // the delta across its backward; optimizer state: across its step): one microbatch of two
 // samples. Not one: BatchNorm in training mode refuses a batch of one ("Expected more than 1
@@ -69,6 +93,12 @@ class WindowRunner {
   // One window of these microbatch sizes and its optimizer step. seq_len > 0: every sample a
   // sequence of exactly seq_len tokens (variable-length data); 0: fixed shapes.
   virtual WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget) = 0;
+  // One evaluation window (EvalMeasurement); an OOM is reported, not thrown. nullopt: this runner
+  // does not evaluate, and the plan gets no evaluation batch.
+  virtual std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& /*sizes*/, int64_t /*seq_len*/,
+                                                         WindowBudget /*budget*/) {
+    return std::nullopt;
+  }
 };
 
 struct SearchSettings {
@@ -97,6 +127,13 @@ class Search {
   // Plans from `profile` and confirms by real windows; appends them to profile.trials and points.
   // Throws InfeasibleError when not even microbatch 1 runs.
   Plan plan_and_confirm(Profile& profile, PlanRequest request);
+  // The evaluation batch beside `plan` (issue 39), in at most two eval windows: microbatches of the
+  // plan's m and 2m (past a simulated budget) give the eval line; one window at the largest size
+  // the line fits under plan.memory.usable_bytes confirms it, and the line is refitted with its
+  // point. A confirmation that fails leaves the largest measured size that fit (unconfirmed sizes
+  // are never planned). Packed plans evaluate sequences of max_seq_len. nullopt when the runner
+  // does not evaluate; micro_batch 0 when not even m fits.
+  std::optional<EvalPlan> plan_eval(const Plan& plan);
   // Runs and judges one window, recording nothing; `micro_batch` labels it.
   WindowMeasurement run(const std::vector<int64_t>& sizes, int64_t micro_batch, int64_t seq_len, WindowBudget budget);
 
@@ -110,6 +147,8 @@ class Search {
   void profile_tokens(Profile& p);
   Plan plan_and_confirm_tokens(Profile& profile, PlanRequest request);
   void say(const std::string& line) const;
+  std::optional<EvalMeasurement> run_eval(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget,
+                                          EvalPlan& e);
 
   WindowRunner& runner_;
   SearchSettings settings_;
