@@ -1,0 +1,131 @@
+"""accumplan.checkpointing — which blocks of a model activation checkpointing can wrap, and the wrap.
+
+What it is (issue 38, its Python groundwork): ``checkpoint_candidates(model, names=None)``, the
+blocks a plan may checkpoint: the longest run of consecutive same-class children of an
+``nn.ModuleList`` or ``nn.Sequential`` anywhere in the model (transformer layers, ResNet stages),
+or the module names given; and ``apply_checkpointing(model, names)``, which makes each named
+module recompute its forward during backward instead of keeping its activations
+(``torch.utils.checkpoint``, non-reentrant, the RNG state preserved so dropout draws the same
+numbers and the update is the same), returning a handle whose ``remove()`` puts every forward back.
+What it is not: the choice of which blocks to checkpoint for a microbatch (the C++ planner's, from
+measured costs), nor a measurement; and not for TorchScript modules, whose structure is fixed.
+"""
+import difflib
+import functools
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as torch_checkpoint
+
+from ._args import shown_value
+
+
+def _refuse_scripted(model, name="model"):
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError("%s is a TorchScript module: activation checkpointing wraps a Python nn.Module's blocks; "
+                        "pass the module before torch.jit.script/trace" % name)
+    if not isinstance(model, nn.Module):
+        raise TypeError("%s must be a torch.nn.Module, not %s (%s)" % (name, type(model).__name__, shown_value(model)))
+
+
+def _longest_run(children):
+    """(start, length) of the longest run of consecutive children of one class (the first of equals)."""
+    best, start = (0, 0), 0
+    for i in range(1, len(children) + 1):
+        if i == len(children) or type(children[i]) is not type(children[start]):
+            if i - start > best[1]:
+                best = (start, i - start)
+            start = i
+    return best
+
+
+def checkpoint_candidates(model, names=None):
+    """The qualified names of the blocks a plan may checkpoint, in forward order. ``names``: the
+    user's list (each must name a submodule, not the model itself, once); None: the longest run of
+    at least two consecutive same-class children of an ``nn.ModuleList`` or ``nn.Sequential``
+    (the outermost of equally long runs). ValueError when there is none, naming the fix."""
+    _refuse_scripted(model)
+    modules = dict(model.named_modules())
+    if names is not None:
+        if isinstance(names, str) or not isinstance(names, (list, tuple)):
+            raise TypeError("checkpoint_candidates must be a list of module names, not %s" % shown_value(names))
+        seen = set()
+        for i, n in enumerate(names):
+            if not isinstance(n, str) or n == "" or n not in modules:
+                near = difflib.get_close_matches(n, [m for m in modules if m], n=3) if isinstance(n, str) else []
+                raise ValueError("checkpoint_candidates[%d] is %s, not a submodule of the model%s" % (
+                    i, shown_value(n), "; did you mean %s?" % ", ".join(near) if near else
+                    " (model.named_modules() lists them)"))
+            if n in seen:
+                raise ValueError("checkpoint_candidates[%d] names %r twice" % (i, n))
+            seen.add(n)
+        return list(names)
+    best_name, best = None, (0, 0)
+    for prefix, m in model.named_modules():
+        if isinstance(m, (nn.ModuleList, nn.Sequential)):
+            start, length = _longest_run(list(m.children()))
+            if length >= 2 and length > best[1]:
+                best_name, best = prefix, (start, length)
+    if best_name is None:
+        raise ValueError("%s has no repeated blocks to checkpoint (a run of two or more same-class children of an "
+                         "nn.ModuleList or nn.Sequential); name them with checkpoint_candidates=[...]"
+                         % type(model).__name__)
+    keys = [k for k, _ in modules[best_name].named_children()]
+    return ["%s.%s" % (best_name, k) if best_name else k for k in keys[best[0]:best[0] + best[1]]]
+
+
+class Checkpointed:
+    """The handle ``apply_checkpointing`` returns: ``names``, and ``remove()`` (also on leaving a
+    ``with`` block), which puts every wrapped forward back."""
+
+    def __init__(self, wrapped):
+        self._wrapped = wrapped  # [(module, the instance forward it had or None)]
+        self.names = []
+
+    def remove(self):
+        while self._wrapped:
+            module, had = self._wrapped.pop()
+            if had is None:
+                del module.forward
+            else:
+                module.forward = had
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+def _recomputing(forward):
+    @functools.wraps(forward)
+    def call(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)  # nothing to save for a backward: no need to recompute
+        return torch_checkpoint.checkpoint(functools.partial(forward, **kwargs), *args, use_reentrant=False,
+                                           preserve_rng_state=True)
+    return call
+
+
+def apply_checkpointing(model, names):
+    """Wraps each module in ``names`` (``checkpoint_candidates``'s) so its forward is recomputed in
+    backward: non-reentrant ``torch.utils.checkpoint`` with the RNG state preserved, so a window
+    trained with it gives the same update as without. Returns a ``Checkpointed`` handle; its
+    ``remove()`` restores the forwards. Under ``torch.no_grad`` the wrapped modules run as before."""
+    names = checkpoint_candidates(model, names)
+    modules = dict(model.named_modules())
+    handle = Checkpointed([])
+    try:
+        for n in names:
+            module = modules[n]
+            had = module.__dict__.get("forward")
+            module.forward = _recomputing(module.forward)
+            handle._wrapped.append((module, had))
+            handle.names.append(n)
+    except BaseException:
+        handle.remove()
+        raise
+    return handle
+
+
+__all__ = ["checkpoint_candidates", "apply_checkpointing", "Checkpointed"]

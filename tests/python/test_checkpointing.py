@@ -1,0 +1,111 @@
+"""accumplan.checkpointing (issue 38's Python groundwork): candidate discovery and the wrap.
+
+What it checks: the longest run of same-class blocks is found in an nn.ModuleList (a transformer)
+and in a root nn.Sequential (a ResNet-like stack); explicit names are checked and kept; a model
+with no repeated blocks and a TorchScript module are refused with the fix; a checkpointed block
+really recomputes its forward in backward, gives the same gradients as without it with dropout on
+(1e-6), runs once under no_grad, and remove() puts every forward back.
+What it is not: the planner's choice of which blocks to checkpoint (not built yet)."""
+import unittest
+
+import torch
+import torch.nn as nn
+
+from accumplan.checkpointing import apply_checkpointing, checkpoint_candidates
+
+
+class Block(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.fc, self.drop, self.norm = nn.Linear(d, d), nn.Dropout(0.3), nn.LayerNorm(d)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.norm(x + self.drop(torch.tanh(self.fc(x))))
+
+
+class Transformerish(nn.Module):
+    def __init__(self, layers=4):
+        super().__init__()
+        self.emb = nn.Linear(8, 16)
+        self.layers = nn.ModuleList([Block() for _ in range(layers)])
+        self.head = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
+
+    def forward(self, x):
+        h = self.emb(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+def resnetish():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), Block(), Block(), Block(), nn.Linear(16, 2))
+
+
+class Candidates(unittest.TestCase):
+    def test_a_module_list_of_blocks_is_found(self):
+        self.assertEqual(checkpoint_candidates(Transformerish()), ["layers.0", "layers.1", "layers.2", "layers.3"])
+
+    def test_the_root_sequential_run_is_found_and_named_from_the_root(self):
+        self.assertEqual(checkpoint_candidates(resnetish()), ["2", "3", "4"])
+
+    def test_explicit_names_are_kept_and_checked(self):
+        m = Transformerish()
+        self.assertEqual(checkpoint_candidates(m, ["layers.1", "head"]), ["layers.1", "head"])
+        with self.assertRaisesRegex(ValueError, r"^checkpoint_candidates\[0\] is 'layer.1', not a submodule of the "
+                                                r"model; did you mean layers\.1"):
+            checkpoint_candidates(m, ["layer.1"])
+        with self.assertRaisesRegex(ValueError, r"names 'head' twice"):
+            checkpoint_candidates(m, ["head", "head"])
+        with self.assertRaisesRegex(TypeError, "must be a list of module names"):
+            checkpoint_candidates(m, "head")
+
+    def test_a_model_without_repeated_blocks_is_refused_with_the_fix(self):
+        with self.assertRaisesRegex(ValueError, r"^Sequential has no repeated blocks to checkpoint .*"
+                                                r"checkpoint_candidates=\[\.\.\.\]$"):
+            checkpoint_candidates(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)))
+
+    def test_a_torchscript_module_is_refused(self):
+        with self.assertRaisesRegex(TypeError, "TorchScript module: activation checkpointing wraps a Python"):
+            checkpoint_candidates(torch.jit.script(resnetish()))
+
+
+class Wrap(unittest.TestCase):
+    def grads(self, model, x, checkpointed):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(5)
+        if checkpointed:
+            with apply_checkpointing(model, checkpoint_candidates(model)):
+                model(x).pow(2).sum().backward()
+        else:
+            model(x).pow(2).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    def test_the_gradients_equal_those_without_it_with_dropout_on(self):
+        torch.manual_seed(0)
+        model, x = Transformerish().train(), torch.randn(6, 8)
+        plain = self.grads(model, x, False)
+        calls = [layer.calls for layer in model.layers]
+        checked = self.grads(model, x, True)
+        # Each block ran its forward twice: once forward, once recomputed in backward.
+        self.assertEqual([layer.calls - c for layer, c in zip(model.layers, calls)], [2] * 4)
+        for a, b in zip(plain, checked):
+            self.assertLess(float((a - b).abs().max()), 1e-6)
+
+    def test_remove_puts_every_forward_back_and_no_grad_runs_once(self):
+        model = Transformerish()
+        bound = [layer.forward for layer in model.layers]
+        handle = apply_checkpointing(model, ["layers.0", "layers.2"])
+        self.assertEqual(handle.names, ["layers.0", "layers.2"])
+        with torch.no_grad():
+            before = model.layers[0].calls
+            model(torch.randn(2, 8))
+            self.assertEqual(model.layers[0].calls - before, 1)
+        handle.remove()
+        self.assertNotIn("forward", model.layers[0].__dict__)
+        self.assertEqual([layer.forward for layer in model.layers], bound)
+
+
+if __name__ == "__main__":
+    unittest.main()
