@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 
 from . import _core
-from ._args import (INT32_MAX, INT32_MIN, callable_arg, choice_arg, flag_arg, int_arg, lengths_arg,
-                    module_arg, optimizer_arg, real_arg)
-from .batches import (as_inputs, check_lengths, count_samples, input_tensors, pad_sequences, padding_mask,
+from ._args import (INT32_MAX, INT32_MIN, callable_arg, choice_arg, flag_arg, int_arg, module_arg, optimizer_arg,
+                    real_arg)
+from .batches import (as_inputs, check_lengths, count_samples, pad_sequences, padding_mask,
                       ragged_data, slice_samples, target_arg, valid_token_counts)
 from .distributed import (all_reduce_gradients, all_reduce_ints, collective_device, group_world_size, is_ddp,
                           raise_if_a_rank_failed)

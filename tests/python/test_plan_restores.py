@@ -62,6 +62,32 @@ def state_of(model, opt, extra):
     }
 
 
+class RaggedRestless(Restless):
+    """The same, on token sequences [B, T]: an embedding, the mean over T, then Restless."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 6)
+
+    def forward(self, tokens):
+        return super().forward(self.emb(tokens).mean(1))
+
+
+def ragged_setup():
+    """setup() for variable-length data: the state, and a list of sequences of 3 to 24 tokens."""
+    torch.manual_seed(0)
+    model = RaggedRestless()
+    extra = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.Adam([{"params": model.parameters()}, {"params": [extra], "lr": 0.5}], lr=0.01)
+    seqs = [torch.randint(0, 20, (n,)) for n in [24] + list(range(3, 18))]
+    model(torch.stack([s[:3] for s in seqs])).sum().backward()
+    extra.grad = torch.full((4,), 3.0)
+    opt.step()
+    opt.state[extra]["wide"] = torch.ones(2, dtype=torch.float64)
+    model.l2.weight.grad = torch.full_like(model.l2.weight, 2.0)
+    return model, opt, extra, seqs, torch.randint(0, 3, (len(seqs),))
+
+
 def plan(model, opt, x, y, **kw):
     return accumplan.plan(model, (x,), y, target_batch=32, optimizer=opt, memory_budget="64MiB", **kw)
 
@@ -122,6 +148,22 @@ class LeavesNothingBehind(unittest.TestCase):
             plan(model, opt, x, y, progress=interrupt)
         self.assertSameState(before, state_of(model, opt, extra))
         plan(model, opt, x, y, progress=False)  # the counting allocator is gone: a second plan() works
+
+    def test_variable_length_data_is_planned_and_everything_comes_back_also_when_interrupted(self):
+        model, opt, extra, seqs, y = ragged_setup()
+        before = state_of(model, opt, extra)
+        lines = []
+
+        def interrupt(line):
+            lines.append(line)
+            if len(lines) == 4:  # inside the (b, T) grid: windows have trained the model
+                raise KeyboardInterrupt
+        with self.assertRaises(KeyboardInterrupt):
+            accumplan.plan(model, seqs, y, target_batch=16, optimizer=opt, memory_budget="64MiB", progress=interrupt)
+        self.assertSameState(before, state_of(model, opt, extra))
+        p = accumplan.plan(model, seqs, y, target_batch=16, optimizer=opt, memory_budget="64MiB", progress=False)
+        self.assertIsNotNone(p.tokens)
+        self.assertSameState(before, state_of(model, opt, extra))
 
     def test_an_interrupt_while_putting_back_is_held_until_everything_is_back(self):
         model, opt, extra, x, y = setup()
