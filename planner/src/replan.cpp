@@ -14,6 +14,29 @@
 
 namespace accumplan {
 
+std::vector<int64_t> eval_split(int64_t samples, int64_t micro_batch) {
+  if (samples < 0 || micro_batch < 1) {
+    throw InputError("an evaluation splits 0 or more samples into microbatches of at least 1; got " +
+                     std::to_string(samples) + " samples by " + std::to_string(micro_batch));
+  }
+  std::vector<int64_t> sizes;
+  for (int64_t done = 0; done < samples; done += micro_batch) sizes.push_back(std::min(micro_batch, samples - done));
+  return sizes;
+}
+
+std::vector<int64_t> eval_sizes(const Plan& plan, int64_t samples) {
+  const int64_t m = plan.eval && plan.eval->micro_batch > 0 ? plan.eval->micro_batch : std::max<int64_t>(1, plan.micro_batch);
+  return eval_split(samples, m);
+}
+
+int64_t eval_size_after_oom(int64_t failing_size) {
+  if (failing_size <= 1) {
+    throw InfeasibleError("evaluation ran out of memory at one sample: nothing smaller exists; free device memory "
+                          "(the training state) or evaluate on a larger device");
+  }
+  return failing_size / 2;
+}
+
 std::vector<int64_t> window_sizes(const Plan& plan, int64_t samples) {
   if (samples == plan.per_rank_batch) return plan.microbatch_sizes;
   if (samples < 1 || samples > plan.per_rank_batch) {

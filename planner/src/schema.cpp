@@ -470,6 +470,39 @@ Profile profile_from_json(const json& doc) {
   return profile_body_from(root);
 }
 
+// 1.7: the evaluation batch. micro_batch null: not even the training microbatch fits beside the
+// training state (micro_batch counts samples, from 1, wherever it sits).
+ojson eval_json(const EvalPlan& e) {
+  ojson j;
+  j["micro_batch"] = e.micro_batch > 0 ? ojson(e.micro_batch) : ojson(nullptr);
+  j["predicted_peak_bytes"] = e.predicted_peak_bytes;
+  j["intercept_bytes"] = e.intercept_bytes;
+  j["slope_bytes_per_sample"] = e.slope_bytes_per_sample;
+  j["keep_outputs"] = e.keep_outputs;
+  j["resident"] = ojson{{"weights_bytes", e.weights_bytes}, {"optimizer_state_bytes", e.optimizer_state_bytes}};
+  j["confirmed"] = e.confirmed;
+  j["trials"] = trials_json(e.trials);
+  return j;
+}
+
+EvalPlan eval_from(const JsonField& f) {
+  EvalPlan e;
+  e.micro_batch = f.opt_i64("micro_batch").value_or(0);
+  e.predicted_peak_bytes = f.i64("predicted_peak_bytes");
+  e.intercept_bytes = f.f64("intercept_bytes");
+  e.slope_bytes_per_sample = f.f64("slope_bytes_per_sample");
+  e.keep_outputs = f.boolean("keep_outputs");
+  const JsonField r = f.at("resident");
+  e.weights_bytes = r.i64("weights_bytes");
+  e.optimizer_state_bytes = r.i64("optimizer_state_bytes");
+  e.confirmed = f.boolean("confirmed");
+  e.trials = trials_from(f.at("trials"));
+  if (e.confirmed && e.micro_batch == 0) {
+    throw SchemaError("$.eval: confirmed is true but micro_batch is null; a confirmed eval batch has a size");
+  }
+  return e;
+}
+
 ojson to_json(const Plan& p) {
   ojson j;
   j["schema"] = kPlanSchema;
@@ -536,6 +569,7 @@ ojson to_json(const Plan& p) {
   j["setup"] = setup_json(p.setup);
   j["libtorch_version"] = p.libtorch_version;
   j["profile"] = profile_body_json(p.profile);
+  if (p.eval) j["eval"] = eval_json(*p.eval);  // 1.7, only when planned
   return j;
 }
 
@@ -700,6 +734,7 @@ Plan plan_from_json(const json& doc) {
   p.setup = setup_from(root.at("setup"));
   p.libtorch_version = root.str("libtorch_version");
   p.profile = plan_profile_from(root, p);
+  if (root.has("eval")) p.eval = eval_from(root.at("eval"));  // 1.7
   check_plan_window(p);
   return p;
 }
@@ -781,6 +816,30 @@ RunWindowRecord window_record_from(const JsonField& f) {
   return r;
 }
 
+ojson eval_record_json(const RunEvalRecord& e) {
+  return ojson{{"after_window", e.after_window},
+               {"samples", e.samples},
+               {"units", e.units},
+               {"loss", opt(e.loss)},
+               {"microbatch_sizes", e.microbatch_sizes},
+               {"oom_recoveries", e.oom_recoveries},
+               {"peak_bytes", opt(e.peak_bytes)},
+               {"seconds", e.seconds}};
+}
+
+RunEvalRecord eval_record_from(const JsonField& f) {
+  RunEvalRecord e;
+  e.after_window = f.i64("after_window", kCount);
+  e.samples = f.i64("samples", kCount);
+  e.units = f.i64("units", kCount);
+  e.loss = f.opt_f64("loss");
+  e.microbatch_sizes = sizes_from(f.at("microbatch_sizes"));
+  e.oom_recoveries = f.i64("oom_recoveries", kCount);
+  e.peak_bytes = f.opt_i64("peak_bytes", kBytes);
+  e.seconds = f.f64("seconds", kSeconds);
+  return e;
+}
+
 // $.time_model (1.5): errors are relative, finite and not negative.
 RunTimeModel time_model_from(const JsonField& f) {
   static constexpr RealRange kError{0.0, 1e12};
@@ -858,6 +917,11 @@ ojson to_json(const RunRecord& r) {
   ojson series = ojson::array();
   for (const auto& w : r.window_series) series.push_back(window_record_json(w));
   j["window_series"] = std::move(series);
+  if (!r.evaluations.empty()) {  // 1.7, --eval-data
+    ojson evals = ojson::array();
+    for (const auto& e : r.evaluations) evals.push_back(eval_record_json(e));
+    j["evaluations"] = std::move(evals);
+  }
   return j;
 }
 
@@ -920,6 +984,9 @@ RunRecord run_record_from_json(const json& doc) {
       throw SchemaError("$.window_series: " + std::to_string(r.window_series.size()) + " records for the " +
                         std::to_string(r.windows) + " windows the run says it ran ($.windows)");
     }
+  }
+  if (root.has("evaluations")) {  // 1.7
+    for (const JsonField& f : root.at("evaluations").items()) r.evaluations.push_back(eval_record_from(f));
   }
   return r;
 }

@@ -396,7 +396,7 @@ int64_t eval_largest(const std::pair<double, double>& line, int64_t usable, int6
 
 std::optional<EvalMeasurement> Search::run_eval(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget,
                                                 EvalPlan& e) {
-  std::optional<EvalMeasurement> m = runner_.run_eval_window(sizes, seq_len, budget);
+  std::optional<EvalMeasurement> m = runner_.run_eval_window(sizes, seq_len, budget, e.keep_outputs);
   if (!m) return std::nullopt;
   m->sizes = sizes;
   if (m->oom || m->peak_bytes.size() != sizes.size()) {
@@ -417,18 +417,26 @@ std::optional<EvalMeasurement> Search::run_eval(const std::vector<int64_t>& size
   return m;
 }
 
-std::optional<EvalPlan> Search::plan_eval(const Plan& plan) {
+std::optional<EvalPlan> Search::plan_eval(const Plan& plan, bool keep_outputs) {
   const int64_t m = std::max<int64_t>(1, plan.micro_batch);
   const int64_t seq_len = plan.tokens ? plan.tokens->max_seq_len : 0;
   const int64_t usable = plan.memory.usable_bytes;
   EvalPlan e;
+  e.keep_outputs = keep_outputs;
   e.weights_bytes = plan.profile.persistent.weights_bytes;
   e.optimizer_state_bytes = plan.profile.persistent.optimizer_state_bytes;
+  // Kept outputs: each size twice in a row, the second (the first's outputs held) is the point.
+  const size_t each = keep_outputs ? 2 : 1;
+  auto window_of = [each](std::vector<int64_t> sizes) {
+    std::vector<int64_t> w;
+    for (int64_t b : sizes) w.insert(w.end(), each, b);
+    return w;
+  };
   std::vector<std::pair<int64_t, int64_t>> points;  // (eval microbatch, its peak)
   auto keep = [&](const EvalMeasurement& s) {
-    for (size_t i = 0; i < s.peak_bytes.size(); ++i) points.push_back({s.sizes[i], s.peak_bytes[i]});
+    for (size_t i = each - 1; i < s.peak_bytes.size(); i += each) points.push_back({s.sizes[i], s.peak_bytes[i]});
   };
-  const std::optional<EvalMeasurement> first = run_eval({m, 2 * m}, seq_len, past_the_budget(), e);
+  const std::optional<EvalMeasurement> first = run_eval(window_of({m, 2 * m}), seq_len, past_the_budget(), e);
   if (!first) return std::nullopt;
   keep(*first);
   std::optional<std::pair<double, double>> line = eval_line(points);
@@ -436,7 +444,7 @@ std::optional<EvalPlan> Search::plan_eval(const Plan& plan) {
   // or, when the first window ran out of memory, the training microbatch itself.
   const int64_t b = first->oom ? m : (line ? eval_largest(*line, usable, kMaxEvalMultiple * m) : 0);
   if (b > 0 && (first->oom || (b != m && b != 2 * m))) {
-    const std::optional<EvalMeasurement> confirm = run_eval({b}, seq_len, WindowBudget::Enforced, e);
+    const std::optional<EvalMeasurement> confirm = run_eval(window_of({b}), seq_len, WindowBudget::Enforced, e);
     if (confirm) keep(*confirm);
   }
   // The plan: the largest eval size a real microbatch ran at within the usable bytes.

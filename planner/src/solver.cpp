@@ -873,6 +873,21 @@ int64_t whole_batch_candidate(const Profile& profile, const PlanRequest& request
   return one + mm.bytes_at(T, false) <= plan.memory.budget_bytes ? T : 0;
 }
 
+// The summary's eval line (1.7).
+std::string describe_eval(const EvalPlan& e, int64_t train_micro_batch) {
+  if (e.micro_batch == 0) {
+    return "  eval microbatch      none fits: not even the training microbatch evaluates beside the weights and "
+           "optimizer state\n";
+  }
+  char line[256];
+  std::snprintf(line, sizeof line, "  eval microbatch      %lld (%.1fx the training %lld), predicted peak %s%s%s\n",
+                static_cast<long long>(e.micro_batch),
+                static_cast<double>(e.micro_batch) / static_cast<double>(std::max<int64_t>(1, train_micro_batch)),
+                static_cast<long long>(train_micro_batch), format_bytes(e.predicted_peak_bytes).c_str(),
+                e.keep_outputs ? ", outputs kept" : "", e.confirmed ? "; confirmed by a real eval window" : "");
+  return line;
+}
+
 std::string describe_plan(const Plan& p) {
   const MemoryBreakdown& m = p.memory;
   const int64_t persistent = m.weights_bytes + m.gradients_bytes + m.optimizer_state_bytes;
@@ -924,6 +939,7 @@ std::string describe_plan(const Plan& p) {
   } else {
     s << "  confirmed            no (no real window covering the plan's was run)\n";
   }
+  if (p.eval) s << describe_eval(*p.eval, p.micro_batch);
   if (!p.model.batch_dependent_layers.empty()) {
     s << "  warning: " << p.model.batch_dependent_layers.size()
       << " batch-dependent layer(s) (e.g. " << p.model.batch_dependent_layers.front()

@@ -21,11 +21,27 @@ using nlohmann::json;
 
 namespace {
 
+constexpr int64_t kGoldenMiB = int64_t{1} << 20;
+
 Plan golden_plan() {
   const Profile profile = read_profile_file(source_path("tests/golden/profile.json"));
   PlanRequest r;
   r.target_batch = 256;  // budget: the profiled device's 1 GiB, default margin (auto)
-  return make_plan(profile, r);
+  Plan plan = make_plan(profile, r);
+  // 1.7: the eval batch, as Search::plan_eval states it (two eval windows: m and 2m, then the
+  // largest size the line fits).
+  EvalPlan e;
+  e.micro_batch = 160;
+  e.predicted_peak_bytes = 700 * kGoldenMiB;
+  e.intercept_bytes = 60.0 * kGoldenMiB;
+  e.slope_bytes_per_sample = 4.0 * kGoldenMiB;
+  e.weights_bytes = plan.profile.persistent.weights_bytes;
+  e.optimizer_state_bytes = plan.profile.persistent.optimizer_state_bytes;
+  e.confirmed = true;
+  e.trials = {Trial{"eval", 64, true, 316 * kGoldenMiB, 0.25, {32, 64}, std::nullopt},
+              Trial{"eval", 160, true, 700 * kGoldenMiB, 0.5, {160}, std::nullopt}};
+  plan.eval = e;
+  return plan;
 }
 
 // The golden plan measured with a two-group optimizer (1.6): momentum SGD with nesterov, lr 0.01
@@ -96,6 +112,9 @@ RunRecord golden_run() {
   w1.seconds = 0.25;
   w1.predicted_seconds.reset();  // no model with seconds yet: written as null
   r.window_series = {w0, w1};
+  // 1.7: an evaluation after the last window, re-split once after an out-of-memory.
+  r.evaluations = {RunEvalRecord{1, 1000, 1000, 2.25, {160, 80, 80, 80, 80, 80, 80, 80, 80, 80, 80, 40}, 1, 700000000,
+                                 1.5}};
   return r;
 }
 
@@ -129,10 +148,36 @@ TEST_CASE("Schema: plan round-trips and matches its golden file", "[schema][gold
   const Plan plan = golden_plan();
   const auto once = to_json(plan);
   CHECK(once["schema"] == "accumplan.plan");
-  CHECK(once["schema_version"] == "1.6");
+  CHECK(once["schema_version"] == "1.7");
   const auto twice = to_json(plan_from_json(json::parse(once.dump())));
   CHECK(once == twice);
   check_golden("tests/golden/plan.json", once.dump(2) + "\n");
+}
+
+TEST_CASE("Schema: the eval batch round-trips; a plan without one reads and writes none (1.7)", "[schema][eval]") {
+  const Plan plan = golden_plan();
+  const Plan back = plan_from_json(json::parse(to_json(plan).dump()));
+  REQUIRE(back.eval);
+  CHECK(back.eval->micro_batch == 160);
+  CHECK(back.eval->trials.size() == 2);
+  CHECK(back.eval->trials[0].kind == "eval");
+  CHECK(back.eval->trials[0].window == std::vector<int64_t>{32, 64});
+  CHECK(back.eval->weights_bytes == plan.profile.persistent.weights_bytes);
+  Plan none = plan;
+  none.eval.reset();
+  const json written = json::parse(to_json(none).dump());
+  CHECK_FALSE(written.contains("eval"));
+  CHECK_FALSE(plan_from_json(written).eval.has_value());
+  // Not even the training microbatch fits: micro_batch null, never 0 (a count of samples).
+  Plan unfit = plan;
+  unfit.eval->micro_batch = 0;
+  unfit.eval->confirmed = false;
+  const json j = json::parse(to_json(unfit).dump());
+  CHECK(j["eval"]["micro_batch"].is_null());
+  CHECK(plan_from_json(j).eval->micro_batch == 0);
+  json lying = j;
+  lying["eval"]["confirmed"] = true;
+  CHECK_THROWS_WITH(plan_from_json(lying), Catch::Contains("$.eval: confirmed is true"));
 }
 
 TEST_CASE("Schema: run stats round-trip and match their golden file", "[schema][golden][run-stats]") {
@@ -345,9 +390,9 @@ TEST_CASE("Schema: a 1.0 plan still reads, its flattened profile nested as 1.1 w
   CHECK(old_plan.memory.margin.fixed_bytes == old_plan.memory.budget_bytes - old_plan.memory.usable_bytes);
   r.headroom = headroom_of(old_plan.memory.margin);
   CHECK(make_plan(old_plan.profile, r).microbatch_sizes == old_plan.microbatch_sizes);
-  // Written again, it is a 1.6 plan with the profile nested.
+  // Written again, it is a 1.7 plan with the profile nested.
   const json again = json::parse(to_json(old_plan).dump());
-  CHECK(again["schema_version"] == "1.6");
+  CHECK(again["schema_version"] == "1.7");
   CHECK(again.contains("profile"));
   CHECK_FALSE(again.contains("profile_points"));
 }

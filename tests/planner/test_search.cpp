@@ -65,8 +65,11 @@ struct FakeDevice final : WindowRunner {
   std::vector<std::vector<int64_t>> eval_windows;
   int64_t eval_peak(int64_t b) const { return weights + state + eval_fixed + eval_per_sample * b; }
 
-  std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t,
-                                                 WindowBudget limit) override {
+  // Kept outputs: a microbatch's peak also holds the previous microbatch's outputs.
+  int64_t out_per_sample = 4 * 1024;
+
+  std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t, WindowBudget limit,
+                                                 bool keep_outputs) override {
     if (!evaluates) return std::nullopt;
     eval_windows.push_back(sizes);
     limits.push_back(limit);
@@ -74,13 +77,14 @@ struct FakeDevice final : WindowRunner {
     std::optional<int64_t> cap = budget;
     if (limit == WindowBudget::Doubled && cap) cap = 2 * *cap;
     if (limit == WindowBudget::Lifted) cap.reset();
-    for (int64_t b : sizes) {
-      if (cap && eval_peak(b) > *cap) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const int64_t held = keep_outputs && i > 0 ? out_per_sample * sizes[i - 1] : 0;
+      if (cap && eval_peak(sizes[i]) + held > *cap) {
         m.oom = true;
         m.peak_bytes.clear();
         break;
       }
-      m.peak_bytes.push_back(eval_peak(b));
+      m.peak_bytes.push_back(eval_peak(sizes[i]) + held);
     }
     return m;
   }
@@ -332,6 +336,33 @@ TEST_CASE("Search: the eval batch is the largest eval microbatch the budget hold
   CHECK(e->trials[1].fit);
 }
 
+TEST_CASE("Search: kept outputs run each eval size twice and plan with the previous outputs held", "[search][eval]") {
+  FakeDevice d;
+  d.budget = 64 * kMiB;
+  std::vector<Trial> trials;
+  const Plan plan = planned(d, trials);
+  Search search(d, settings_for(d, true, 1024), trials);
+  const std::optional<EvalPlan> e = search.plan_eval(plan, /*keep_outputs=*/true);
+  REQUIRE(e);
+  const int64_t m = plan.micro_batch;
+  REQUIRE(d.eval_windows.size() == 2);
+  CHECK(d.eval_windows[0] == std::vector<int64_t>{m, m, 2 * m, 2 * m});
+  const int64_t b = e->micro_batch;
+  CHECK(d.eval_windows[1] == std::vector<int64_t>{b, b});
+  auto kept_peak = [&](int64_t n) { return d.eval_peak(n) + d.out_per_sample * n; };
+  const int64_t usable = plan.memory.usable_bytes;
+  CHECK(kept_peak(b) <= usable);
+  CHECK(kept_peak(b + 1) > usable);
+  CHECK(e->keep_outputs);
+  CHECK(e->predicted_peak_bytes == kept_peak(b));
+  // Smaller than without kept outputs: they count.
+  FakeDevice d2;
+  d2.budget = d.budget;
+  std::vector<Trial> trials2;
+  const Plan plan2 = planned(d2, trials2);
+  CHECK(Search(d2, settings_for(d2, true, 1024), trials2).plan_eval(plan2)->micro_batch > b);
+}
+
 TEST_CASE("Search: a runner that does not evaluate gives no eval batch and runs no window", "[search][eval]") {
   FakeDevice d;
   d.budget = 64 * kMiB;
@@ -358,14 +389,14 @@ TEST_CASE("Search: a confirming eval window that fails leaves the largest measur
     WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t t, WindowBudget b) override {
       return d.run_window(sizes, t, b);
     }
-    std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t t,
-                                                   WindowBudget b) override {
+    std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t t, WindowBudget b,
+                                                   bool keep) override {
       if (sizes.size() == 1 && sizes[0] > 2 * m) {
         EvalMeasurement oom;
         oom.oom = true;
         return oom;
       }
-      return d.run_eval_window(sizes, t, b);
+      return d.run_eval_window(sizes, t, b, keep);
     }
   } steeper(d, m);
   Search search(steeper, settings_for(d, true, 1024), trials);

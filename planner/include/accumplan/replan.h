@@ -37,4 +37,15 @@ Plan repack_below(const Plan& plan, int64_t failing_tokens);
 // confirmed or survived training, so the short window never uses a size the full one did not).
 std::vector<int64_t> window_sizes(const Plan& plan, int64_t samples);
 
+// ---- The evaluation batch (plan.eval, schema 1.7) ----
+// Microbatches of `micro_batch` over `samples`, the last the remainder: 10 by 4 → 4, 4, 2.
+std::vector<int64_t> eval_split(int64_t samples, int64_t micro_batch);
+// An evaluation of `samples` under the plan: its eval microbatch, or the training microbatch when
+// the plan has none (a plan from before 1.7, --no-eval, or none fits: the training one fits with
+// gradients and the graph resident, which an eval step does not keep).
+std::vector<int64_t> eval_sizes(const Plan& plan, int64_t samples);
+// After an eval microbatch of `failing_size` samples ran out of memory: the size the samples from
+// it on run at (half of it). InfeasibleError at one sample: nothing smaller exists.
+int64_t eval_size_after_oom(int64_t failing_size);
+
 }  // namespace accumplan

@@ -45,8 +45,12 @@ inline constexpr int kSchemaMajor = 1;
 // foreach, ...) and, for an optimizer of more than one parameter group, `param_groups` (each
 // group's lr, hyperparameters, flags and parameter count; the first is lr/hyperparameters/flags).
 // Absent, a setup means what it did in 1.5: one group, every option at torch's default.
-inline constexpr int kSchemaMinor = 6;
-const std::string& schema_version_string();  // "1.6"
+// 1.7: a plan may carry `eval`, the evaluation microbatch planned beside the training one (the
+// largest that fits with the weights and optimizer state resident, confirmed by a real eval window),
+// with its line, what stays resident and its eval windows (trials of kind "eval"). Absent: no
+// evaluation batch was planned (--no-eval, or a plan written before 1.7).
+inline constexpr int kSchemaMinor = 7;
+const std::string& schema_version_string();  // "1.7"
 
 struct DeviceInfo {
   std::string type = "cpu";  // "cpu" or "cuda"
@@ -128,7 +132,7 @@ struct ProfilePoint {
 
 // Every real training step the profiler took, and what it cost.
 struct Trial {
-  std::string kind;          // "probe" | "confirm" | "climb"
+  std::string kind;          // "probe" | "confirm" | "climb" | "eval" (1.7, only in Plan::eval)
   int64_t micro_batch = 0;
   bool fit = false;          // ran without OOM and within the budget
   int64_t peak_bytes = 0;    // the window's highest peak; 0 when it ran out of memory
@@ -247,6 +251,23 @@ struct UniformSplit {
   int64_t accumulation_steps = 0;
 };
 
+// 1.7: the evaluation batch the search plans beside the training plan (Search::plan_eval): the
+// largest eval microbatch whose measured peak fits the training plan's usable bytes, with the
+// training state resident (weights and optimizer state; gradients freed as
+// zero_grad(set_to_none=True) leaves them). An eval step is the forward under no_grad in the
+// model's eval mode, the loss summed.
+struct EvalPlan {
+  int64_t micro_batch = 0;              // 0: not even the training microbatch fits beside the state
+  int64_t predicted_peak_bytes = 0;     // at micro_batch, by the eval line refitted with every eval point
+  double intercept_bytes = 0;           // the eval line: peak(b) = intercept + slope·b
+  double slope_bytes_per_sample = 0;
+  bool keep_outputs = false;            // a microbatch's outputs stay on the device through the next one's forward
+  int64_t weights_bytes = 0;            // resident: the profile's persistent weights
+  int64_t optimizer_state_bytes = 0;    // and optimizer state (no gradients)
+  bool confirmed = false;               // an eval window at micro_batch ran within the usable bytes
+  std::vector<Trial> trials;            // the eval windows, kind "eval"
+};
+
 struct Plan {
   int64_t target_batch = 0;
   int64_t world_size = 1;
@@ -271,6 +292,7 @@ struct Plan {
   Setup setup;
   std::string libtorch_version;
   Profile profile;                          // what the plan was solved from, confirmations included
+  std::optional<EvalPlan> eval;             // 1.7: the evaluation batch (absent: not planned)
 };
 
 // `accumplan run --stats` (planner/schemas/run_stats.schema.json): what a run did, one record per
@@ -326,6 +348,19 @@ struct RunCounts {
   int64_t oom_recoveries = 0;
 };
 
+// 1.7: one evaluation of `accumplan run --eval-data` (after every --eval-every windows, else after
+// the last): the eval set in the plan's eval microbatches, forward only.
+struct RunEvalRecord {
+  int64_t after_window = 0;                    // 0-based: it ran after this window
+  int64_t samples = 0;
+  int64_t units = 0;                           // samples, or valid tokens in tokens mode
+  std::optional<double> loss;                  // the mean over the units; null when not finite
+  std::vector<int64_t> microbatch_sizes;       // as run, a re-split after an OOM included
+  int64_t oom_recoveries = 0;
+  std::optional<int64_t> peak_bytes;           // with the training state resident, host data excluded
+  double seconds = 0;
+};
+
 struct RunRecord : RunCounts {
   std::vector<int64_t> microbatch_sizes;               // the plan the run ended on
   std::optional<int64_t> micro_batch;                  // the largest of them
@@ -356,6 +391,7 @@ struct RunRecord : RunCounts {
   // what this run packed, to hold measured_peak_bytes against.
   std::optional<int64_t> packed_predicted_peak_bytes;
   std::vector<RunWindowRecord> window_series;
+  std::vector<RunEvalRecord> evaluations;              // 1.7, --eval-data
 };
 
 // JSON conversion. Readers take the document's root and report paths from `$`.

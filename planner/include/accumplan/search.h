@@ -59,19 +59,6 @@ struct EvalMeasurement {
   double seconds = 0;
 };
 
-// The evaluation batch the search plans beside the training plan: the largest eval microbatch whose
-// predicted peak fits the training plan's usable bytes, with the training state resident.
-struct EvalPlan {
-  int64_t micro_batch = 0;
-  int64_t predicted_peak_bytes = 0;     // at micro_batch, by the eval line refitted with every eval point
-  double intercept_bytes = 0;           // the eval line: peak(b) = intercept + slope·b
-  double slope_bytes_per_sample = 0;
-  int64_t weights_bytes = 0;            // resident: the profile's persistent weights
-  int64_t optimizer_state_bytes = 0;    // and optimizer state (no gradients)
-  bool confirmed = false;               // an eval window at micro_batch ran within the budget
-  std::vector<Trial> trials;            // the eval windows, kind "eval"
-};
-
 // The window each runner measures persistent memory with before the search starts (gradients:
 // the delta across its backward; optimizer state: across its step): one microbatch of two
 // samples. Not one: BatchNorm in training mode refuses a batch of one ("Expected more than 1
@@ -95,8 +82,11 @@ class WindowRunner {
   virtual WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget) = 0;
   // One evaluation window (EvalMeasurement); an OOM is reported, not thrown. nullopt: this runner
   // does not evaluate, and the plan gets no evaluation batch.
+  // keep_outputs: each microbatch's outputs stay on the device until the next microbatch's forward
+  // has finished (a loop that moves them to the host one microbatch behind), so a microbatch's
+  // peak holds the previous one's outputs.
   virtual std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& /*sizes*/, int64_t /*seq_len*/,
-                                                         WindowBudget /*budget*/) {
+                                                         WindowBudget /*budget*/, bool /*keep_outputs*/) {
     return std::nullopt;
   }
 };
@@ -132,8 +122,9 @@ class Search {
   // the line fits under plan.memory.usable_bytes confirms it, and the line is refitted with its
   // point. A confirmation that fails leaves the largest measured size that fit (unconfirmed sizes
   // are never planned). Packed plans evaluate sequences of max_seq_len. nullopt when the runner
-  // does not evaluate; micro_batch 0 when not even m fits.
-  std::optional<EvalPlan> plan_eval(const Plan& plan);
+  // does not evaluate; micro_batch 0 when not even m fits. keep_outputs: every size runs twice in a
+  // row and the second's peak (the first's outputs held) is the point, so the plan counts them.
+  std::optional<EvalPlan> plan_eval(const Plan& plan, bool keep_outputs = false);
   // Runs and judges one window, recording nothing; `micro_batch` labels it.
   WindowMeasurement run(const std::vector<int64_t>& sizes, int64_t micro_batch, int64_t seq_len, WindowBudget budget);
 
