@@ -76,6 +76,8 @@ struct DeviceArgs {
   std::string seq_len;        // --seq-len: variable-length data
   std::string seq_len_file;   // --seq-len-file: observed lengths, their range planned for
   bool padding_mask = false;  // --padding-mask
+  bool no_eval = false;           // --no-eval: no evaluation batch in the plan
+  bool eval_keep_outputs = false; // --eval-keep-outputs: the eval batch counts outputs kept per microbatch
 };
 
 // "0.9 for momentum; 0 for rmsprop": the optimizers that take `key` ("lr": all) grouped by the
@@ -376,6 +378,16 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
                   "also write the plan's picture here (atomically): self-contained HTML, or SVG for a .svg path "
                   "(as `accumplan report`)")
       ->group(plan_group);
+  CLI::Option* no_eval =
+      root.add_flag("--no-eval", args->no_eval,
+                    "plan no evaluation batch (by default at most two more real windows measure the largest eval "
+                    "microbatch that fits beside the weights and optimizer state: plan.eval)")
+          ->group(plan_group);
+  root.add_flag("--eval-keep-outputs", args->eval_keep_outputs,
+                "the evaluation keeps each microbatch's outputs (logits for metrics) on the device until the next "
+                "microbatch's forward has finished; the eval batch is planned with them counted")
+      ->excludes(no_eval)
+      ->group(plan_group);
 
   add_profile_command(root, commands);
   add_executor_commands(root, commands);
@@ -412,7 +424,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
             ProbeRunner runner(*probe, o);
             Profile profile = runner.profile();
             if (runner.budget_bytes()) req.budget.bytes = runner.budget_bytes();
-            const Plan plan = runner.plan_and_confirm(profile, req);
+            const Plan plan = runner.plan_and_confirm(profile, req, !args->no_eval, args->eval_keep_outputs);
             progress->finish();
             // Written before the summary, files before stdout: an output that cannot be written (a
             // full disk) is one error line, with no summary of a plan never saved and no plan on stdout.

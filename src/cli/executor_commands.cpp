@@ -93,6 +93,9 @@ struct RunArgs {
   int64_t synthetic_samples = 0;
   CLI::Option* synthetic_option = nullptr;
   std::string seq_len_file;  // run: synthetic lengths drawn from these observed ones
+  std::string eval_data;     // run: --eval-data, the evaluation set
+  int64_t eval_every = 0;    // run: --eval-every N windows (0: after the last)
+  CLI::Option* eval_every_option = nullptr;
   std::string packing;       // run, packed plans: time (default) or fill
   CLI::Option* packing_option = nullptr;
   CLI::Option* device_option = nullptr;  // given '' is refused, not taken for the plan's
@@ -249,7 +252,8 @@ void check_run_outputs(const RunArgs& a, int rank) {
   } else {
     outputs = {out("--save", a.save), out("--stats", a.stats), out("--plan-out", a.plan_out), out("--trace", a.trace)};
   }
-  check_outputs(outputs, {{"--plan", a.plan}, {"--model", a.model}, {"--data", a.data}, {"--seq-len-file", a.seq_len_file}});
+  check_outputs(outputs, {{"--plan", a.plan}, {"--model", a.model}, {"--data", a.data}, {"--seq-len-file", a.seq_len_file},
+                          {"--eval-data", a.eval_data}});
 }
 
 // The one parser of --packing (not given: time). Given empty, it is refused as any other word.
@@ -275,6 +279,10 @@ void check_run_flags(const RunArgs& a) {
   parse_progress_mode(a.progress);  // a bad --progress stops the run before anything loads
   parse_packing(a.packing, a.packing_option && a.packing_option->count() > 0);
   if (a.dist_timeout_s < 1) throw InputError("--dist-timeout must be at least 1 second");
+  if (a.eval_every_option && a.eval_every_option->count() > 0) {
+    if (a.eval_data.empty()) throw InputError("--eval-every evaluates --eval-data FILE; give it too, or drop --eval-every");
+    checked_in_range(a.eval_every, 1, kMaxSamples, "--eval-every (windows between evaluations)");
+  }
 }
 
 // The plan's setup with --lr and --amp applied; a mode other than the plan's needs --force.
@@ -311,7 +319,11 @@ RunData load_run_data(const RunArgs& a, Prepared& p) {
   }
   std::optional<int64_t> budget;
   if (!a.budget.empty()) budget = memory_budget_from(a.budget).resolve_bytes(p.probe->device_total_bytes());
-  return accumplan::load_run_data(data_source(a), RunDataSpecs{p.plan, p.inputs, p.target, p.loss}, *p.probe, budget);
+  RunDataSource eval;
+  eval.data_path = a.eval_data;
+  eval.data_name = "--eval-data";
+  return accumplan::load_run_data(data_source(a), RunDataSpecs{p.plan, p.inputs, p.target, p.loss}, *p.probe, budget,
+                                  a.eval_data.empty() ? nullptr : &eval);
 }
 
 ExecutorOptions run_executor_options(const RunArgs& a, const Prepared& p, const Setup& setup, Communicator* comm,
@@ -413,6 +425,19 @@ RunRecord run_record_base(const Prepared& p, const Communicator* comm, const Run
   return r;
 }
 
+// One line per evaluation: the mean loss at full precision (the same number whatever the split).
+std::string eval_line(const RunEvalRecord& r) {
+  std::ostringstream s;
+  s.precision(17);
+  s << "eval after window " << r.after_window + 1 << ": mean loss " << (r.loss ? *r.loss : std::nan("")) << " over "
+    << r.units << (r.units == r.samples ? " samples" : " units (" + std::to_string(r.samples) + " samples)") << " in "
+    << r.microbatch_sizes.size() << " microbatches of up to "
+    << *std::max_element(r.microbatch_sizes.begin(), r.microbatch_sizes.end())
+    << (r.oom_recoveries ? " (" + std::to_string(r.oom_recoveries) + " re-split after out-of-memory)" : std::string())
+    << (r.peak_bytes ? ", peak " + format_bytes(*r.peak_bytes) : std::string());
+  return s.str();
+}
+
 int run_command(const RunArgs& a) {
   check_run_flags(a);
   const std::optional<DistEnv> dist = dist_env_from_environment();
@@ -456,6 +481,11 @@ int run_command(const RunArgs& a) {
            << (r.peak_bytes ? ", peak " + format_bytes(*r.peak_bytes) : std::string());
     progress->update(w + 1, samples_done, detail.str());
   };
+  if (d.eval_data) {
+    so.eval_data = &*d.eval_data;
+    so.eval_every = a.eval_every;
+    so.on_eval = [&progress](const RunEvalRecord& r) { progress->message(eval_line(r)); };
+  }
   RunSession session(p.model.module, *optimizer, p.plan, std::move(eo), d.data, std::move(windows), std::move(so));
   if (lead && parse_progress_mode(a.progress) != ProgressMode::None) {  // --progress none: errors only
     print_run_header(a, p, comm.get(), d, setup, total, per_epoch);
@@ -588,6 +618,12 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
                          "plans packed by tokens: time (default) cuts each window where the step times predict the "
                          "least time, the plan's at first, then those of this run's own microbatches (cpu); fill "
                          "fills each microbatch to the token budget"));
+  run->add_option("--eval-data", args->eval_data,
+                  "an evaluation set (as --data: torch.save([inputs..., target], f)), evaluated forward only in the "
+                  "model's eval mode in the plan's eval microbatches (plan.eval), re-split after an out-of-memory; "
+                  "the mean loss goes to stderr and --stats evaluations");
+  args->eval_every_option =
+      run->add_option("--eval-every", args->eval_every, "evaluate --eval-data after every N windows (default: after the last)");
   args->synthetic_option =
       run->add_option("--synthetic-samples", args->synthetic_samples,
                       "samples in the synthetic data set when --data is absent, 1.." +

@@ -242,6 +242,7 @@ class Executor {
   void warm_up(const Batch& window);
 
   const Plan& plan() const { return plan_; }
+  const at::Device& device() const { return device_; }
   const ExecutorTotals& totals() const { return totals_; }
   // Packed plans: how the time model predicted the microbatches so far; nullopt for sample plans.
   std::optional<RunTimeModel> time_model() const;

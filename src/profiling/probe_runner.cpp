@@ -18,6 +18,7 @@
 #include "accumplan/errors.h"
 #include "accumplan/persistent_step.h"
 #include "accumplan/tensor_spec.h"
+#include "executor/evaluate.h"
 #include "executor/executor.h"
 #include "runtime/loss.h"
 #include "runtime/loss_setup.h"
@@ -153,8 +154,7 @@ SearchSettings ProbeRunner::search_settings() const {
   return st;
 }
 
-WindowMeasurement ProbeRunner::run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget) {
-  if (seq_len > 0) seq_len_ = seq_len;
+void ProbeRunner::with_budget(WindowBudget budget, const std::function<void()>& run) {
   struct Restore {
     ProbeRunner& runner;
     ~Restore() { runner.enforce(runner.budget_bytes_); }
@@ -166,7 +166,84 @@ WindowMeasurement ProbeRunner::run_window(const std::vector<int64_t>& sizes, int
       break;
     case WindowBudget::Lifted: probe_.set_budget_bytes(std::nullopt); break;
   }
-  return window(sizes);
+  run();
+}
+
+WindowMeasurement ProbeRunner::run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget) {
+  if (seq_len > 0) seq_len_ = seq_len;
+  WindowMeasurement m;
+  with_budget(budget, [&] { m = window(sizes); });
+  return m;
+}
+
+std::optional<EvalMeasurement> ProbeRunner::run_eval_window(const std::vector<int64_t>& sizes, int64_t seq_len,
+                                                            WindowBudget budget, bool keep_outputs) {
+  if (seq_len > 0) seq_len_ = seq_len;
+  EvalMeasurement m;
+  with_budget(budget, [&] { m = eval_window(sizes, keep_outputs); });
+  return m;
+}
+
+EvalMeasurement ProbeRunner::eval_window(const std::vector<int64_t>& sizes, bool keep_outputs) {
+  EvalMeasurement m;
+  m.sizes = sizes;
+  const auto t0 = Clock::now();
+  const std::optional<int64_t> budget = probe_.budget_bytes();
+  // A mid-training evaluation: weights and optimizer state resident, gradients freed as
+  // zero_grad(set_to_none=True) leaves them.
+  for (auto& p : params_) {
+    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+  }
+  int64_t data_bytes = 0;
+  std::vector<int64_t> peaks;  // per microbatch, with the host data
+  auto read_peak = [&] {
+    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+    peaks.push_back(std::max(probe_.peak_bytes(), probe_.reserved_peak_bytes().value_or(0)));
+  };
+  EvalOptions eo;
+  eo.step.loss = loss_;
+  eo.step.amp = amp_;
+  eo.step.device = device_;
+  eo.step.padding_mask = options_.setup.padding_mask;
+  eo.probe = &probe_;
+  eo.oom_recovery = false;  // an OOM is a measurement here
+  eo.keep_outputs = keep_outputs;
+  eo.before_microbatch = [&](int64_t i, int64_t) {
+    if (i > 0) read_peak();
+    probe_.reset_peak();
+  };
+  try {
+    probe_.set_budget_bytes(std::nullopt);
+    const int64_t samples = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+    const Batch data = load_host_data(probe_, [&] { return window_data(samples); }, data_bytes);
+    enforce_budget_beside(probe_, budget, data_bytes);
+    evaluate(model_.module, data, sizes, eo);
+    read_peak();
+    data_bytes += host_bytes_;
+    for (int64_t peak : peaks) m.peak_bytes.push_back(peak - data_bytes);
+  } catch (const ModelRejectedInputError& e) {
+    probe_.set_budget_bytes(budget);
+    name_the_inputs(e);
+  } catch (const std::exception& e) {
+    if (!is_oom(e)) {
+      probe_.set_budget_bytes(budget);
+      throw;
+    }
+    m.oom = true;
+    m.peak_bytes.clear();
+    probe_.clear_oom();
+    probe_.release_cached();
+  }
+  probe_.set_budget_bytes(budget);
+  m.seconds = seconds_since(t0);
+  return m;  // judged by the search (Search::run_eval)
+}
+
+Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request, bool eval, bool keep_outputs) {
+  Search search(*this, search_settings(), trials_);
+  Plan plan = search.plan_and_confirm(profile, std::move(request));
+  if (eval) plan.eval = search.plan_eval(plan, keep_outputs);
+  return plan;
 }
 
 int64_t ProbeRunner::declared_optimizer_state_bytes() const {
@@ -407,8 +484,5 @@ Profile ProbeRunner::profile() {
 }
 
 
-Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request) {
-  return Search(*this, search_settings(), trials_).plan_and_confirm(profile, std::move(request));
-}
 
 }  // namespace accumplan

@@ -101,13 +101,18 @@ class ProbeRunner final : public WindowRunner {
   Profile profile();
 
   // Plans from `profile` and confirms by real steps (see the file comment). Appends confirm
-  // trials to profile.trials. Throws InfeasibleError when not even microbatch 1 runs.
-  Plan plan_and_confirm(Profile& profile, PlanRequest request);
+  // trials to profile.trials. Throws InfeasibleError when not even microbatch 1 runs. eval: then
+  // the evaluation batch beside the plan (Search::plan_eval, at most two eval windows; plan.eval).
+  Plan plan_and_confirm(Profile& profile, PlanRequest request, bool eval = false, bool keep_outputs = false);
 
   const std::vector<Trial>& trials() const { return trials_; }
 
   // WindowRunner: the executor's window under the budget the search asks for, restored after.
   WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget) override;
+  // WindowRunner: an evaluation window (executor/evaluate.h, recovery off) with the weights and
+  // optimizer state resident and the gradients freed.
+  std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t seq_len,
+                                                 WindowBudget budget, bool keep_outputs) override;
 
  private:
   // What the search needs to know of this device and budget.
@@ -119,6 +124,9 @@ class ProbeRunner final : public WindowRunner {
   // Runs one executor window of these microbatch sizes and its optimizer step, budget enforced.
   WindowMeasurement window(const std::vector<int64_t>& sizes);
   Plan window_plan(const std::vector<int64_t>& sizes) const;
+  EvalMeasurement eval_window(const std::vector<int64_t>& sizes, bool keep_outputs);
+  // Runs `run` under the limit the search asked for; the planned budget is enforced again after.
+  void with_budget(WindowBudget budget, const std::function<void()>& run);
   // How `accumplan run` trains (loss, AMP, clipping), with OOM reported rather than recovered.
   ExecutorOptions executor_options();
   Batch window_data(int64_t samples);

@@ -118,13 +118,19 @@ Batch load_samples(const RunDataSource& source, const RunDataSpecs& specs, int64
 }
 
 RunData load_run_data(const RunDataSource& source, const RunDataSpecs& specs, MemoryProbe& probe,
-                      std::optional<int64_t> budget_bytes) {
+                      std::optional<int64_t> budget_bytes, const RunDataSource* eval_source) {
   RunData d;
   // Every rank loads the whole data set (synthetic samples come from the same seed) and takes its
   // share of each window; a sharded loader is the trainer's business, not the plan's. On the CPU
   // device its bytes are host data (runtime/host_data.h): outside every peak and the budget.
   d.data = load_host_data(probe, [&] { return load_samples(source, specs, 4); }, d.host_data_bytes);
   batch_samples(d.data, "the data");  // every tensor holds the same samples
+  if (eval_source) {
+    int64_t eval_bytes = 0;
+    d.eval_data = load_host_data(probe, [&] { return load_samples(*eval_source, specs, 1); }, eval_bytes);
+    batch_samples(*d.eval_data, eval_source->data_name);
+    d.host_data_bytes += eval_bytes;
+  }
   d.budget_bytes = budget_bytes;
   if (budget_bytes) enforce_budget_beside(probe, budget_bytes, d.host_data_bytes);
   return d;

@@ -61,13 +61,15 @@ Batch load_samples(const RunDataSource& source, const RunDataSpecs& specs, int64
 
 // `run`'s data: load_samples for 4 global windows by default, their bytes as the probe counted
 // them, and `budget_bytes` enforced beside them (on the CPU device host data is counted too).
+// `eval_source` (--eval-data): the evaluation set too, checked as the data is, its bytes host data.
 struct RunData {
   Batch data;
-  int64_t host_data_bytes = 0;  // CPU: the data's bytes in the counting allocator, outside the budget
+  std::optional<Batch> eval_data;
+  int64_t host_data_bytes = 0;  // CPU: the data's (and eval data's) bytes in the counting allocator, outside the budget
   std::optional<int64_t> budget_bytes;
 };
 RunData load_run_data(const RunDataSource& source, const RunDataSpecs& specs, MemoryProbe& probe,
-                      std::optional<int64_t> budget_bytes);
+                      std::optional<int64_t> budget_bytes, const RunDataSource* eval_source = nullptr);
 
 // Serialized in memory, then written by the same temp-and-rename as every other output, so a
 // failed save leaves nothing behind. `name` says which option asked ("--save").

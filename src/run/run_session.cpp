@@ -2,7 +2,10 @@
 #include "run/run_session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+
+#include "accumplan/replan.h"
 
 namespace accumplan {
 namespace {
@@ -28,6 +31,7 @@ RunSession::RunSession(torch::jit::Module module, torch::optim::Optimizer& optim
     : module_(module), data_(data), windows_(std::move(windows)), options_(std::move(options)),
       comm_(eo.communicator), probe_(eo.probe) {
   if (!options_.guard) options_.guard = [](const std::function<WindowStats()>& step) { return step(); };
+  eval_base_ = eo;
   attach_hooks(eo);
   executor_ = std::make_unique<Executor>(std::move(module), optimizer, plan, std::move(eo));
 }
@@ -105,9 +109,46 @@ void RunSession::run() {
     }
     series_.push_back(r);
     if (options_.on_window) options_.on_window(w, samples_done, series_.back());
+    if (evaluates_after(w)) {
+      evaluations_.push_back(evaluate_after(w));
+      if (options_.on_eval) options_.on_eval(evaluations_.back());
+    }
   }
   // Counts of the training windows, before the replica check adds its own collective.
   if (comm_) training_collectives_ = comm_->counts();
+}
+
+bool RunSession::evaluates_after(int64_t w) const {
+  if (!options_.eval_data) return false;
+  return options_.eval_every > 0 ? (w + 1) % options_.eval_every == 0 : w + 1 == options_.total_windows;
+}
+
+RunEvalRecord RunSession::evaluate_after(int64_t w) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& p : module_.parameters()) {
+    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+  }
+  EvalOptions eo;
+  eo.step.loss = eval_base_.loss;
+  eo.step.amp = eval_base_.amp;
+  eo.step.device = executor_->device();
+  eo.step.padding_mask = eval_base_.padding_mask;
+  eo.probe = probe_;
+  eo.oom_recovery = eval_base_.oom_recovery;
+  eo.log = eval_base_.log;
+  if (probe_) probe_->reset_peak();
+  const Batch& data = *options_.eval_data;
+  const EvalStats st = evaluate(module_, data, eval_sizes(executor_->plan(), data.size()), eo);
+  RunEvalRecord r;
+  r.after_window = w;
+  r.samples = st.samples;
+  r.units = st.units;
+  r.loss = finite(st.mean());
+  r.microbatch_sizes = st.microbatch_sizes;
+  r.oom_recoveries = st.oom_recoveries;
+  if (probe_) r.peak_bytes = device_peak(std::max(probe_->peak_bytes(), probe_->reserved_peak_bytes().value_or(0)));
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
 }
 
 Plan RunSession::final_plan() const {
@@ -161,6 +202,7 @@ RunRecord RunSession::record(RunRecord r, const Plan& final_plan, bool replicas_
     if (w.predicted_peak_bytes) r.packed_predicted_peak_bytes = std::max(r.packed_predicted_peak_bytes.value_or(0), *w.predicted_peak_bytes);
   }
   r.window_series = series_;
+  r.evaluations = evaluations_;
   return r;
 }
 

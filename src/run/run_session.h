@@ -18,6 +18,7 @@
 #include <torch/script.h>
 
 #include "accumplan/schema.h"
+#include "executor/evaluate.h"
 #include "executor/executor.h"
 #include "observe/trace.h"
 
@@ -33,6 +34,12 @@ struct RunSessionOptions {
   std::function<WindowStats(const std::function<WindowStats()>&)> guard;
   // After each window: its 0-based index, the samples seen so far, and its record.
   std::function<void(int64_t window, int64_t samples_done, const RunWindowRecord&)> on_window;
+  // --eval-data: evaluated (executor/evaluate.h) in the plan's eval microbatches after every
+  // eval_every windows, else (0) after the last; the gradients freed first, as
+  // zero_grad(set_to_none=True) leaves them in a mid-training evaluation. Not owned.
+  const Batch* eval_data = nullptr;
+  int64_t eval_every = 0;
+  std::function<void(const RunEvalRecord&)> on_eval;
 };
 
 class RunSession {
@@ -70,6 +77,8 @@ class RunSession {
 
  private:
   void attach_hooks(ExecutorOptions& eo);
+  bool evaluates_after(int64_t window) const;
+  RunEvalRecord evaluate_after(int64_t window);
 
   torch::jit::Module module_;
   const Batch& data_;
@@ -79,6 +88,8 @@ class RunSession {
   MemoryProbe* probe_ = nullptr;
   int64_t window_replans_ = 0;  // the executor's re-plans in the current window
   std::vector<RunWindowRecord> series_;
+  std::vector<RunEvalRecord> evaluations_;
+  ExecutorOptions eval_base_;  // the loss, AMP, probe, recovery and log the evaluations use too
   std::optional<double> last_loss_;
   std::string first_skip_reason_;
   CollectiveCounts training_collectives_;  // before the replica check adds its own

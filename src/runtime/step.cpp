@@ -99,7 +99,8 @@ bool is_out_of_memory(const std::exception& e, const MemoryProbe* probe) {
   return probe != nullptr && probe->oom_happened();
 }
 
-LossSum forward_loss(torch::jit::Module& module, const Batch& batch, const StepConfig& config, bool count_tokens) {
+LossSum forward_loss(torch::jit::Module& module, const Batch& batch, const StepConfig& config, bool count_tokens,
+                     at::Tensor* output_out) {
   std::vector<c10::IValue> args;
   args.reserve(batch.inputs.size() + 1);
   for (const auto& t : batch.inputs) args.emplace_back(on(t, config.device));
@@ -122,6 +123,7 @@ LossSum forward_loss(torch::jit::Module& module, const Batch& batch, const StepC
     throw ModelRejectedInputError(shapes_of(batch), model_error_text(e.what()));
   }
   const at::Tensor output = output_of(out, config.loss);
+  if (output_out != nullptr) *output_out = output;
   try {
     return loss_sum(output, target, batch.size(), config.loss, count_tokens);
   } catch (const InputError&) {

@@ -81,9 +81,10 @@ struct StepConfig {
 bool is_out_of_memory(const std::exception& e, const MemoryProbe* probe);
 
 // Forward of `batch` (moved to the device) under autocast, the output rule above, and the loss
-// sum. `count_tokens` as in loss_sum.
+// sum. `count_tokens` as in loss_sum. `output`, when given, receives the output the rule took
+// (an evaluation that keeps its outputs).
 LossSum forward_loss(torch::jit::Module& module, const Batch& batch, const StepConfig& config,
-                     bool count_tokens = true);
+                     bool count_tokens = true, at::Tensor* output = nullptr);
 
 // One microbatch of a window: forward_loss, then backward of loss_sum / window_units (× scale when
 // `scale` is defined: fp16). Returns the microbatch's loss sum, detached, as a float64 scalar on

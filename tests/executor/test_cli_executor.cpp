@@ -263,3 +263,52 @@ TEST_CASE("verify: accumulated equals combined on an MLP — BatchNorm is warned
   CHECK(frozen.out.find("verify: accumulated updates equal combined-batch updates") != std::string::npos);
   CHECK(frozen.err.find("ran in eval mode for this check") != std::string::npos);
 }
+
+TEST_CASE("run --eval-data: the planned eval microbatch, the same mean loss after a forced out-of-memory re-split",
+          "[cli][run][eval]") {
+  const MlpPlan& f = mlp_plan();
+  REQUIRE(f.plan_json.contains("eval"));
+  const json& e = f.plan_json["eval"];
+  const int64_t eval_micro = e["micro_batch"];
+  CHECK(eval_micro > f.plan_json["micro_batch"].get<int64_t>());  // no graph kept: larger than training's
+  torch::manual_seed(31);
+  const std::string data = write_torch_save(f.dir + "/eval.pt", {torch::randn({700, 64}), torch::randint(0, 10, {700})});
+  auto run_with = [&](const std::string& budget, const std::string& stats) {
+    const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--memory-budget", budget, "--steps",
+                                 "2", "--eval-data", data, "--eval-every", "1", "--threads", "2", "--stats", stats});
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.err.find("eval after window 2: mean loss") != std::string::npos);
+    return json::parse(slurp(stats));
+  };
+  const json planned = run_with(kMlpBudget, f.dir + "/eval-stats.json");
+  REQUIRE(planned["evaluations"].size() == 2);
+  const json& last = planned["evaluations"][1];
+  CHECK(last["after_window"] == 1);
+  CHECK(last["samples"] == 700);
+  CHECK(last["oom_recoveries"] == 0);
+  CHECK(last["microbatch_sizes"][0] == eval_micro);
+  // The measured eval peak is the plan's prediction (the same loop measured it), within the budget.
+  const int64_t peak = last["peak_bytes"], predicted = e["predicted_peak_bytes"];
+  CHECK(std::abs(peak - predicted) <= predicted / 100);
+  // A budget between the training window's peak and the eval peak: training runs as planned, the
+  // evaluation runs out of memory and re-splits, and its mean loss is the same number.
+  const int64_t train_peak = f.plan_json["confirmed_peak_bytes"];
+  REQUIRE(predicted - train_peak >= 2048);
+  const json tight = run_with(std::to_string((train_peak + predicted) / 2), f.dir + "/eval-stats-tight.json");
+  CHECK(tight["oom_recoveries"] == 0);  // the training windows
+  const json& again = tight["evaluations"][1];
+  CHECK(again["oom_recoveries"].get<int64_t>() >= 1);
+  CHECK(again["microbatch_sizes"][0].get<int64_t>() < eval_micro);
+  CHECK(std::abs(again["loss"].get<double>() - last["loss"].get<double>()) <= 1e-6);
+}
+
+TEST_CASE("CLI: --eval-every without --eval-data, and --eval-keep-outputs with --no-eval, are refused", "[cli][eval][errors]") {
+  const MlpPlan& f = mlp_plan();
+  const CliResult r = run_cli({"run", "--plan", f.plan, "--model", "builtin:mlp", "--eval-every", "2"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("--eval-every evaluates --eval-data FILE") != std::string::npos);
+  const CliResult both = run_cli({"--model", "builtin:mlp", "--target-batch", "8", "--no-eval", "--eval-keep-outputs"});
+  CHECK(both.exit_code != 0);
+  CHECK(both.err.find("--no-eval excludes --eval-keep-outputs") != std::string::npos);
+}

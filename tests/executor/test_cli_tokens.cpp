@@ -45,7 +45,7 @@ TEST_CASE("CLI tokens: --seq-len plans a confirmed token budget that run packs u
   CHECK_THAT(planned.err, Catch::Contains("probe b=2 x T=128"));
   CHECK_THAT(planned.err, Catch::Contains("token budget"));
   const json plan = json::parse(slurp(plan_path));
-  CHECK(plan["schema_version"] == "1.6");
+  CHECK(plan["schema_version"] == schema_version_string());
   REQUIRE(plan.contains("tokens"));
   const int64_t budget_tokens = plan["tokens"]["token_budget"].get<int64_t>();
   CHECK(plan["tokens"]["max_seq_len"] == 128);
