@@ -50,5 +50,5 @@ def __getattr__(name):
 __all__ = ["plan", "load_plan", "Plan", "PlanError", "OutOfMemoryAtOne", "balanced_split", "split_samples",
            "largest_divisor_at_most", "file_sha256", "pack_by_token_budget", "token_windows", "pad_sequences",
            "padding_mask", "valid_token_counts", "is_oom", "loss_sum", "count_units", "model_output",
-           "resolve_normalization", "split", "train_window", "all_reduce_gradients", "WindowStats",
-           "batch_dependent_layers"]
+           "resolve_normalization", "split", "train_window", "evaluate", "all_reduce_gradients", "WindowStats",
+           "EvalStats", "batch_dependent_layers"]

@@ -36,7 +36,8 @@ from .losses import LOSSES, check_class_target, causal_shift, count_units, units
 from .meters import meter_for
 from .plans import Plan
 from .snapshot import RestoreGuard, TrainingState
-from .window import (Window, WindowStats, autocast_dtype, batch_dependent_layers, is_oom, optimizer_step, run_rounds,
+from .window import (Window, WindowStats, autocast_dtype, batch_dependent_layers, eval_rounds, is_oom, optimizer_step,
+                     run_rounds,
                      trainable_parameters, warn_batch_dependent, zero_grads)
 
 _GROUP_KEYS_NOT_SETTINGS = ("params", "initial_lr")  # the parameters, and what an LR scheduler adds
@@ -263,6 +264,45 @@ class _ModuleRunner(_core.WindowRunner):
         return m
 
 
+    def run_eval_window(self, sizes, seq_len, budget, keep_outputs):
+        """One evaluation window (window.eval_rounds, the loop plan.evaluate runs) with the weights and
+        optimizer state resident and the gradients freed: each microbatch's peak, its data excluded;
+        an OOM is reported."""
+        m, meter, t0 = _core.EvalMeasurement(), self.meter, time.perf_counter()
+        n, limit = sum(sizes), self._limit(budget)
+        zero_grads(trainable_parameters(self.model), self.optimizer)  # zero_grad(set_to_none=True)
+        meter.limit(None)
+        before = meter.current()
+        inputs, target, lengths = self.data(n, seq_len or None)
+        data = meter.current() - before
+        peaks = []
+
+        def read():
+            meter.sync()
+            peaks.append(max(meter.peak(), meter.reserved_peak() or 0) - data)
+
+        def before_microbatch(i):
+            if i > 0:
+                read()
+            meter.reset_peak()
+        try:
+            w = self._window(inputs, target, n, lengths)
+            meter.limit(limit, data)
+            eval_rounds(w, sizes, False, keep_outputs, None, before_microbatch)
+            read()
+            m.peak_bytes = peaks
+        except Exception as e:  # noqa: BLE001 - only out-of-memory is a measurement
+            if not (meter.oom() or is_oom(e)):
+                raise
+            m.oom = True
+        finally:
+            meter.limit(None)
+        if m.oom:
+            meter.clear()
+        m.seconds = time.perf_counter() - t0
+        return m
+
+
 # The persistent step's window, the C++ profiler's too (search.h kPersistentWindowSamples: two
 # samples, as BatchNorm in training mode refuses a batch of one).
 _PERSISTENT_WINDOW = _core.PERSISTENT_WINDOW_SAMPLES
@@ -432,7 +472,7 @@ def _say(progress):
 def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cross_entropy", loss_fn=None,
          memory_budget=None, device=None, amp=None, max_grad_norm=None, world_size=1, headroom="auto",
          normalization="auto", ignore_index=-100, shift_labels=None, lengths=None, padding_mask=False,
-         target_tokens=None, progress=None):
+         target_tokens=None, eval=True, eval_keep_outputs=False, progress=None):
     """The plan for training ``model`` with ``optimizer`` at an effective batch of ``target_batch``,
     measured by real windows of ``train_window``'s step on this module in this process.
 
@@ -454,6 +494,11 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     (``--padding-mask``; dict inputs carry their attention_mask instead). target_tokens, instead of
     target_batch: each update a window of consecutive sequences holding at least that many valid
     tokens (``--target-tokens``; ``plan.target_tokens``, ``token_windows``).
+    eval: also plan the evaluation batch (``plan.eval``, as the CLI does unless ``--no-eval``): at most
+    two more windows of ``plan.evaluate``'s loop (forward under no_grad, eval mode) with the weights and
+    optimizer state resident find the largest eval microbatch under the same budget.
+    eval_keep_outputs: that evaluation keeps each microbatch's outputs until the next microbatch's
+    forward has finished (``evaluate(..., on_outputs=)``), and the eval batch counts them.
     progress: None prints one line per window to stderr, False is silent, a callable gets the lines.
     The plan's setup records the optimizer whole: every parameter group's lr and hyperparameters and
     its flags (nesterov, amsgrad, maximize, foreach, ...; docs/plan-format.md), so an export carries
@@ -466,6 +511,10 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
                         "(valid tokens per optimizer step)%s" % (", not both" if target_batch is not None else ""))
     world_size = int_arg(world_size, "world_size", 1, 1 << 20)
     request = _core.SearchRequest()
+    request.eval = flag_arg(eval, "eval")
+    request.eval_keep_outputs = flag_arg(eval_keep_outputs, "eval_keep_outputs")
+    if eval_keep_outputs and not eval:
+        raise ValueError("eval_keep_outputs=True sizes the evaluation batch, which eval=False skips: drop one of them")
     request.world_size = world_size
     if target_tokens is None:
         request.target_batch = int_arg(target_batch, "target_batch", 1, MAX_COUNT)

@@ -28,7 +28,7 @@ except ImportError as e:  # pragma: no cover - a source tree without the compile
                       "python/ on PYTHONPATH has no core (%s)" % e) from None
 
 SCHEMA = "accumplan.plan"
-SCHEMA_VERSION = _core.SCHEMA_VERSION  # what the C++ writer writes ("1.6")
+SCHEMA_VERSION = _core.SCHEMA_VERSION  # what the C++ writer writes ("1.7")
 SPLITS = ("balanced", "uniform")
 MAX_ACCUMULATION_STEPS = 1 << 20  # solver.h kMaxAccumulationSteps: the most microbatches of a window
 # The step cost's terms (docs/plan-format.md); their ranges are the C++ reader's (_core.check_step_cost).
@@ -232,7 +232,9 @@ class Plan:
     ``memory``, ``fit``, ``setup``, ``model``, ``device``, ``profile``, ``tokens`` (packed plans
     for ragged data: ``token_budget``, ``max_seq_len``, ``longest_sequence_alone``; None for sample
     plans), ``target_tokens`` (packed plans whose optimizer windows hold a number of valid tokens,
-    see ``token_windows``; None otherwise), ``step_cost``, ``padding_mask``, ``schema_version``
+    see ``token_windows``; None otherwise), ``step_cost``, ``padding_mask``, ``eval`` (schema 1.7: the
+    evaluation batch, ``micro_batch``, ``predicted_peak_bytes``, ``keep_outputs``, ``resident``,
+    ``confirmed``, ``trials``; None when not planned), ``schema_version``
     (the file's), ``raw`` (the document as the C++ writer writes it). ``replans`` lists the
     re-plans made after out-of-memory errors. The attributes follow the plan: change it with
     ``replan_below`` / ``repack_below``, not by assigning them.
@@ -302,6 +304,7 @@ class Plan:
         self.target_tokens = self.tokens.get("target_tokens") if self.tokens else None
         self.step_cost = dict(self.tokens["step_cost"]) if self.tokens and self.tokens.get("step_cost") else None
         self.confirmed, self.reason = d["confirmed"], d["reason"]
+        self.eval = dict(d["eval"]) if d.get("eval") else None  # 1.7: the evaluation batch
         self._packed_peak = None  # fitted from the profile when first asked (predicted_packed_peak_bytes)
         if not hasattr(self, "_packing"):
             self._packing = None  # the run's step-time fit (packing_cost); kept across a re-pack
@@ -530,6 +533,20 @@ class Plan:
         """See accumplan.train.train_window."""
         from . import train
         return train.train_window(self, model, optimizer, inputs, target, **kwargs)
+
+    def evaluate(self, model, inputs, target=None, **kwargs):
+        """See accumplan.train.evaluate: the exact mean loss over an eval batch, in the plan's eval
+        microbatches."""
+        from . import train
+        return train.evaluate(self, model, inputs, target, **kwargs)
+
+    def eval_sizes(self, samples):
+        """The eval microbatches of ``samples`` (the planner's rule, as ``accumplan run --eval-data``):
+        ``eval.micro_batch`` each, the last the remainder; the training microbatch without an eval batch."""
+        try:
+            return list(_core.eval_sizes(self._text, int_arg(samples, "samples", 0, MAX_COUNT)))
+        except _core.InputError as e:
+            raise plan_error(e) from None
 
 
 def _output_path(path, name):

@@ -38,8 +38,8 @@ from .errors import OutOfMemoryAtOne
 from .losses import (LOSSES, causal_shift, count_units, loss_sum, model_labels, model_output, resolve_normalization,
                      takes_num_items, units_rule)
 from .meters import CpuMeter, held_bytes, meter_for
-from .window import (Window, WindowStats, batch_dependent_layers, is_oom, optimizer_step, run_rounds,
-                     trainable_parameters, warn_batch_dependent_once, zero_grads)
+from .window import (EvalStats, Window, WindowStats, batch_dependent_layers, eval_rounds, is_oom, optimizer_step,
+                     run_rounds, trainable_parameters, warn_batch_dependent_once, zero_grads)
 
 
 def _refuse_empty(samples, world):
@@ -375,7 +375,61 @@ def _train(w, st, plan, optimizer, n, rank_samples, oom_recovery, on_oom, max_gr
     zero_grads(w.params, optimizer)
 
 
+def evaluate(plan, model, inputs, target=None, *, loss=None, loss_fn=None, autocast=None, normalization=None,
+             ignore_index=None, lengths=None, shift_labels=None, oom_recovery=True, on_oom=None, on_outputs=None,
+             measure_memory=None, optimizer=None):
+    """Evaluates a batch in the plan's eval microbatches (``plan.eval``; the training microbatch for
+    a plan without one): forward only, under no_grad, with every submodule in eval mode (each
+    module's own flag put back after). Returns ``EvalStats`` whose ``loss`` is the exact mean over
+    the batch's units (samples, or valid tokens as train_window counts them): the sum of the
+    microbatches' loss sums divided once, so the same number whatever the split.
+    The arguments are train_window's (inputs, target, loss, loss_fn, autocast, normalization,
+    ignore_index, lengths, shift_labels, measure_memory); ragged data is split by count, each
+    microbatch cut to its own longest. On out-of-memory (``is_oom``) the samples from the failing
+    microbatch on run at half its size (``on_oom(note)`` is called), nothing skipped or counted twice;
+    OutOfMemoryAtOne at one sample. on_outputs(output, start): the model's output of each
+    microbatch, handed over once the NEXT microbatch's forward has finished (the plan's
+    ``eval_keep_outputs`` measured exactly that); move it off the device there. Gradients are not
+    touched: free them first (``optimizer.zero_grad(set_to_none=True)``), as the plan assumes.
+    optimizer: the one whose state stays resident, so that measure_memory on the CPU counts it as the
+    plan's eval peak does (its ``predicted_peak_bytes``); it is not stepped."""
+    t0 = time.perf_counter()
+    loss_kind = loss if loss is not None else plan.loss
+    ii = plan.ignore_index if ignore_index is None else int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
+    module_arg(model, "model")
+    callable_arg(on_oom, "on_oom", "a callable(note)")
+    callable_arg(on_outputs, "on_outputs", "a callable(output, start)")
+    flag_arg(oom_recovery, "oom_recovery")
+    flag_arg(measure_memory, "measure_memory", none_ok=True)
+    if optimizer is not None:
+        optimizer_arg(optimizer)
+    if loss_fn is None and loss_kind not in LOSSES:
+        raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss_kind,))
+    ragged = ragged_data(inputs, target, lengths, loss_kind, ii,
+                         packed=plan.tokens is not None or bool(plan.setup.get("seq_len")))
+    inputs, target, lengths = ragged if ragged is not None else (as_inputs(inputs), target_arg(target), None)
+    w = Window(plan, model, inputs, target, lengths, loss_kind, loss_fn, ii, autocast, None, None,
+               shift_arg=causal_shift(model, shift_labels) if shift_labels is not None else None, local=True)
+    w.packed = False  # an evaluation splits by count: plan.eval was measured at the longest sequences
+    n = _check_share(w, normalization)
+    _refuse_empty(n, 1)
+    st = EvalStats()
+    st.samples, st.units, st.normalization = n, w.units, w.norm
+    if plan.eval is not None and plan.eval.get("micro_batch"):
+        st.predicted_peak_bytes = plan.eval["predicted_peak_bytes"]
+    meter = _start_measuring(w, optimizer, measure_memory)
+    try:
+        total, st.microbatch_sizes, st.oom_recoveries = eval_rounds(
+            w, plan.eval_sizes(n), oom_recovery, on_outputs is not None, on_outputs, None, on_oom)
+    finally:
+        _stop_measuring(meter, st)
+    st.loss_sum = total
+    st.loss = total / w.units if w.units else float("nan")
+    st.seconds = time.perf_counter() - t0
+    return st
+
+
 __all__ = ["is_oom", "resolve_normalization", "count_units", "model_output", "loss_sum", "split", "pad_sequences",
            "model_labels", "causal_shift", "takes_num_items",
            "padding_mask", "valid_token_counts",
-           "train_window", "all_reduce_gradients", "WindowStats", "OutOfMemoryAtOne", "batch_dependent_layers"]
+           "train_window", "evaluate", "all_reduce_gradients", "WindowStats", "EvalStats", "OutOfMemoryAtOne", "batch_dependent_layers"]

@@ -20,7 +20,7 @@ from . import _core
 from ._args import shown_value, warn_user
 from .batches import gather_packed, map_inputs, padding_mask, slice_samples
 from .distributed import agree_status, collective_device, group_world_size, is_ddp
-from .errors import PlanError, in_python_terms
+from .errors import OutOfMemoryAtOne, PlanError, in_python_terms
 from .losses import causal_shift, loss_sum, model_labels, model_output, takes_num_items, units_rule
 
 
@@ -68,6 +68,25 @@ class WindowStats:
 
     def __repr__(self):
         return "WindowStats(%s)" % ", ".join("%s=%r" % kv for kv in vars(self).items())
+
+
+class EvalStats:
+    """What one ``evaluate`` call did."""
+
+    def __init__(self):
+        self.loss = float("nan")    # the mean loss: the sum over the batch / units, whatever the split
+        self.loss_sum = 0.0
+        self.units = 0              # samples, or valid tokens in tokens mode
+        self.samples = 0
+        self.microbatch_sizes = []  # as run, a re-split after an out-of-memory included
+        self.oom_recoveries = 0
+        self.normalization = ""
+        self.peak_bytes = None      # measure_memory: the evaluation's peak, as WindowStats.peak_bytes
+        self.predicted_peak_bytes = None  # the plan's eval prediction (plan.eval), None without one
+        self.seconds = 0.0
+
+    def __repr__(self):
+        return "EvalStats(%s)" % ", ".join("%s=%r" % kv for kv in vars(self).items())
 
 
 def _check_loss_fn_sums(loss_fn, out, target):
@@ -141,8 +160,9 @@ def _loss_tensor(s, who, n):
     return s.reshape(())
 
 
-def _forward_sum(w, mb_inputs, mb_target, n, mask=None, check_loss_fn=False):
-    """One microbatch's forward and the SUM of its per-unit losses (divide by the window's units)."""
+def _forward_sum(w, mb_inputs, mb_target, n, mask=None, check_loss_fn=False, outputs=None):
+    """One microbatch's forward and the SUM of its per-unit losses (divide by the window's units).
+    ``outputs``, a list, receives what the model returned (an evaluation that keeps its outputs)."""
     device = w.device
     moved = map_inputs(mb_inputs, lambda t: t.to(device) if t.device != device else t)
     target = None if mb_target is None else (mb_target.to(device) if mb_target.device != device else mb_target)
@@ -167,6 +187,8 @@ def _forward_sum(w, mb_inputs, mb_target, n, mask=None, check_loss_fn=False):
         with blamed("the model's forward on a microbatch of %d samples (inputs %s)"
                     % (n, _specs(list(moved.values()) if isinstance(moved, dict) else moved))):
             out = call()
+        if outputs is not None:
+            outputs.append(out)
         if w.loss_fn is not None:
             if check_loss_fn:
                 _check_loss_fn_sums(w.loss_fn, out, target)
@@ -294,16 +316,7 @@ def _run_microbatch(w, i, m, groups, start, oom_recovery):
     # Before the try: an out-of-memory while gathering must still report this size.
     padded = m * max(w.lengths[j] for j in groups[i]) if w.packed else 0
     try:
-        mask = None
-        # Ragged data: a packed group, or the sample split's next m sequences (a sample plan on
-        # ragged data, and accumplan.plan's windows at one length), cut to its own longest.
-        indices = groups[i] if w.packed else (list(range(start, start + m)) if w.lengths is not None else None)
-        if indices is not None:
-            mb_inputs, mb_target, mb_longest = gather_packed(w.inputs, w.target, indices, w.lengths)
-            if w.mask:
-                mask = padding_mask([w.lengths[j] for j in indices], mb_longest)
-        else:
-            mb_inputs, mb_target = slice_samples(w.inputs, w.target, start, m)
+        mb_inputs, mb_target, mask = _microbatch(w, groups[i] if w.packed else None, start, m)
         with w.ddp_ctx():
             s = _loss_value(_forward_sum(w, mb_inputs, mb_target, m, mask, check_loss_fn=(i == 0)), w, m)
             total = float(s.detach())
@@ -318,6 +331,82 @@ def _run_microbatch(w, i, m, groups, start, oom_recovery):
                 raise
             return 0.0, -1, e
         return 0.0, (padded if w.packed else m), None
+
+
+def _microbatch(w, group, start, m):
+    """(inputs, target, padding mask or None) of a microbatch: the packed ``group``'s sequences, or
+    the next m samples from ``start``; ragged data (a sample plan on ragged data, accumplan.plan's
+    windows at one length, an evaluation) cut to its own longest."""
+    indices = group if group is not None else (list(range(start, start + m)) if w.lengths is not None else None)
+    if indices is None:
+        mb_inputs, mb_target = slice_samples(w.inputs, w.target, start, m)
+        return mb_inputs, mb_target, None
+    mb_inputs, mb_target, mb_longest = gather_packed(w.inputs, w.target, indices, w.lengths)
+    mask = padding_mask([w.lengths[j] for j in indices], mb_longest) if w.mask else None
+    return mb_inputs, mb_target, mask
+
+
+class _EvalMode:
+    """Every submodule in eval mode inside the block; each one's own flag put back after (a model may
+    keep a frozen BatchNorm in eval mode while it trains: model.train() would undo that)."""
+
+    def __init__(self, model):
+        self.model, self.flags = model, [(m, m.training) for m in model.modules()]
+
+    def __enter__(self):
+        self.model.eval()
+
+    def __exit__(self, *exc):
+        for m, training in self.flags:
+            m.training = training
+
+
+def eval_rounds(w, sizes, oom_recovery, keep_outputs=False, on_outputs=None, before_microbatch=None, on_resplit=None):
+    """The one Python evaluation loop, the C++ one's rules (executor/evaluate.h): microbatches of
+    ``sizes`` under no_grad with the model in eval mode, their loss SUMS added. After an out-of-memory
+    the samples from the failing microbatch on run at the planner's smaller size
+    (``_core.eval_size_after_oom``: half; OutOfMemoryAtOne at one sample), nothing skipped or counted
+    twice. keep_outputs: a microbatch's output stays referenced until the next microbatch's forward
+    has finished, then goes to ``on_outputs(output, start)``. Returns (loss sum, sizes run, re-splits)."""
+    sizes, total, start, i, held, resplits = list(sizes), 0.0, 0, 0, None, 0
+    n = sum(sizes)
+    with _EvalMode(w.inner), torch.no_grad():
+        while i < len(sizes):
+            m, failed = sizes[i], False
+            if before_microbatch is not None:
+                before_microbatch(i)
+            try:
+                mb_inputs, mb_target, mask = _microbatch(w, None, start, m)
+                outs = [] if keep_outputs else None
+                s = _forward_sum(w, mb_inputs, mb_target, m, mask, check_loss_fn=(i == 0), outputs=outs)
+                total += float(_loss_tensor(s, "loss_fn" if w.loss_fn is not None else "the model's loss", m))
+                if keep_outputs:
+                    if held is not None and on_outputs is not None:
+                        on_outputs(*held)
+                    held = (outs[0], start)
+                del s, outs, mb_inputs, mb_target, mask
+            except Exception as e:  # noqa: BLE001 - only out-of-memory is recovered
+                if not (oom_recovery and is_oom(e)):
+                    raise
+                failed = True
+            if failed:  # out of the except block: the failed microbatch's tensors are released
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                try:
+                    smaller = _core.eval_size_after_oom(m)
+                except _core.InfeasibleError as e:
+                    raise OutOfMemoryAtOne(in_python_terms(str(e))) from None
+                sizes[i:] = _core.eval_split(n - start, smaller)
+                resplits += 1
+                if on_resplit is not None:
+                    on_resplit("evaluation ran out of memory at a microbatch of %d samples; the %d samples from sample "
+                               "%d on run in microbatches of %d" % (m, n - start, start, smaller))
+                continue
+            start += m
+            i += 1
+        if held is not None and on_outputs is not None:
+            on_outputs(*held)
+    return total, sizes, resplits
 
 
 def run_rounds(w, sizes, groups, rounds, oom_recovery, before_microbatch=None):

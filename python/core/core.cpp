@@ -104,6 +104,11 @@ class PyWindowRunner : public WindowRunner {
   WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget) override {
     PYBIND11_OVERRIDE_PURE(WindowMeasurement, WindowRunner, run_window, sizes, seq_len, budget);
   }
+  // Optional in Python: a runner without run_eval_window does not evaluate (no plan.eval).
+  std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget,
+                                                 bool keep_outputs) override {
+    PYBIND11_OVERRIDE(std::optional<EvalMeasurement>, WindowRunner, run_eval_window, sizes, seq_len, budget, keep_outputs);
+  }
 };
 
 // The budget in bytes: an int, "12GiB" or "90%" of device_total_bytes (the CLI's parser).
@@ -118,6 +123,8 @@ struct SearchRequest {
   bool budget_is_simulated = false;
   bool persistent_over_budget = false;
   int64_t target_tokens = 0;  // packed plans: windows of at least this many valid tokens (0: target_batch samples)
+  bool eval = true;           // plan the evaluation batch too (Search::plan_eval), as the CLI without --no-eval
+  bool eval_keep_outputs = false;
 };
 
 // The plan request of a search, checked (the solver's rules and the CLI's --headroom parser): a
@@ -157,7 +164,8 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
   Search search(runner, settings, trials);
   search.profile(profile);
   profile.trials = trials;
-  const Plan plan = search.plan_and_confirm(profile, request);
+  Plan plan = search.plan_and_confirm(profile, request);
+  if (r.eval) plan.eval = search.plan_eval(plan, r.eval_keep_outputs);
   return text_of(plan);
 }
 
@@ -254,6 +262,13 @@ PYBIND11_MODULE(_core, m) {
   m.def("repack_below", &repack, py::arg("plan"), py::arg("failing_tokens"),
         "the packed plan JSON with its token budget below failing_tokens");
   m.def("window_sizes", &sizes_for, py::arg("plan"), py::arg("samples"), "microbatch sizes of a window of `samples`");
+  // The evaluation batch's rules (accumplan/replan.h), as `accumplan run --eval-data` follows them.
+  m.def("eval_sizes", [](const std::string& plan_text, int64_t samples) {
+          return eval_sizes(plan_from_text(plan_text, "plan"), samples);
+        }, py::arg("plan"), py::arg("samples"), "the eval microbatches of `samples` under the plan (plan.eval, else its microbatch)");
+  m.def("eval_split", &eval_split, py::arg("samples"), py::arg("micro_batch"), "microbatches of micro_batch, the last the remainder");
+  m.def("eval_size_after_oom", &eval_size_after_oom, py::arg("failing_size"),
+        "the eval microbatch after one of failing_size ran out of memory; InfeasibleError at one sample");
   m.def("balanced_split", &balanced_split, py::arg("total"), py::arg("parts"), py::arg("unit") = 1);
   m.def("largest_divisor_at_most", &largest_divisor_at_most, py::arg("total"), py::arg("limit"), py::arg("unit") = 1);
   m.def("split_samples", &split_samples, py::arg("total"), py::arg("max_micro_batch"), py::arg("split"),
@@ -328,9 +343,18 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("seconds", &WindowMeasurement::seconds)
       .def_readonly("fit", &WindowMeasurement::fit)
       .def_readonly("sizes", &WindowMeasurement::sizes);
+  py::class_<EvalMeasurement>(m, "EvalMeasurement")
+      .def(py::init<>())
+      .def_readwrite("oom", &EvalMeasurement::oom)
+      .def_readwrite("peak_bytes", &EvalMeasurement::peak_bytes)
+      .def_readwrite("seconds", &EvalMeasurement::seconds)
+      .def_readonly("fit", &EvalMeasurement::fit)
+      .def_readonly("sizes", &EvalMeasurement::sizes);
   py::class_<WindowRunner, PyWindowRunner>(m, "WindowRunner")
       .def(py::init<>())
-      .def("run_window", &WindowRunner::run_window, py::arg("sizes"), py::arg("seq_len"), py::arg("budget"));
+      .def("run_window", &WindowRunner::run_window, py::arg("sizes"), py::arg("seq_len"), py::arg("budget"))
+      .def("run_eval_window", &WindowRunner::run_eval_window, py::arg("sizes"), py::arg("seq_len"), py::arg("budget"),
+           py::arg("keep_outputs"));
   py::class_<SearchRequest>(m, "SearchRequest")
       .def(py::init<>())
       .def_readwrite("target_batch", &SearchRequest::target_batch)
@@ -338,7 +362,9 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("headroom", &SearchRequest::headroom)
       .def_readwrite("budget_is_simulated", &SearchRequest::budget_is_simulated)
       .def_readwrite("persistent_over_budget", &SearchRequest::persistent_over_budget)
-      .def_readwrite("target_tokens", &SearchRequest::target_tokens);
+      .def_readwrite("target_tokens", &SearchRequest::target_tokens)
+      .def_readwrite("eval", &SearchRequest::eval)
+      .def_readwrite("eval_keep_outputs", &SearchRequest::eval_keep_outputs);
   m.def("check_request", [](const SearchRequest& r) { plan_request(r); }, py::arg("request"),
         "InputError naming a bad target_batch, world_size or headroom");
   m.def("search_plan", &search_plan, py::arg("runner"), py::arg("header"), py::arg("request"),
