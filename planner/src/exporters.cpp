@@ -236,6 +236,17 @@ ojson about_of(const ExportContext& c) {
   return about;
 }
 
+// The evaluation batch (plan.eval, 1.7): 0 when the plan has none.
+int64_t eval_micro_batch(const Plan& plan) { return plan.eval ? plan.eval->micro_batch : 0; }
+
+// What the eval batch is, for the notes of tools with no key for it.
+std::string eval_note(const Plan& plan, const std::string& where) {
+  const int64_t e = eval_micro_batch(plan);
+  if (e == 0) return "";
+  return "evaluate in microbatches of " + std::to_string(e) + " per device (plan.eval: the largest measured to fit "
+         "beside the weights and optimizer state, forward only under no_grad): " + where;
+}
+
 std::string deepspeed_export(ExportContext& c) {
   ojson j;
   j["train_batch_size"] = c.plan.target_batch;
@@ -255,7 +266,11 @@ std::string deepspeed_export(ExportContext& c) {
   if (!c.t.cuda) c.notes.push_back("the plan was measured on the CPU device; DeepSpeed trains on GPUs, where the memory differs");
   const std::string loss = per_token_note(c.t, "DeepSpeed", "divides each microbatch's loss by gradient_accumulation_steps and averages gradients over ranks");
   if (!loss.empty()) c.notes.push_back(loss);
+  const std::string eval = eval_note(c.plan, "DeepSpeed's config has no evaluation batch; give your eval DataLoader "
+                                             "that batch_size (accumplan.eval_micro_batch here)");
+  if (!eval.empty()) c.notes.push_back(eval);
   j["accumplan"] = about_of(c);  // DeepSpeed reads the keys it knows and ignores this one
+  if (eval_micro_batch(c.plan) > 0) j["accumplan"]["eval_micro_batch"] = eval_micro_batch(c.plan);
   return json_text(j);
 }
 
@@ -299,6 +314,7 @@ std::string hf_optim(const Training& t, std::vector<std::string>& notes) {
 std::string hf_export(ExportContext& c) {
   const Training& t = c.t;
   ojson args{{"per_device_train_batch_size", c.u}, {"gradient_accumulation_steps", c.k}};
+  if (eval_micro_batch(c.plan) > 0) args["per_device_eval_batch_size"] = eval_micro_batch(c.plan);
   args["bf16"] = t.amp == "bf16";
   args["fp16"] = t.amp == "fp16";
   args["max_grad_norm"] = t.max_grad_norm.value_or(0.0);  // Trainer clips at 1.0 unless told 0
@@ -332,6 +348,12 @@ std::string accelerate_export(ExportContext& c) {
                            {"mixed_precision", precision_name(t.amp, "no", "bf16", "fp16")},
                            {"cpu", !t.cuda}};
   j["DataLoader"] = ojson{{"batch_size", c.u}};
+  if (eval_micro_batch(c.plan) > 0) {
+    j["EvalDataLoader"] = ojson{{"batch_size", eval_micro_batch(c.plan)}};
+    c.notes.push_back(eval_note(c.plan, "Accelerate has no setting for it; build the eval DataLoader with "
+                                        "cfg[\"EvalDataLoader\"][\"batch_size\"] and evaluate under torch.no_grad() "
+                                        "with model.eval()"));
+  }
   j["optimizer"] = ojson{{"class", "torch.optim." + name}, {"kwargs", kwargs}};
   if (t.max_grad_norm) {
     // Accelerate has no clipping setting: the training loop calls it, once per window.
@@ -412,10 +434,16 @@ std::string lightning_export(ExportContext& c) {
   const auto [name, kwargs] = torch_optimizer(t);
   s << "optimizer:\n  class_path: torch.optim." << name << "\n  init_args:\n";
   for (const auto& [key, value] : kwargs.items()) s << "    " << key << ": " << yaml_value(value) << "\n";
+  const int64_t e = eval_micro_batch(c.plan);
+  const std::string eval_line = e > 0 ? "eval_batch_size: " + std::to_string(e) +
+                                            "  # plan.eval: the evaluation batch argument of your LightningDataModule\n"
+                                      : "";
   if (c.options.lightning_datamodule.empty()) {
     s << "data:\n  batch_size: " << c.u << "  # an init argument of your LightningDataModule\n";
+    if (e > 0) s << "  " << eval_line;
   } else {
     s << "data:\n  class_path: " << c.options.lightning_datamodule << "\n  init_args:\n    batch_size: " << c.u << "\n";
+    if (e > 0) s << "    " << eval_line;
   }
   return s.str();
 }

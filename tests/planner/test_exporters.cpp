@@ -83,6 +83,31 @@ TEST_CASE("Exporters: every trainer's batch arithmetic reaches the target with W
   CHECK(pl.find("NOTE") == std::string::npos);
 }
 
+TEST_CASE("Exporters: the eval batch in each trainer's terms, absent without plan.eval", "[export][eval]") {
+  Plan plan = plan_for(256, 2, 64);
+  std::string note;
+  CHECK_FALSE(json::parse(export_plan(plan, "hf", &note))["TrainingArguments"].contains("per_device_eval_batch_size"));
+  CHECK(export_plan(plan, "lightning", &note).find("eval_batch_size") == std::string::npos);
+  EvalPlan e;
+  e.micro_batch = 320;
+  e.confirmed = true;
+  plan.eval = e;
+  CHECK(json::parse(export_plan(plan, "hf", &note))["TrainingArguments"]["per_device_eval_batch_size"] == 320);
+  const json ds = json::parse(export_plan(plan, "deepspeed", &note));
+  CHECK(ds["accumplan"]["eval_micro_batch"] == 320);
+  CHECK(note.find("evaluate in microbatches of 320 per device") != std::string::npos);
+  CHECK(note.find("DeepSpeed's config has no evaluation batch") != std::string::npos);
+  const json acc = json::parse(export_plan(plan, "accelerate", &note));
+  CHECK(acc["EvalDataLoader"] == json{{"batch_size", 320}});
+  CHECK(note.find("Accelerate has no setting for it") != std::string::npos);
+  const std::string pl = export_plan(plan, "lightning", &note);
+  CHECK(pl.find("\n  eval_batch_size: 320  #") > pl.find("\ndata:\n  batch_size: 64"));
+  ExportOptions dm{"p.json", "accumplan", false};
+  dm.lightning_datamodule = "my.DataModule";
+  CHECK(export_plan(plan, "lightning", &note, dm).find("  init_args:\n    batch_size: 64\n    eval_batch_size: 320") !=
+        std::string::npos);
+}
+
 TEST_CASE("Exporters: every listed target has its own writer, and an unlisted one is refused", "[export]") {
   // One table owns the names and the writers: a name added to the list cannot fall through to
   // another target's writer (an added name once exported Lightning silently).

@@ -48,7 +48,7 @@ ACCELERATE_CONFIG_FIELDS = {"compute_environment", "distributed_type", "mixed_pr
 ACCELERATE_DISTRIBUTED_TYPES = {"NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED"}
 # transformers TrainingArguments (src/transformers/training_args.py @00349ae, 5.x; the same names
 # in 4.46+), and OptimizerNames values for torch's optimizers.
-TRAINING_ARGUMENTS = {"per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "max_grad_norm",
+TRAINING_ARGUMENTS = {"per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "max_grad_norm",
                       "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "optim", "use_cpu",
                       "average_tokens_across_devices"}
 HF_OPTIM_NAMES = {"adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop"}
@@ -59,6 +59,20 @@ LIGHTNING_TRAINER_ARGS = {"accelerator", "devices", "num_nodes", "precision", "a
                           "gradient_clip_val", "gradient_clip_algorithm"}
 LIGHTNING_PRECISION = {"transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true",
                        "bf16-mixed", "32-true", "64-true"}
+
+
+def with_eval_batch(plan_path, out_path, micro_batch):
+    """The plan with an evaluation batch (schema 1.7) of ``micro_batch``, as the main job plans one."""
+    with open(plan_path) as f:
+        doc = json.load(f)
+    doc["eval"] = {"micro_batch": micro_batch, "predicted_peak_bytes": 1 << 29, "intercept_bytes": 1e8,
+                   "slope_bytes_per_sample": 1e6, "keep_outputs": False,
+                   "resident": {"weights_bytes": 1 << 20, "optimizer_state_bytes": 1 << 21}, "confirmed": True,
+                   "trials": [{"kind": "eval", "micro_batch": micro_batch, "fit": True, "peak_bytes": 1 << 29,
+                               "seconds": 0.5, "window": [micro_batch]}]}
+    with open(out_path, "w") as f:
+        json.dump(doc, f)
+    return out_path
 
 
 def bf16_adamw_clipped(plan_path, out_path):
@@ -98,6 +112,7 @@ class Exports(unittest.TestCase):
             accumplan("plan", "--profile", PROFILE, "--memory-budget", "1GiB", "--out", path, *args)
             cls.plans[name] = path
         cls.plans["bf16"] = bf16_adamw_clipped(cls.plans["w2"], os.path.join(cls.tmp.name, "bf16.json"))
+        cls.plans["eval"] = with_eval_batch(cls.plans["w2"], os.path.join(cls.tmp.name, "eval.json"), 160)
 
     @classmethod
     def tearDownClass(cls):
@@ -191,6 +206,23 @@ class Exports(unittest.TestCase):
         opt = getattr(torch.optim, cfg["optimizer"]["class"].rsplit(".", 1)[1])(
             [torch.nn.Parameter(torch.zeros(2))], **cfg["optimizer"]["kwargs"])
         self.assertEqual(tuple(opt.defaults["betas"]), (ta["adam_beta1"], ta["adam_beta2"]))
+
+    def test_the_eval_batch_in_each_tools_own_terms(self):
+        import yaml
+        ta = json.loads(self.export("eval", "hf"))["TrainingArguments"]
+        self.assertLessEqual(set(ta), TRAINING_ARGUMENTS)
+        self.assertEqual(ta["per_device_eval_batch_size"], 160)
+        self.assertNotIn("per_device_eval_batch_size", json.loads(self.export("w2", "hf"))["TrainingArguments"])
+        ds = json.loads(self.export("eval", "deepspeed"))
+        self.assertLessEqual(set(ds) - {"accumplan"}, DEEPSPEED_KEYS)  # no key of DeepSpeed's own: a note
+        self.assertEqual(ds["accumplan"]["eval_micro_batch"], 160)
+        self.assertTrue(any("evaluate in microbatches of 160" in n for n in ds["accumplan"]["notes"]))
+        acc = json.loads(self.export("eval", "accelerate"))
+        self.assertEqual(acc["EvalDataLoader"], {"batch_size": 160})
+        self.assertLessEqual(set(acc["Accelerator"]), ACCELERATOR_KWARGS)
+        cfg = yaml.safe_load(self.export("eval", "lightning", "--lightning-datamodule", "my_project.data.TextDataModule"))
+        self.assertLessEqual(set(cfg), LIGHTNING_CLI_SECTIONS)
+        self.assertEqual(cfg["data"]["init_args"], {"batch_size": ta["per_device_train_batch_size"], "eval_batch_size": 160})
 
     def test_lightning_cli_config(self):
         import yaml
