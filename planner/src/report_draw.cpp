@@ -424,6 +424,37 @@ double draw_memory_chart(SvgWriter& w, const ReportInput& in, const ChartData& d
 
 // --- the breakdown and the run's totals ---------------------------------------------------------
 
+// One memory bar with its title and legend (the exact sizes and shares, three columns): returns the
+// y just below it.
+double draw_bar(SvgWriter& w, const std::string& title, const std::string& id, const std::vector<Part>& parts,
+                int64_t total, double top) {
+  const double bar_top = std::max(top + 30, kBarTop);
+  w.text(kBarLeft, bar_top - 12, title, "class=\"section\"");
+  double x = kBarLeft;
+  for (const Part& p : parts) {
+    const double width = total > 0 ? static_cast<double>(p.bytes) / static_cast<double>(total) * kBarWidth : 0;
+    w.s << "<rect class=\"segment " << id << " part-" << p.name << "\" x=\"" << num(x) << "\" y=\"" << num(bar_top)
+        << "\" width=\"" << num(width) << "\" height=\"" << num(kBarHeight) << "\" fill=\"" << p.color << "\"><title>"
+        << xml_escape(std::string(p.label) + " " + format_bytes(p.bytes) + " (" + percent_text(p.bytes, total) + ")")
+        << "</title></rect>\n";
+    x += width;
+  }
+  w.s << "<rect class=\"bar-frame\" x=\"" << num(kBarLeft) << "\" y=\"" << num(bar_top) << "\" width=\"" << num(kBarWidth)
+      << "\" height=\"" << num(kBarHeight) << "\"><title>" << xml_escape(format_bytes(total))
+      << "</title></rect>\n";
+  double y = bar_top + kBarHeight + 24;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const double cx = kBarLeft + static_cast<double>(i % 3) * 290;
+    const double cy = y + static_cast<double>(i / 3) * 22;
+    w.s << "<rect x=\"" << num(cx) << "\" y=\"" << num(cy - 11) << "\" width=\"14\" height=\"14\" fill=\""
+        << parts[i].color << "\" stroke=\"#666\" stroke-width=\"0.5\"/>\n";
+    w.text(cx + 20, cy, std::string(parts[i].label) + " " + format_bytes(parts[i].bytes) + " (" +
+                            percent_text(parts[i].bytes, total) + ")",
+           "class=\"label\"");
+  }
+  return y + 22 * static_cast<double>((parts.size() + 2) / 3);
+}
+
 // The breakdown at the planned size: returns the y just below it.
 double draw_breakdown(SvgWriter& w, const Plan& plan, double top) {
   const MemoryBreakdown& m = plan.memory;
@@ -441,35 +472,40 @@ double draw_breakdown(SvgWriter& w, const Plan& plan, double top) {
       {"room", "room left to usable", "#b6e3b0", room},
       {"margin", "margin kept free (--headroom)", "#eeeeee", margin},
   };
-  const double bar_top = std::max(top + 30, kBarTop);
-  w.text(kBarLeft, bar_top - 12,
-         "Memory at the planned microbatch b=" + std::to_string(plan.micro_batch) + " (predicted peak " +
-             format_bytes(m.predicted_peak_bytes) + " of " + format_bytes(m.budget_bytes) + " budget)",
-         "class=\"section\"");
-  double x = kBarLeft;
-  for (const Part& p : parts) {
-    const double width = total > 0 ? static_cast<double>(p.bytes) / static_cast<double>(total) * kBarWidth : 0;
-    w.s << "<rect class=\"segment part-" << p.name << "\" x=\"" << num(x) << "\" y=\"" << num(bar_top) << "\" width=\""
-        << num(width) << "\" height=\"" << num(kBarHeight) << "\" fill=\"" << p.color << "\"><title>"
-        << xml_escape(std::string(p.label) + " " + format_bytes(p.bytes) + " (" + percent_text(p.bytes, total) + ")")
-        << "</title></rect>\n";
-    x += width;
+  return draw_bar(w,
+                  "Memory at the planned microbatch b=" + std::to_string(plan.micro_batch) + " (predicted peak " +
+                      format_bytes(m.predicted_peak_bytes) + " of " + format_bytes(m.budget_bytes) + " budget)",
+                  "training", parts, total, top);
+}
+
+// Beside the training bar, the evaluation batch's (plan.eval, 1.7): the same budget, the weights
+// and optimizer state resident, no gradients, the eval activations (and kept outputs).
+double draw_eval_breakdown(SvgWriter& w, const Plan& plan, const EvalPlan& e, double top) {
+  const MemoryBreakdown& m = plan.memory;
+  if (e.micro_batch == 0) {
+    w.text(kBarLeft, top + 18, "Evaluation: not even the training microbatch fits beside the weights and optimizer state.",
+           "class=\"note\"");
+    return top + 40;
   }
-  w.s << "<rect class=\"bar-frame\" x=\"" << num(kBarLeft) << "\" y=\"" << num(bar_top) << "\" width=\"" << num(kBarWidth)
-      << "\" height=\"" << num(kBarHeight) << "\"><title>" << xml_escape(format_bytes(total))
-      << "</title></rect>\n";
-  // Legend: three columns, the exact sizes and shares.
-  double y = bar_top + kBarHeight + 24;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const double cx = kBarLeft + static_cast<double>(i % 3) * 290;
-    const double cy = y + static_cast<double>(i / 3) * 22;
-    w.s << "<rect x=\"" << num(cx) << "\" y=\"" << num(cy - 11) << "\" width=\"14\" height=\"14\" fill=\""
-        << parts[i].color << "\" stroke=\"#666\" stroke-width=\"0.5\"/>\n";
-    w.text(cx + 20, cy, std::string(parts[i].label) + " " + format_bytes(parts[i].bytes) + " (" +
-                            percent_text(parts[i].bytes, total) + ")",
-           "class=\"label\"");
-  }
-  return y + 44;
+  const int64_t resident = e.weights_bytes + e.optimizer_state_bytes;
+  const int64_t activations = std::max<int64_t>(0, e.predicted_peak_bytes - resident);
+  const int64_t peak = resident + activations;
+  const int64_t room = std::max<int64_t>(0, m.usable_bytes - peak);
+  const int64_t margin = std::max<int64_t>(0, m.budget_bytes - std::max(m.usable_bytes, peak));
+  const std::vector<Part> parts = {
+      {"weights", "weights", "#4e79a7", e.weights_bytes},
+      {"optimizer-state", "optimizer state", "#edc948", e.optimizer_state_bytes},
+      {"eval-activations", e.keep_outputs ? "eval activations and kept outputs" : "eval activations and transients",
+       "#f28e2b", activations},
+      {"room", "room left to usable", "#b6e3b0", room},
+      {"margin", "margin kept free (--headroom)", "#eeeeee", margin},
+  };
+  return draw_bar(w,
+                  "Evaluation at the planned eval microbatch b=" + std::to_string(e.micro_batch) + " (" +
+                      num(static_cast<double>(e.micro_batch) / static_cast<double>(std::max<int64_t>(1, plan.micro_batch))) +
+                      "x training; predicted peak " + format_bytes(e.predicted_peak_bytes) +
+                      (e.confirmed ? ", confirmed" : "") + ")",
+                  "eval", parts, std::max(m.budget_bytes, peak), top);
 }
 
 std::vector<std::string> stats_lines(const RunStats& s) {
@@ -766,6 +802,7 @@ std::string svg_document(const ReportInput& in, bool with_namespace) {
   double y = draw_memory_chart(w, in, d);
   if (in.plan) {
     y = draw_breakdown(w, *in.plan, y);
+    if (in.plan->eval) y = draw_eval_breakdown(w, *in.plan, *in.plan->eval, y);
   } else {
     w.text(kPlotLeft, y + 10, "A profile has no planned size: plan it (accumplan plan --profile ...) for the breakdown.",
            "class=\"note\"");

@@ -262,24 +262,16 @@ void check_chart_against_plan(xmlNode* root, const Plan& plan, const std::option
   }
 }
 
-// The stacked bar: each segment's share of the frame is its share of the budget.
-void check_breakdown(xmlNode* root, const Plan& plan) {
-  const MemoryBreakdown& m = plan.memory;
-  const int64_t persistent = m.weights_bytes + m.gradients_bytes + m.optimizer_state_bytes;
-  const std::map<std::string, int64_t> expected = {
-      {"part-weights", m.weights_bytes},
-      {"part-gradients", m.gradients_bytes},
-      {"part-optimizer-state", m.optimizer_state_bytes},
-      {"part-activations", m.predicted_peak_bytes - persistent},
-      {"part-room", m.usable_bytes - m.predicted_peak_bytes},
-      {"part-margin", m.budget_bytes - m.usable_bytes},
-  };
+// One stacked bar (`id`: training or eval, the frame's index): each segment's share of the frame is
+// its share of the budget.
+void check_bar(xmlNode* root, const std::string& id, size_t frame, const std::map<std::string, int64_t>& expected,
+               int64_t budget_bytes) {
   const auto frames = elements(root, "rect", "bar-frame");
-  REQUIRE(frames.size() == 1);
-  const double frame_x = num_attr(frames[0], "x"), frame_width = num_attr(frames[0], "width");
-  const double bytes_per_pixel = static_cast<double>(m.budget_bytes) / frame_width;
+  REQUIRE(frames.size() > frame);
+  const double frame_x = num_attr(frames[frame], "x"), frame_width = num_attr(frames[frame], "width");
+  const double bytes_per_pixel = static_cast<double>(budget_bytes) / frame_width;
   double x = frame_x, total_width = 0;
-  const auto segments = elements(root, "rect", "segment");
+  const auto segments = elements(root, "rect", id);
   REQUIRE(segments.size() == expected.size());
   for (xmlNode* s : segments) {
     std::string part;
@@ -295,6 +287,31 @@ void check_breakdown(xmlNode* root, const Plan& plan) {
     total_width += width;
   }
   CHECK(total_width == Approx(frame_width).margin(0.05));
+}
+
+// The training bar, and the eval bar beside it when the plan has an eval batch (1.7).
+void check_breakdown(xmlNode* root, const Plan& plan) {
+  const MemoryBreakdown& m = plan.memory;
+  const int64_t persistent = m.weights_bytes + m.gradients_bytes + m.optimizer_state_bytes;
+  check_bar(root, "training", 0,
+            {{"part-weights", m.weights_bytes},
+             {"part-gradients", m.gradients_bytes},
+             {"part-optimizer-state", m.optimizer_state_bytes},
+             {"part-activations", m.predicted_peak_bytes - persistent},
+             {"part-room", m.usable_bytes - m.predicted_peak_bytes},
+             {"part-margin", m.budget_bytes - m.usable_bytes}},
+            m.budget_bytes);
+  const bool eval_bar = plan.eval && plan.eval->micro_batch > 0;
+  CHECK(elements(root, "rect", "bar-frame").size() == (eval_bar ? 2u : 1u));
+  if (!eval_bar) return;
+  const EvalPlan& e = *plan.eval;
+  check_bar(root, "eval", 1,
+            {{"part-weights", e.weights_bytes},
+             {"part-optimizer-state", e.optimizer_state_bytes},
+             {"part-eval-activations", e.predicted_peak_bytes - e.weights_bytes - e.optimizer_state_bytes},
+             {"part-room", m.usable_bytes - e.predicted_peak_bytes},
+             {"part-margin", m.budget_bytes - m.usable_bytes}},
+            m.budget_bytes);
 }
 
 // Nothing in the document points outside it: no scripts, no links to files or hosts, no
@@ -406,6 +423,14 @@ TEST_CASE("report: a confirmation, a failed step and a run's peak are drawn wher
   CHECK(html.find("1 OOM recovery") != std::string::npos);
   CHECK(html.find("carry no per-window series") != std::string::npos);
   CHECK(elements(parse_xml(html).root(), "circle", "window-peak").empty());
+}
+
+TEST_CASE("report: a plan without an eval batch draws the training bar alone", "[report][eval]") {
+  Plan plan = read_plan_file(source_path("tests/golden/plan.json"));
+  REQUIRE(plan.eval);  // the golden plan has one: the case above checks both bars
+  plan.eval.reset();
+  check_both_formats(report_input_from_plan(plan));
+  CHECK(render_report_svg(report_input_from_plan(plan)).find("Evaluation at") == std::string::npos);
 }
 
 TEST_CASE("report: a 1.0 plan is drawn from the profile its reader rebuilt", "[report]") {
