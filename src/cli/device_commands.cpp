@@ -271,7 +271,8 @@ std::unique_ptr<MemoryProbe> open_probe(const DeviceArgs& a, const RunnerOptions
   return make_memory_probe(req);  // BackendNotBuiltError for cuda on a CPU-only build
 }
 
-std::string steps_summary(const std::vector<Trial>& trials) {
+// `evals`: the eval windows (plan.eval.trials), counted on their own.
+std::string steps_summary(const std::vector<Trial>& trials, const std::vector<Trial>& evals = {}) {
   int probes = 0, confirms = 0;
   double seconds = 0;
   int climbs = 0, failed = 0;
@@ -280,9 +281,13 @@ std::string steps_summary(const std::vector<Trial>& trials) {
     failed += t.fit ? 0 : 1;
     seconds += t.seconds;
   }
+  double eval_seconds = 0;
+  for (const auto& t : evals) eval_seconds += t.seconds;
   std::ostringstream s;
   s << "  real windows run     " << trials.size() << " (" << probes << " probe, " << confirms << " confirm, " << climbs
-    << " climb; " << failed << " did not fit) in " << format_seconds(seconds) << "\n";
+    << " climb; " << failed << " did not fit) in " << format_seconds(seconds);
+  if (!evals.empty()) s << ", and " << evals.size() << " eval in " << format_seconds(eval_seconds);
+  s << "\n";
   return s.str();
 }
 
@@ -434,7 +439,8 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
                                    render_report(report_input_from_plan(plan), report_format_for("", args->report)));
             }
             emit_outputs(outputs);
-            std::cerr << describe_plan(plan) << steps_summary(plan.profile.trials);
+            std::cerr << describe_plan(plan)
+                      << steps_summary(plan.profile.trials, plan.eval ? plan.eval->trials : std::vector<Trial>{});
             return 0;
           })};
 }
