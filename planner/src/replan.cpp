@@ -109,6 +109,9 @@ Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* no
         solved_plan.device = plan.device;
         solved_plan.setup = plan.setup;
         solved_plan.libtorch_version = plan.libtorch_version;
+        // The eval batch was measured with the training state resident, not at a training size:
+        // a smaller training microbatch leaves it as it was.
+        solved_plan.eval = plan.eval;
         next = solved_plan;
         solved = true;
         how << "solved again by the planner with max_micro_batch " << bound;

@@ -433,6 +433,11 @@ ojson profile_body_json(const Profile& p) {
                           {"optimizer_state_bytes", p.persistent.optimizer_state_bytes}};
   j["points"] = points_json(p.points);
   j["trials"] = trials_json(p.trials);
+  if (p.eval) {  // 1.7
+    ojson points = ojson::array();
+    for (const EvalPoint& e : p.eval->points) points.push_back(ojson{{"micro_batch", e.micro_batch}, {"peak_bytes", e.peak_bytes}});
+    j["eval"] = ojson{{"keep_outputs", p.eval->keep_outputs}, {"points", points}, {"trials", trials_json(p.eval->trials)}};
+  }
   return j;
 }
 
@@ -450,6 +455,14 @@ Profile profile_body_from(const JsonField& root) {
   p.persistent.optimizer_state_bytes = per.i64("optimizer_state_bytes");
   p.points = points_from(root.at("points"));
   if (root.has("trials")) p.trials = trials_from(root.at("trials"));
+  if (root.has("eval")) {  // 1.7
+    const JsonField f = root.at("eval");
+    EvalProfile e;
+    e.keep_outputs = f.boolean("keep_outputs");
+    for (const JsonField& pt : f.at("points").items()) e.points.push_back({pt.i64("micro_batch"), pt.i64("peak_bytes")});
+    e.trials = trials_from(f.at("trials"));
+    p.eval = e;
+  }
   return p;
 }
 

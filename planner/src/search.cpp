@@ -465,4 +465,52 @@ std::optional<EvalPlan> Search::plan_eval(const Plan& plan, bool keep_outputs) {
   return e;
 }
 
+void Search::profile_eval(Profile& p, bool keep_outputs) {
+  std::vector<int64_t> fit;
+  for (const ProfilePoint& pt : p.points) {
+    if (!settings_.budget_bytes || pt.peak_bytes <= *settings_.budget_bytes) fit.push_back(pt.micro_batch);
+  }
+  std::sort(fit.begin(), fit.end());
+  fit.erase(std::unique(fit.begin(), fit.end()), fit.end());
+  if (fit.empty()) return;
+  const std::vector<int64_t> sizes = fit.size() >= 2 ? std::vector<int64_t>{fit[fit.size() - 2], fit.back()}
+                                                     : std::vector<int64_t>{fit.back(), 2 * fit.back()};
+  EvalPlan e;
+  e.keep_outputs = keep_outputs;
+  const size_t each = keep_outputs ? 2 : 1;
+  std::vector<int64_t> window;
+  for (int64_t b : sizes) window.insert(window.end(), each, b);
+  const int64_t seq_len = settings_.seq_range ? settings_.seq_range->max : 0;
+  const std::optional<EvalMeasurement> m = run_eval(window, seq_len, past_the_budget(), e);
+  if (!m) return;
+  EvalProfile ep;
+  ep.keep_outputs = keep_outputs;
+  for (size_t i = each - 1; i < m->peak_bytes.size(); i += each) ep.points.push_back({m->sizes[i], m->peak_bytes[i]});
+  ep.trials = e.trials;
+  p.eval = ep;
+}
+
+std::optional<EvalPlan> eval_from_profile(const Plan& plan) {
+  const std::optional<EvalProfile>& ep = plan.profile.eval;
+  if (!ep) return std::nullopt;
+  std::vector<std::pair<int64_t, int64_t>> points;
+  for (const EvalPoint& pt : ep->points) points.push_back({pt.micro_batch, pt.peak_bytes});
+  const std::optional<std::pair<double, double>> line = eval_line(points);
+  if (!line) return std::nullopt;
+  EvalPlan e;
+  e.keep_outputs = ep->keep_outputs;
+  e.intercept_bytes = line->first;
+  e.slope_bytes_per_sample = line->second;
+  e.weights_bytes = plan.profile.persistent.weights_bytes;
+  e.optimizer_state_bytes = plan.profile.persistent.optimizer_state_bytes;
+  e.micro_batch = eval_largest(*line, plan.memory.usable_bytes, kMaxEvalMultiple * std::max<int64_t>(1, plan.micro_batch));
+  if (e.micro_batch > 0) e.predicted_peak_bytes = line_peak_bytes(*line, e.micro_batch);
+  e.trials = ep->trials;
+  // Confirmed only where an eval microbatch of exactly that size ran within the usable bytes.
+  e.confirmed = std::any_of(ep->points.begin(), ep->points.end(), [&](const EvalPoint& pt) {
+    return e.micro_batch > 0 && pt.micro_batch == e.micro_batch && pt.peak_bytes <= plan.memory.usable_bytes;
+  });
+  return e;
+}
+
 }  // namespace accumplan

@@ -330,6 +330,18 @@ std::function<int()> with_host_memory_errors(std::function<int()> run) {
 }
 
 // `accumplan profile`: measure only.
+// --no-eval and --eval-keep-outputs, declared once for the main job and `profile`; `what` says
+// what the evaluation measurement is in that command.
+static void add_eval_options(CLI::App* app, DeviceArgs& a, const std::string& what, const std::string& group) {
+  CLI::Option* no_eval =
+      app->add_flag("--no-eval", a.no_eval, "measure no evaluation batch (by default " + what + ")")->group(group);
+  app->add_flag("--eval-keep-outputs", a.eval_keep_outputs,
+                "the evaluation keeps each microbatch's outputs (logits for metrics) on the device until the next "
+                "microbatch's forward has finished; the eval batch is measured with them counted")
+      ->excludes(no_eval)
+      ->group(group);
+}
+
 static void add_profile_command(CLI::App& root, std::vector<Command>& commands) {
   auto pargs = std::make_shared<DeviceArgs>();
   CLI::App* profile = root.add_subcommand(
@@ -342,6 +354,9 @@ static void add_profile_command(CLI::App& root, std::vector<Command>& commands) 
   profile->add_option("--world-size", pargs->plan.world_size, "data-parallel ranks (bounds probes by B / W)")
       ->capture_default_str();
   profile->add_option("--out", pargs->out, "write profile.json here (atomically); default stdout");
+  add_eval_options(profile, *pargs, "one more real window measures eval microbatches at the two largest sizes, for "
+                                    "`accumplan plan` to state plan.eval from",
+                   "Options");
   commands.push_back({profile, [pargs, profile]() {
                         check_outputs({output_option(profile, "--out", pargs->out, true)},
                                       {{"--model", pargs->model}, {"--batch-file", pargs->batch_file},
@@ -359,7 +374,7 @@ static void add_profile_command(CLI::App& root, std::vector<Command>& commands) 
                         }
                         auto probe = open_probe(*pargs, o);
                         ProbeRunner runner(*probe, o);
-                        const Profile p = runner.profile();
+                        const Profile p = runner.profile(!pargs->no_eval, pargs->eval_keep_outputs);
                         progress->finish();
                         emit_output(pargs->out, json_text(to_json(p)));  // first: no summary of an unsaved profile
                         std::cerr << "profile: weights " << format_bytes(p.persistent.weights_bytes) << " + gradients "
@@ -383,16 +398,9 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
                   "also write the plan's picture here (atomically): self-contained HTML, or SVG for a .svg path "
                   "(as `accumplan report`)")
       ->group(plan_group);
-  CLI::Option* no_eval =
-      root.add_flag("--no-eval", args->no_eval,
-                    "plan no evaluation batch (by default at most two more real windows measure the largest eval "
-                    "microbatch that fits beside the weights and optimizer state: plan.eval)")
-          ->group(plan_group);
-  root.add_flag("--eval-keep-outputs", args->eval_keep_outputs,
-                "the evaluation keeps each microbatch's outputs (logits for metrics) on the device until the next "
-                "microbatch's forward has finished; the eval batch is planned with them counted")
-      ->excludes(no_eval)
-      ->group(plan_group);
+  add_eval_options(&root, *args, "at most two more real windows measure the largest eval microbatch that fits "
+                                 "beside the weights and optimizer state: plan.eval",
+                   plan_group);
 
   add_profile_command(root, commands);
   add_executor_commands(root, commands);

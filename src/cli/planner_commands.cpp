@@ -14,6 +14,7 @@
 #include "accumplan/json_io.h"
 #include "accumplan/report.h"
 #include "accumplan/schema.h"
+#include "accumplan/search.h"
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
 #include "cli/commands.h"
@@ -64,7 +65,8 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
                         const Profile profile = read_profile_file(args->profile, "--profile");
                         PlanRequest req = plan_request_from(args->plan);
                         req.budget = memory_budget_from(args->budget);
-                        const Plan p = make_plan(profile, req);
+                        Plan p = make_plan(profile, req);
+                        p.eval = eval_from_profile(p);  // 1.7: from the profile's eval window, if it ran one
                         // Written first: a bad --out is then one error line, not a summary of a
                         // plan that was never saved followed by the error.
                         emit_output(args->out, json_text(to_json(p)));

@@ -463,7 +463,7 @@ WindowMeasurement ProbeRunner::measure_window(const std::vector<int64_t>& sizes)
   return Search(*this, search_settings(), unrecorded).run(sizes, sizes.empty() ? 0 : sizes.front(), 0, own_budget());
 }
 
-Profile ProbeRunner::profile() {
+Profile ProbeRunner::profile(bool eval, bool keep_outputs) {
   Profile p;
   const ParsedDevice parsed = parse_device(options_.device);
   p.device.type = parsed.type;
@@ -476,7 +476,9 @@ Profile ProbeRunner::profile() {
   p.budget_bytes = budget_bytes_;
   p.persistent = persistent_;
 
-  Search(*this, search_settings(), trials_).profile(p);
+  Search search(*this, search_settings(), trials_);
+  search.profile(p);
+  if (eval) search.profile_eval(p, keep_outputs);
   enforce(budget_bytes_);
   p.device.total_bytes = device_total_bytes();
   p.trials = trials_;

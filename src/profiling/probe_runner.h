@@ -98,7 +98,9 @@ class ProbeRunner final : public WindowRunner {
   WindowMeasurement measure_window(const std::vector<int64_t>& sizes);
 
   // The probe schedule → a Profile holding every point and trial.
-  Profile profile();
+  // eval: then one evaluation window at its two largest sizes (Search::profile_eval; `accumplan
+  // profile`, for `accumplan plan` to state an eval batch from).
+  Profile profile(bool eval = false, bool keep_outputs = false);
 
   // Plans from `profile` and confirms by real steps (see the file comment). Appends confirm
   // trials to profile.trials. Throws InfeasibleError when not even microbatch 1 runs. eval: then

@@ -312,3 +312,40 @@ TEST_CASE("CLI: --eval-every without --eval-data, and --eval-keep-outputs with -
   CHECK(both.exit_code != 0);
   CHECK(both.err.find("--no-eval excludes --eval-keep-outputs") != std::string::npos);
 }
+
+TEST_CASE("profile then plan: the profile's eval window gives the plan an eval batch a real evaluation fits",
+          "[cli][eval][profile]") {
+  const std::string dir = scratch_dir("eval-profile-" + std::to_string(::getpid()));
+  const std::string prof = dir + "/profile.json", plan = dir + "/plan.json", bare = dir + "/bare.json";
+  const CliResult p = run_cli({"profile", "--model", "builtin:mlp", "--device", "cpu", "--memory-budget", kMlpBudget,
+                               "--threads", "2", "--out", prof});
+  INFO(p.err);
+  REQUIRE(p.exit_code == 0);
+  const json profile = json::parse(slurp(prof));
+  REQUIRE(profile.contains("eval"));
+  CHECK(profile["eval"]["points"].size() == 2);
+  CHECK(profile["eval"]["trials"].size() == 1);
+  const CliResult q = run_cli({"plan", "--profile", prof, "--target-batch", std::to_string(kMlpTarget), "--out", plan});
+  INFO(q.err);
+  REQUIRE(q.exit_code == 0);
+  const json planned = json::parse(slurp(plan));
+  REQUIRE(planned.contains("eval"));
+  const int64_t eval_micro = planned["eval"]["micro_batch"];
+  CHECK(eval_micro > planned["micro_batch"].get<int64_t>());
+  CHECK(planned["eval"]["predicted_peak_bytes"].get<int64_t>() <= planned["memory"]["usable_bytes"].get<int64_t>());
+  // The line's size, run for real: an evaluation at it fits the budget, at the predicted peak.
+  torch::manual_seed(32);
+  const std::string data = write_torch_save(dir + "/eval.pt", {torch::randn({eval_micro, 64}), torch::randint(0, 10, {eval_micro})});
+  const CliResult r = run_cli({"run", "--plan", plan, "--model", "builtin:mlp", "--memory-budget", kMlpBudget, "--steps", "1",
+                               "--eval-data", data, "--threads", "2", "--stats", dir + "/stats.json"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json ev = json::parse(slurp(dir + "/stats.json"))["evaluations"][0];
+  CHECK(ev["oom_recoveries"] == 0);
+  const int64_t predicted = planned["eval"]["predicted_peak_bytes"];
+  CHECK(std::abs(ev["peak_bytes"].get<int64_t>() - predicted) <= predicted / 100);
+  // --no-eval: no eval window, no eval batch.
+  REQUIRE(run_cli({"profile", "--model", "builtin:mlp", "--device", "cpu", "--memory-budget", kMlpBudget, "--no-eval",
+                   "--threads", "2", "--out", bare}).exit_code == 0);
+  CHECK_FALSE(json::parse(slurp(bare)).contains("eval"));
+}

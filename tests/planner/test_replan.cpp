@@ -10,6 +10,7 @@
 #include "accumplan/replan.h"
 #include "accumplan/schema.h"
 #include "accumplan/solver.h"
+#include "test_helpers.h"
 
 using namespace accumplan;
 
@@ -69,6 +70,26 @@ TEST_CASE("Replan: below a failing size, the same batch in smaller microbatches"
   CHECK(window_sizes(big, 256) == big.microbatch_sizes);
   CHECK_THROWS_AS(window_sizes(big, 257), InputError);
   CHECK_THROWS_AS(window_sizes(big, 0), InputError);
+}
+
+TEST_CASE("Replan: the eval batch survives a training re-plan, solved or re-split", "[replan][eval]") {
+  // It was measured with the training state resident, not at a training size.
+  const Plan golden = read_plan_file(accumplan::test::source_path("tests/golden/plan.json"));
+  REQUIRE(golden.eval);
+  std::string note;
+  const Plan solved = replan_below(golden, golden.micro_batch, &note);
+  CHECK(note.find("solved again by the planner") != std::string::npos);
+  REQUIRE(solved.eval);
+  CHECK(solved.eval->micro_batch == golden.eval->micro_batch);
+  CHECK(eval_sizes(solved, 2 * golden.eval->micro_batch + 1) ==
+        std::vector<int64_t>{golden.eval->micro_batch, golden.eval->micro_batch, 1});
+  Plan bare = make_plan_with({8, 8});
+  bare.eval = golden.eval;
+  CHECK(replan_below(bare, 8).eval->micro_batch == golden.eval->micro_batch);
+  // Without one, an evaluation runs at the training microbatch.
+  CHECK(eval_sizes(make_plan_with({8, 8}), 20) == std::vector<int64_t>{8, 8, 4});
+  CHECK_THROWS_AS(eval_size_after_oom(1), InfeasibleError);
+  CHECK(eval_size_after_oom(9) == 4);
 }
 
 TEST_CASE("Replan: a re-split without a budget to solve under predicts by the solver's window rule", "[replan]") {

@@ -363,6 +363,38 @@ TEST_CASE("Search: kept outputs run each eval size twice and plan with the previ
   CHECK(Search(d2, settings_for(d2, true, 1024), trials2).plan_eval(plan2)->micro_batch > b);
 }
 
+TEST_CASE("Search: a profile's eval window at its two largest sizes gives a plan an unconfirmed eval batch by its line",
+          "[search][eval]") {
+  FakeDevice d;
+  d.budget = 64 * kMiB;
+  std::vector<Trial> trials;
+  Search search(d, settings_for(d, true, 1024), trials);
+  Profile p = header(d);
+  p.persistent.optimizer_state_bytes = d.state;
+  search.profile(p);
+  p.trials = trials;
+  search.profile_eval(p);
+  REQUIRE(p.eval);
+  REQUIRE(d.eval_windows.size() == 1);  // one window only: no plan to confirm yet
+  std::vector<int64_t> sizes;
+  for (const auto& pt : p.points) sizes.push_back(pt.micro_batch);
+  std::sort(sizes.begin(), sizes.end());
+  CHECK(d.eval_windows[0] == std::vector<int64_t>{sizes[sizes.size() - 2], sizes.back()});
+  REQUIRE(p.eval->points.size() == 2);
+  CHECK(p.eval->points[1].peak_bytes == d.eval_peak(sizes.back()));
+  const Plan plan = make_plan(p, request_for(1024));
+  const std::optional<EvalPlan> e = eval_from_profile(plan);
+  REQUIRE(e);
+  CHECK(d.eval_peak(e->micro_batch) <= plan.memory.usable_bytes);
+  CHECK(d.eval_peak(e->micro_batch + 1) > plan.memory.usable_bytes);
+  CHECK(std::abs(e->predicted_peak_bytes - d.eval_peak(e->micro_batch)) <= 1);  // the line's ceil
+  CHECK_FALSE(e->confirmed);
+  CHECK(e->trials.size() == 1);
+  Profile none = p;
+  none.eval.reset();
+  CHECK_FALSE(eval_from_profile(make_plan(none, request_for(1024))).has_value());
+}
+
 TEST_CASE("Search: a runner that does not evaluate gives no eval batch and runs no window", "[search][eval]") {
   FakeDevice d;
   d.budget = 64 * kMiB;

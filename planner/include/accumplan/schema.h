@@ -144,6 +144,19 @@ struct Trial {
   std::optional<int64_t> seq_len;  // 1.3: the window's sequences were padded to this many tokens
 };
 
+// 1.7: `accumplan profile`'s evaluation window (Search::profile_eval): each eval microbatch's
+// peak with the weights and optimizer state resident, from which `accumplan plan` states an
+// (unconfirmed) evaluation batch by its line.
+struct EvalPoint {
+  int64_t micro_batch = 0;
+  int64_t peak_bytes = 0;
+};
+struct EvalProfile {
+  bool keep_outputs = false;
+  std::vector<EvalPoint> points;
+  std::vector<Trial> trials;  // kind "eval"
+};
+
 struct Profile {
   DeviceInfo device;
   ModelInfo model;
@@ -154,6 +167,7 @@ struct Profile {
   Persistent persistent;
   std::vector<ProfilePoint> points;
   std::vector<Trial> trials;
+  std::optional<EvalProfile> eval;          // 1.7, `accumplan profile` unless --no-eval
 };
 
 // What the plan keeps free below the budget (`--headroom`), in bytes, part by part.

@@ -105,6 +105,12 @@ struct SearchSettings {
   std::function<void(const std::string&)> progress;  // one line per real window, no trailing newline
 };
 
+// The evaluation batch a plan made from a saved profile states (`accumplan plan --profile`): the
+// largest size the profile's eval line fits under the plan's usable bytes (at most 256x the
+// training microbatch), unconfirmed — no eval window ran at it. nullopt when the profile has no
+// eval window (or fewer than two sizes in it).
+std::optional<EvalPlan> eval_from_profile(const Plan& plan);
+
 class Search {
  public:
   // `runner` must outlive the search. `trials` holds the windows run before it (the persistent-
@@ -125,6 +131,11 @@ class Search {
   // does not evaluate; micro_batch 0 when not even m fits. keep_outputs: every size runs twice in a
   // row and the second's peak (the first's outputs held) is the point, so the plan counts them.
   std::optional<EvalPlan> plan_eval(const Plan& plan, bool keep_outputs = false);
+  // `accumplan profile` (no plan yet): one eval window at the two largest sizes the profile ran
+  // within the budget (b and 2b when it has one), past a simulated budget, into `p.eval`.
+  // Variable-length data: sequences of the longest length planned for. No window when the runner
+  // does not evaluate or no size fit.
+  void profile_eval(Profile& p, bool keep_outputs = false);
   // Runs and judges one window, recording nothing; `micro_batch` labels it.
   WindowMeasurement run(const std::vector<int64_t>& sizes, int64_t micro_batch, int64_t seq_len, WindowBudget budget);
 
