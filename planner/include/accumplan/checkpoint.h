@@ -1,0 +1,77 @@
+// accumplan/checkpoint.h — activation checkpointing as a planned knob (issue 38): the model that
+// turns a checkpoint set and a microbatch into a predicted peak and a predicted window time, and
+// the choice of the set with the least predicted seconds per effective batch.
+//
+// What it is: torch-free arithmetic over measured costs. Each candidate block (a transformer layer,
+// a ResNet stage: accumplan/checkpointing.py finds them) carries two measured figures:
+//   saved_bytes_per_sample      what checkpointing it frees per sample: the tensors its forward
+//                               saves for backward, less the input a checkpoint keeps;
+//   forward_seconds_per_sample  what recomputing it costs per sample: its forward again.
+// With no block checkpointed, a training microbatch of b peaks at intercept + slope·b (the plan's
+// own measured line, gradients resident) and takes t0 + t1·b seconds (forward + backward). With a
+// set S checkpointed (non-reentrant torch.utils.checkpoint: one block is recomputed at a time,
+// during its own backward):
+//   peak(S, b)    = intercept + b·(slope − Σ_{i∈S} saved_i + max_{i∈S} saved_i)
+//   seconds(S, b) = t0 + b·(t1 + Σ_{i∈S} forward_i)
+// and a window of T samples in the largest b that fits is ceil(T / b) microbatches (a balanced
+// split of T), so its predicted time is ceil(T/b)·t0 + T·(t1 + Σ forward_i). The sets considered
+// over n candidates: none, every k-th block for k = n, n−1, ..., 2 (blocks k−1, 2k−1, ...: the
+// deepest of each group, whose activations live longest), and all. The chosen set has the least
+// predicted window time among those whose largest microbatch is at least one sample; equal
+// times go to fewer checkpointed blocks, so none wins whenever checkpointing buys nothing.
+// What it is not: a measurement (Python measures the costs on the module), nor the confirmation:
+// the chosen set is confirmed by a real window, like every plan.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace accumplan {
+
+struct BlockCost {
+  std::string name;                       // the module's name in the model, e.g. "blocks.3"
+  double saved_bytes_per_sample = 0;      // freed per sample when checkpointed (>= 0)
+  double forward_seconds_per_sample = 0;  // recomputed per sample when checkpointed (>= 0)
+};
+
+struct CheckpointSet {
+  std::vector<size_t> blocks;  // indices into the candidates, ascending
+  std::string rule;            // "none", "every 3rd block", "all"
+};
+
+// none, every k-th for k = n .. 2, all (n >= 1; for n = 1: none and all).
+std::vector<CheckpointSet> checkpoint_sets(size_t candidates);
+
+struct CheckpointModel {
+  double intercept_bytes = 0;         // no checkpointing: peak(b) = intercept + slope·b
+  double slope_bytes_per_sample = 0;
+  double step_seconds = 0;            // t0: per microbatch
+  double step_seconds_per_sample = 0; // t1
+  std::vector<BlockCost> blocks;      // the candidates, in model order
+
+  // The formulas of the file comment. InputError for a block index out of range.
+  int64_t predicted_peak_bytes(const CheckpointSet& set, int64_t micro_batch) const;
+  double predicted_step_seconds(const CheckpointSet& set, int64_t micro_batch) const;
+  // The largest b in [1, limit] whose predicted peak fits usable_bytes (0: not even one).
+  int64_t largest_micro_batch(const CheckpointSet& set, int64_t usable_bytes, int64_t limit) const;
+};
+
+struct CheckpointChoice {
+  CheckpointSet set;
+  int64_t micro_batch = 0;               // the largest that fits, at most the per-rank batch
+  int64_t accumulation_steps = 0;        // ceil(per_rank_batch / micro_batch)
+  int64_t predicted_peak_bytes = 0;      // at micro_batch
+  double predicted_window_seconds = 0;   // the window of per_rank_batch samples
+};
+
+// Every set's figures, in checkpoint_sets' order; a set whose microbatch 1 does not fit has
+// micro_batch 0 and is never chosen.
+std::vector<CheckpointChoice> checkpoint_options(const CheckpointModel& model, int64_t per_rank_batch,
+                                                 int64_t usable_bytes);
+// The least predicted window time (ties: fewer blocks); nullopt when no set fits one sample.
+std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& model, int64_t per_rank_batch,
+                                                     int64_t usable_bytes);
+
+}  // namespace accumplan

@@ -1,0 +1,114 @@
+// planner/src/checkpoint.cpp — activation checkpointing's model and choice. See checkpoint.h.
+#include "accumplan/checkpoint.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "accumplan/errors.h"
+
+namespace accumplan {
+namespace {
+
+std::string ordinal(size_t k) {
+  const size_t tens = k % 100;
+  const char* suffix = (tens >= 11 && tens <= 13) ? "th" : k % 10 == 1 ? "st" : k % 10 == 2 ? "nd" : k % 10 == 3 ? "rd" : "th";
+  return std::to_string(k) + suffix;
+}
+
+// (Σ saved_i, max saved_i, Σ forward_i) over the set.
+struct SetSums {
+  double saved = 0, largest_saved = 0, forward = 0;
+};
+
+SetSums sums_of(const CheckpointModel& m, const CheckpointSet& set) {
+  SetSums s;
+  for (size_t i : set.blocks) {
+    if (i >= m.blocks.size()) {
+      throw InputError("checkpoint set '" + set.rule + "' names block " + std::to_string(i) + " of " +
+                       std::to_string(m.blocks.size()) + " candidates");
+    }
+    s.saved += m.blocks[i].saved_bytes_per_sample;
+    s.largest_saved = std::max(s.largest_saved, m.blocks[i].saved_bytes_per_sample);
+    s.forward += m.blocks[i].forward_seconds_per_sample;
+  }
+  return s;
+}
+
+double per_sample_bytes(const CheckpointModel& m, const SetSums& s) {
+  return m.slope_bytes_per_sample - s.saved + s.largest_saved;
+}
+
+}  // namespace
+
+std::vector<CheckpointSet> checkpoint_sets(size_t n) {
+  std::vector<CheckpointSet> sets{{{}, "none"}};
+  for (size_t k = n; k >= 2; --k) {
+    CheckpointSet s;
+    for (size_t i = k - 1; i < n; i += k) s.blocks.push_back(i);
+    s.rule = "every " + ordinal(k) + " block";
+    sets.push_back(s);
+  }
+  if (n >= 1) {
+    CheckpointSet all;
+    all.blocks.resize(n);
+    std::iota(all.blocks.begin(), all.blocks.end(), size_t{0});
+    all.rule = "all";
+    sets.push_back(all);
+  }
+  return sets;
+}
+
+int64_t CheckpointModel::predicted_peak_bytes(const CheckpointSet& set, int64_t b) const {
+  const double per_sample = per_sample_bytes(*this, sums_of(*this, set));
+  return static_cast<int64_t>(std::ceil(intercept_bytes + per_sample * static_cast<double>(b)));
+}
+
+double CheckpointModel::predicted_step_seconds(const CheckpointSet& set, int64_t b) const {
+  return step_seconds + static_cast<double>(b) * (step_seconds_per_sample + sums_of(*this, set).forward);
+}
+
+int64_t CheckpointModel::largest_micro_batch(const CheckpointSet& set, int64_t usable_bytes, int64_t limit) const {
+  if (limit < 1 || predicted_peak_bytes(set, 1) > usable_bytes) return 0;
+  const double per_sample = per_sample_bytes(*this, sums_of(*this, set));
+  if (!(per_sample > 0)) return limit;
+  int64_t b = static_cast<int64_t>(std::floor((static_cast<double>(usable_bytes) - intercept_bytes) / per_sample));
+  b = std::clamp<int64_t>(b, 1, limit);
+  while (b > 1 && predicted_peak_bytes(set, b) > usable_bytes) --b;  // the floor settled on the integer rule
+  return b;
+}
+
+std::vector<CheckpointChoice> checkpoint_options(const CheckpointModel& model, int64_t per_rank_batch,
+                                                 int64_t usable_bytes) {
+  if (per_rank_batch < 1) throw InputError("a window holds at least one sample, got " + std::to_string(per_rank_batch));
+  std::vector<CheckpointChoice> out;
+  for (const CheckpointSet& set : checkpoint_sets(model.blocks.size())) {
+    CheckpointChoice c;
+    c.set = set;
+    c.micro_batch = model.largest_micro_batch(set, usable_bytes, per_rank_batch);
+    if (c.micro_batch > 0) {
+      c.accumulation_steps = (per_rank_batch + c.micro_batch - 1) / c.micro_batch;
+      c.predicted_peak_bytes = model.predicted_peak_bytes(set, c.micro_batch);
+      const double per_sample = model.step_seconds_per_sample + sums_of(model, set).forward;
+      c.predicted_window_seconds = static_cast<double>(c.accumulation_steps) * model.step_seconds +
+                                   static_cast<double>(per_rank_batch) * per_sample;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& model, int64_t per_rank_batch,
+                                                     int64_t usable_bytes) {
+  std::optional<CheckpointChoice> best;
+  for (const CheckpointChoice& c : checkpoint_options(model, per_rank_batch, usable_bytes)) {
+    if (c.micro_batch == 0) continue;
+    const bool faster = !best || c.predicted_window_seconds < best->predicted_window_seconds;
+    const bool tie_fewer = best && c.predicted_window_seconds == best->predicted_window_seconds &&
+                           c.set.blocks.size() < best->set.blocks.size();
+    if (faster || tie_fewer) best = c;
+  }
+  return best;
+}
+
+}  // namespace accumplan
