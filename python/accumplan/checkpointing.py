@@ -7,11 +7,17 @@ or the module names given; and ``apply_checkpointing(model, names)``, which make
 module recompute its forward during backward instead of keeping its activations
 (``torch.utils.checkpoint``, non-reentrant, the RNG state preserved so dropout draws the same
 numbers and the update is the same), returning a handle whose ``remove()`` puts every forward back.
-What it is not: the choice of which blocks to checkpoint for a microbatch (the C++ planner's, from
-measured costs), nor a measurement; and not for TorchScript modules, whose structure is fixed.
+``block_costs(model, names, step, samples)`` measures what the planner needs of each block in one
+instrumented window (``step()``: one forward, loss and backward of ``samples`` samples): the bytes
+its forward saves for backward per sample, less its input and the parameters (what checkpointing
+it frees: ``saved_tensors_hooks`` see every tensor autograd keeps, counted once per storage), and
+its forward's seconds per sample (what recomputing it costs).
+What it is not: the choice of which blocks to checkpoint for a microbatch (the C++ planner's,
+accumplan/checkpoint.h, from these costs); and not for TorchScript modules, whose structure is fixed.
 """
 import difflib
 import functools
+import time
 
 import torch
 import torch.nn as nn
@@ -128,4 +134,75 @@ def apply_checkpointing(model, names):
     return handle
 
 
-__all__ = ["checkpoint_candidates", "apply_checkpointing", "Checkpointed"]
+def _storage(t):
+    """(data pointer, bytes) of the storage behind ``t``: what holding it keeps alive (a view holds
+    its whole base). untyped_storage in torch 2.x, storage() in 1.13."""
+    s = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    return s.data_ptr(), s.nbytes()
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def block_costs(model, names, step, samples):
+    """[(name, saved_bytes_per_sample, forward_seconds_per_sample)] for each block in ``names``, from
+    one call of ``step()`` (forward, loss and backward of ``samples`` samples). A tensor counts for
+    the innermost block running when autograd saves it, once per storage, unless checkpointing the
+    block would not free it: the model's parameters and buffers, the block's own inputs (a
+    checkpoint keeps them), and what anything else keeps too — another block's input (this
+    block's output, which the next block saves) or a tensor saved outside every block (the head's
+    input)."""
+    names = checkpoint_candidates(model, names)
+    modules = dict(model.named_modules())
+    held = {_storage(p)[0] for p in model.parameters()} | {_storage(b)[0] for b in model.buffers()}
+    running, inputs, outside = [], [set() for _ in names], set()
+    saved = [dict() for _ in names]
+    seconds, started = [0.0] * len(names), [0.0] * len(names)
+    sync = torch.cuda.synchronize if any(p.is_cuda for p in model.parameters()) else (lambda: None)
+
+    def before(i):
+        def hook(module, args):
+            sync()
+            inputs[i].update(_storage(t)[0] for t in _tensors(args))
+            running.append(i)
+            started[i] = time.perf_counter()
+        return hook
+
+    def after(i):
+        def hook(module, args, output):
+            sync()
+            seconds[i] += time.perf_counter() - started[i]
+            running.pop()
+        return hook
+
+    def pack(t):
+        ptr, nbytes = _storage(t)
+        if running:
+            saved[running[-1]][ptr] = nbytes
+        else:
+            outside.add(ptr)
+        return t
+
+    handles = []
+    try:
+        for i, n in enumerate(names):
+            handles.append(modules[n].register_forward_pre_hook(before(i)))
+            handles.append(modules[n].register_forward_hook(after(i)))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            step()
+    finally:
+        for h in handles:
+            h.remove()
+    elsewhere = held.union(outside, *inputs)  # a block's own inputs too: its checkpoint keeps them
+    return [(n, sum(nb for ptr, nb in saved[i].items() if ptr not in elsewhere) / samples, seconds[i] / samples)
+            for i, n in enumerate(names)]
+
+
+__all__ = ["checkpoint_candidates", "apply_checkpointing", "Checkpointed", "block_costs"]

@@ -31,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "accumplan/checkpoint.h"
 #include "accumplan/errors.h"
 #include "accumplan/exporters.h"
 #include "accumplan/host_data.h"
@@ -167,6 +168,51 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
   Plan plan = search.plan_and_confirm(profile, request);
   if (r.eval) plan.eval = search.plan_eval(plan, r.eval_keep_outputs);
   return text_of(plan);
+}
+
+// ---- Activation checkpointing (issue 38): the planner's model and choice ----------------------
+// The model crosses as a dict: intercept_bytes, slope_bytes_per_sample, step_seconds,
+// step_seconds_per_sample, blocks [(name, saved_bytes_per_sample, forward_seconds_per_sample)].
+
+CheckpointModel checkpoint_model(const py::dict& d) {
+  CheckpointModel m;
+  m.intercept_bytes = d["intercept_bytes"].cast<double>();
+  m.slope_bytes_per_sample = d["slope_bytes_per_sample"].cast<double>();
+  m.step_seconds = d.contains("step_seconds") ? d["step_seconds"].cast<double>() : 0.0;
+  m.step_seconds_per_sample = d.contains("step_seconds_per_sample") ? d["step_seconds_per_sample"].cast<double>() : 0.0;
+  for (const auto& [name, saved, seconds] : d["blocks"].cast<std::vector<std::tuple<std::string, double, double>>>()) {
+    m.blocks.push_back({name, saved, seconds});
+  }
+  return m;
+}
+
+py::dict option_dict(const CheckpointChoice& c, const CheckpointModel& m) {
+  py::dict o;
+  std::vector<std::string> names;
+  for (size_t i : c.set.blocks) names.push_back(m.blocks[i].name);
+  o["rule"] = c.set.rule;
+  o["modules"] = names;
+  o["micro_batch"] = c.micro_batch;
+  o["accumulation_steps"] = c.accumulation_steps;
+  o["predicted_peak_bytes"] = c.predicted_peak_bytes;
+  o["predicted_window_seconds"] = c.predicted_window_seconds;
+  return o;
+}
+
+// (every set's figures, the chosen one's index or None).
+std::pair<py::list, py::object> checkpoint_options_of(const py::dict& model, int64_t per_rank_batch, int64_t usable) {
+  const CheckpointModel m = checkpoint_model(model);
+  py::list options;
+  for (const CheckpointChoice& c : checkpoint_options(m, per_rank_batch, usable)) options.append(option_dict(c, m));
+  const std::optional<CheckpointChoice> chosen = choose_checkpointing(m, per_rank_batch, usable);
+  py::object index = py::none();
+  if (chosen) {
+    const auto sets = checkpoint_sets(m.blocks.size());
+    for (size_t i = 0; i < sets.size(); ++i) {
+      if (sets[i].blocks == chosen->set.blocks) index = py::int_(i);
+    }
+  }
+  return {options, index};
 }
 
 // ---- The optimizer table and the exports (issue 36) -------------------------------------------
@@ -367,6 +413,13 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("eval_keep_outputs", &SearchRequest::eval_keep_outputs);
   m.def("check_request", [](const SearchRequest& r) { plan_request(r); }, py::arg("request"),
         "InputError naming a bad target_batch, world_size or headroom");
+  m.def("checkpoint_options", &checkpoint_options_of, py::arg("model"), py::arg("per_rank_batch"), py::arg("usable_bytes"),
+        "(every checkpoint set's {rule, modules, micro_batch, accumulation_steps, predicted_peak_bytes, "
+        "predicted_window_seconds}, the chosen set's index or None): accumplan/checkpoint.h");
+  m.def("checkpoint_peak_bytes", [](const py::dict& model, const std::vector<size_t>& blocks, int64_t micro_batch) {
+          return checkpoint_model(model).predicted_peak_bytes(CheckpointSet{blocks, "given"}, micro_batch);
+        }, py::arg("model"), py::arg("blocks"), py::arg("micro_batch"),
+        "the planner's predicted training peak with these candidate blocks checkpointed");
   m.def("search_plan", &search_plan, py::arg("runner"), py::arg("header"), py::arg("request"),
         py::arg("progress") = py::none(),
         "the plan JSON of the measurement search `accumplan profile` runs, on the runner's windows");

@@ -6,12 +6,15 @@ with no repeated blocks and a TorchScript module are refused with the fix; a che
 really recomputes its forward in backward, gives the same gradients as without it with dropout on
 (1e-6), runs once under no_grad, and remove() puts every forward back.
 What it is not: the planner's choice of which blocks to checkpoint (not built yet)."""
+import contextlib
 import unittest
 
 import torch
 import torch.nn as nn
 
-from accumplan.checkpointing import apply_checkpointing, checkpoint_candidates
+from accumplan import _core
+from accumplan.checkpointing import apply_checkpointing, block_costs, checkpoint_candidates
+from accumplan.meters import CpuMeter, held_bytes
 
 
 class Block(nn.Module):
@@ -105,6 +108,84 @@ class Wrap(unittest.TestCase):
         handle.remove()
         self.assertNotIn("forward", model.layers[0].__dict__)
         self.assertEqual([layer.forward for layer in model.layers], bound)
+
+
+class _Mlp(nn.Module):
+    def __init__(self, w):
+        super().__init__()
+        self.n, self.a, self.b = nn.LayerNorm(w), nn.Linear(w, 4 * w), nn.Linear(4 * w, w)
+
+    def forward(self, x):
+        return x + self.b(torch.nn.functional.gelu(self.a(self.n(x))))
+
+
+class _Pool(nn.Module):
+    def __init__(self, w, classes):
+        super().__init__()
+        self.out = nn.Linear(w, classes)
+
+    def forward(self, h):
+        return self.out(h.mean(1))
+
+
+class Costs(unittest.TestCase):
+    """block_costs and the planner's model (accumplan/checkpoint.h) against the counting
+    allocator's peak of real training steps with the gradients resident (a window's later
+    microbatches, where a plan's peak is)."""
+
+    @classmethod
+    def setUpClass(cls):
+        torch.manual_seed(0)
+        cls.model = nn.Sequential(nn.Linear(64, 128), *[_Mlp(128) for _ in range(4)], _Pool(128, 10))
+        cls.x, cls.y = torch.randn(32, 16, 64), torch.randint(0, 10, (32,))
+        cls.names = checkpoint_candidates(cls.model)
+        cls.costs = block_costs(cls.model, cls.names, lambda: cls.step(32), 32)
+        cls.model.zero_grad(set_to_none=True)
+
+    @classmethod
+    def step(cls, b):
+        nn.functional.cross_entropy(cls.model(cls.x[:b]), cls.y[:b], reduction="sum").backward()
+
+    def peak(self, blocks, b):
+        model = self.model
+        model.zero_grad(set_to_none=True)
+        self.step(b)  # the gradients resident
+        meter = CpuMeter(held_bytes(model))
+        try:
+            with apply_checkpointing(model, [self.names[i] for i in blocks]) if blocks else contextlib.nullcontext():
+                meter.reset_peak()
+                self.step(b)
+                return meter.peak()
+        finally:
+            meter.close()
+            model.zero_grad(set_to_none=True)
+
+    def test_each_block_saves_the_same_and_takes_time(self):
+        self.assertEqual([c[0] for c in self.costs], ["1", "2", "3", "4"])
+        saved = [c[1] for c in self.costs]
+        self.assertGreater(saved[0], 0)
+        self.assertEqual(len(set(saved)), 1)  # four identical blocks
+        self.assertTrue(all(c[2] > 0 for c in self.costs))
+
+    def test_the_planners_peak_from_measured_costs_is_the_real_peak(self):
+        # The no-checkpoint line from two real steps, then the model's prediction per set.
+        none16, none32 = self.peak([], 16), self.peak([], 32)
+        slope = (none32 - none16) / 16.0
+        model = {"intercept_bytes": none32 - 32 * slope, "slope_bytes_per_sample": slope,
+                 "blocks": [(n, saved, seconds) for n, saved, seconds in self.costs]}
+        for blocks in ([1, 3], [0, 1, 2, 3]):
+            predicted = _core.checkpoint_peak_bytes(model, blocks, 32)
+            measured = self.peak(blocks, 32)
+            self.assertLess(abs(predicted / measured - 1), 0.01, (blocks, predicted, measured))
+            self.assertLess(measured, none32)
+        # No cost per microbatch: recomputing only adds time, so none wins. A large one: fewer,
+        # larger checkpointed microbatches win.
+        options, chosen = _core.checkpoint_options(model, 256, int(none32 * 0.8))
+        self.assertEqual((options[0]["rule"], chosen), ("none", 0))
+        model["step_seconds"] = 10.0
+        options, chosen = _core.checkpoint_options(model, 256, int(none32 * 0.8))
+        self.assertGreater(options[chosen]["micro_batch"], options[0]["micro_batch"])
+        self.assertEqual(options[chosen]["modules"], ["1", "2", "3", "4"])
 
 
 if __name__ == "__main__":
