@@ -7,7 +7,10 @@ trains 3 windows of the plan with `accumplan.train_window` under the same budget
 plan's predicted peak with the steady-state peak (windows 2 and 3) of that run: on CUDA the
 caching allocator's reserved and allocated peaks (torch.cuda, the budget as the memory fraction),
 on the CPU the counting probe (accumplan._probes) plus the weights held before it. It also checks
-that planning left the parameters unchanged and that no budget stays set. Writes one JSON file
+that planning left the parameters unchanged and that no budget stays set. Then it evaluates one
+planned eval microbatch (plan.eval) with plan.evaluate after those windows, the optimizer state
+resident, under the same budget, and compares its peak with plan.eval's prediction (issue 39).
+Writes one JSON file
 and prints one Markdown table. Exit 1 when a check fails.
 What it is not: a unit test, nor the CLI benchmark (gpu_bench.py).
 
@@ -64,6 +67,29 @@ def steady_peak(plan, model, opt, x, y, device, budget_bytes, windows=3):
     return max(peaks[1:]), peaks, recoveries
 
 
+def eval_peak(plan, model, opt, x, y, device, budget_bytes):
+    """plan.evaluate of one eval microbatch (plan.eval) after training, the optimizer state resident
+    and the gradients freed, under the same budget: (its peak, OOM re-splits), read as steady_peak
+    reads training's."""
+    m = plan.eval["micro_batch"]
+    idx = torch.arange(m) % x.shape[0]
+    X, Y = x.index_select(0, idx), y.index_select(0, idx)
+    opt.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), device)
+        try:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            st = plan.evaluate(model, (X,), Y)
+            torch.cuda.synchronize(device)
+            return max(torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device)), st.oom_recoveries
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+    st = plan.evaluate(model, (X,), Y, measure_memory=True, optimizer=opt)
+    return st.peak_bytes, st.oom_recoveries
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
@@ -92,12 +118,17 @@ def main():
         torch.empty(4 * plan.memory["budget_bytes"], dtype=torch.uint8).fill_(0)
     steady, peaks, recoveries = steady_peak(plan, model, opt, x, y, device, plan.memory["budget_bytes"])
     pred = plan.memory["predicted_peak_bytes"]
+    eval_measured, eval_recoveries = eval_peak(plan, model, opt, x, y, device, plan.memory["budget_bytes"])
+    eval_pred = plan.eval["predicted_peak_bytes"]
     result = {"device": str(device), "torch": torch.__version__, "budget": budget, "target_batch": target,
               "microbatch_sizes": plan.microbatch_sizes, "confirmed": plan.confirmed, "probe": plan.profile["probe"],
               "windows": len(plan.profile["trials"]), "plan_seconds": round(plan_s, 2),
               "predicted_peak_bytes": pred, "train_steady_peak_bytes": steady, "train_window_peaks_bytes": peaks,
               "prediction_error": (pred - steady) / steady, "train_oom_recoveries": recoveries,
-              "parameters_untouched": untouched, "no_budget_left": no_budget}
+              "parameters_untouched": untouched, "no_budget_left": no_budget,
+              "eval_micro_batch": plan.eval["micro_batch"], "eval_windows": len(plan.eval["trials"]),
+              "eval_predicted_peak_bytes": eval_pred, "eval_peak_bytes": eval_measured,
+              "eval_prediction_error": (eval_pred - eval_measured) / eval_measured, "eval_oom_recoveries": eval_recoveries}
     with open(args.out_json, "w") as f:
         json.dump(result, f, indent=2)
     mib = 1024.0 * 1024.0
@@ -108,6 +139,14 @@ def main():
         device, budget, target, plan.microbatch_sizes, result["windows"], pred / mib, steady / mib,
         100 * result["prediction_error"], recoveries, untouched))
     ok = untouched and recoveries == 0 and abs(result["prediction_error"]) <= 0.01 and steady <= plan.memory["budget_bytes"]
+    print()
+    print("| eval microbatch (training %d) | eval windows | predicted eval peak | plan.evaluate peak | predicted vs "
+          "measured | OOM in evaluation |" % plan.micro_batch)
+    print("|---|---|---|---|---|---|")
+    print("| %d | %d | %.1f MiB | %.1f MiB | %+.2f%% | %d |" % (
+        result["eval_micro_batch"], result["eval_windows"], eval_pred / mib, eval_measured / mib,
+        100 * result["eval_prediction_error"], eval_recoveries))
+    ok = ok and eval_recoveries == 0 and abs(result["eval_prediction_error"]) <= 0.01
     print("python device check: %s" % ("ok" if ok else "FAILED"), file=sys.stderr)
     return 0 if ok else 1
 
