@@ -247,6 +247,19 @@ std::string eval_note(const Plan& plan, const std::string& where) {
          "beside the weights and optimizer state, forward only under no_grad): " + where;
 }
 
+// The plan's activation checkpointing (1.7), for a trainer that cannot say it: which modules, and
+// the wrapper that applies it. Without it the plan's microbatch does not fit its memory.
+std::string checkpoint_note(const PlanCheckpoint& cp) {
+  std::string modules;
+  for (const std::string& m : cp.modules) modules += (modules.empty() ? "" : ", ") + m;
+  return "the plan trains with activation checkpointing (" + cp.rule + ": " + modules + "); wrap those modules "
+         "before training (accumplan's plan.apply_checkpointing(model), or torch.utils.checkpoint.checkpoint(block, "
+         "x, use_reentrant=False)) — without it the planned microbatch does not fit";
+}
+
+// Every candidate checkpointed: what a model's own gradient_checkpointing_enable() does.
+bool checkpoints_every_candidate(const PlanCheckpoint& cp) { return cp.modules.size() == cp.candidates.size(); }
+
 std::string deepspeed_export(ExportContext& c) {
   ojson j;
   j["train_batch_size"] = c.plan.target_batch;
@@ -323,6 +336,17 @@ std::string hf_export(ExportContext& c) {
   args["optim"] = hf_optim(t, c.notes);
   for (const auto& [key, argument] : optimizer_info(t.optimizer).hf_arguments) args[argument] = t.hp.at(key);
   args["use_cpu"] = !t.cuda;
+  if (c.plan.checkpoint) {
+    // Trainer's gradient_checkpointing calls the model's gradient_checkpointing_enable(), which a
+    // transformers model applies to every layer: the plan's set only when it is every candidate.
+    if (checkpoints_every_candidate(*c.plan.checkpoint)) {
+      args["gradient_checkpointing"] = true;
+      args["gradient_checkpointing_kwargs"] = ojson{{"use_reentrant", false}};
+    } else {
+      c.notes.push_back(checkpoint_note(*c.plan.checkpoint) + "; Trainer's gradient_checkpointing would checkpoint "
+                        "every layer, so leave it off and wrap these");
+    }
+  }
   if (t.per_token) {
     // Trainer then sums the valid labels of the k microbatches (num_items_in_batch), gathers the
     // count over ranks, and passes it to a model whose forward takes **kwargs.
@@ -711,6 +735,11 @@ std::string export_plan(const Plan& plan, const std::string& target, std::string
   check_exportable(plan, target, options);
   if (note) note->clear();
   if (find_target(target)->write == nullptr) {  // torchrun
+    if (plan.checkpoint) {
+      throw InputError("--to torchrun launches `accumplan run`, which cannot apply the plan's activation checkpointing "
+                       "(a TorchScript model); export to a Python trainer (hf, lightning, accelerate, deepspeed) or "
+                       "train with accumplan's plan.train_window");
+    }
     check_torchrun_optimizer(plan);
     return torchrun_export(plan, options);
   }
@@ -721,6 +750,7 @@ std::string export_plan(const Plan& plan, const std::string& target, std::string
   ExportContext c{plan, plan.uniform.micro_batch, plan.uniform.accumulation_steps, std::move(training),
                   provenance(plan, options, what, slowdown), {}, options, std::move(lossy)};
   if (!what.empty()) c.notes.push_back(what);
+  if (plan.checkpoint && target != "hf") c.notes.push_back(checkpoint_note(*plan.checkpoint));
   std::string text = find_target(target)->write(c);  // check_exportable refused an unknown target
   if (note) {
     for (const std::string& n : c.lossy) *note += (note->empty() ? "" : "\n") + ("lossy: " + n);

@@ -164,6 +164,27 @@ std::string render_report_html(const ReportInput& in) {
     << "</style>\n</head>\n<body>\n";
   h << svg_document(in, false);
   if (in.plan) h << "<h2>Why this plan</h2>\n<p class=\"reason\">" << xml_escape(in.plan->reason) << "</p>\n";
+  if (in.plan && in.plan->checkpoint) {
+    // The trade (1.7): memory and seconds with the plan's checkpointing and without it.
+    const PlanCheckpoint& c = *in.plan->checkpoint;
+    std::string modules;
+    for (const std::string& m : c.modules) modules += (modules.empty() ? "" : ", ") + m;
+    h << "<h2>Activation checkpointing: " << xml_escape(c.rule) << " (" << xml_escape(modules) << ")</h2>\n<table>\n"
+      << table_row({"", "microbatch", "accumulation", "predicted peak", "predicted seconds per window"}, "th")
+      << table_row({"with", std::to_string(in.plan->micro_batch), std::to_string(in.plan->accumulation_steps),
+                    format_bytes(in.plan->memory.predicted_peak_bytes), format_seconds(c.predicted_seconds_per_window)})
+      << table_row({"without", c.without.micro_batch > 0 ? std::to_string(c.without.micro_batch) : "none fits",
+                    c.without.micro_batch > 0 ? std::to_string(c.without.accumulation_steps) : "-",
+                    c.without.micro_batch > 0 ? format_bytes(c.without.predicted_peak_bytes) : "-",
+                    c.without.micro_batch > 0 ? format_seconds(c.without.predicted_seconds_per_window) : "-"})
+      << "</table>\n<table>\n" << table_row({"candidate", "frees per sample", "recompute per sample", "checkpointed"}, "th");
+    for (const BlockCost& b : c.candidates) {
+      const bool on = std::find(c.modules.begin(), c.modules.end(), b.name) != c.modules.end();
+      h << table_row({b.name, format_bytes(static_cast<int64_t>(b.saved_bytes_per_sample)),
+                      format_seconds(b.forward_seconds_per_sample), on ? "yes" : "no"});
+    }
+    h << "</table>\n";
+  }
   const ChartData d = chart_data(in);
   h << "<h2>Measured windows</h2>\n<table>\n"
     << table_row({"microbatch", d.reserved ? "reserved peak" : "peak", "fitted", "residual", "first microbatch peak",

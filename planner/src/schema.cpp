@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
@@ -287,6 +288,9 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       {"target_tokens", {1, static_cast<double>(int64_t{1} << 50), false, false}},
       // per_microbatch, per_token, per_token_squared: check_step_cost (kStepCostTermRanges).
       {"seconds", kSecondsRange},
+      {"saved_bytes_per_sample", {0, kBytesMax, false, false}},  // 1.7 checkpoint
+      {"forward_seconds_per_sample", kSecondsRange},
+      {"predicted_seconds_per_window", kSecondsRange},
   };
   if (in_hyperparameters) return &kHyperparameterRange;
   const auto it = exact.find(key);
@@ -516,6 +520,54 @@ EvalPlan eval_from(const JsonField& f) {
   return e;
 }
 
+// 1.7: activation checkpointing. without.micro_batch and accumulation_steps null: not one sample
+// fits without it.
+ojson checkpoint_json(const PlanCheckpoint& c) {
+  ojson candidates = ojson::array();
+  for (const BlockCost& b : c.candidates) {
+    candidates.push_back(ojson{{"name", b.name},
+                               {"saved_bytes_per_sample", b.saved_bytes_per_sample},
+                               {"forward_seconds_per_sample", b.forward_seconds_per_sample}});
+  }
+  const CheckpointAlternative& w = c.without;
+  return ojson{{"modules", c.modules},
+               {"rule", c.rule},
+               {"saved_bytes_per_sample", c.saved_bytes_per_sample},
+               {"recompute_seconds", c.recompute_seconds},
+               {"predicted_seconds_per_window", c.predicted_seconds_per_window},
+               {"without", ojson{{"micro_batch", w.micro_batch > 0 ? ojson(w.micro_batch) : ojson(nullptr)},
+                                 {"accumulation_steps", w.micro_batch > 0 ? ojson(w.accumulation_steps) : ojson(nullptr)},
+                                 {"predicted_peak_bytes", w.predicted_peak_bytes},
+                                 {"predicted_seconds_per_window", w.predicted_seconds_per_window}}},
+               {"candidates", candidates}};
+}
+
+PlanCheckpoint checkpoint_from(const JsonField& f) {
+  PlanCheckpoint c;
+  for (const JsonField& n : f.at("modules").items()) c.modules.push_back(n.as_string());
+  c.rule = f.str("rule");
+  c.saved_bytes_per_sample = f.f64("saved_bytes_per_sample");
+  c.recompute_seconds = f.f64("recompute_seconds");
+  c.predicted_seconds_per_window = f.f64("predicted_seconds_per_window");
+  const JsonField w = f.at("without");
+  c.without.micro_batch = w.opt_i64("micro_batch").value_or(0);
+  c.without.accumulation_steps = w.opt_i64("accumulation_steps").value_or(0);
+  c.without.predicted_peak_bytes = w.i64("predicted_peak_bytes");
+  c.without.predicted_seconds_per_window = w.f64("predicted_seconds_per_window");
+  for (const JsonField& b : f.at("candidates").items()) {
+    c.candidates.push_back({b.str("name"), b.f64("saved_bytes_per_sample"), b.f64("forward_seconds_per_sample")});
+  }
+  // Every checkpointed module is a measured candidate, once: a reader applies exactly these.
+  std::set<std::string> names, used;
+  for (const BlockCost& b : c.candidates) names.insert(b.name);
+  for (const std::string& m : c.modules) {
+    if (!names.count(m)) throw SchemaError(f.path() + ".modules: '" + cut_for_message(m) + "' is not one of the candidates");
+    if (!used.insert(m).second) throw SchemaError(f.path() + ".modules: '" + cut_for_message(m) + "' is named twice");
+  }
+  if (c.modules.empty()) throw SchemaError(f.path() + ".modules: a checkpoint names at least one module (none: no checkpoint)");
+  return c;
+}
+
 ojson to_json(const Plan& p) {
   ojson j;
   j["schema"] = kPlanSchema;
@@ -583,6 +635,7 @@ ojson to_json(const Plan& p) {
   j["libtorch_version"] = p.libtorch_version;
   j["profile"] = profile_body_json(p.profile);
   if (p.eval) j["eval"] = eval_json(*p.eval);  // 1.7, only when planned
+  if (p.checkpoint) j["checkpoint"] = checkpoint_json(*p.checkpoint);  // 1.7, only when chosen
   return j;
 }
 
@@ -748,6 +801,7 @@ Plan plan_from_json(const json& doc) {
   p.libtorch_version = root.str("libtorch_version");
   p.profile = plan_profile_from(root, p);
   if (root.has("eval")) p.eval = eval_from(root.at("eval"));  // 1.7
+  if (root.has("checkpoint")) p.checkpoint = checkpoint_from(root.at("checkpoint"));  // 1.7
   check_plan_window(p);
   return p;
 }

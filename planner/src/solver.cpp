@@ -873,6 +873,20 @@ int64_t whole_batch_candidate(const Profile& profile, const PlanRequest& request
   return one + mm.bytes_at(T, false) <= plan.memory.budget_bytes ? T : 0;
 }
 
+// The summary's checkpointing line (1.7): the set, and the trade against no checkpointing.
+std::string describe_checkpoint(const PlanCheckpoint& c, const Plan& p) {
+  std::ostringstream s;
+  s << "  checkpointing        " << c.rule << " (" << c.modules.size() << " of " << c.candidates.size()
+    << " blocks): frees " << format_bytes(static_cast<int64_t>(c.saved_bytes_per_sample)) << "/sample, recomputes "
+    << format_seconds(c.recompute_seconds) << " per window; predicted " << format_seconds(c.predicted_seconds_per_window)
+    << " per window at microbatch " << p.micro_batch << "; without: "
+    << (c.without.micro_batch > 0 ? "microbatch " + std::to_string(c.without.micro_batch) + ", " +
+                                        format_seconds(c.without.predicted_seconds_per_window) + " per window"
+                                  : std::string("not one sample fits"))
+    << "\n";
+  return s.str();
+}
+
 // The summary's eval line (1.7).
 std::string describe_eval(const EvalPlan& e, int64_t train_micro_batch) {
   if (e.micro_batch == 0) {
@@ -940,6 +954,7 @@ std::string describe_plan(const Plan& p) {
     s << "  confirmed            no (no real window covering the plan's was run)\n";
   }
   if (p.eval) s << describe_eval(*p.eval, p.micro_batch);
+  if (p.checkpoint) s << describe_checkpoint(*p.checkpoint, p);
   if (!p.model.batch_dependent_layers.empty()) {
     s << "  warning: " << p.model.batch_dependent_layers.size()
       << " batch-dependent layer(s) (e.g. " << p.model.batch_dependent_layers.front()

@@ -108,6 +108,30 @@ TEST_CASE("Exporters: the eval batch in each trainer's terms, absent without pla
         std::string::npos);
 }
 
+TEST_CASE("Exporters: checkpointing in each trainer's terms, torchrun refused", "[export][checkpoint]") {
+  Plan plan = plan_for(256, 2, 64);
+  PlanCheckpoint c;
+  for (int i = 0; i < 4; ++i) c.candidates.push_back({"layers." + std::to_string(i), 1e6, 1e-3});
+  c.modules = {"layers.1", "layers.3"};
+  c.rule = "every 2nd block";
+  plan.checkpoint = c;
+  std::string note;
+  json hf = json::parse(export_plan(plan, "hf", &note));
+  CHECK_FALSE(hf["TrainingArguments"].contains("gradient_checkpointing"));  // not every layer
+  CHECK(note.find("activation checkpointing (every 2nd block: layers.1, layers.3)") != std::string::npos);
+  CHECK(note.find("leave it off") != std::string::npos);
+  plan.checkpoint->modules = {"layers.0", "layers.1", "layers.2", "layers.3"};
+  hf = json::parse(export_plan(plan, "hf", &note));
+  CHECK(hf["TrainingArguments"]["gradient_checkpointing"] == true);
+  CHECK(hf["TrainingArguments"]["gradient_checkpointing_kwargs"] == json{{"use_reentrant", false}});
+  for (const char* to : {"deepspeed", "accelerate", "lightning"}) {
+    INFO(to);
+    export_plan(plan, to, &note);
+    CHECK(note.find("plan.apply_checkpointing(model)") != std::string::npos);
+  }
+  CHECK_THROWS_WITH(export_plan(plan, "torchrun", &note), Catch::Contains("cannot apply the plan's activation checkpointing"));
+}
+
 TEST_CASE("Exporters: every listed target has its own writer, and an unlisted one is refused", "[export]") {
   // One table owns the names and the writers: a name added to the list cannot fall through to
   // another target's writer (an added name once exported Lightning silently).

@@ -30,6 +30,7 @@
 #include "accumplan/report.h"
 #include "accumplan/units.h"
 #include "accumplan/schema.h"
+#include "accumplan/solver.h"
 #include "test_helpers.h"
 
 using namespace accumplan;
@@ -423,6 +424,20 @@ TEST_CASE("report: a confirmation, a failed step and a run's peak are drawn wher
   CHECK(html.find("1 OOM recovery") != std::string::npos);
   CHECK(html.find("carry no per-window series") != std::string::npos);
   CHECK(elements(parse_xml(html).root(), "circle", "window-peak").empty());
+}
+
+TEST_CASE("report: a checkpointed plan shows the trade, with and without, and every candidate", "[report][checkpoint]") {
+  const Plan plan = read_plan_file(source_path("tests/golden/plan.json"));
+  REQUIRE(plan.checkpoint);  // every 2nd of four blocks
+  const std::string html = render_report_html(report_input_from_plan(plan));
+  CHECK(html.find("Activation checkpointing: every 2nd block (blocks.1, blocks.3)") != std::string::npos);
+  CHECK(html.find("<td>without</td><td>96</td><td>3</td>") != std::string::npos);
+  CHECK(html.find("<td>blocks.3</td><td>2.0 MiB</td>") != std::string::npos);
+  check_both_formats(report_input_from_plan(plan));
+  Plan none = plan;
+  none.checkpoint.reset();
+  CHECK(render_report_html(report_input_from_plan(none)).find("Activation checkpointing") == std::string::npos);
+  CHECK(describe_plan(plan).find("checkpointing        every 2nd block (2 of 4 blocks)") != std::string::npos);
 }
 
 TEST_CASE("report: a plan without an eval batch draws the training bar alone", "[report][eval]") {

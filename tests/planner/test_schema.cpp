@@ -41,6 +41,16 @@ Plan golden_plan() {
   e.trials = {Trial{"eval", 64, true, 316 * kGoldenMiB, 0.25, {32, 64}, std::nullopt},
               Trial{"eval", 160, true, 700 * kGoldenMiB, 0.5, {160}, std::nullopt}};
   plan.eval = e;
+  // 1.7: checkpointing every 2nd of four measured blocks.
+  PlanCheckpoint c;
+  c.modules = {"blocks.1", "blocks.3"};
+  c.rule = "every 2nd block";
+  for (int i = 0; i < 4; ++i) c.candidates.push_back({"blocks." + std::to_string(i), 2.0 * kGoldenMiB, 0.0015});
+  c.saved_bytes_per_sample = 2.0 * kGoldenMiB;
+  c.recompute_seconds = 0.768;
+  c.predicted_seconds_per_window = 6.5;
+  c.without = CheckpointAlternative{96, 3, 1000 * kGoldenMiB, 6.25};
+  plan.checkpoint = c;
   return plan;
 }
 
@@ -178,6 +188,30 @@ TEST_CASE("Schema: the eval batch round-trips; a plan without one reads and writ
   json lying = j;
   lying["eval"]["confirmed"] = true;
   CHECK_THROWS_WITH(plan_from_json(lying), Catch::Contains("$.eval: confirmed is true"));
+}
+
+TEST_CASE("Schema: a checkpoint round-trips and names only its measured candidates, once (1.7)", "[schema][checkpoint]") {
+  const Plan plan = golden_plan();
+  const Plan back = plan_from_json(json::parse(to_json(plan).dump()));
+  REQUIRE(back.checkpoint);
+  CHECK(back.checkpoint->modules == std::vector<std::string>{"blocks.1", "blocks.3"});
+  CHECK(back.checkpoint->candidates.size() == 4);
+  CHECK(back.checkpoint->without.micro_batch == 96);
+  json doc = json::parse(to_json(plan).dump());
+  doc["checkpoint"]["without"]["micro_batch"] = nullptr;  // not one sample fits without it
+  CHECK(plan_from_json(doc).checkpoint->without.micro_batch == 0);
+  json stranger = doc;
+  stranger["checkpoint"]["modules"].push_back("head");
+  CHECK_THROWS_WITH(plan_from_json(stranger), Catch::Contains("'head' is not one of the candidates"));
+  json twice = doc;
+  twice["checkpoint"]["modules"].push_back("blocks.1");
+  CHECK_THROWS_WITH(plan_from_json(twice), Catch::Contains("'blocks.1' is named twice"));
+  json negative = doc;
+  negative["checkpoint"]["candidates"][0]["saved_bytes_per_sample"] = -1;
+  CHECK_THROWS(plan_from_json(negative));
+  Plan none = plan;
+  none.checkpoint.reset();
+  CHECK_FALSE(json::parse(to_json(none).dump()).contains("checkpoint"));
 }
 
 TEST_CASE("Schema: run stats round-trip and match their golden file", "[schema][golden][run-stats]") {

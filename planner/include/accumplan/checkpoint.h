@@ -28,13 +28,9 @@
 #include <string>
 #include <vector>
 
-namespace accumplan {
+#include "accumplan/schema.h"  // BlockCost
 
-struct BlockCost {
-  std::string name;                       // the module's name in the model, e.g. "blocks.3"
-  double saved_bytes_per_sample = 0;      // freed per sample when checkpointed (>= 0)
-  double forward_seconds_per_sample = 0;  // recomputed per sample when checkpointed (>= 0)
-};
+namespace accumplan {
 
 struct CheckpointSet {
   std::vector<size_t> blocks;  // indices into the candidates, ascending

@@ -48,7 +48,9 @@ inline constexpr int kSchemaMajor = 1;
 // 1.7: a plan may carry `eval`, the evaluation microbatch planned beside the training one (the
 // largest that fits with the weights and optimizer state resident, confirmed by a real eval window),
 // with its line, what stays resident and its eval windows (trials of kind "eval"). Absent: no
-// evaluation batch was planned (--no-eval, or a plan written before 1.7).
+// evaluation batch was planned (--no-eval, or a plan written before 1.7). A plan may also carry
+// `checkpoint` (issue 38): the blocks it trains with activation checkpointing, which only the
+// Python module can apply (`accumplan run` refuses such a plan).
 inline constexpr int kSchemaMinor = 7;
 const std::string& schema_version_string();  // "1.7"
 
@@ -282,6 +284,30 @@ struct EvalPlan {
   std::vector<Trial> trials;            // the eval windows, kind "eval"
 };
 
+// 1.7: activation checkpointing the plan chose (issue 38, accumplan/checkpoint.h): which candidate
+// blocks recompute their forward in backward, what each candidate was measured to free and cost,
+// and the no-checkpoint alternative's figures, so a reader sees what was traded.
+struct BlockCost {
+  std::string name;                       // the module's name in the model, e.g. "blocks.3"
+  double saved_bytes_per_sample = 0;      // freed per sample when checkpointed (>= 0)
+  double forward_seconds_per_sample = 0;  // recomputed per sample when checkpointed (>= 0)
+};
+struct CheckpointAlternative {
+  int64_t micro_batch = 0;                // 0: not one sample fits without checkpointing
+  int64_t accumulation_steps = 0;
+  int64_t predicted_peak_bytes = 0;
+  double predicted_seconds_per_window = 0;
+};
+struct PlanCheckpoint {
+  std::vector<std::string> modules;        // checkpointed, in model order (a subset of candidates)
+  std::string rule;                        // "every 2nd block", "all"
+  std::vector<BlockCost> candidates;       // every candidate block, measured
+  double saved_bytes_per_sample = 0;       // what the set frees per sample (the largest recomputed block held once)
+  double recompute_seconds = 0;            // the forward recomputed per window
+  double predicted_seconds_per_window = 0;
+  CheckpointAlternative without;           // the plan without checkpointing
+};
+
 struct Plan {
   int64_t target_batch = 0;
   int64_t world_size = 1;
@@ -307,6 +333,7 @@ struct Plan {
   std::string libtorch_version;
   Profile profile;                          // what the plan was solved from, confirmations included
   std::optional<EvalPlan> eval;             // 1.7: the evaluation batch (absent: not planned)
+  std::optional<PlanCheckpoint> checkpoint; // 1.7: activation checkpointing (absent: none)
 };
 
 // `accumplan run --stats` (planner/schemas/run_stats.schema.json): what a run did, one record per
