@@ -78,6 +78,7 @@ struct DeviceArgs {
   bool padding_mask = false;  // --padding-mask
   bool no_eval = false;           // --no-eval: no evaluation batch in the plan
   bool eval_keep_outputs = false; // --eval-keep-outputs: the eval batch counts outputs kept per microbatch
+  std::string checkpointing = "off";  // --checkpointing: only off for a TorchScript model
 };
 
 // "0.9 for momentum; 0 for rmsprop": the optimizers that take `key` ("lr": all) grouped by the
@@ -332,6 +333,17 @@ std::function<int()> with_host_memory_errors(std::function<int()> run) {
 // `accumplan profile`: measure only.
 // --no-eval and --eval-keep-outputs, declared once for the main job and `profile`; `what` says
 // what the evaluation measurement is in that command.
+// --checkpointing, declared with the eval options: activation checkpointing wraps a Python
+// module's blocks, which a TorchScript file does not have; `accumplan.plan(checkpointing="auto")`
+// plans it. Any value but off is refused in one line, before anything loads.
+static void check_checkpointing(const DeviceArgs& a) {
+  if (a.checkpointing != "off") {
+    throw InputError("--checkpointing " + cut_for_message(a.checkpointing) + ": activation checkpointing needs the "
+                     "Python module, not a TorchScript file; plan it from Python with accumplan.plan(model, ..., "
+                     "checkpointing=\"auto\"), or drop --checkpointing");
+  }
+}
+
 static void add_eval_options(CLI::App* app, DeviceArgs& a, const std::string& what, const std::string& group) {
   CLI::Option* no_eval =
       app->add_flag("--no-eval", a.no_eval, "measure no evaluation batch (by default " + what + ")")->group(group);
@@ -339,6 +351,11 @@ static void add_eval_options(CLI::App* app, DeviceArgs& a, const std::string& wh
                 "the evaluation keeps each microbatch's outputs (logits for metrics) on the device until the next "
                 "microbatch's forward has finished; the eval batch is measured with them counted")
       ->excludes(no_eval)
+      ->group(group);
+  app->add_option("--checkpointing", a.checkpointing,
+                  "off (the only choice for a TorchScript model: activation checkpointing is planned from Python, "
+                  "accumplan.plan(..., checkpointing=\"auto\"))")
+      ->capture_default_str()
       ->group(group);
 }
 
@@ -361,6 +378,7 @@ static void add_profile_command(CLI::App& root, std::vector<Command>& commands) 
                         check_outputs({output_option(profile, "--out", pargs->out, true)},
                                       {{"--model", pargs->model}, {"--batch-file", pargs->batch_file},
                                        {"--seq-len-file", pargs->seq_len_file}});
+                        check_checkpointing(*pargs);
                         RunnerOptions o = runner_options(*pargs);
                         const std::shared_ptr<Progress> progress = make_stderr_progress(pargs->progress, "step", 0);
                         o.progress = step_callback(progress);
@@ -419,6 +437,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
             }
             PlanRequest req = plan_request_from(args->plan);
             check_request(req);  // the planner's own checks, before the device is touched
+            check_checkpointing(*args);
             check_outputs({output_option(&root, "--out", args->out, true), output_option(&root, "--report", args->report)},
                           {{"--model", args->model}, {"--batch-file", args->batch_file},
                            {"--seq-len-file", args->seq_len_file}});

@@ -146,6 +146,15 @@ Prepared prepare(const RunArgs& a, const std::string& command, const std::option
   Prepared p;
   // SchemaError (exit 2) for another schema or major version, or a plan that breaks its own rules.
   p.plan = read_plan_file(a.plan, "--plan");
+  if (p.plan.checkpoint) {
+    // A TorchScript module's blocks cannot be wrapped: without the checkpointing the plan's
+    // microbatches would not fit the memory they were planned for.
+    std::string modules;
+    for (const std::string& m : p.plan.checkpoint->modules) modules += (modules.empty() ? "" : ", ") + m;
+    throw InputError("--plan trains with activation checkpointing of " + cut_for_message(modules, 120) +
+                     ", which needs the Python module: train it with accumplan's plan.train_window (or "
+                     "plan.apply_checkpointing(model) in your own loop), or re-plan without checkpointing");
+  }
   const int world = dist ? dist->world_size : 1;
   if (p.plan.world_size != world) {
     if (command == "run") {

@@ -349,3 +349,26 @@ TEST_CASE("profile then plan: the profile's eval window gives the plan an eval b
                    "--threads", "2", "--out", bare}).exit_code == 0);
   CHECK_FALSE(json::parse(slurp(bare)).contains("eval"));
 }
+
+TEST_CASE("CLI: activation checkpointing needs the Python module: run refuses such a plan, the main job the option",
+          "[cli][checkpoint][errors]") {
+  const MlpPlan& f = mlp_plan();
+  json doc = f.plan_json;
+  doc["checkpoint"] = {{"modules", {"layers.1"}},
+                       {"rule", "every 2nd block"},
+                       {"saved_bytes_per_sample", 1000},
+                       {"recompute_seconds", 0.1},
+                       {"predicted_seconds_per_window", 1.0},
+                       {"without", {{"micro_batch", 8}, {"accumulation_steps", 32}, {"predicted_peak_bytes", 1000},
+                                    {"predicted_seconds_per_window", 0.9}}},
+                       {"candidates", {{{"name", "layers.0"}, {"saved_bytes_per_sample", 1000}, {"forward_seconds_per_sample", 0.001}},
+                                       {{"name", "layers.1"}, {"saved_bytes_per_sample", 1000}, {"forward_seconds_per_sample", 0.001}}}}};
+  const std::string path = write_json(f.dir + "/checkpointed.json", doc);
+  const CliResult r = run_cli({"run", "--plan", path, "--model", "builtin:mlp", "--steps", "1"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("activation checkpointing of layers.1, which needs the Python module") != std::string::npos);
+  const CliResult m = run_cli({"--model", "builtin:mlp", "--target-batch", "8", "--checkpointing", "auto"});
+  CHECK(m.exit_code == 2);
+  CHECK(m.err.find("--checkpointing auto: activation checkpointing needs the Python module") != std::string::npos);
+  CHECK(m.err.find("measured") == std::string::npos);  // refused before anything ran
+}
