@@ -234,7 +234,9 @@ class Plan:
     plans), ``target_tokens`` (packed plans whose optimizer windows hold a number of valid tokens,
     see ``token_windows``; None otherwise), ``step_cost``, ``padding_mask``, ``eval`` (schema 1.7: the
     evaluation batch, ``micro_batch``, ``predicted_peak_bytes``, ``keep_outputs``, ``resident``,
-    ``confirmed``, ``trials``; None when not planned), ``schema_version``
+    ``confirmed``, ``trials``; None when not planned), ``checkpoint`` (schema 1.7: the modules trained
+    with activation checkpointing, what each candidate frees and costs, the alternative without;
+    None without), ``schema_version``
     (the file's), ``raw`` (the document as the C++ writer writes it). ``replans`` lists the
     re-plans made after out-of-memory errors. The attributes follow the plan: change it with
     ``replan_below`` / ``repack_below``, not by assigning them.
@@ -305,6 +307,7 @@ class Plan:
         self.step_cost = dict(self.tokens["step_cost"]) if self.tokens and self.tokens.get("step_cost") else None
         self.confirmed, self.reason = d["confirmed"], d["reason"]
         self.eval = dict(d["eval"]) if d.get("eval") else None  # 1.7: the evaluation batch
+        self.checkpoint = dict(d["checkpoint"]) if d.get("checkpoint") else None  # 1.7: activation checkpointing
         self._packed_peak = None  # fitted from the profile when first asked (predicted_packed_peak_bytes)
         if not hasattr(self, "_packing"):
             self._packing = None  # the run's step-time fit (packing_cost); kept across a re-pack
@@ -539,6 +542,16 @@ class Plan:
         microbatches."""
         from . import train
         return train.evaluate(self, model, inputs, target, **kwargs)
+
+    def apply_checkpointing(self, model):
+        """Wraps the plan's checkpointed modules (``checkpoint["modules"]``) in ``model`` for your own
+        loop: non-reentrant torch.utils.checkpoint, RNG preserved. Returns the handle whose
+        ``remove()`` (or a ``with`` block) puts the forwards back; None for a plan without
+        checkpointing. ``train_window`` applies it by itself."""
+        if self.checkpoint is None:
+            return None
+        from .checkpointing import apply_checkpointing
+        return apply_checkpointing(model, self.checkpoint["modules"])
 
     def eval_sizes(self, samples):
         """The eval microbatches of ``samples`` (the planner's rule, as ``accumplan run --eval-data``):

@@ -239,6 +239,8 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     None detects a Hugging Face causal LM by its class name; True/False states it); a forward that
     takes ``num_items_in_batch`` is passed the window's tokens instead. ``WindowStats.normalization``
     says which was used.
+    A plan with ``checkpoint`` (schema 1.7) trains the window with those modules checkpointed
+    (``plan.apply_checkpointing``; the forwards put back after the window).
     measure_memory: the window's memory peak in ``WindowStats.peak_bytes`` (beside the plan's
     ``predicted_peak_bytes``): None measures on CUDA only (resets the device's peak statistics), True
     on the CPU too (the counting allocator is installed for the window), False never.
@@ -308,9 +310,12 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
         st.seconds = time.perf_counter() - t0
         return st
     meter = _start_measuring(w, optimizer, measure_memory)
+    checkpointed = plan.apply_checkpointing(w.inner)  # the plan's checkpointing for this window only
     try:
         _train(w, st, plan, optimizer, n, rank_samples, oom_recovery, on_oom, max_grad_norm, scheduler)
     finally:
+        if checkpointed is not None:
+            checkpointed.remove()
         _stop_measuring(meter, st)
     st.seconds = time.perf_counter() - t0
     return st

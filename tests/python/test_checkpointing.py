@@ -12,9 +12,11 @@ import unittest
 import torch
 import torch.nn as nn
 
+import accumplan
 from accumplan import _core
 from accumplan.checkpointing import apply_checkpointing, block_costs, checkpoint_candidates
 from accumplan.meters import CpuMeter, held_bytes
+from helpers import plan_doc
 
 
 class Block(nn.Module):
@@ -186,6 +188,60 @@ class Costs(unittest.TestCase):
         options, chosen = _core.checkpoint_options(model, 256, int(none32 * 0.8))
         self.assertGreater(options[chosen]["micro_batch"], options[0]["micro_batch"])
         self.assertEqual(options[chosen]["modules"], ["1", "2", "3", "4"])
+
+
+class PlanCheckpointing(unittest.TestCase):
+    """A plan with `checkpoint` (schema 1.7): train_window applies it for the window only, with the
+    same update as without (dropout on); apply_checkpointing wraps for a user's own loop."""
+
+    def plan(self, modules):
+        doc = plan_doc([3, 3, 2])
+        if modules is not None:
+            doc["checkpoint"] = {"modules": modules, "rule": "every 2nd block", "saved_bytes_per_sample": 100.0,
+                                 "recompute_seconds": 0.01, "predicted_seconds_per_window": 0.1,
+                                 "without": {"micro_batch": None, "accumulation_steps": None, "predicted_peak_bytes": 0,
+                                             "predicted_seconds_per_window": 0.0},
+                                 "candidates": [{"name": "layers.%d" % i, "saved_bytes_per_sample": 100.0,
+                                                 "forward_seconds_per_sample": 0.001} for i in range(4)]}
+        return accumplan.load_plan(doc)
+
+    def trained(self, modules):
+        torch.manual_seed(3)
+        model = Transformerish()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(8, 8), torch.randint(0, 2, (8,))
+        torch.manual_seed(4)  # the dropout masks
+        st = self.plan(modules).train_window(model, opt, (x,), y)
+        return model, st
+
+    def test_train_window_applies_the_plans_checkpointing_with_the_same_update(self):
+        plain, _ = self.trained(None)
+        checked, st = self.trained(["layers.1", "layers.3"])
+        self.assertTrue(st.stepped)
+        worst = max((a - b).abs().max().item() for a, b in zip(plain.parameters(), checked.parameters()))
+        self.assertLess(worst, 1e-6)
+        # Recomputed in backward: the checkpointed blocks ran their forward twice per microbatch.
+        self.assertEqual([layer.calls for layer in checked.layers], [3, 6, 3, 6])
+        self.assertEqual([layer.calls for layer in plain.layers], [3, 3, 3, 3])
+        self.assertTrue(all("forward" not in layer.__dict__ for layer in checked.layers))  # removed after
+
+    def test_apply_checkpointing_for_your_own_loop_and_refusals(self):
+        model = Transformerish()
+        plan = self.plan(["layers.0"])
+        with plan.apply_checkpointing(model) as handle:
+            self.assertEqual(handle.names, ["layers.0"])
+            self.assertIn("forward", model.layers[0].__dict__)
+        self.assertNotIn("forward", model.layers[0].__dict__)
+        self.assertIsNone(self.plan(None).apply_checkpointing(model))
+        self.assertIsNone(self.plan(None).checkpoint)
+        with self.assertRaisesRegex(ValueError, "layers.9"):
+            bad = plan_doc([3, 3, 2])
+            bad["checkpoint"] = dict(self.plan(["layers.0"]).checkpoint, modules=["layers.9"])
+            accumplan.load_plan(bad)
+        other = nn.Sequential(nn.Linear(8, 2))
+        with self.assertRaisesRegex(ValueError, "checkpoint_candidates\\[0\\] is 'layers.0', not a submodule"):
+            plan.train_window(other, torch.optim.SGD(other.parameters(), lr=0.1), (torch.randn(8, 8),),
+                              torch.randint(0, 2, (8,)))
 
 
 if __name__ == "__main__":

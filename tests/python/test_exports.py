@@ -50,7 +50,7 @@ ACCELERATE_DISTRIBUTED_TYPES = {"NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED"}
 # in 4.46+), and OptimizerNames values for torch's optimizers.
 TRAINING_ARGUMENTS = {"per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "max_grad_norm",
                       "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "optim", "use_cpu",
-                      "average_tokens_across_devices"}
+                      "average_tokens_across_devices", "gradient_checkpointing", "gradient_checkpointing_kwargs"}
 HF_OPTIM_NAMES = {"adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop"}
 # lightning 2.x: LightningCLI sections (cli.py @0214810) and Trainer arguments (the stable docs'
 # signature); precision strings (_PRECISION_INPUT_STR).
