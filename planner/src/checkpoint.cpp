@@ -6,6 +6,8 @@
 #include <numeric>
 
 #include "accumplan/errors.h"
+#include "accumplan/solver.h"
+#include "accumplan/units.h"
 
 namespace accumplan {
 namespace {
@@ -109,6 +111,70 @@ std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& mode
     if (faster || tie_fewer) best = c;
   }
   return best;
+}
+
+CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blocks) {
+  CheckpointModel m;
+  m.intercept_bytes = plan.fit.intercept_bytes;
+  m.slope_bytes_per_sample = plan.fit.slope_bytes_per_sample;
+  m.blocks = std::move(blocks);
+  // seconds(b) = t0 + t1·b over the timed points, least squares; t0 clamped at 0 (then t1 the mean
+  // seconds per sample), since a negative per-microbatch cost would favour more microbatches.
+  double n = 0, sb = 0, ss = 0, sbb = 0, sbs = 0;
+  for (const ProfilePoint& p : plan.profile.points) {
+    if (!p.step_seconds || p.seq_len) continue;
+    const double b = static_cast<double>(p.micro_batch), s = *p.step_seconds;
+    n += 1, sb += b, ss += s, sbb += b * b, sbs += b * s;
+  }
+  const double det = n * sbb - sb * sb;
+  if (n >= 2 && det > 0) {
+    m.step_seconds_per_sample = (n * sbs - sb * ss) / det;
+    m.step_seconds = (ss - m.step_seconds_per_sample * sb) / n;
+    if (m.step_seconds < 0 || m.step_seconds_per_sample < 0) {
+      m.step_seconds = 0;
+      m.step_seconds_per_sample = sbb > 0 ? sbs / sbb : 0;
+    }
+  }
+  return m;
+}
+
+Plan plan_with_checkpointing(const Plan& plan, const CheckpointModel& model, const CheckpointChoice& choice) {
+  if (choice.set.blocks.empty()) return plan;
+  if (choice.micro_batch < 1) throw InputError("a checkpoint choice holds at least one sample per microbatch");
+  Plan p = plan;
+  const std::vector<CheckpointChoice> options = checkpoint_options(model, plan.per_rank_batch, plan.memory.usable_bytes);
+  const CheckpointChoice& none = options.front();
+  PlanCheckpoint c;
+  for (size_t i : choice.set.blocks) c.modules.push_back(model.blocks.at(i).name);
+  c.rule = choice.set.rule;
+  c.candidates = model.blocks;
+  double saved = 0, largest = 0, forward = 0;
+  for (size_t i : choice.set.blocks) {
+    saved += model.blocks[i].saved_bytes_per_sample;
+    largest = std::max(largest, model.blocks[i].saved_bytes_per_sample);
+    forward += model.blocks[i].forward_seconds_per_sample;
+  }
+  c.saved_bytes_per_sample = saved - largest;
+  c.recompute_seconds = forward * static_cast<double>(plan.per_rank_batch);
+  c.predicted_seconds_per_window = choice.predicted_window_seconds;
+  if (none.micro_batch > 0) {
+    c.without = {none.micro_batch, none.accumulation_steps, none.predicted_peak_bytes, none.predicted_window_seconds};
+  }
+  p.checkpoint = c;
+  set_window(p, split_samples(plan.per_rank_batch, choice.micro_batch, "balanced"), choice.micro_batch);
+  p.memory.predicted_peak_bytes = choice.predicted_peak_bytes;
+  p.confirmed = false;
+  p.confirmed_peak_bytes.reset();
+  p.timing.reset();  // the plan's timing is the no-checkpoint one; predicted_seconds_per_window says this one's
+  std::string modules;
+  for (const std::string& m : c.modules) modules += (modules.empty() ? "" : ", ") + m;
+  p.reason = "Checkpointing " + c.rule + " (" + modules + ") frees " + format_bytes(static_cast<int64_t>(c.saved_bytes_per_sample)) +
+             " per sample, so microbatches of up to " + std::to_string(choice.micro_batch) + " fit (" +
+             (none.micro_batch > 0 ? std::to_string(none.micro_batch) + " without" : std::string("none without")) +
+             "); predicted " + format_seconds(choice.predicted_window_seconds) + " per window" +
+             (none.micro_batch > 0 ? " against " + format_seconds(none.predicted_window_seconds) + " without" : std::string()) +
+             ", the least of " + std::to_string(options.size()) + " checkpoint sets.";
+  return p;
 }
 
 }  // namespace accumplan

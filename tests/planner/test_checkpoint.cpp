@@ -1,13 +1,19 @@
 // test_checkpoint.cpp — activation checkpointing's model and choice (accumplan/checkpoint.h):
 // the sets considered, the peak and time formulas by hand, and the choice of the least predicted
 // window time (a model that only fits checkpointed, plentiful memory where none wins, a fixed
-// per-microbatch cost that makes a larger checkpointed microbatch faster).
+// per-microbatch cost that makes a larger checkpointed microbatch faster), the model of a solved
+// plan, and the plan with the chosen set (valid for both readers).
 #include <catch2/catch.hpp>
 
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "accumplan/checkpoint.h"
 #include "accumplan/errors.h"
+#include "accumplan/schema.h"
+#include "accumplan/solver.h"
+#include "test_helpers.h"
 
 using namespace accumplan;
 
@@ -104,4 +110,59 @@ TEST_CASE("Checkpoint: a large per-microbatch cost makes the larger checkpointed
   }
   CHECK(c->predicted_window_seconds == Approx(4 * 0.5 + 64 * (0.010 + 0.004)));
   CHECK(options[0].predicted_window_seconds == Approx(10 * 0.5 + 64 * 0.010));
+}
+
+TEST_CASE("Checkpoint: a plan's model is its fit's line and its step times' line", "[checkpoint]") {
+  Profile prof = accumplan::test::linear_profile(8 << 20, 1 << 20, 4 << 20);
+  for (auto& pt : prof.points) pt.step_seconds = 0.02 + 0.005 * static_cast<double>(pt.micro_batch);
+  PlanRequest r;
+  r.target_batch = 64;
+  r.budget.bytes = int64_t{64} << 20;
+  const Plan plan = make_plan(prof, r);
+  const CheckpointModel m = checkpoint_model_of(plan, {{"b0", 1e6, 1e-3}});
+  CHECK(m.intercept_bytes == Approx(plan.fit.intercept_bytes));
+  CHECK(m.slope_bytes_per_sample == Approx(plan.fit.slope_bytes_per_sample));
+  CHECK(m.step_seconds == Approx(0.02));
+  CHECK(m.step_seconds_per_sample == Approx(0.005));
+  // A line that would give a negative per-microbatch cost: t0 = 0, the mean seconds per sample.
+  for (auto& pt : prof.points) pt.step_seconds = -0.01 + 0.005 * static_cast<double>(pt.micro_batch);
+  const CheckpointModel clamped = checkpoint_model_of(make_plan(prof, r), {});
+  CHECK(clamped.step_seconds == 0);
+  CHECK(clamped.step_seconds_per_sample > 0);
+}
+
+TEST_CASE("Checkpoint: the plan with the chosen set: its split, peak, trade and reason, valid for both readers",
+          "[checkpoint]") {
+  // 8 MiB weights + gradients, 1 MiB fixed, 4 MiB per sample; four blocks of 1 MiB per sample each.
+  Profile prof = accumplan::test::linear_profile(4 << 20, 1 << 20, 4 << 20);
+  for (auto& pt : prof.points) pt.step_seconds = 0.5 + 0.001 * static_cast<double>(pt.micro_batch);
+  PlanRequest r;
+  r.target_batch = 64;
+  r.budget.bytes = int64_t{48} << 20;
+  const Plan plan = make_plan(prof, r);
+  std::vector<BlockCost> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back({"blocks." + std::to_string(i), double(1 << 20), 1e-4});
+  const CheckpointModel m = checkpoint_model_of(plan, blocks);
+  const auto choice = choose_checkpointing(m, plan.per_rank_batch, plan.memory.usable_bytes);
+  REQUIRE(choice);
+  REQUIRE_FALSE(choice->set.blocks.empty());  // 0.5 s a microbatch: fewer, larger ones pay
+  const Plan p = plan_with_checkpointing(plan, m, *choice);
+  CHECK(p.micro_batch <= choice->micro_batch);
+  CHECK(p.micro_batch > plan.micro_batch);
+  CHECK(p.accumulation_steps == choice->accumulation_steps);
+  CHECK(p.memory.predicted_peak_bytes == choice->predicted_peak_bytes);
+  CHECK(p.memory.predicted_peak_bytes <= p.memory.usable_bytes);
+  CHECK_FALSE(p.confirmed);
+  REQUIRE(p.checkpoint);
+  CHECK(p.checkpoint->rule == choice->set.rule);
+  CHECK(p.checkpoint->candidates.size() == 4);
+  CHECK(p.checkpoint->without.micro_batch == checkpoint_options(m, 64, plan.memory.usable_bytes)[0].micro_batch);
+  CHECK(p.checkpoint->predicted_seconds_per_window < p.checkpoint->without.predicted_seconds_per_window);
+  CHECK(p.reason.find("Checkpointing " + choice->set.rule) == 0);
+  const Plan back = plan_from_json(nlohmann::json::parse(to_json(p).dump()));  // the readers' rules hold
+  CHECK(back.checkpoint->modules == p.checkpoint->modules);
+  // none: the plan as it was.
+  CheckpointChoice none;
+  none.set = checkpoint_sets(4)[0];
+  CHECK(to_json(plan_with_checkpointing(plan, m, none)).dump() == to_json(plan).dump());
 }

@@ -70,4 +70,15 @@ std::vector<CheckpointChoice> checkpoint_options(const CheckpointModel& model, i
 std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& model, int64_t per_rank_batch,
                                                      int64_t usable_bytes);
 
+// The model of a plan solved without checkpointing: its fit's line (the steady peak) and a line
+// through its profile points' step seconds (least squares, t0 >= 0; both 0 without two timed
+// sizes), with the measured candidate blocks.
+CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blocks);
+
+// `plan` (solved without checkpointing) with `choice`'s set: its sizes a balanced split of the
+// per-rank batch under choice.micro_batch (set_window), its predicted peak the model's,
+// `checkpoint` (the set, every candidate, and the plan without it) and a reason; unconfirmed until
+// a real window with the set applied runs. A choice of none leaves the plan as it was.
+Plan plan_with_checkpointing(const Plan& plan, const CheckpointModel& model, const CheckpointChoice& choice);
+
 }  // namespace accumplan
