@@ -33,6 +33,17 @@ CheckpointModel four_blocks() {
   return m;
 }
 
+// A plan of 64 samples solved from a linear profile (weights and gradients of `weights_bytes`
+// each, 1 MiB fixed, 4 MiB per sample) whose steps take t0 + t1·b seconds, under `budget_bytes`.
+Plan timed_plan(int64_t weights_bytes, double t0, double t1, int64_t budget_bytes) {
+  Profile prof = accumplan::test::linear_profile(weights_bytes, 1 << 20, 4 << 20);
+  for (auto& pt : prof.points) pt.step_seconds = t0 + t1 * static_cast<double>(pt.micro_batch);
+  PlanRequest r;
+  r.target_batch = 64;
+  r.budget.bytes = budget_bytes;
+  return make_plan(prof, r);
+}
+
 }  // namespace
 
 TEST_CASE("Checkpoint: the sets are none, every k-th block for k = n..2, and all", "[checkpoint]") {
@@ -113,20 +124,14 @@ TEST_CASE("Checkpoint: a large per-microbatch cost makes the larger checkpointed
 }
 
 TEST_CASE("Checkpoint: a plan's model is its fit's line and its step times' line", "[checkpoint]") {
-  Profile prof = accumplan::test::linear_profile(8 << 20, 1 << 20, 4 << 20);
-  for (auto& pt : prof.points) pt.step_seconds = 0.02 + 0.005 * static_cast<double>(pt.micro_batch);
-  PlanRequest r;
-  r.target_batch = 64;
-  r.budget.bytes = int64_t{64} << 20;
-  const Plan plan = make_plan(prof, r);
+  const Plan plan = timed_plan(8 << 20, 0.02, 0.005, int64_t{64} << 20);
   const CheckpointModel m = checkpoint_model_of(plan, {{"b0", 1e6, 1e-3}});
   CHECK(m.intercept_bytes == Approx(plan.fit.intercept_bytes));
   CHECK(m.slope_bytes_per_sample == Approx(plan.fit.slope_bytes_per_sample));
   CHECK(m.step_seconds == Approx(0.02));
   CHECK(m.step_seconds_per_sample == Approx(0.005));
   // A line that would give a negative per-microbatch cost: t0 = 0, the mean seconds per sample.
-  for (auto& pt : prof.points) pt.step_seconds = -0.01 + 0.005 * static_cast<double>(pt.micro_batch);
-  const CheckpointModel clamped = checkpoint_model_of(make_plan(prof, r), {});
+  const CheckpointModel clamped = checkpoint_model_of(timed_plan(8 << 20, -0.01, 0.005, int64_t{64} << 20), {});
   CHECK(clamped.step_seconds == 0);
   CHECK(clamped.step_seconds_per_sample > 0);
 }
@@ -134,12 +139,7 @@ TEST_CASE("Checkpoint: a plan's model is its fit's line and its step times' line
 TEST_CASE("Checkpoint: the plan with the chosen set: its split, peak, trade and reason, valid for both readers",
           "[checkpoint]") {
   // 8 MiB weights + gradients, 1 MiB fixed, 4 MiB per sample; four blocks of 1 MiB per sample each.
-  Profile prof = accumplan::test::linear_profile(4 << 20, 1 << 20, 4 << 20);
-  for (auto& pt : prof.points) pt.step_seconds = 0.5 + 0.001 * static_cast<double>(pt.micro_batch);
-  PlanRequest r;
-  r.target_batch = 64;
-  r.budget.bytes = int64_t{48} << 20;
-  const Plan plan = make_plan(prof, r);
+  const Plan plan = timed_plan(4 << 20, 0.5, 0.001, int64_t{48} << 20);
   std::vector<BlockCost> blocks;
   for (int i = 0; i < 4; ++i) blocks.push_back({"blocks." + std::to_string(i), double(1 << 20), 1e-4});
   const CheckpointModel m = checkpoint_model_of(plan, blocks);
