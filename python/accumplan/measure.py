@@ -201,6 +201,24 @@ class _ModuleRunner(_core.WindowRunner):
             return None
         return self.budget * (2 if budget == _core.WindowBudget.DOUBLED else 1)
 
+    def _measured(self, window):
+        """Runs ``window()`` (a measured window under the meter's limit) with an out-of-memory
+        reported (True) rather than raised; the limit is lifted after, and after an out-of-memory
+        the gradients are dropped and the meter cleared."""
+        meter, oom = self.meter, False
+        try:
+            window()
+        except Exception as e:  # noqa: BLE001 - only out-of-memory is a measurement
+            if not (meter.oom() or is_oom(e)):
+                raise
+            oom = True
+        finally:
+            meter.limit(None)
+        if oom:
+            zero_grads(trainable_parameters(self.model), self.optimizer)
+            meter.clear()
+        return oom
+
     def run_window(self, sizes, seq_len, budget):
         if seq_len and self.cfg["lengths"] is None:
             raise PlanError("the search asked for sequences of %d tokens, but the data has fixed shapes" % seq_len)
@@ -228,7 +246,8 @@ class _ModuleRunner(_core.WindowRunner):
                 read()
                 meter.reset_peak()
             starts.append(time.perf_counter())
-        try:
+
+        def window():
             w = self._window(inputs, target, n, lengths)
             zero_grads(w.params, self.optimizer)
             meter.reset_peak()
@@ -251,15 +270,7 @@ class _ModuleRunner(_core.WindowRunner):
             if reserved[0] is not None:
                 m.reserved_peak_bytes = max(reserved)
                 m.max_peak_bytes = max(m.max_peak_bytes, m.reserved_peak_bytes)
-        except Exception as e:  # noqa: BLE001 - only out-of-memory is a measurement
-            if not (meter.oom() or is_oom(e)):
-                raise
-            m.oom = True
-        finally:
-            meter.limit(None)
-        if m.oom:
-            zero_grads(trainable_parameters(self.model), self.optimizer)
-            meter.clear()
+        m.oom = self._measured(window)
         m.seconds = time.perf_counter() - t0
         return m
 
@@ -285,20 +296,13 @@ class _ModuleRunner(_core.WindowRunner):
             if i > 0:
                 read()
             meter.reset_peak()
-        try:
+        def window():
             w = self._window(inputs, target, n, lengths)
             meter.limit(limit, data)
             eval_rounds(w, sizes, False, keep_outputs, None, before_microbatch)
             read()
             m.peak_bytes = peaks
-        except Exception as e:  # noqa: BLE001 - only out-of-memory is a measurement
-            if not (meter.oom() or is_oom(e)):
-                raise
-            m.oom = True
-        finally:
-            meter.limit(None)
-        if m.oom:
-            meter.clear()
+        m.oom = self._measured(window)
         m.seconds = time.perf_counter() - t0
         return m
 

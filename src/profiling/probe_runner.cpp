@@ -188,13 +188,11 @@ EvalMeasurement ProbeRunner::eval_window(const std::vector<int64_t>& sizes, bool
   EvalMeasurement m;
   m.sizes = sizes;
   const auto t0 = Clock::now();
-  const std::optional<int64_t> budget = probe_.budget_bytes();
   // A mid-training evaluation: weights and optimizer state resident, gradients freed as
   // zero_grad(set_to_none=True) leaves them.
   for (auto& p : params_) {
     if (p.grad().defined()) p.mutable_grad() = at::Tensor();
   }
-  int64_t data_bytes = 0;
   std::vector<int64_t> peaks;  // per microbatch, with the host data
   auto read_peak = [&] {
     if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
@@ -212,15 +210,29 @@ EvalMeasurement ProbeRunner::eval_window(const std::vector<int64_t>& sizes, bool
     if (i > 0) read_peak();
     probe_.reset_peak();
   };
-  try {
-    probe_.set_budget_bytes(std::nullopt);
-    const int64_t samples = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-    const Batch data = load_host_data(probe_, [&] { return window_data(samples); }, data_bytes);
-    enforce_budget_beside(probe_, budget, data_bytes);
+  m.oom = measured(sizes, [&](const Batch& data, int64_t data_bytes) {
     evaluate(model_.module, data, sizes, eo);
     read_peak();
-    data_bytes += host_bytes_;
     for (int64_t peak : peaks) m.peak_bytes.push_back(peak - data_bytes);
+  });
+  if (m.oom) m.peak_bytes.clear();
+  m.seconds = seconds_since(t0);
+  return m;  // judged by the search (Search::run_eval)
+}
+
+bool ProbeRunner::measured(const std::vector<int64_t>& sizes, const std::function<void(const Batch&, int64_t)>& body) {
+  // The window's samples are the data set's, not the training step's: `accumplan run` holds its
+  // data outside the budget (on the CPU device it raises the enforced budget by their bytes and
+  // reports peaks without them), and so does this. They are made with the budget lifted.
+  const std::optional<int64_t> budget = probe_.budget_bytes();
+  const int64_t samples = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  bool oom = false;
+  try {
+    probe_.set_budget_bytes(std::nullopt);
+    int64_t data_bytes = 0;
+    const Batch data = load_host_data(probe_, [&] { return window_data(samples); }, data_bytes);
+    enforce_budget_beside(probe_, budget, data_bytes);
+    body(data, data_bytes + host_bytes_);  // the --batch-file's bytes are host data too
   } catch (const ModelRejectedInputError& e) {
     probe_.set_budget_bytes(budget);
     name_the_inputs(e);
@@ -229,14 +241,19 @@ EvalMeasurement ProbeRunner::eval_window(const std::vector<int64_t>& sizes, bool
       probe_.set_budget_bytes(budget);
       throw;
     }
-    m.oom = true;
-    m.peak_bytes.clear();
+    oom = true;
+  }
+  if (oom) {
+    // Everything the failed window held was a local of the frames the exception unwound, and the
+    // executor dropped its gradients; what remains is cached memory.
+    for (auto& p : params_) {
+      if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+    }
     probe_.clear_oom();
     probe_.release_cached();
   }
   probe_.set_budget_bytes(budget);
-  m.seconds = seconds_since(t0);
-  return m;  // judged by the search (Search::run_eval)
+  return oom;
 }
 
 Plan ProbeRunner::plan_and_confirm(Profile& profile, PlanRequest request, bool eval, bool keep_outputs) {
@@ -309,13 +326,6 @@ WindowMeasurement ProbeRunner::window(const std::vector<int64_t>& sizes) {
     // CUDA kernels run asynchronously: without a synchronize the clock would time the launches.
     if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
   };
-  const int64_t samples = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-  // The window's samples are the data set's, not the training step's: `accumplan run` holds its
-  // data outside the budget (on the CPU device it raises the enforced budget by their bytes and
-  // reports peaks without them), and so does this. They are made with the budget lifted.
-  const std::optional<int64_t> budget = probe_.budget_bytes();
-  int64_t data_bytes = 0;
-
   ExecutorOptions eo = executor_options();
   std::vector<int64_t> peaks;               // per microbatch, allocated (persistent included)
   int64_t reserved = 0;
@@ -332,10 +342,7 @@ WindowMeasurement ProbeRunner::window(const std::vector<int64_t>& sizes) {
     }
     starts.push_back(Clock::now());
   };
-  try {
-    probe_.set_budget_bytes(std::nullopt);
-    const Batch data = load_host_data(probe_, [&] { return window_data(samples); }, data_bytes);
-    enforce_budget_beside(probe_, budget, data_bytes);
+  m.oom = measured(sizes, [&](const Batch& data, int64_t data_bytes) {
     Executor executor(model_.module, *optimizer_, window_plan(sizes), eo);
     WindowStats st = executor.accumulate(data);
     sync();
@@ -347,7 +354,6 @@ WindowMeasurement ProbeRunner::window(const std::vector<int64_t>& sizes) {
     }
     probe_.reset_peak();
     executor.apply(st);
-    data_bytes += host_bytes_;  // the --batch-file's bytes are host data too
     m.optimizer_step_peak_bytes = probe_.peak_bytes() - data_bytes;
     reserved = std::max(reserved, probe_.reserved_peak_bytes().value_or(0));
     m.peak_bytes = *std::max_element(peaks.begin(), peaks.end()) - data_bytes;
@@ -358,27 +364,8 @@ WindowMeasurement ProbeRunner::window(const std::vector<int64_t>& sizes) {
       m.reserved_peak_bytes = reserved;
       m.max_peak_bytes = std::max(m.max_peak_bytes, reserved);
     }
-  } catch (const ModelRejectedInputError& e) {
-    probe_.set_budget_bytes(budget);
-    name_the_inputs(e);
-  } catch (const std::exception& e) {
-    if (!is_oom(e)) {
-      probe_.set_budget_bytes(budget);
-      throw;
-    }
-    m.oom = true;
-  }
-  if (m.oom) {
-    // Everything the failed window held was a local of the frames the exception unwound, and the
-    // executor dropped its gradients; what remains is cached memory.
-    for (auto& p : params_) {
-      if (p.grad().defined()) p.mutable_grad() = at::Tensor();
-    }
-    probe_.clear_oom();
-    probe_.release_cached();
-    m.peak_bytes = m.max_peak_bytes = 0;
-  }
-  probe_.set_budget_bytes(budget);
+  });
+  if (m.oom) m.peak_bytes = m.max_peak_bytes = 0;
   m.seconds = seconds_since(t0);
   return m;  // judged against the budget by the search (Search::run)
 }

@@ -127,6 +127,11 @@ class ProbeRunner final : public WindowRunner {
   WindowMeasurement window(const std::vector<int64_t>& sizes);
   Plan window_plan(const std::vector<int64_t>& sizes) const;
   EvalMeasurement eval_window(const std::vector<int64_t>& sizes, bool keep_outputs);
+  // The frame of every measured window: its samples made as host data with the budget lifted, the
+  // budget enforced beside them, then body(data, host bytes to leave out of every peak). Returns
+  // true after an out-of-memory (the gradients dropped, the cache released); a model's rejection
+  // names the inputs; any other failure propagates. The budget is as it was after.
+  bool measured(const std::vector<int64_t>& sizes, const std::function<void(const Batch&, int64_t)>& body);
   // Runs `run` under the limit the search asked for; the planned budget is enforced again after.
   void with_budget(WindowBudget budget, const std::function<void()>& run);
   // How `accumplan run` trains (loss, AMP, clipping), with OOM reported rather than recovered.
