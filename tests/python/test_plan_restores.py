@@ -165,6 +165,27 @@ class LeavesNothingBehind(unittest.TestCase):
         self.assertIsNotNone(p.tokens)
         self.assertSameState(before, state_of(model, opt, extra))
 
+    def test_an_interrupt_inside_an_eval_window_restores_modes_and_grad_mode(self):
+        # The eval windows (issue 39) run under no_grad with every module in eval mode: a Ctrl-C in
+        # their forward must leave the training flags and grad mode as they were too.
+        model, opt, extra, x, y = setup()
+        before = state_of(model, opt, extra)
+        forward, seen = model.forward, []
+
+        def interrupted(*args):
+            if not torch.is_grad_enabled():
+                seen.append(model.l2.training)
+                raise KeyboardInterrupt
+            return forward(*args)
+        model.forward = interrupted
+        with self.assertRaises(KeyboardInterrupt):
+            plan(model, opt, x, y, progress=False)
+        del model.forward
+        self.assertEqual(seen, [False])  # it was inside an eval window, in eval mode
+        self.assertSameState(before, state_of(model, opt, extra))
+        self.assertIsNotNone(plan(model, opt, x, y, progress=False).eval)  # and nothing was left behind
+        self.assertSameState(before, state_of(model, opt, extra))
+
     def test_an_interrupt_while_putting_back_is_held_until_everything_is_back(self):
         model, opt, extra, x, y = setup()
         before = state_of(model, opt, extra)
