@@ -61,9 +61,14 @@ std::vector<CheckpointSet> checkpoint_sets(size_t n) {
   return sets;
 }
 
+double CheckpointModel::bytes_per_sample(const CheckpointSet& set) const {
+  return per_sample_bytes(*this, sums_of(*this, set));
+}
+
 int64_t CheckpointModel::predicted_peak_bytes(const CheckpointSet& set, int64_t b) const {
   const double per_sample = per_sample_bytes(*this, sums_of(*this, set));
-  return static_cast<int64_t>(std::ceil(intercept_bytes + per_sample * static_cast<double>(b)));
+  return static_cast<int64_t>(
+      std::ceil(std::max(intercept_bytes + per_sample * static_cast<double>(b), optimizer_step_peak_bytes)));
 }
 
 double CheckpointModel::predicted_step_seconds(const CheckpointSet& set, int64_t b) const {
@@ -71,12 +76,17 @@ double CheckpointModel::predicted_step_seconds(const CheckpointSet& set, int64_t
 }
 
 int64_t CheckpointModel::largest_micro_batch(const CheckpointSet& set, int64_t usable_bytes, int64_t limit) const {
-  if (limit < 1 || predicted_peak_bytes(set, 1) > usable_bytes) return 0;
   const double per_sample = per_sample_bytes(*this, sums_of(*this, set));
+  const auto needs = [&](int64_t b) {
+    return predicted_peak_bytes(set, b) + static_cast<int64_t>(std::ceil(margin_fraction * std::max(0.0, per_sample) *
+                                                                         static_cast<double>(b)));
+  };
+  if (limit < 1 || needs(1) > usable_bytes) return 0;
   if (!(per_sample > 0)) return limit;
-  int64_t b = static_cast<int64_t>(std::floor((static_cast<double>(usable_bytes) - intercept_bytes) / per_sample));
+  int64_t b = static_cast<int64_t>(
+      std::floor((static_cast<double>(usable_bytes) - intercept_bytes) / (per_sample * (1.0 + margin_fraction))));
   b = std::clamp<int64_t>(b, 1, limit);
-  while (b > 1 && predicted_peak_bytes(set, b) > usable_bytes) --b;  // the floor settled on the integer rule
+  while (b > 1 && needs(b) > usable_bytes) --b;  // the floor settled on the integer rule
   return b;
 }
 
@@ -113,11 +123,15 @@ std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& mode
   return best;
 }
 
-CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blocks) {
+CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blocks, const CheckpointSet& applied) {
   CheckpointModel m;
   m.intercept_bytes = plan.fit.intercept_bytes;
   m.slope_bytes_per_sample = plan.fit.slope_bytes_per_sample;
   m.blocks = std::move(blocks);
+  m.margin_fraction = plan.memory.margin.activation_fraction;
+  for (const ProfilePoint& p : plan.profile.points) {
+    m.optimizer_step_peak_bytes = std::max(m.optimizer_step_peak_bytes, static_cast<double>(p.optimizer_step_peak_bytes.value_or(0)));
+  }
   // seconds(b) = t0 + t1·b over the timed points, least squares; t0 clamped at 0 (then t1 the mean
   // seconds per sample), since a negative per-microbatch cost would favour more microbatches.
   double n = 0, sb = 0, ss = 0, sbb = 0, sbs = 0;
@@ -135,45 +149,78 @@ CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blo
       m.step_seconds_per_sample = sbb > 0 ? sbs / sbb : 0;
     }
   }
+  // The applied set taken back out: its windows kept (Σ saved − max saved) less per sample and
+  // spent Σ forward more per sample than the same windows without checkpointing.
+  const SetSums a = sums_of(m, applied);
+  m.slope_bytes_per_sample += a.saved - a.largest_saved;
+  m.step_seconds_per_sample = std::max(0.0, m.step_seconds_per_sample - a.forward);
   return m;
 }
+
+namespace {
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+// The plan's `checkpoint` for `set` (non-empty), its window predicted at `window_seconds`.
+PlanCheckpoint checkpoint_field(const Plan& plan, const CheckpointModel& model, const CheckpointSet& set,
+                                double window_seconds, const CheckpointChoice& none) {
+  PlanCheckpoint c;
+  for (size_t i : set.blocks) c.modules.push_back(model.blocks.at(i).name);
+  c.rule = set.rule;
+  c.candidates = model.blocks;
+  const SetSums s = sums_of(model, set);
+  c.saved_bytes_per_sample = s.saved - s.largest_saved;
+  c.recompute_seconds = s.forward * static_cast<double>(plan.per_rank_batch);
+  c.predicted_seconds_per_window = window_seconds;
+  if (none.micro_batch > 0) {
+    c.without = {none.micro_batch, none.accumulation_steps, none.predicted_peak_bytes, none.predicted_window_seconds};
+  }
+  return c;
+}
+
+// "...; predicted 1.2 s per window against 1.0 s without".
+std::string trade_sentence(const PlanCheckpoint& c, int64_t micro_batch) {
+  const CheckpointAlternative& w = c.without;
+  return "Checkpointing " + c.rule + " (" + joined(c.modules) + ") frees " +
+         format_bytes(static_cast<int64_t>(c.saved_bytes_per_sample)) + " per sample, so microbatches of up to " +
+         std::to_string(micro_batch) + " fit (" +
+         (w.micro_batch > 0 ? std::to_string(w.micro_batch) + " without" : std::string("none without")) +
+         "); predicted " + format_seconds(c.predicted_seconds_per_window) + " per window" +
+         (w.micro_batch > 0 ? " against " + format_seconds(w.predicted_seconds_per_window) + " without" : std::string());
+}
+
+}  // namespace
 
 Plan plan_with_checkpointing(const Plan& plan, const CheckpointModel& model, const CheckpointChoice& choice) {
   if (choice.set.blocks.empty()) return plan;
   if (choice.micro_batch < 1) throw InputError("a checkpoint choice holds at least one sample per microbatch");
   Plan p = plan;
   const std::vector<CheckpointChoice> options = checkpoint_options(model, plan.per_rank_batch, plan.memory.usable_bytes);
-  const CheckpointChoice& none = options.front();
-  PlanCheckpoint c;
-  for (size_t i : choice.set.blocks) c.modules.push_back(model.blocks.at(i).name);
-  c.rule = choice.set.rule;
-  c.candidates = model.blocks;
-  double saved = 0, largest = 0, forward = 0;
-  for (size_t i : choice.set.blocks) {
-    saved += model.blocks[i].saved_bytes_per_sample;
-    largest = std::max(largest, model.blocks[i].saved_bytes_per_sample);
-    forward += model.blocks[i].forward_seconds_per_sample;
-  }
-  c.saved_bytes_per_sample = saved - largest;
-  c.recompute_seconds = forward * static_cast<double>(plan.per_rank_batch);
-  c.predicted_seconds_per_window = choice.predicted_window_seconds;
-  if (none.micro_batch > 0) {
-    c.without = {none.micro_batch, none.accumulation_steps, none.predicted_peak_bytes, none.predicted_window_seconds};
-  }
-  p.checkpoint = c;
+  p.checkpoint = checkpoint_field(plan, model, choice.set, choice.predicted_window_seconds, options.front());
   set_window(p, split_samples(plan.per_rank_batch, choice.micro_batch, "balanced"), choice.micro_batch);
-  p.memory.predicted_peak_bytes = choice.predicted_peak_bytes;
+  p.memory.predicted_peak_bytes = model.predicted_peak_bytes(choice.set, p.micro_batch);  // the split's largest
   p.confirmed = false;
   p.confirmed_peak_bytes.reset();
   p.timing.reset();  // the plan's timing is the no-checkpoint one; predicted_seconds_per_window says this one's
-  std::string modules;
-  for (const std::string& m : c.modules) modules += (modules.empty() ? "" : ", ") + m;
-  p.reason = "Checkpointing " + c.rule + " (" + modules + ") frees " + format_bytes(static_cast<int64_t>(c.saved_bytes_per_sample)) +
-             " per sample, so microbatches of up to " + std::to_string(choice.micro_batch) + " fit (" +
-             (none.micro_batch > 0 ? std::to_string(none.micro_batch) + " without" : std::string("none without")) +
-             "); predicted " + format_seconds(choice.predicted_window_seconds) + " per window" +
-             (none.micro_batch > 0 ? " against " + format_seconds(none.predicted_window_seconds) + " without" : std::string()) +
-             ", the least of " + std::to_string(options.size()) + " checkpoint sets.";
+  p.reason = trade_sentence(*p.checkpoint, choice.micro_batch) + ", the least of " + std::to_string(options.size()) +
+             " checkpoint sets.";
+  return p;
+}
+
+Plan plan_stating_checkpointing(const Plan& plan, const CheckpointModel& model, const CheckpointSet& applied) {
+  if (applied.blocks.empty()) return plan;
+  Plan p = plan;
+  const std::vector<CheckpointChoice> options = checkpoint_options(model, plan.per_rank_batch, plan.memory.usable_bytes);
+  const int64_t steps = static_cast<int64_t>(plan.microbatch_sizes.size());
+  const double window_seconds = static_cast<double>(steps) * model.step_seconds +
+                                static_cast<double>(plan.per_rank_batch) *
+                                    (model.step_seconds_per_sample + sums_of(model, applied).forward);
+  p.checkpoint = checkpoint_field(plan, model, applied, window_seconds, options.front());
+  p.reason = trade_sentence(*p.checkpoint, plan.max_micro_batch) + ". " + plan.reason;
   return p;
 }
 

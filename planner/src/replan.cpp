@@ -87,7 +87,13 @@ Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* no
 
   Plan next = plan;
   bool solved = false;
-  if (plan.profile.points.size() >= 2 && plan.memory.budget_bytes > 0) {
+  // A plan whose checkpointing was confirmed by its own window (a "confirm" in checkpoint.trials)
+  // carries the profile of the windows without it: solving from that profile would size
+  // microbatches that fit only without checkpointing, so it is re-split instead, checkpointing kept.
+  const bool profile_is_the_plans =
+      !plan.checkpoint || std::none_of(plan.checkpoint->trials.begin(), plan.checkpoint->trials.end(),
+                                       [](const Trial& t) { return t.kind == "confirm"; });
+  if (plan.profile.points.size() >= 2 && plan.memory.budget_bytes > 0 && profile_is_the_plans) {
     PlanRequest req;
     req.target_batch = plan.target_batch;
     req.world_size = plan.world_size;
@@ -112,6 +118,7 @@ Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* no
         // The eval batch was measured with the training state resident, not at a training size:
         // a smaller training microbatch leaves it as it was.
         solved_plan.eval = plan.eval;
+        solved_plan.checkpoint = plan.checkpoint;  // the profile's windows ran with it
         next = solved_plan;
         solved = true;
         how << "solved again by the planner with max_micro_batch " << bound;

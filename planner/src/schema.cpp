@@ -539,7 +539,8 @@ ojson checkpoint_json(const PlanCheckpoint& c) {
                                  {"accumulation_steps", w.micro_batch > 0 ? ojson(w.accumulation_steps) : ojson(nullptr)},
                                  {"predicted_peak_bytes", w.predicted_peak_bytes},
                                  {"predicted_seconds_per_window", w.predicted_seconds_per_window}}},
-               {"candidates", candidates}};
+               {"candidates", candidates},
+               {"trials", trials_json(c.trials)}};
 }
 
 PlanCheckpoint checkpoint_from(const JsonField& f) {
@@ -556,6 +557,15 @@ PlanCheckpoint checkpoint_from(const JsonField& f) {
   c.without.predicted_seconds_per_window = w.f64("predicted_seconds_per_window");
   for (const JsonField& b : f.at("candidates").items()) {
     c.candidates.push_back({b.str("name"), b.f64("saved_bytes_per_sample"), b.f64("forward_seconds_per_sample")});
+  }
+  if (f.has("trials")) {
+    c.trials = trials_from(f.at("trials"));
+    for (size_t i = 0; i < c.trials.size(); ++i) {
+      if (c.trials[i].kind != "costs" && c.trials[i].kind != "confirm") {
+        throw SchemaError(f.path() + ".trials[" + std::to_string(i) + "].kind: '" + cut_for_message(c.trials[i].kind) +
+                          "' is not a checkpoint window (costs or confirm)");
+      }
+    }
   }
   // Every checkpointed module is a measured candidate, once: a reader applies exactly these.
   std::set<std::string> names, used;

@@ -513,4 +513,64 @@ std::optional<EvalPlan> eval_from_profile(const Plan& plan) {
   return e;
 }
 
+// ---- Activation checkpointing (issue 38) -------------------------------------------------------
+
+void WindowRunner::set_checkpointing(const std::vector<std::string>& modules) {
+  if (!modules.empty()) {
+    throw InputError("this executor runs a TorchScript module, whose blocks activation checkpointing cannot wrap; "
+                     "plan the Python module with accumplan.plan(..., checkpointing=\"auto\")");
+  }
+}
+
+namespace {
+
+std::vector<std::string> module_names(const CheckpointModel& m, const CheckpointSet& set) {
+  std::vector<std::string> names;
+  for (size_t i : set.blocks) names.push_back(m.blocks.at(i).name);
+  return names;
+}
+
+}  // namespace
+
+Plan Search::plan_checkpointing(const Plan& plan, std::vector<BlockCost> blocks, const CheckpointSet& applied,
+                                bool choose, const Trial& costs) {
+  const CheckpointModel model = checkpoint_model_of(plan, std::move(blocks), applied);
+  Plan stated = plan_stating_checkpointing(plan, model, applied);
+  if (stated.checkpoint) stated.checkpoint->trials = {costs};
+  const std::optional<CheckpointChoice> choice =
+      choose ? choose_checkpointing(model, plan.per_rank_batch, plan.memory.usable_bytes) : std::nullopt;
+  if (!choice || choice->set.blocks == applied.blocks) {
+    if (choose) say("checkpointing: " + (applied.blocks.empty() ? std::string("none") : applied.rule) +
+                    " is predicted fastest of " + std::to_string(checkpoint_sets(model.blocks.size()).size()) + " sets");
+    return stated;
+  }
+  Plan p = plan_with_checkpointing(plan, model, *choice);
+  p.checkpoint->trials = {costs};
+  runner_.set_checkpointing(module_names(model, choice->set));
+  // The largest size the plan allows, as plan_and_confirm confirms: two microbatches (the second
+  // with gradients resident) cover every window of the plan; or the whole per-rank batch alone.
+  const bool whole = p.accumulation_steps == 1;
+  const int64_t b = whole ? p.micro_batch : p.max_micro_batch;
+  const WindowMeasurement s = run(whole ? std::vector<int64_t>{b} : std::vector<int64_t>{b, b}, b, 0, past_the_budget());
+  const int64_t kept = kept_margin(p.memory.margin).bytes_at(model.bytes_per_sample(choice->set), b);
+  const bool ok = s.fit && s.max_peak_bytes + kept <= p.memory.budget_bytes;
+  p.checkpoint->trials.push_back({"confirm", b, ok, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes, std::nullopt});
+  const std::string what = "confirm checkpointing " + choice->set.rule + " b=" + std::to_string(b) + ": ";
+  if (ok) {
+    say(what + "peak " + format_bytes(s.max_peak_bytes) + " of " + format_bytes(p.memory.budget_bytes) +
+        " budget (predicted " + format_bytes(model.predicted_peak_bytes(choice->set, b)) + "), fits");
+    p.confirmed = true;
+    p.confirmed_peak_bytes = s.max_peak_bytes;
+    return p;
+  }
+  const std::string failure = s.oom ? std::string("ran out of memory") : "peaked at " + format_bytes(s.max_peak_bytes);
+  say(what + failure + "; the plan keeps " + (applied.blocks.empty() ? std::string("no checkpointing") : applied.rule));
+  runner_.set_checkpointing(module_names(model, applied));
+  Plan back = stated;
+  back.reason = "Checkpointing " + choice->set.rule + " at microbatch " + std::to_string(b) + " was predicted to fit (" +
+                format_bytes(model.predicted_peak_bytes(choice->set, b)) + ") but its window " + failure + ". " +
+                back.reason;
+  return back;
+}
+
 }  // namespace accumplan

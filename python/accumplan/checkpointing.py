@@ -45,25 +45,26 @@ def _longest_run(children):
     return best
 
 
-def checkpoint_candidates(model, names=None):
+def checkpoint_candidates(model, names=None, arg="checkpoint_candidates"):
     """The qualified names of the blocks a plan may checkpoint, in forward order. ``names``: the
     user's list (each must name a submodule, not the model itself, once); None: the longest run of
     at least two consecutive same-class children of an ``nn.ModuleList`` or ``nn.Sequential``
-    (the outermost of equally long runs). ValueError when there is none, naming the fix."""
+    (the outermost of equally long runs). ValueError when there is none, naming the fix; ``arg``
+    names the list in messages (accumplan.plan's checkpointing= passes its own)."""
     _refuse_scripted(model)
     modules = dict(model.named_modules())
     if names is not None:
         if isinstance(names, str) or not isinstance(names, (list, tuple)):
-            raise TypeError("checkpoint_candidates must be a list of module names, not %s" % shown_value(names))
+            raise TypeError("%s must be a list of module names, not %s" % (arg, shown_value(names)))
         seen = set()
         for i, n in enumerate(names):
             if not isinstance(n, str) or n == "" or n not in modules:
                 near = difflib.get_close_matches(n, [m for m in modules if m], n=3) if isinstance(n, str) else []
-                raise ValueError("checkpoint_candidates[%d] is %s, not a submodule of the model%s" % (
-                    i, shown_value(n), "; did you mean %s?" % ", ".join(near) if near else
+                raise ValueError("%s[%d] is %s, not a submodule of the model%s" % (
+                    arg, i, shown_value(n), "; did you mean %s?" % ", ".join(near) if near else
                     " (model.named_modules() lists them)"))
             if n in seen:
-                raise ValueError("checkpoint_candidates[%d] names %r twice" % (i, n))
+                raise ValueError("%s[%d] names %r twice" % (arg, i, n))
             seen.add(n)
         return list(names)
     best_name, best = None, (0, 0)
@@ -89,6 +90,7 @@ class Checkpointed:
         self.names = []
 
     def remove(self):
+        self.names = []
         while self._wrapped:
             module, had = self._wrapped.pop()
             if had is None:
@@ -118,9 +120,17 @@ def apply_checkpointing(model, names):
     backward: non-reentrant ``torch.utils.checkpoint`` with the RNG state preserved, so a window
     trained with it gives the same update as without. Returns a ``Checkpointed`` handle; its
     ``remove()`` restores the forwards. Under ``torch.no_grad`` the wrapped modules run as before."""
+    handle = Checkpointed([])
+    wrap_into(handle, model, names)
+    return handle
+
+
+def wrap_into(handle, model, names):
+    """Wraps ``names`` as ``apply_checkpointing`` does, into an existing ``Checkpointed`` handle
+    (one a caller already holds, so an interrupt between wrapping and keeping the handle cannot
+    leave a wrapped forward nobody removes)."""
     names = checkpoint_candidates(model, names)
     modules = dict(model.named_modules())
-    handle = Checkpointed([])
     try:
         for n in names:
             module = modules[n]
@@ -131,7 +141,6 @@ def apply_checkpointing(model, names):
     except BaseException:
         handle.remove()
         raise
-    return handle
 
 
 def _storage(t):

@@ -31,6 +31,7 @@ from . import _core
 from ._args import (INT32_MAX, INT32_MIN, MAX_COUNT, callable_arg, choice_arg, flag_arg, int_arg, module_arg,
                     optimizer_arg, real_arg, shown_value)
 from .batches import as_inputs, check_lengths, count_samples, input_tensors, map_inputs, ragged_data, target_arg
+from .checkpointing import Checkpointed, block_costs, checkpoint_candidates, wrap_into
 from .errors import PlanError, in_python_terms, oom_error, plan_error
 from .losses import LOSSES, check_class_target, causal_shift, count_units, units_rule
 from .meters import meter_for
@@ -179,6 +180,7 @@ class _ModuleRunner(_core.WindowRunner):
         self.meter, self.model, self.optimizer = meter, model, optimizer
         self.inputs, self.target, self.cfg = inputs, target, cfg
         self.budget = cfg["budget"]
+        self.checkpointed = Checkpointed([])  # set_checkpointing's wrap; plan() removes it before returning
 
     def data(self, n, seq_len=None):
         """A window's n samples (ragged data: each of exactly seq_len tokens) and their lengths."""
@@ -195,6 +197,37 @@ class _ModuleRunner(_core.WindowRunner):
         labels = w.set_units_rule(c["normalization"])
         w.units = max(1, count_units(labels, n, w.norm, w.ii, w.shift))
         return w
+
+    def set_checkpointing(self, modules):
+        """Every later window trains with these modules checkpointed (empty: none); the C++ search
+        calls it to confirm a chosen set."""
+        self.checkpointed.remove()
+        wrap_into(self.checkpointed, self.model, list(modules))
+
+    def block_costs(self, names, n, lifted):
+        """([(name, saved bytes per sample, forward seconds per sample)] of each candidate block, the
+        window's (peak bytes, seconds)), from one microbatch of n samples (forward, loss, backward)
+        under the budget (lifted: none), without checkpointing. PlanError when it runs out of memory."""
+        meter, costs, t0 = self.meter, [], time.perf_counter()
+        meter.limit(None)
+        before = meter.current()
+        inputs, target, lengths = self.data(n)
+        data = meter.current() - before
+
+        def window():
+            w = self._window(inputs, target, n, lengths)
+            zero_grads(w.params, self.optimizer)
+            meter.reset_peak()
+            meter.limit(None if lifted else self.budget, data)
+            costs.extend(block_costs(self.model, names, lambda: run_rounds(w, [n], None, 1, False), n))
+            meter.sync()
+            costs.append(max(meter.peak(), meter.reserved_peak() or 0) - data)
+            zero_grads(w.params, self.optimizer)
+        if self._measured(window):
+            raise PlanError("measuring the checkpoint candidates at %d samples ran out of memory on %s; plan with "
+                            "checkpointing='off'" % (n, meter.device_name))
+        peak = costs.pop()
+        return costs, (int(peak), time.perf_counter() - t0)
 
     def _limit(self, budget):
         if budget == _core.WindowBudget.LIFTED or self.budget is None:
@@ -476,7 +509,8 @@ def _say(progress):
 def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cross_entropy", loss_fn=None,
          memory_budget=None, device=None, amp=None, max_grad_norm=None, world_size=1, headroom="auto",
          normalization="auto", ignore_index=-100, shift_labels=None, lengths=None, padding_mask=False,
-         target_tokens=None, eval=True, eval_keep_outputs=False, progress=None):
+         target_tokens=None, eval=True, eval_keep_outputs=False, checkpointing="off", checkpoint_candidates=None,
+         progress=None):
     """The plan for training ``model`` with ``optimizer`` at an effective batch of ``target_batch``,
     measured by real windows of ``train_window``'s step on this module in this process.
 
@@ -503,6 +537,15 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     optimizer state resident find the largest eval microbatch under the same budget.
     eval_keep_outputs: that evaluation keeps each microbatch's outputs until the next microbatch's
     forward has finished (``evaluate(..., on_outputs=)``), and the eval batch counts them.
+    checkpointing: "off" (the default), "auto" or a list of module names. "auto" also plans
+    activation checkpointing (``plan.checkpoint``): after the search, one window measures what each
+    candidate block frees and costs (``accumplan.checkpointing.block_costs``), the C++ planner picks
+    the checkpoint set (none, every k-th candidate, all) with the least predicted window time whose
+    microbatch fits, and one more window confirms it when it is not none; when not one sample fits
+    without checkpointing, the search runs again with every candidate checkpointed and the choice
+    starts from there. A list checkpoints exactly those modules in every window the search runs.
+    checkpoint_candidates: the blocks "auto" chooses among (None: the longest run of same-class
+    children of an nn.ModuleList or nn.Sequential, ``checkpoint_candidates(model)``).
     progress: None prints one line per window to stderr, False is silent, a callable gets the lines.
     The plan's setup records the optimizer whole: every parameter group's lr and hyperparameters and
     its flags (nesterov, amsgrad, maximize, foreach, ...; docs/plan-format.md), so an export carries
@@ -537,6 +580,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     if not (progress is None or isinstance(progress, bool)):
         callable_arg(progress, "progress", "True, False or a callable(line)")
     inputs, target, lengths = _data(inputs, target, lengths, loss, loss_fn, ignore_index, padding_mask)
+    knob = _checkpointing_arg(model, checkpointing, checkpoint_candidates, lengths)
     if target_tokens is not None and lengths is None:
         raise ValueError("target_tokens=%d counts the tokens of variable-length data: pass a list of sequences (or a "
                          "padded batch with lengths=); otherwise use target_batch" % target_tokens)
@@ -550,6 +594,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     weights = sum(_nbytes(t) for t in list(model.parameters()) + list(model.buffers()))
     state = _state_bytes(optimizer)
     guard = RestoreGuard()  # Ctrl-C from here on cannot cut the put-back below in half
+    runner = None
     try:
         guard.protected(lambda: guard.hold(TrainingState(model, optimizer, device), meter_for(device, weights + state)))
         meter = guard.meter
@@ -561,20 +606,92 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
             budget = _core.resolve_budget(text, total)
         cfg["budget"] = budget
         runner = _ModuleRunner(meter, model, optimizer, inputs, target, cfg)
-        if say:
-            say("measuring persistent memory on %s (one window of %d samples)" % (meter.device_name, _PERSISTENT_WINDOW))
-        persistent, trials, over = _persistent(runner, meter, weights, state)
         request.budget_is_simulated = meter.simulated
-        request.persistent_over_budget = over
-        header = _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trials)
-        plan_text = _core.search_plan(runner, json.dumps(header), request, say)
+
+        def search():
+            if say:
+                say("measuring persistent memory on %s (one window of %d samples)" % (meter.device_name,
+                                                                                      _PERSISTENT_WINDOW))
+            persistent, trials, over = _persistent(runner, meter, weights, state)
+            request.persistent_over_budget = over
+            header = _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trials)
+            return _core.search_plan(runner, json.dumps(header), request, say)
+        restart = lambda: guard.protected(guard.snapshot.restore)  # noqa: E731 - the state before the first window
+        plan_text = search() if knob is None else _checkpointed_search(runner, search, restart, knob, request, say)
     except _core.InfeasibleError as e:
         raise oom_error(e) from None
     except _core.InputError as e:
         raise plan_error(e) from None
     finally:
-        guard.put_back()  # the meter closed, the state restored, Ctrl-C held meanwhile
+        try:
+            if runner is not None:
+                guard.protected(runner.checkpointed.remove)  # every wrapped forward put back
+        finally:
+            guard.put_back()  # the meter closed, the state restored, Ctrl-C held meanwhile
     return Plan._from_text(plan_text, "accumplan.plan(%s)" % type(model).__name__)
+
+
+def _checkpointing_arg(model, checkpointing, candidates, lengths):
+    """(mode "auto" or "given", the candidates' names, the given names) for plan's checkpointing=,
+    checkpoint_candidates= (None for "off"). ValueError/TypeError naming the argument, before any
+    window runs."""
+    if isinstance(checkpointing, str) and checkpointing == "off":
+        if candidates is not None:
+            raise ValueError("checkpoint_candidates names the blocks checkpointing='auto' chooses among; with "
+                             "checkpointing='off' drop it, or pass checkpointing='auto'")
+        return None
+    if lengths is not None:
+        raise ValueError("checkpointing=%s: activation checkpointing is planned for fixed-shape data; variable-length "
+                         "data plans without it (checkpointing='off')" % shown_value(checkpointing))
+    if isinstance(checkpointing, str):
+        choice_arg(checkpointing, "checkpointing", ("off", "auto"))
+        return "auto", checkpoint_candidates(model, candidates), []
+    if not isinstance(checkpointing, (list, tuple)):
+        raise TypeError("checkpointing must be 'off', 'auto' or a list of module names, not %s"
+                        % shown_value(checkpointing))
+    given = checkpoint_candidates(model, list(checkpointing), "checkpointing")
+    if not given:
+        raise ValueError("checkpointing=[] names no module; pass checkpointing='off' to plan without checkpointing")
+    names = given if candidates is None else checkpoint_candidates(model, candidates)
+    missing = [n for n in given if n not in names]
+    if missing:
+        raise ValueError("checkpointing names %r, which checkpoint_candidates does not list; add it there or drop it"
+                         % missing[0])
+    return "given", names, given
+
+
+def _checkpointed_search(runner, search, restart, knob, request, say):
+    """The plan with activation checkpointing (plan's checkpointing=): the search with the given
+    modules checkpointed, or for "auto" without (when not one sample fits, again from the state
+    before the first window, ``restart()``, with every candidate checkpointed); one window of
+    block_costs; then the C++ planner's choice and its confirming window (_core.checkpoint_plan)."""
+    mode, names, given = knob
+    applied = given if mode == "given" else []
+    runner.set_checkpointing(applied)
+    try:
+        plan_text = search()
+    except _core.InfeasibleError:
+        if mode != "auto":
+            raise
+        if say:
+            say("not one sample fits without checkpointing: searching again with all %d candidate blocks "
+                "checkpointed" % len(names))
+        applied = list(names)
+        restart()  # the optimizer state the first search made would not count as persistent memory
+        runner.set_checkpointing(applied)
+        plan_text = search()
+    searched = json.loads(plan_text)
+    # The costs at the plan's microbatch, which fits, without checkpointing; when only a
+    # checkpointed one fits, at the persistent step's two samples without the budget.
+    n = int(searched["micro_batch"]) if not applied else _PERSISTENT_WINDOW
+    if say:
+        say("measuring what checkpointing frees and costs: %d candidate blocks (%s .. %s), one window of %d samples"
+            % (len(names), names[0], names[-1], n))
+    runner.set_checkpointing([])
+    costs, (peak, seconds) = runner.block_costs(names, n, lifted=bool(applied))
+    runner.set_checkpointing(applied)
+    return _core.checkpoint_plan(runner, plan_text, costs, [names.index(a) for a in applied], mode == "auto",
+                                 request.budget_is_simulated, (n, peak, seconds), say)
 
 
 __all__ = ["plan"]

@@ -110,6 +110,10 @@ class PyWindowRunner : public WindowRunner {
                                                  bool keep_outputs) override {
     PYBIND11_OVERRIDE(std::optional<EvalMeasurement>, WindowRunner, run_eval_window, sizes, seq_len, budget, keep_outputs);
   }
+  // accumplan/measure.py wraps the named modules (accumplan.checkpointing.apply_checkpointing).
+  void set_checkpointing(const std::vector<std::string>& modules) override {
+    PYBIND11_OVERRIDE(void, WindowRunner, set_checkpointing, modules);
+  }
 };
 
 // The budget in bytes: an int, "12GiB" or "90%" of device_total_bytes (the CLI's parser).
@@ -143,16 +147,23 @@ PlanRequest plan_request(const SearchRequest& r) {
 // The confirmed plan's JSON (its profile, every window included, is in it): the probe schedule
 // and the plan, from a profile whose header (device, model, setup, persistent memory, budget, the
 // persistent step's trials) the runner's owner measured.
+// The search's settings for windows on the profile's device under its budget.
+SearchSettings settings_of(const Profile& profile, bool budget_is_simulated, const py::object& progress) {
+  SearchSettings settings;
+  settings.budget_bytes = profile.budget_bytes;
+  settings.budget_is_simulated = budget_is_simulated;
+  settings.device_total_bytes = profile.device.total_bytes;
+  settings.device_name = profile.device.name;
+  if (!progress.is_none()) settings.progress = [progress](const std::string& line) { progress(line); };
+  return settings;
+}
+
 std::string search_plan(WindowRunner& runner, const std::string& header_text,
                         const SearchRequest& r, const py::object& progress) {
   PlanRequest request = plan_request(r);
   Profile profile = profile_from_json(parse_json_text(header_text, "the profile header"));
   if (profile.budget_bytes) request.budget.bytes = profile.budget_bytes;
-  SearchSettings settings;
-  settings.budget_bytes = profile.budget_bytes;
-  settings.budget_is_simulated = r.budget_is_simulated;
-  settings.device_total_bytes = profile.device.total_bytes;
-  settings.device_name = profile.device.name;
+  SearchSettings settings = settings_of(profile, r.budget_is_simulated, progress);
   settings.persistent_over_budget = r.persistent_over_budget;
   // Probes above the per-rank target are never planned (as `accumplan` passes it); a window of
   // target_tokens holds a number of sequences that depends on their lengths: memory bounds them.
@@ -160,7 +171,6 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
   // Variable-length data: the header's setup.seq_len is the range the (b, T) grid plans for, as
   // `accumplan profile --seq-len` gives it (accumplan/measure.py writes the data's own range).
   if (!profile.setup.seq_len.empty()) settings.seq_range = parse_seq_len(profile.setup.seq_len, "seq_len");
-  if (!progress.is_none()) settings.progress = [progress](const std::string& line) { progress(line); };
   std::vector<Trial> trials = profile.trials;
   Search search(runner, settings, trials);
   search.profile(profile);
@@ -213,6 +223,29 @@ std::pair<py::list, py::object> checkpoint_options_of(const py::dict& model, int
     }
   }
   return {options, index};
+}
+
+// The plan's activation checkpointing (Search::plan_checkpointing): `plan_text` searched with the
+// candidates `applied` (indices) checkpointed, `blocks` their measured costs from one window of
+// (samples, peak bytes, seconds); choose: the planner's choice, confirmed by a window of `runner`
+// when it differs from `applied`.
+std::string checkpoint_plan(WindowRunner& runner, const std::string& plan_text,
+                            const std::vector<std::tuple<std::string, double, double>>& blocks,
+                            const std::vector<size_t>& applied, bool choose, bool budget_is_simulated,
+                            const std::tuple<int64_t, int64_t, double>& costs_window, const py::object& progress) {
+  const Plan plan = plan_from_text(plan_text, "the searched plan");
+  std::vector<BlockCost> costs;
+  for (const auto& [name, saved, seconds] : blocks) costs.push_back({name, saved, seconds});
+  CheckpointSet set{applied, "given"};
+  for (const CheckpointSet& named : checkpoint_sets(costs.size())) {
+    if (named.blocks == applied) set.rule = named.rule;
+  }
+  std::vector<Trial> trials;  // the confirmation goes into plan.checkpoint.trials
+  Search search(runner, settings_of(plan.profile, budget_is_simulated, progress), trials);
+  const auto& [samples, peak, seconds] = costs_window;
+  const Trial measured{"costs", samples, !plan.profile.budget_bytes || peak <= *plan.profile.budget_bytes, peak, seconds,
+                       {samples}, std::nullopt};
+  return text_of(search.plan_checkpointing(plan, std::move(costs), set, choose, measured));
 }
 
 // ---- The optimizer table and the exports (issue 36) -------------------------------------------
@@ -400,7 +433,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<>())
       .def("run_window", &WindowRunner::run_window, py::arg("sizes"), py::arg("seq_len"), py::arg("budget"))
       .def("run_eval_window", &WindowRunner::run_eval_window, py::arg("sizes"), py::arg("seq_len"), py::arg("budget"),
-           py::arg("keep_outputs"));
+           py::arg("keep_outputs"))
+      .def("set_checkpointing", &WindowRunner::set_checkpointing, py::arg("modules"));
   py::class_<SearchRequest>(m, "SearchRequest")
       .def(py::init<>())
       .def_readwrite("target_batch", &SearchRequest::target_batch)
@@ -420,6 +454,9 @@ PYBIND11_MODULE(_core, m) {
           return checkpoint_model(model).predicted_peak_bytes(CheckpointSet{blocks, "given"}, micro_batch);
         }, py::arg("model"), py::arg("blocks"), py::arg("micro_batch"),
         "the planner's predicted training peak with these candidate blocks checkpointed");
+  m.def("checkpoint_plan", &checkpoint_plan, py::arg("runner"), py::arg("plan"), py::arg("blocks"), py::arg("applied"),
+        py::arg("choose"), py::arg("budget_is_simulated"), py::arg("costs_window"), py::arg("progress") = py::none(),
+        "the searched plan with its activation checkpointing chosen (and confirmed by a window) or stated");
   m.def("search_plan", &search_plan, py::arg("runner"), py::arg("header"), py::arg("request"),
         py::arg("progress") = py::none(),
         "the plan JSON of the measurement search `accumplan profile` runs, on the runner's windows");

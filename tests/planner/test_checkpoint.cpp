@@ -2,7 +2,8 @@
 // the sets considered, the peak and time formulas by hand, and the choice of the least predicted
 // window time (a model that only fits checkpointed, plentiful memory where none wins, a fixed
 // per-microbatch cost that makes a larger checkpointed microbatch faster), the model of a solved
-// plan, and the plan with the chosen set (valid for both readers).
+// plan, and the plan with the chosen set (valid for both readers); the search's step that confirms a
+// chosen set by one real window with it applied, or falls back when that window does not fit.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -11,7 +12,9 @@
 
 #include "accumplan/checkpoint.h"
 #include "accumplan/errors.h"
+#include "accumplan/replan.h"
 #include "accumplan/schema.h"
+#include "accumplan/search.h"
 #include "accumplan/solver.h"
 #include "test_helpers.h"
 
@@ -150,7 +153,8 @@ TEST_CASE("Checkpoint: the plan with the chosen set: its split, peak, trade and 
   CHECK(p.micro_batch <= choice->micro_batch);
   CHECK(p.micro_batch > plan.micro_batch);
   CHECK(p.accumulation_steps == choice->accumulation_steps);
-  CHECK(p.memory.predicted_peak_bytes == choice->predicted_peak_bytes);
+  CHECK(p.memory.predicted_peak_bytes == m.predicted_peak_bytes(choice->set, p.micro_batch));  // the split's largest
+  CHECK(p.memory.predicted_peak_bytes <= choice->predicted_peak_bytes);
   CHECK(p.memory.predicted_peak_bytes <= p.memory.usable_bytes);
   CHECK_FALSE(p.confirmed);
   REQUIRE(p.checkpoint);
@@ -166,3 +170,153 @@ TEST_CASE("Checkpoint: the plan with the chosen set: its split, peak, trade and 
   none.set = checkpoint_sets(4)[0];
   CHECK(to_json(plan_with_checkpointing(plan, m, none)).dump() == to_json(plan).dump());
 }
+
+namespace {
+
+// A device running a stack of four blocks that each keep `block` bytes per sample for backward
+// (checkpointing one really frees `freed`), with a fixed cost per microbatch that makes fewer,
+// larger microbatches faster: the Python runner's contract (set_checkpointing applies a set to
+// every later window).
+struct BlocksDevice final : WindowRunner {
+  int64_t persistent = 8 << 20, fixed = 1 << 20, head = 256 << 10, block = 512 << 10, freed = 512 << 10;
+  int64_t budget = int64_t{24} << 20;
+  double t0 = 0.05, t1 = 0.001, forward = 0.0002;
+  std::vector<std::string> applied;
+  std::vector<std::vector<std::string>> sets;    // every set_checkpointing call
+  std::vector<std::vector<int64_t>> windows;
+
+  int64_t per_sample() const {
+    const int64_t k = static_cast<int64_t>(applied.size());
+    return head + 4 * block - k * freed + (k > 0 ? freed : 0);
+  }
+  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t, WindowBudget limit) override {
+    windows.push_back(sizes);
+    WindowMeasurement m;
+    m.first_microbatch_peak_bytes = persistent + fixed + per_sample() * sizes.front();
+    for (size_t i = 1; i < sizes.size(); ++i) {
+      m.steady_peak_bytes = std::max(m.steady_peak_bytes, persistent + fixed + per_sample() * sizes[i]);
+    }
+    m.peak_bytes = m.max_peak_bytes = std::max(m.first_microbatch_peak_bytes, m.steady_peak_bytes);
+    m.optimizer_step_peak_bytes = persistent;
+    m.step_seconds = t0 + static_cast<double>(sizes.front()) *
+                              (t1 + forward * static_cast<double>(applied.size()));
+    m.seconds = m.step_seconds * static_cast<double>(sizes.size());
+    const int64_t cap = limit == WindowBudget::Lifted ? INT64_MAX : limit == WindowBudget::Doubled ? 2 * budget : budget;
+    if (m.max_peak_bytes > cap) m.oom = true;
+    return m;
+  }
+  void set_checkpointing(const std::vector<std::string>& modules) override {
+    applied = modules;
+    sets.push_back(modules);
+  }
+  std::vector<BlockCost> costs() const {
+    std::vector<BlockCost> out;
+    for (int i = 0; i < 4; ++i) out.push_back({"blocks." + std::to_string(i), static_cast<double>(block), forward});
+    return out;
+  }
+};
+
+// The device's plan for 64 samples searched with its current set applied.
+Plan searched(BlocksDevice& d, std::vector<Trial>& trials) {
+  SearchSettings s;
+  s.budget_bytes = d.budget;
+  s.budget_is_simulated = true;
+  s.device_total_bytes = d.budget;
+  s.device_name = "blocks device";
+  s.max_probe_micro_batch = 64;
+  Search search(d, s, trials);
+  Profile p = accumplan::test::linear_profile(d.persistent / 2, 0, 0);
+  p.points.clear();
+  p.budget_bytes = d.budget;
+  search.profile(p);
+  p.trials = trials;
+  PlanRequest r;
+  r.target_batch = 64;
+  return search.plan_and_confirm(p, r);
+}
+
+Search search_on(BlocksDevice& d, std::vector<Trial>& trials) {
+  SearchSettings s;
+  s.budget_bytes = d.budget;
+  s.budget_is_simulated = true;
+  s.device_name = "blocks device";
+  return Search(d, s, trials);
+}
+
+const Trial kCosts{"costs", 8, true, 20 << 20, 0.1, {8}, std::nullopt};
+
+}  // namespace
+
+TEST_CASE("Checkpoint: a set faster than none is confirmed by one real window with it applied",
+          "[checkpoint][search]") {
+  BlocksDevice d;
+  std::vector<Trial> trials;
+  const Plan none = searched(d, trials);
+  REQUIRE(none.confirmed);
+  const size_t before = d.windows.size();
+  std::vector<Trial> more;
+  Search search = search_on(d, more);
+  const Plan p = search.plan_checkpointing(none, d.costs(), CheckpointSet{}, true, kCosts);
+  REQUIRE(p.checkpoint);
+  CHECK(d.windows.size() == before + 1);              // one window: the confirmation
+  CHECK(d.sets.back() == p.checkpoint->modules);      // run with the chosen set applied
+  CHECK(p.micro_batch > none.micro_batch);
+  CHECK(p.confirmed);
+  REQUIRE(p.checkpoint->trials.size() == 2);
+  CHECK(p.checkpoint->trials[0].kind == "costs");
+  CHECK(p.checkpoint->trials[1].kind == "confirm");
+  CHECK(p.checkpoint->trials[1].fit);
+  // The confirmation ran at the largest size allowed; the prediction at the split's largest is the
+  // device's own peak there (the device is the model exactly).
+  CHECK(p.checkpoint->trials[1].micro_batch == p.max_micro_batch);
+  CHECK(*p.confirmed_peak_bytes <= d.budget);
+  CHECK(std::abs(p.memory.predicted_peak_bytes - (d.persistent + d.fixed + d.per_sample() * p.micro_batch)) <= 64);
+  const Plan read = plan_from_text(to_json(p).dump(), "checkpointed");
+  CHECK(read.checkpoint->trials.size() == 2);
+  // A re-plan after an OOM keeps the checkpointing and only shrinks (its profile is the plan without it).
+  const Plan smaller = replan_below(p, p.micro_batch);
+  REQUIRE(smaller.checkpoint);
+  CHECK(smaller.checkpoint->modules == p.checkpoint->modules);
+  CHECK(smaller.micro_batch < p.micro_batch);
+}
+
+TEST_CASE("Checkpoint: a confirming window that does not fit leaves the plan without checkpointing and says why",
+          "[checkpoint][search]") {
+  BlocksDevice d;
+  d.freed = 128 << 10;  // the measured costs claim 512 KiB per block; checkpointing frees a quarter of it
+  std::vector<Trial> trials;
+  const Plan none = searched(d, trials);
+  std::vector<Trial> more;
+  Search search = search_on(d, more);
+  const Plan p = search.plan_checkpointing(none, d.costs(), CheckpointSet{}, true, kCosts);
+  CHECK_FALSE(p.checkpoint);
+  CHECK(p.micro_batch == none.micro_batch);
+  CHECK(p.confirmed);
+  CHECK(d.applied.empty());  // the runner back at no checkpointing
+  CHECK(p.reason.find("was predicted to fit") != std::string::npos);
+}
+
+TEST_CASE("Checkpoint: a plan searched with every block checkpointed states it, none fitting without",
+          "[checkpoint][search]") {
+  BlocksDevice d;
+  d.budget = 11 << 20;  // without checkpointing one sample needs 11.25 MiB, with all of it 2 fit
+  d.applied = {"blocks.0", "blocks.1", "blocks.2", "blocks.3"};
+  std::vector<Trial> trials;
+  const Plan all = searched(d, trials);
+  REQUIRE(all.confirmed);
+  std::vector<Trial> more;
+  Search search = search_on(d, more);
+  CheckpointSet applied = checkpoint_sets(4).back();
+  const size_t before = d.windows.size();
+  const Plan p = search.plan_checkpointing(all, d.costs(), applied, true, kCosts);
+  REQUIRE(p.checkpoint);
+  CHECK(d.windows.size() == before);  // the search's own windows confirmed it
+  CHECK(p.checkpoint->rule == "all");
+  CHECK(p.checkpoint->without.micro_batch == 0);
+  CHECK(p.micro_batch == all.micro_batch);
+  CHECK(p.checkpoint->trials.size() == 1);
+  const Plan smaller = replan_below(p, p.micro_batch);  // solved again from its own profile, checkpointing kept
+  REQUIRE(smaller.checkpoint);
+  CHECK(smaller.checkpoint->rule == "all");
+}
+

@@ -74,8 +74,9 @@ TEST_CASE("Replan: below a failing size, the same batch in smaller microbatches"
 
 TEST_CASE("Replan: the eval batch survives a training re-plan, solved or re-split", "[replan][eval]") {
   // It was measured with the training state resident, not at a training size.
-  const Plan golden = read_plan_file(accumplan::test::source_path("tests/golden/plan.json"));
+  Plan golden = read_plan_file(accumplan::test::source_path("tests/golden/plan.json"));
   REQUIRE(golden.eval);
+  golden.checkpoint.reset();  // its checkpointing was confirmed apart from its profile: that re-splits
   std::string note;
   const Plan solved = replan_below(golden, golden.micro_batch, &note);
   CHECK(note.find("solved again by the planner") != std::string::npos);

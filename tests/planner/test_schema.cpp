@@ -50,6 +50,8 @@ Plan golden_plan() {
   c.recompute_seconds = 0.768;
   c.predicted_seconds_per_window = 6.5;
   c.without = CheckpointAlternative{96, 3, 1000 * kGoldenMiB, 6.25};
+  c.trials = {Trial{"costs", 64, true, 900 * kGoldenMiB, 0.4, {64}, std::nullopt},
+              Trial{"confirm", 64, true, 1100 * kGoldenMiB, 1.5, {64, 64}, std::nullopt}};
   plan.checkpoint = c;
   return plan;
 }
@@ -209,6 +211,16 @@ TEST_CASE("Schema: a checkpoint round-trips and names only its measured candidat
   json negative = doc;
   negative["checkpoint"]["candidates"][0]["saved_bytes_per_sample"] = -1;
   CHECK_THROWS(plan_from_json(negative));
+  // Its own windows: the costs window and the confirmation, each of those kinds only.
+  REQUIRE(back.checkpoint->trials.size() == 2);
+  CHECK(back.checkpoint->trials[1].kind == "confirm");
+  CHECK(back.checkpoint->trials[1].window == std::vector<int64_t>{64, 64});
+  json probe = doc;
+  probe["checkpoint"]["trials"][0]["kind"] = "probe";
+  CHECK_THROWS_WITH(plan_from_json(probe), Catch::Contains("checkpoint.trials[0].kind"));
+  json searched_with_it = doc;
+  searched_with_it["checkpoint"].erase("trials");
+  CHECK(plan_from_json(searched_with_it).checkpoint->trials.empty());
   Plan none = plan;
   none.checkpoint.reset();
   CHECK_FALSE(json::parse(to_json(none).dump()).contains("checkpoint"));

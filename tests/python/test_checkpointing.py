@@ -5,8 +5,16 @@ and in a root nn.Sequential (a ResNet-like stack); explicit names are checked an
 with no repeated blocks and a TorchScript module are refused with the fix; a checkpointed block
 really recomputes its forward in backward, gives the same gradients as without it with dropout on
 (1e-6), runs once under no_grad, and remove() puts every forward back.
-What it is not: the planner's choice of which blocks to checkpoint (not built yet)."""
+accumplan.plan(checkpointing="auto"): a stack whose one-sample window does not fit without
+checkpointing gets a checkpointed plan whose real train_window peaks are within 1% of the
+prediction and whose 1.1x+1 window runs out of memory; a per-microbatch cost makes a checkpointed
+set win with one confirming window (at most two windows more than without) and the same update;
+an explicit list is searched with; bad arguments are refused by their Python names before any
+window runs.
+What it is not: the planner's model and choice by hand (tests/planner/test_checkpoint.cpp)."""
 import contextlib
+import math
+import time
 import unittest
 
 import torch
@@ -242,6 +250,166 @@ class PlanCheckpointing(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "checkpoint_candidates\\[0\\] is 'layers.0', not a submodule"):
             plan.train_window(other, torch.optim.SGD(other.parameters(), lr=0.1), (torch.randn(8, 8),),
                               torch.randint(0, 2, (8,)))
+
+
+class _Wide(nn.Module):
+    """A residual MLP block whose activations (128 tokens x 256 hidden per sample) dwarf its weights."""
+
+    def __init__(self, d=32, h=256):
+        super().__init__()
+        self.a, self.b, self.drop = nn.Linear(d, h), nn.Linear(h, d), nn.Dropout(0.1)
+
+    def forward(self, x):
+        return x + self.drop(self.b(torch.relu(self.a(x))))
+
+
+class _Stack(nn.Module):
+    """Six _Wide blocks; ``pause`` seconds of fixed cost per forward (a per-microbatch overhead, as a
+    GPU's kernel launches are), which makes fewer, larger microbatches faster."""
+
+    def __init__(self, pause=0.0):
+        super().__init__()
+        self.blocks = nn.ModuleList(_Wide() for _ in range(6))
+        self.head = nn.Linear(32, 10)
+        self.pause = pause
+
+    def forward(self, x):
+        if self.pause:
+            time.sleep(self.pause)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x.mean(1))
+
+
+def _setup(pause=0.0, seed=0):
+    torch.manual_seed(seed)
+    model = _Stack(pause)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3), torch.randn(16, 128, 32), torch.randint(0, 10, (16,))
+
+
+def _windows(lines):
+    """The real windows a plan's progress lines report (the choice's own line is not one)."""
+    return [line for line in lines if not line.startswith(("checkpointing:", "not one sample", "eval microbatch"))]
+
+
+def _raised(plan, micro):
+    """The plan's document with every microbatch at most ``micro`` (a balanced split), unconfirmed."""
+    d = dict(plan.raw)
+    sizes = accumplan.split_samples(d["per_rank_batch"], micro)
+    T = sum(sizes)
+    d.update(microbatch_sizes=sizes, weights=[n / T for n in sizes], micro_batch=max(sizes),
+             accumulation_steps=len(sizes), max_micro_batch=max(sizes), confirmed=False, confirmed_peak_bytes=None)
+    u = accumplan.largest_divisor_at_most(T, max(sizes))
+    d["uniform"] = {"micro_batch": u, "accumulation_steps": T // u}
+    return accumplan.load_plan(d)
+
+
+class PlanAuto(unittest.TestCase):
+    """accumplan.plan(checkpointing=...) against real training on the counting allocator."""
+
+    def test_a_stack_that_fits_only_checkpointed_gets_a_plan_that_holds(self):
+        budget = int(2.6 * 2 ** 20)  # one sample without checkpointing needs about 2.75 MiB
+        model, opt, x, y = _setup()
+        with self.assertRaises(accumplan.OutOfMemoryAtOne):
+            accumplan.plan(model, (x,), y, target_batch=32, optimizer=opt, memory_budget=budget, progress=False)
+        plan = accumplan.plan(model, (x,), y, target_batch=32, optimizer=opt, memory_budget=budget,
+                              checkpointing="auto", progress=False)
+        self.assertTrue(all("forward" not in m.__dict__ for m in model.modules()))  # plan() unwrapped them
+        c = plan.checkpoint
+        self.assertIsNotNone(c)
+        self.assertIsNone(c["without"]["micro_batch"])
+        self.assertTrue(plan.confirmed)
+        predicted = plan.memory["predicted_peak_bytes"]
+        g = torch.Generator().manual_seed(1)
+        xs, ys = torch.randn(32, 128, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
+        peaks = [plan.train_window(model, opt, (xs,), ys, measure_memory=True).peak_bytes for _ in range(3)]
+        self.assertTrue(all(p <= budget for p in peaks), peaks)
+        for p in peaks[1:]:  # steady: the optimizer state exists from the first window on
+            self.assertLess(abs(p / predicted - 1), 0.01, (peaks, predicted))
+        # 1.1x the planned microbatch + 1, the same checkpointing, under the budget: out of memory.
+        raised = _raised(plan, int(math.floor(1.1 * plan.micro_batch)) + 1)
+        self.assertEqual(raised.checkpoint["modules"], c["modules"])
+        meter = CpuMeter(held_bytes(model, opt))
+        try:
+            meter.limit(budget)
+            with self.assertRaises(Exception) as caught:
+                raised.train_window(model, opt, (xs,), ys, oom_recovery=False)
+            self.assertTrue(meter.oom() or accumplan.is_oom(caught.exception), caught.exception)
+        finally:
+            meter.close()
+
+    def test_a_per_microbatch_cost_makes_a_checkpointed_set_win_with_one_confirming_window(self):
+        budget = 5 * 2 ** 20  # microbatches of 2 without checkpointing, 6 or 7 with every block
+        runs = {}
+        for mode in ("off", "auto"):
+            model, opt, x, y = _setup(pause=0.05)  # 16 microbatches cost 0.8 s more than 5
+            lines = []
+            runs[mode] = (accumplan.plan(model, (x,), y, target_batch=32, optimizer=opt, memory_budget=budget,
+                                         checkpointing=mode, progress=lines.append), _windows(lines))
+        (off, off_windows), (auto, auto_windows) = runs["off"], runs["auto"]
+        self.assertIsNone(off.checkpoint)
+        c = auto.checkpoint
+        self.assertIsNotNone(c, auto.reason)
+        self.assertGreater(auto.micro_batch, off.micro_batch)
+        self.assertEqual(c["without"]["micro_batch"], off.micro_batch)
+        self.assertEqual([t["kind"] for t in c["trials"]], ["costs", "confirm"])
+        self.assertTrue(auto.confirmed and c["trials"][1]["fit"])
+        self.assertLess(c["predicted_seconds_per_window"], c["without"]["predicted_seconds_per_window"])
+        self.assertLessEqual(len(auto_windows) - len(off_windows), 2, (off_windows, auto_windows))
+        # The chosen checkpointing trains the same update as the same window without it (dropout on).
+        plain_doc = dict(auto.raw)
+        plain_doc.pop("checkpoint")
+        trained = []
+        for plan in (auto, accumplan.load_plan(plain_doc)):
+            model, opt, _, _ = _setup(pause=0.0, seed=5)
+            g = torch.Generator().manual_seed(2)
+            xs, ys = torch.randn(32, 128, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
+            torch.manual_seed(6)  # the dropout masks
+            plan.train_window(model, opt, (xs,), ys)
+            trained.append(model)
+        worst = max((a - b).abs().max().item() for a, b in zip(trained[0].parameters(), trained[1].parameters()))
+        self.assertLess(worst, 1e-6)
+
+    def test_an_explicit_list_is_searched_with(self):
+        model, opt, x, y = _setup()
+        plan = accumplan.plan(model, (x,), y, target_batch=32, optimizer=opt, memory_budget=5 * 2 ** 20,
+                              checkpointing=["blocks.1", "blocks.2", "blocks.3", "blocks.4"], progress=False,
+                              eval=False)
+        c = plan.checkpoint
+        self.assertEqual(c["modules"], ["blocks.1", "blocks.2", "blocks.3", "blocks.4"])
+        self.assertEqual([b["name"] for b in c["candidates"]], c["modules"])
+        self.assertEqual([t["kind"] for t in c["trials"]], ["costs"])  # the search's own windows ran with it
+        self.assertTrue(plan.confirmed)
+        self.assertGreater(plan.micro_batch, c["without"]["micro_batch"])
+
+    def test_bad_arguments_are_refused_by_their_python_names_before_any_window(self):
+        model, opt, x, y = _setup()
+        lines = []
+
+        def plan(**kw):
+            return accumplan.plan(model, (x,), y, target_batch=32, optimizer=opt, progress=lines.append, **kw)
+        with self.assertRaisesRegex(ValueError, "checkpointing is 'sometimes'; use one of off, auto"):
+            plan(checkpointing="sometimes")
+        with self.assertRaisesRegex(ValueError, "with checkpointing='off' drop it"):
+            plan(checkpoint_candidates=["blocks.0"])
+        with self.assertRaisesRegex(ValueError, r"checkpointing\[0\] is 'blocks.9', not a submodule"):
+            plan(checkpointing=["blocks.9"])
+        with self.assertRaisesRegex(ValueError, "checkpoint_candidates does not list"):
+            plan(checkpointing=["blocks.1"], checkpoint_candidates=["blocks.0", "blocks.2"])
+        with self.assertRaisesRegex(ValueError, "checkpointing=\\[\\] names no module"):
+            plan(checkpointing=[])
+        with self.assertRaisesRegex(TypeError, "checkpointing must be 'off', 'auto' or a list"):
+            plan(checkpointing=3)
+        flat = nn.Sequential(nn.Flatten(), nn.Linear(128 * 32, 10))
+        with self.assertRaisesRegex(ValueError, "no repeated blocks to checkpoint"):
+            accumplan.plan(flat, (x,), y, target_batch=32, optimizer=torch.optim.SGD(flat.parameters(), lr=0.1),
+                           checkpointing="auto", progress=lines.append)
+        seqs = [torch.randint(0, 10, (n,)) for n in (5, 7)]
+        lm = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 8), nn.Linear(8, 10))
+        with self.assertRaisesRegex(ValueError, "variable-length data plans without it"):
+            accumplan.plan(lm, seqs, None, target_batch=4, optimizer=torch.optim.SGD(lm.parameters(), lr=0.1),
+                           checkpointing="auto", checkpoint_candidates=["1"], progress=lines.append)
+        self.assertEqual(lines, [])  # not one window ran
 
 
 if __name__ == "__main__":

@@ -46,11 +46,19 @@ struct CheckpointModel {
   double step_seconds = 0;            // t0: per microbatch
   double step_seconds_per_sample = 0; // t1
   std::vector<BlockCost> blocks;      // the candidates, in model order
+  // The optimizer step's transient peak, which no checkpointing lowers: a predicted peak is never
+  // below it (0: not measured).
+  double optimizer_step_peak_bytes = 0;
+  // Kept free at a microbatch no window ran at: this fraction of its activations (the plan's
+  // headroom, 2% with --headroom auto), so a model a few percent off still fits its confirmation.
+  double margin_fraction = 0;
 
-  // The formulas of the file comment. InputError for a block index out of range.
+  // The formulas of the file comment (the peak at least optimizer_step_peak_bytes). InputError for a block index out of range.
   int64_t predicted_peak_bytes(const CheckpointSet& set, int64_t micro_batch) const;
+  // The peak's slope with `set` checkpointed: slope − Σ saved + max saved.
+  double bytes_per_sample(const CheckpointSet& set) const;
   double predicted_step_seconds(const CheckpointSet& set, int64_t micro_batch) const;
-  // The largest b in [1, limit] whose predicted peak fits usable_bytes (0: not even one).
+  // The largest b in [1, limit] whose predicted peak plus the margin fits usable_bytes (0: not even one).
   int64_t largest_micro_batch(const CheckpointSet& set, int64_t usable_bytes, int64_t limit) const;
 };
 
@@ -70,15 +78,23 @@ std::vector<CheckpointChoice> checkpoint_options(const CheckpointModel& model, i
 std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& model, int64_t per_rank_batch,
                                                      int64_t usable_bytes);
 
-// The model of a plan solved without checkpointing: its fit's line (the steady peak) and a line
-// through its profile points' step seconds (least squares, t0 >= 0; both 0 without two timed
-// sizes), with the measured candidate blocks.
-CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blocks);
+// The model of a solved plan: its fit's line (the steady peak), a line through its profile points'
+// step seconds (least squares, t0 >= 0; both 0 without two timed sizes) and its largest measured
+// optimizer-step peak, with the measured candidate blocks. `applied`: the set the plan's windows
+// ran with (none, or all when nothing fitted without), taken back out of both lines (its
+// Σ saved − max saved added to the slope, its Σ forward taken from t1), so the model is always the
+// one without checkpointing.
+CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blocks, const CheckpointSet& applied = {});
 
 // `plan` (solved without checkpointing) with `choice`'s set: its sizes a balanced split of the
 // per-rank batch under choice.micro_batch (set_window), its predicted peak the model's,
 // `checkpoint` (the set, every candidate, and the plan without it) and a reason; unconfirmed until
 // a real window with the set applied runs. A choice of none leaves the plan as it was.
 Plan plan_with_checkpointing(const Plan& plan, const CheckpointModel& model, const CheckpointChoice& choice);
+
+// `plan`, whose own windows (profile, confirmation) ran with `applied` checkpointed, stating it:
+// its sizes, prediction and confirmation kept, `checkpoint` from the model (the alternative
+// without it predicted). An empty set leaves the plan as it was.
+Plan plan_stating_checkpointing(const Plan& plan, const CheckpointModel& model, const CheckpointSet& applied);
 
 }  // namespace accumplan

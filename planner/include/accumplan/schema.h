@@ -306,6 +306,10 @@ struct PlanCheckpoint {
   double recompute_seconds = 0;            // the forward recomputed per window
   double predicted_seconds_per_window = 0;
   CheckpointAlternative without;           // the plan without checkpointing
+  // The windows beyond the search's own: the one that measured the candidates (kind "costs",
+  // without checkpointing), then the one that confirmed this set when the search's windows ran
+  // without it (kind "confirm"; without one, the profile's windows ran with this set applied).
+  std::vector<Trial> trials;
 };
 
 struct Plan {

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "accumplan/checkpoint.h"
 #include "accumplan/schema.h"
 #include "accumplan/solver.h"
 #include "accumplan/tensor_spec.h"
@@ -89,6 +90,10 @@ class WindowRunner {
                                                          WindowBudget /*budget*/, bool /*keep_outputs*/) {
     return std::nullopt;
   }
+  // Applies activation checkpointing of these modules (candidate names, accumplan/checkpoint.h) to
+  // every later window; empty: none. The default refuses any module: a TorchScript module's blocks
+  // cannot be wrapped.
+  virtual void set_checkpointing(const std::vector<std::string>& modules);
 };
 
 struct SearchSettings {
@@ -136,6 +141,15 @@ class Search {
   // Variable-length data: sequences of the longest length planned for. No window when the runner
   // does not evaluate or no size fit.
   void profile_eval(Profile& p, bool keep_outputs = false);
+  // Activation checkpointing (issue 38): `plan`'s windows ran with `applied` checkpointed (none;
+  // all when nothing fitted without), `blocks` the candidates' measured costs. choose: the set of
+  // least predicted window time (choose_checkpointing); one other than `applied` is confirmed by
+  // one real window at its largest size, the runner applying it, recorded in checkpoint.trials;
+  // when that window does not fit, the plan stays `plan` (and the runner back at `applied`).
+  // Without choose, or when `applied` wins, `plan` states `applied` (plan_stating_checkpointing).
+  // `costs`: the window that measured the blocks (kind "costs"), first in checkpoint.trials.
+  Plan plan_checkpointing(const Plan& plan, std::vector<BlockCost> blocks, const CheckpointSet& applied, bool choose,
+                          const Trial& costs);
   // Runs and judges one window, recording nothing; `micro_batch` labels it.
   WindowMeasurement run(const std::vector<int64_t>& sizes, int64_t micro_batch, int64_t seq_len, WindowBudget budget);
 
