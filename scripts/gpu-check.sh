@@ -13,10 +13,11 @@
 #   1. bash scripts/gpu-prepare.sh        # fills the git-ignored .gpu-deps/ from Debian's packages
 #   2. the device tool's run with  carry: [".gpu-deps"],  timeout_s: 600,
 #      command: "bash scripts/gpu-check.sh"
-#   The results come back from $OUT (8 files): RESULTS-gpu.md, results-gpu.json, build.log,
-#   test.log, bench.log, steps.log, and the Python API's python.log and python-plan.json
-#   (accumplan.plan with device="cuda", judged by 3 windows of train_window). Copy RESULTS-gpu.md
-#   to tests/bench/ and commit it.
+#   The results come back from $OUT (11 files): RESULTS-gpu.md, results-gpu.json, build.log,
+#   test.log, bench.log, steps.log, the Python API's python.log and python-plan.json
+#   (accumplan.plan with device="cuda", judged by 3 windows of train_window), and activation
+#   checkpointing's grid: CHECKPOINT.md, checkpoint.json, checkpoint.log. Copy RESULTS-gpu.md and
+#   CHECKPOINT.md (as CHECKPOINT-gpu.md) to tests/bench/ and commit them.
 #   Sized for one 10-minute command: configure ~0.5 min, the build of the binary and the probe
 #   tests 2-3 min on 16 cores, tests < 0.5 min, then the benchmark gets the rest of 8 minutes and
 #   is stopped a minute after that at the latest (rows not started in time are recorded as
@@ -166,6 +167,13 @@ if [ "$bench_only" -eq 0 ]; then
   step "python plan ($([ "$mode" = gpu ] && echo cuda || echo cpu))" "$out/python.log" env "PYTHONPATH=$pydir" \
     "$python" tests/bench/python_device_check.py --device "$([ "$mode" = gpu ] && echo cuda || echo cpu)" \
     --out-json "$out/python-plan.json"
+  # Activation checkpointing's trade where it shows (issue 38): every set the planner considers for
+  # a decoder and an MLP stack, measured against the prediction and accumplan.plan's choice
+  # (tests/bench/checkpoint_bench.py; CHECKPOINT.md). About a minute on the GPU; the rehearsal runs
+  # its tiny model for seconds.
+  if [ "$mode" = gpu ]; then ck_args=(--device cuda --models decoder,mlp); else ck_args=(--models tiny --target 16); fi
+  step "checkpoint bench" "$out/checkpoint.log" env "PYTHONPATH=$pydir" timeout -s INT -k 15 150 \
+    "$python" tests/bench/checkpoint_bench.py "${ck_args[@]}" --out "$out"
 fi
 
 bench_seconds="${BENCH_SECONDS:-}"
@@ -183,7 +191,7 @@ step "benchmark" "$out/bench.log" timeout -s INT -k 15 "$(( ${bench_seconds:-300
   "${bench_args[@]}"
 
 expected=(RESULTS-gpu.md results-gpu.json bench.log)
-[ "$bench_only" -eq 1 ] || expected+=(build.log test.log python.log python-plan.json)
+[ "$bench_only" -eq 1 ] || expected+=(build.log test.log python.log python-plan.json CHECKPOINT.md checkpoint.json)
 for f in "${expected[@]}"; do
   [ -s "$out/$f" ] || { echo "FAILED output $f missing or empty" | tee -a "$steps" >&2; failed=1; }
 done

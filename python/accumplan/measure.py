@@ -594,7 +594,6 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     weights = sum(_nbytes(t) for t in list(model.parameters()) + list(model.buffers()))
     state = _state_bytes(optimizer)
     guard = RestoreGuard()  # Ctrl-C from here on cannot cut the put-back below in half
-    runner = None
     try:
         guard.protected(lambda: guard.hold(TrainingState(model, optimizer, device), meter_for(device, weights + state)))
         meter = guard.meter
@@ -606,6 +605,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
             budget = _core.resolve_budget(text, total)
         cfg["budget"] = budget
         runner = _ModuleRunner(meter, model, optimizer, inputs, target, cfg)
+        guard.also_undo(runner.checkpointed.remove)  # nothing is wrapped before set_checkpointing
         request.budget_is_simulated = meter.simulated
 
         def search():
@@ -623,11 +623,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     except _core.InputError as e:
         raise plan_error(e) from None
     finally:
-        try:
-            if runner is not None:
-                guard.protected(runner.checkpointed.remove)  # every wrapped forward put back
-        finally:
-            guard.put_back()  # the meter closed, the state restored, Ctrl-C held meanwhile
+        guard.put_back()  # the wraps removed, the meter closed, the state restored, Ctrl-C held meanwhile
     return Plan._from_text(plan_text, "accumplan.plan(%s)" % type(model).__name__)
 
 

@@ -124,7 +124,7 @@ class RestoreGuard:
     Outside the main thread (where Python takes no signals) the guard only puts back."""
 
     def __init__(self):
-        self.snapshot, self.meter, self.caught = None, None, []
+        self.snapshot, self.meter, self.caught, self.undo = None, None, [], []
         self.owner = sys._getframe(1).f_code
         self.active = threading.current_thread() is threading.main_thread()
         self.previous = signal.signal(signal.SIGINT, self._on_sigint) if self.active else None
@@ -132,6 +132,10 @@ class RestoreGuard:
     def hold(self, snapshot, meter):
         """What put_back undoes: the snapshot to restore, the meter to close."""
         self.snapshot, self.meter = snapshot, meter
+
+    def also_undo(self, fn):
+        """fn() runs first in put_back, with Ctrl-C held (plan()'s checkpointing wrap removed)."""
+        self.undo.append(fn)
 
     def protected(self, fn):
         """fn() with Ctrl-C held; a held one is delivered after it returns."""
@@ -143,6 +147,8 @@ class RestoreGuard:
         """Closes the meter, restores the snapshot and removes the handler, with Ctrl-C held; a
         held one is delivered after (KeyboardInterrupt, or the handler that was installed)."""
         try:
+            while self.undo:
+                self.undo.pop()()
             if self.meter is not None:
                 self.meter.close()
         finally:

@@ -182,7 +182,8 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
 
 // ---- Activation checkpointing (issue 38): the planner's model and choice ----------------------
 // The model crosses as a dict: intercept_bytes, slope_bytes_per_sample, step_seconds,
-// step_seconds_per_sample, blocks [(name, saved_bytes_per_sample, forward_seconds_per_sample)].
+// step_seconds_per_sample, blocks [(name, saved_bytes_per_sample, forward_seconds_per_sample)],
+// and optionally optimizer_step_peak_bytes, margin_fraction and gradients_bytes (accumplan/checkpoint.h).
 
 CheckpointModel checkpoint_model(const py::dict& d) {
   CheckpointModel m;
@@ -193,7 +194,29 @@ CheckpointModel checkpoint_model(const py::dict& d) {
   for (const auto& [name, saved, seconds] : d["blocks"].cast<std::vector<std::tuple<std::string, double, double>>>()) {
     m.blocks.push_back({name, saved, seconds});
   }
+  if (d.contains("optimizer_step_peak_bytes")) m.optimizer_step_peak_bytes = d["optimizer_step_peak_bytes"].cast<double>();
+  if (d.contains("margin_fraction")) m.margin_fraction = d["margin_fraction"].cast<double>();
+  if (d.contains("gradients_bytes")) m.gradients_bytes = d["gradients_bytes"].cast<double>();
   return m;
+}
+
+// The planner's model of a searched plan (checkpoint_model_of), as the dict checkpoint_model reads.
+py::dict checkpoint_model_dict(const std::string& plan_text,
+                               const std::vector<std::tuple<std::string, double, double>>& blocks,
+                               const std::vector<size_t>& applied) {
+  std::vector<BlockCost> costs;
+  for (const auto& [name, saved, seconds] : blocks) costs.push_back({name, saved, seconds});
+  const CheckpointModel m = checkpoint_model_of(plan_from_text(plan_text, "the plan"), costs, CheckpointSet{applied, ""});
+  py::dict d;
+  d["intercept_bytes"] = m.intercept_bytes;
+  d["slope_bytes_per_sample"] = m.slope_bytes_per_sample;
+  d["step_seconds"] = m.step_seconds;
+  d["step_seconds_per_sample"] = m.step_seconds_per_sample;
+  d["optimizer_step_peak_bytes"] = m.optimizer_step_peak_bytes;
+  d["margin_fraction"] = m.margin_fraction;
+  d["gradients_bytes"] = m.gradients_bytes;
+  d["blocks"] = blocks;
+  return d;
 }
 
 py::dict option_dict(const CheckpointChoice& c, const CheckpointModel& m) {
@@ -450,10 +473,17 @@ PYBIND11_MODULE(_core, m) {
   m.def("checkpoint_options", &checkpoint_options_of, py::arg("model"), py::arg("per_rank_batch"), py::arg("usable_bytes"),
         "(every checkpoint set's {rule, modules, micro_batch, accumulation_steps, predicted_peak_bytes, "
         "predicted_window_seconds}, the chosen set's index or None): accumplan/checkpoint.h");
+  m.def("checkpoint_model_of", &checkpoint_model_dict, py::arg("plan"), py::arg("blocks"), py::arg("applied"),
+        "the planner's checkpoint model of a searched plan (its lines without checkpointing, the measured blocks)");
   m.def("checkpoint_peak_bytes", [](const py::dict& model, const std::vector<size_t>& blocks, int64_t micro_batch) {
           return checkpoint_model(model).predicted_peak_bytes(CheckpointSet{blocks, "given"}, micro_batch);
         }, py::arg("model"), py::arg("blocks"), py::arg("micro_batch"),
         "the planner's predicted training peak with these candidate blocks checkpointed");
+  m.def("checkpoint_window_peak_bytes", [](const py::dict& model, const std::vector<size_t>& blocks,
+                                           const std::vector<int64_t>& sizes) {
+          return checkpoint_model(model).predicted_window_peak_bytes(CheckpointSet{blocks, "given"}, sizes);
+        }, py::arg("model"), py::arg("blocks"), py::arg("sizes"),
+        "the planner's predicted peak of a window of these microbatch sizes with these blocks checkpointed");
   m.def("checkpoint_plan", &checkpoint_plan, py::arg("runner"), py::arg("plan"), py::arg("blocks"), py::arg("applied"),
         py::arg("choose"), py::arg("budget_is_simulated"), py::arg("costs_window"), py::arg("progress") = py::none(),
         "the searched plan with its activation checkpointing chosen (and confirmed by a window) or stated");

@@ -49,6 +49,36 @@ Plan timed_plan(int64_t weights_bytes, double t0, double t1, int64_t budget_byte
 
 }  // namespace
 
+TEST_CASE("Checkpoint: a block recomputed after the later blocks' backward holds only the earlier ones",
+          "[checkpoint]") {
+  // Four blocks of 8 MiB per sample, 100 MiB + 40 MiB per sample without checkpointing (8 MiB outside
+  // the blocks). Block 2 alone: the end of the forward holds 0, 1, 3 (24); its recompute holds 0, 1
+  // and itself (24): one block freed. Block 3 alone (the last): its recompute holds all four.
+  const CheckpointModel m = four_blocks();
+  CHECK(m.predicted_peak_bytes(CheckpointSet{{2}, "given"}, 1) == static_cast<int64_t>(132 * kMiB));
+  CHECK(m.predicted_peak_bytes(CheckpointSet{{3}, "given"}, 1) == static_cast<int64_t>(140 * kMiB));
+  CHECK(m.predicted_peak_bytes(CheckpointSet{{0}, "given"}, 1) == static_cast<int64_t>(132 * kMiB));
+  // Unequal blocks: a large early block recomputed alone holds itself; {0, 2} of (16, 4, 4, 4):
+  // the forward's end holds 8, block 0's recompute 16, block 2's 4 + 4.
+  CheckpointModel u = four_blocks();
+  u.blocks[0].saved_bytes_per_sample = 16 * kMiB;
+  u.slope_bytes_per_sample = 36 * kMiB;  // 8 outside + 28 in the blocks
+  for (int i = 1; i < 4; ++i) u.blocks[i].saved_bytes_per_sample = 4 * kMiB;
+  CHECK(u.predicted_peak_bytes(CheckpointSet{{0, 2}, "given"}, 1) == static_cast<int64_t>((100 + 8 + 16) * kMiB));
+  CHECK(u.bytes_per_sample(CheckpointSet{{1, 3}, "given"}) == Approx(8 * kMiB + 24 * kMiB));  // 0, 2 and 3 at 3's
+}
+
+TEST_CASE("Checkpoint: a window's peak is its first microbatch without gradients or a later one with them",
+          "[checkpoint]") {
+  CheckpointModel m = four_blocks();
+  m.gradients_bytes = 30 * kMiB;
+  m.optimizer_step_peak_bytes = 150 * kMiB;
+  const CheckpointSet all = checkpoint_sets(4).back();  // 100 + 16 b MiB with gradients resident
+  CHECK(m.predicted_window_peak_bytes(all, {22, 21, 21}) == static_cast<int64_t>((100 + 16 * 21) * kMiB));
+  CHECK(m.predicted_window_peak_bytes(all, {10}) == static_cast<int64_t>((100 + 16 * 10 - 30) * kMiB));
+  CHECK(m.predicted_window_peak_bytes(all, {1}) == static_cast<int64_t>(150 * kMiB));  // the optimizer step
+}
+
 TEST_CASE("Checkpoint: the sets are none, every k-th block for k = n..2, and all", "[checkpoint]") {
   const auto sets = checkpoint_sets(4);
   REQUIRE(sets.size() == 5);

@@ -10,9 +10,12 @@
 // With no block checkpointed, a training microbatch of b peaks at intercept + slope·b (the plan's
 // own measured line, gradients resident) and takes t0 + t1·b seconds (forward + backward). With a
 // set S checkpointed (non-reentrant torch.utils.checkpoint: one block is recomputed at a time,
-// during its own backward):
-//   peak(S, b)    = intercept + b·(slope − Σ_{i∈S} saved_i + max_{i∈S} saved_i)
+// during its own backward, after every later block's backward freed its activations):
+//   peak(S, b)    = intercept + b·(slope − Σ_i saved_i + held(S))
+//   held(S)       = max(Σ_{j∉S} saved_j, max_{i∈S} (Σ_{j<i, j∉S} saved_j + saved_i))
 //   seconds(S, b) = t0 + b·(t1 + Σ_{i∈S} forward_i)
+// held(S) is the blocks' share at the peak: the end of the forward, or a recompute holding the
+// earlier unchecked blocks and its own. For all blocks it is the largest block alone.
 // and a window of T samples in the largest b that fits is ceil(T / b) microbatches (a balanced
 // split of T), so its predicted time is ceil(T/b)·t0 + T·(t1 + Σ forward_i). The sets considered
 // over n candidates: none, every k-th block for k = n, n−1, ..., 2 (blocks k−1, 2k−1, ...: the
@@ -49,13 +52,20 @@ struct CheckpointModel {
   // The optimizer step's transient peak, which no checkpointing lowers: a predicted peak is never
   // below it (0: not measured).
   double optimizer_step_peak_bytes = 0;
+  // The gradients, which the first microbatch of a window runs without (the plan's persistent
+  // gradients): its peak is the line less them.
+  double gradients_bytes = 0;
   // Kept free at a microbatch no window ran at: this fraction of its activations (the plan's
   // headroom, 2% with --headroom auto), so a model a few percent off still fits its confirmation.
   double margin_fraction = 0;
 
   // The formulas of the file comment (the peak at least optimizer_step_peak_bytes). InputError for a block index out of range.
   int64_t predicted_peak_bytes(const CheckpointSet& set, int64_t micro_batch) const;
-  // The peak's slope with `set` checkpointed: slope − Σ saved + max saved.
+  // A window of these microbatch sizes: the first runs without gradients resident, the others
+  // with them (the peak is the larger, and at least the optimizer step's). A balanced split of 64
+  // under 29 is 22,21,21: its peak is the second microbatch's, not the line at 22 (3% higher).
+  int64_t predicted_window_peak_bytes(const CheckpointSet& set, const std::vector<int64_t>& sizes) const;
+  // The peak's slope with `set` checkpointed: slope − Σ saved + held(set).
   double bytes_per_sample(const CheckpointSet& set) const;
   double predicted_step_seconds(const CheckpointSet& set, int64_t micro_batch) const;
   // The largest b in [1, limit] whose predicted peak plus the margin fits usable_bytes (0: not even one).
@@ -82,7 +92,7 @@ std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& mode
 // step seconds (least squares, t0 >= 0; both 0 without two timed sizes) and its largest measured
 // optimizer-step peak, with the measured candidate blocks. `applied`: the set the plan's windows
 // ran with (none, or all when nothing fitted without), taken back out of both lines (its
-// Σ saved − max saved added to the slope, its Σ forward taken from t1), so the model is always the
+// Σ saved − held added to the slope, its Σ forward taken from t1), so the model is always the
 // one without checkpointing.
 CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blocks, const CheckpointSet& applied = {});
 
