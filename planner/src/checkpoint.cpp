@@ -18,17 +18,18 @@ std::string ordinal(size_t k) {
   return std::to_string(k) + suffix;
 }
 
-// Over the set: Σ forward_i, and the blocks' activations held per sample at the set's peak.
+// Over the set: Σ forward_i, and what checkpointing it frees per sample at its peak.
 struct SetSums {
-  double held = 0, all = 0, forward = 0;
+  double freed = 0, forward = 0;
 };
 
 // Backward runs the blocks in reverse, so when block i ∈ S is recomputed (during its own backward)
-// every later block's activations are gone: the blocks' share of the peak is the larger of the end
-// of the forward, Σ_{j∉S} saved_j, and each recompute, Σ_{j<i, j∉S} saved_j + saved_i. Without
-// the order (Σ_{j∉S} + max_{i∈S}), checkpointing one middle block of eight equal ones was
-// predicted to free nothing; it frees one block (measured: the peak 8.6% lower, mlp stack of
-// tests/bench/checkpoint_bench.py).
+// the head's saved tensors and every later block's activations are gone: the peak is the larger of
+// the end of the forward (all but S held) and each recompute (the earlier unchecked blocks and
+// block i). Without the order (Σ_{j∉S} + max_{i∈S}), checkpointing one middle block of eight equal
+// ones was predicted to free nothing; it frees one block (measured: the peak 8.6% lower, the mlp
+// stack of tests/bench/checkpoint_bench.py). Without the head, checkpointing a decoder's last
+// block was predicted to free nothing; it frees it (13% lower: its LM head's logits go first).
 SetSums sums_of(const CheckpointModel& m, const CheckpointSet& set) {
   SetSums s;
   std::vector<bool> in(m.blocks.size(), false);
@@ -40,19 +41,25 @@ SetSums sums_of(const CheckpointModel& m, const CheckpointSet& set) {
     in[i] = true;
     s.forward += m.blocks[i].forward_seconds_per_sample;
   }
-  double kept_before = 0;  // Σ_{j<i, j∉S} saved_j
+  double all = 0, in_set = 0;
+  for (size_t i = 0; i < m.blocks.size(); ++i) {
+    all += m.blocks[i].saved_bytes_per_sample;
+    if (in[i]) in_set += m.blocks[i].saved_bytes_per_sample;
+  }
+  // What is held per sample at each phase, relative to the slope without checkpointing: the
+  // forward's end −in_set; the recompute of block i −all − after + Σ_{j<i, j∉S} saved_j + saved_i.
+  double held = -in_set, kept_before = 0;
   for (size_t i = 0; i < m.blocks.size(); ++i) {
     const double saved = m.blocks[i].saved_bytes_per_sample;
-    s.all += saved;
-    if (in[i]) s.held = std::max(s.held, kept_before + saved);
+    if (in[i]) held = std::max(held, -all - m.after_blocks_bytes_per_sample + kept_before + saved);
     else kept_before += saved;
   }
-  s.held = std::max(s.held, kept_before);
+  s.freed = -held;
   return s;
 }
 
 double per_sample_bytes(const CheckpointModel& m, const SetSums& s) {
-  return m.slope_bytes_per_sample - s.all + s.held;
+  return m.slope_bytes_per_sample - s.freed;
 }
 
 }  // namespace
@@ -145,8 +152,10 @@ std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& mode
   return best;
 }
 
-CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blocks, const CheckpointSet& applied) {
+CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blocks, const CheckpointSet& applied,
+                                    double after_blocks_bytes_per_sample) {
   CheckpointModel m;
+  m.after_blocks_bytes_per_sample = after_blocks_bytes_per_sample;
   m.intercept_bytes = plan.fit.intercept_bytes;
   m.slope_bytes_per_sample = plan.fit.slope_bytes_per_sample;
   m.blocks = std::move(blocks);
@@ -172,10 +181,10 @@ CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blo
       m.step_seconds_per_sample = sbb > 0 ? sbs / sbb : 0;
     }
   }
-  // The applied set taken back out: its windows kept (Σ saved − held) less per sample and spent
+  // The applied set taken back out: its windows kept what it frees less per sample and spent
   // Σ forward more per sample than the same windows without checkpointing.
   const SetSums a = sums_of(m, applied);
-  m.slope_bytes_per_sample += a.all - a.held;
+  m.slope_bytes_per_sample += a.freed;
   m.step_seconds_per_sample = std::max(0.0, m.step_seconds_per_sample - a.forward);
   return m;
 }
@@ -196,7 +205,8 @@ PlanCheckpoint checkpoint_field(const Plan& plan, const CheckpointModel& model, 
   c.rule = set.rule;
   c.candidates = model.blocks;
   const SetSums s = sums_of(model, set);
-  c.saved_bytes_per_sample = s.all - s.held;
+  c.saved_bytes_per_sample = s.freed;
+  c.after_blocks_bytes_per_sample = model.after_blocks_bytes_per_sample;
   c.recompute_seconds = s.forward * static_cast<double>(plan.per_rank_batch);
   c.predicted_seconds_per_window = window_seconds;
   if (none.micro_batch > 0) {

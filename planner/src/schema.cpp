@@ -533,6 +533,7 @@ ojson checkpoint_json(const PlanCheckpoint& c) {
   return ojson{{"modules", c.modules},
                {"rule", c.rule},
                {"saved_bytes_per_sample", c.saved_bytes_per_sample},
+               {"after_blocks_bytes_per_sample", c.after_blocks_bytes_per_sample},
                {"recompute_seconds", c.recompute_seconds},
                {"predicted_seconds_per_window", c.predicted_seconds_per_window},
                {"without", ojson{{"micro_batch", w.micro_batch > 0 ? ojson(w.micro_batch) : ojson(nullptr)},
@@ -548,6 +549,7 @@ PlanCheckpoint checkpoint_from(const JsonField& f) {
   for (const JsonField& n : f.at("modules").items()) c.modules.push_back(n.as_string());
   c.rule = f.str("rule");
   c.saved_bytes_per_sample = f.f64("saved_bytes_per_sample");
+  if (f.has("after_blocks_bytes_per_sample")) c.after_blocks_bytes_per_sample = f.f64("after_blocks_bytes_per_sample");
   c.recompute_seconds = f.f64("recompute_seconds");
   c.predicted_seconds_per_window = f.f64("predicted_seconds_per_window");
   const JsonField w = f.at("without");

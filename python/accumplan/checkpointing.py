@@ -160,9 +160,17 @@ def _tensors(value):
     return []
 
 
+class BlockCosts(list):
+    """block_costs' list of (name, saved_bytes_per_sample, forward_seconds_per_sample), with
+    ``after_blocks_bytes_per_sample``: what is saved for backward after the last block ran (the
+    head, the loss; an LM head's logits), freed before any block's backward recomputes it."""
+    after_blocks_bytes_per_sample = 0.0
+
+
 def block_costs(model, names, step, samples):
     """[(name, saved_bytes_per_sample, forward_seconds_per_sample)] for each block in ``names``, from
-    one call of ``step()`` (forward, loss and backward of ``samples`` samples). A tensor counts for
+    one call of ``step()`` (forward, loss and backward of ``samples`` samples), as a ``BlockCosts``
+    (its ``after_blocks_bytes_per_sample`` too). A tensor counts for
     the innermost block running when autograd saves it, once per storage, unless checkpointing the
     block would not free it: the model's parameters and buffers, the block's own inputs (a
     checkpoint keeps them), and what anything else keeps too — another block's input (this
@@ -171,7 +179,7 @@ def block_costs(model, names, step, samples):
     names = checkpoint_candidates(model, names)
     modules = dict(model.named_modules())
     held = {_storage(p)[0] for p in model.parameters()} | {_storage(b)[0] for b in model.buffers()}
-    running, inputs, outside = [], [set() for _ in names], set()
+    running, inputs, outside, head_saved, finished = [], [set() for _ in names], set(), {}, []
     saved = [dict() for _ in names]
     seconds, started = [0.0] * len(names), [0.0] * len(names)
     sync = torch.cuda.synchronize if any(p.is_cuda for p in model.parameters()) else (lambda: None)
@@ -189,6 +197,7 @@ def block_costs(model, names, step, samples):
             sync()
             seconds[i] += time.perf_counter() - started[i]
             running.pop()
+            finished.append(i)
         return hook
 
     def pack(t):
@@ -197,6 +206,8 @@ def block_costs(model, names, step, samples):
             saved[running[-1]][ptr] = nbytes
         else:
             outside.add(ptr)
+            if len(finished) == len(names):  # after every block's forward: the head, the loss
+                head_saved[ptr] = nbytes
         return t
 
     handles = []
@@ -210,8 +221,10 @@ def block_costs(model, names, step, samples):
         for h in handles:
             h.remove()
     elsewhere = held.union(outside, *inputs)  # a block's own inputs too: its checkpoint keeps them
-    return [(n, sum(nb for ptr, nb in saved[i].items() if ptr not in elsewhere) / samples, seconds[i] / samples)
-            for i, n in enumerate(names)]
+    costs = BlockCosts((n, sum(nb for ptr, nb in saved[i].items() if ptr not in elsewhere) / samples, seconds[i] / samples)
+                       for i, n in enumerate(names))
+    costs.after_blocks_bytes_per_sample = sum(nb for ptr, nb in head_saved.items() if ptr not in held) / samples
+    return costs
 
 
-__all__ = ["checkpoint_candidates", "apply_checkpointing", "Checkpointed", "block_costs"]
+__all__ = ["checkpoint_candidates", "apply_checkpointing", "Checkpointed", "block_costs", "BlockCosts"]

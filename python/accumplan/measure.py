@@ -205,10 +205,10 @@ class _ModuleRunner(_core.WindowRunner):
         wrap_into(self.checkpointed, self.model, list(modules))
 
     def block_costs(self, names, n, lifted):
-        """([(name, saved bytes per sample, forward seconds per sample)] of each candidate block, the
-        window's (peak bytes, seconds)), from one microbatch of n samples (forward, loss, backward)
+        """(the candidate blocks' BlockCosts: saved bytes and forward seconds per sample, and what
+        the head saves; the window's (peak bytes, seconds)), from one microbatch of n samples (forward, loss, backward)
         under the budget (lifted: none), without checkpointing. PlanError when it runs out of memory."""
-        meter, costs, t0 = self.meter, [], time.perf_counter()
+        meter, costs, peaks, t0 = self.meter, [], [], time.perf_counter()
         meter.limit(None)
         before = meter.current()
         inputs, target, lengths = self.data(n)
@@ -219,15 +219,14 @@ class _ModuleRunner(_core.WindowRunner):
             zero_grads(w.params, self.optimizer)
             meter.reset_peak()
             meter.limit(None if lifted else self.budget, data)
-            costs.extend(block_costs(self.model, names, lambda: run_rounds(w, [n], None, 1, False), n))
+            costs.append(block_costs(self.model, names, lambda: run_rounds(w, [n], None, 1, False), n))
             meter.sync()
-            costs.append(max(meter.peak(), meter.reserved_peak() or 0) - data)
+            peaks.append(max(meter.peak(), meter.reserved_peak() or 0) - data)
             zero_grads(w.params, self.optimizer)
         if self._measured(window):
             raise PlanError("measuring the checkpoint candidates at %d samples ran out of memory on %s; plan with "
                             "checkpointing='off'" % (n, meter.device_name))
-        peak = costs.pop()
-        return costs, (int(peak), time.perf_counter() - t0)
+        return costs[0], (int(peaks[0]), time.perf_counter() - t0)
 
     def _limit(self, budget):
         if budget == _core.WindowBudget.LIFTED or self.budget is None:
@@ -541,9 +540,10 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     activation checkpointing (``plan.checkpoint``): after the search, one window measures what each
     candidate block frees and costs (``accumplan.checkpointing.block_costs``), the C++ planner picks
     the checkpoint set (none, every k-th candidate, all) with the least predicted window time whose
-    microbatch fits, and one more window confirms it when it is not none; when not one sample fits
-    without checkpointing, the search runs again with every candidate checkpointed and the choice
-    starts from there. A list checkpoints exactly those modules in every window the search runs.
+    microbatch fits, and one more window confirms it when it is not the set the search ran with
+    (at most two windows more than "off"); when not one sample fits without checkpointing, the
+    search runs again with every candidate checkpointed and the choice starts from there. A list
+    checkpoints exactly those modules in every window the search runs.
     checkpoint_candidates: the blocks "auto" chooses among (None: the longest run of same-class
     children of an nn.ModuleList or nn.Sequential, ``checkpoint_candidates(model)``).
     progress: None prints one line per window to stderr, False is silent, a callable gets the lines.
@@ -686,8 +686,9 @@ def _checkpointed_search(runner, search, restart, knob, request, say):
     runner.set_checkpointing([])
     costs, (peak, seconds) = runner.block_costs(names, n, lifted=bool(applied))
     runner.set_checkpointing(applied)
-    return _core.checkpoint_plan(runner, plan_text, costs, [names.index(a) for a in applied], mode == "auto",
-                                 request.budget_is_simulated, (n, peak, seconds), say)
+    return _core.checkpoint_plan(runner, plan_text, costs, costs.after_blocks_bytes_per_sample,
+                                 [names.index(a) for a in applied], mode == "auto", request.budget_is_simulated,
+                                 (n, peak, seconds), say)
 
 
 __all__ = ["plan"]

@@ -183,7 +183,16 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
 // ---- Activation checkpointing (issue 38): the planner's model and choice ----------------------
 // The model crosses as a dict: intercept_bytes, slope_bytes_per_sample, step_seconds,
 // step_seconds_per_sample, blocks [(name, saved_bytes_per_sample, forward_seconds_per_sample)],
-// and optionally optimizer_step_peak_bytes, margin_fraction and gradients_bytes (accumplan/checkpoint.h).
+// and optionally optimizer_step_peak_bytes, margin_fraction, gradients_bytes and
+// after_blocks_bytes_per_sample (accumplan/checkpoint.h).
+
+// Python's [(name, saved_bytes_per_sample, forward_seconds_per_sample)] as the planner's blocks.
+using BlockTuples = std::vector<std::tuple<std::string, double, double>>;
+std::vector<BlockCost> block_costs_of(const BlockTuples& blocks) {
+  std::vector<BlockCost> costs;
+  for (const auto& [name, saved, seconds] : blocks) costs.push_back({name, saved, seconds});
+  return costs;
+}
 
 CheckpointModel checkpoint_model(const py::dict& d) {
   CheckpointModel m;
@@ -191,22 +200,21 @@ CheckpointModel checkpoint_model(const py::dict& d) {
   m.slope_bytes_per_sample = d["slope_bytes_per_sample"].cast<double>();
   m.step_seconds = d.contains("step_seconds") ? d["step_seconds"].cast<double>() : 0.0;
   m.step_seconds_per_sample = d.contains("step_seconds_per_sample") ? d["step_seconds_per_sample"].cast<double>() : 0.0;
-  for (const auto& [name, saved, seconds] : d["blocks"].cast<std::vector<std::tuple<std::string, double, double>>>()) {
-    m.blocks.push_back({name, saved, seconds});
-  }
+  m.blocks = block_costs_of(d["blocks"].cast<BlockTuples>());
   if (d.contains("optimizer_step_peak_bytes")) m.optimizer_step_peak_bytes = d["optimizer_step_peak_bytes"].cast<double>();
   if (d.contains("margin_fraction")) m.margin_fraction = d["margin_fraction"].cast<double>();
   if (d.contains("gradients_bytes")) m.gradients_bytes = d["gradients_bytes"].cast<double>();
+  if (d.contains("after_blocks_bytes_per_sample")) {
+    m.after_blocks_bytes_per_sample = d["after_blocks_bytes_per_sample"].cast<double>();
+  }
   return m;
 }
 
 // The planner's model of a searched plan (checkpoint_model_of), as the dict checkpoint_model reads.
 py::dict checkpoint_model_dict(const std::string& plan_text,
-                               const std::vector<std::tuple<std::string, double, double>>& blocks,
-                               const std::vector<size_t>& applied) {
-  std::vector<BlockCost> costs;
-  for (const auto& [name, saved, seconds] : blocks) costs.push_back({name, saved, seconds});
-  const CheckpointModel m = checkpoint_model_of(plan_from_text(plan_text, "the plan"), costs, CheckpointSet{applied, ""});
+                               const BlockTuples& blocks, double after, const std::vector<size_t>& applied) {
+  const CheckpointModel m = checkpoint_model_of(plan_from_text(plan_text, "the plan"), block_costs_of(blocks),
+                                                CheckpointSet{applied, ""}, after);
   py::dict d;
   d["intercept_bytes"] = m.intercept_bytes;
   d["slope_bytes_per_sample"] = m.slope_bytes_per_sample;
@@ -215,6 +223,7 @@ py::dict checkpoint_model_dict(const std::string& plan_text,
   d["optimizer_step_peak_bytes"] = m.optimizer_step_peak_bytes;
   d["margin_fraction"] = m.margin_fraction;
   d["gradients_bytes"] = m.gradients_bytes;
+  d["after_blocks_bytes_per_sample"] = m.after_blocks_bytes_per_sample;
   d["blocks"] = blocks;
   return d;
 }
@@ -253,12 +262,11 @@ std::pair<py::list, py::object> checkpoint_options_of(const py::dict& model, int
 // (samples, peak bytes, seconds); choose: the planner's choice, confirmed by a window of `runner`
 // when it differs from `applied`.
 std::string checkpoint_plan(WindowRunner& runner, const std::string& plan_text,
-                            const std::vector<std::tuple<std::string, double, double>>& blocks,
-                            const std::vector<size_t>& applied, bool choose, bool budget_is_simulated,
+                            const BlockTuples& blocks, double after, const std::vector<size_t>& applied, bool choose,
+                            bool budget_is_simulated,
                             const std::tuple<int64_t, int64_t, double>& costs_window, const py::object& progress) {
   const Plan plan = plan_from_text(plan_text, "the searched plan");
-  std::vector<BlockCost> costs;
-  for (const auto& [name, saved, seconds] : blocks) costs.push_back({name, saved, seconds});
+  std::vector<BlockCost> costs = block_costs_of(blocks);
   CheckpointSet set{applied, "given"};
   for (const CheckpointSet& named : checkpoint_sets(costs.size())) {
     if (named.blocks == applied) set.rule = named.rule;
@@ -268,7 +276,7 @@ std::string checkpoint_plan(WindowRunner& runner, const std::string& plan_text,
   const auto& [samples, peak, seconds] = costs_window;
   const Trial measured{"costs", samples, !plan.profile.budget_bytes || peak <= *plan.profile.budget_bytes, peak, seconds,
                        {samples}, std::nullopt};
-  return text_of(search.plan_checkpointing(plan, std::move(costs), set, choose, measured));
+  return text_of(search.plan_checkpointing(plan, std::move(costs), after, set, choose, measured));
 }
 
 // ---- The optimizer table and the exports (issue 36) -------------------------------------------
@@ -473,7 +481,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("checkpoint_options", &checkpoint_options_of, py::arg("model"), py::arg("per_rank_batch"), py::arg("usable_bytes"),
         "(every checkpoint set's {rule, modules, micro_batch, accumulation_steps, predicted_peak_bytes, "
         "predicted_window_seconds}, the chosen set's index or None): accumplan/checkpoint.h");
-  m.def("checkpoint_model_of", &checkpoint_model_dict, py::arg("plan"), py::arg("blocks"), py::arg("applied"),
+  m.def("checkpoint_model_of", &checkpoint_model_dict, py::arg("plan"), py::arg("blocks"),
+        py::arg("after_blocks_bytes_per_sample"), py::arg("applied"),
         "the planner's checkpoint model of a searched plan (its lines without checkpointing, the measured blocks)");
   m.def("checkpoint_peak_bytes", [](const py::dict& model, const std::vector<size_t>& blocks, int64_t micro_batch) {
           return checkpoint_model(model).predicted_peak_bytes(CheckpointSet{blocks, "given"}, micro_batch);
@@ -484,7 +493,8 @@ PYBIND11_MODULE(_core, m) {
           return checkpoint_model(model).predicted_window_peak_bytes(CheckpointSet{blocks, "given"}, sizes);
         }, py::arg("model"), py::arg("blocks"), py::arg("sizes"),
         "the planner's predicted peak of a window of these microbatch sizes with these blocks checkpointed");
-  m.def("checkpoint_plan", &checkpoint_plan, py::arg("runner"), py::arg("plan"), py::arg("blocks"), py::arg("applied"),
+  m.def("checkpoint_plan", &checkpoint_plan, py::arg("runner"), py::arg("plan"), py::arg("blocks"),
+        py::arg("after_blocks_bytes_per_sample"), py::arg("applied"),
         py::arg("choose"), py::arg("budget_is_simulated"), py::arg("costs_window"), py::arg("progress") = py::none(),
         "the searched plan with its activation checkpointing chosen (and confirmed by a window) or stated");
   m.def("search_plan", &search_plan, py::arg("runner"), py::arg("header"), py::arg("request"),

@@ -132,7 +132,7 @@ def planner_options(cfg, device, off):
         F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="sum").backward()
     costs = block_costs(model, names, step, off.micro_batch)
     model.zero_grad(set_to_none=True)
-    m = _core.checkpoint_model_of(json.dumps(off.raw), costs, [])
+    m = _core.checkpoint_model_of(json.dumps(off.raw), costs, costs.after_blocks_bytes_per_sample, [])
     options, chosen = _core.checkpoint_options(m, off.per_rank_batch, off.memory["usable_bytes"])
     return names, costs, m, options, chosen
 

@@ -286,7 +286,7 @@ TEST_CASE("Checkpoint: a set faster than none is confirmed by one real window wi
   const size_t before = d.windows.size();
   std::vector<Trial> more;
   Search search = search_on(d, more);
-  const Plan p = search.plan_checkpointing(none, d.costs(), CheckpointSet{}, true, kCosts);
+  const Plan p = search.plan_checkpointing(none, d.costs(), 0, CheckpointSet{}, true, kCosts);
   REQUIRE(p.checkpoint);
   CHECK(d.windows.size() == before + 1);              // one window: the confirmation
   CHECK(d.sets.back() == p.checkpoint->modules);      // run with the chosen set applied
@@ -318,7 +318,7 @@ TEST_CASE("Checkpoint: a confirming window that does not fit leaves the plan wit
   const Plan none = searched(d, trials);
   std::vector<Trial> more;
   Search search = search_on(d, more);
-  const Plan p = search.plan_checkpointing(none, d.costs(), CheckpointSet{}, true, kCosts);
+  const Plan p = search.plan_checkpointing(none, d.costs(), 0, CheckpointSet{}, true, kCosts);
   CHECK_FALSE(p.checkpoint);
   CHECK(p.micro_batch == none.micro_batch);
   CHECK(p.confirmed);
@@ -338,7 +338,7 @@ TEST_CASE("Checkpoint: a plan searched with every block checkpointed states it, 
   Search search = search_on(d, more);
   CheckpointSet applied = checkpoint_sets(4).back();
   const size_t before = d.windows.size();
-  const Plan p = search.plan_checkpointing(all, d.costs(), applied, true, kCosts);
+  const Plan p = search.plan_checkpointing(all, d.costs(), 0, applied, true, kCosts);
   REQUIRE(p.checkpoint);
   CHECK(d.windows.size() == before);  // the search's own windows confirmed it
   CHECK(p.checkpoint->rule == "all");

@@ -11,11 +11,13 @@
 // own measured line, gradients resident) and takes t0 + t1·b seconds (forward + backward). With a
 // set S checkpointed (non-reentrant torch.utils.checkpoint: one block is recomputed at a time,
 // during its own backward, after every later block's backward freed its activations):
-//   peak(S, b)    = intercept + b·(slope − Σ_i saved_i + held(S))
-//   held(S)       = max(Σ_{j∉S} saved_j, max_{i∈S} (Σ_{j<i, j∉S} saved_j + saved_i))
+//   peak(S, b)    = intercept + b·per_sample(S)
+//   per_sample(S) = max(slope − Σ_{i∈S} saved_i,                                  the forward's end
+//                       max_{i∈S} (slope − Σ_j saved_j − after                    a recompute: the
+//                               + Σ_{j<i, j∉S} saved_j + saved_i))                head's backward done
 //   seconds(S, b) = t0 + b·(t1 + Σ_{i∈S} forward_i)
-// held(S) is the blocks' share at the peak: the end of the forward, or a recompute holding the
-// earlier unchecked blocks and its own. For all blocks it is the largest block alone.
+// `after` is what the head and the loss save (freed before any block's backward). For all blocks
+// and no head, the recompute term is the largest block alone.
 // and a window of T samples in the largest b that fits is ceil(T / b) microbatches (a balanced
 // split of T), so its predicted time is ceil(T/b)·t0 + T·(t1 + Σ forward_i). The sets considered
 // over n candidates: none, every k-th block for k = n, n−1, ..., 2 (blocks k−1, 2k−1, ...: the
@@ -49,6 +51,9 @@ struct CheckpointModel {
   double step_seconds = 0;            // t0: per microbatch
   double step_seconds_per_sample = 0; // t1
   std::vector<BlockCost> blocks;      // the candidates, in model order
+  // Saved for backward after the last block ran (the head, the loss: an LM head's logits), per
+  // sample: freed by the head's backward, before any block is recomputed.
+  double after_blocks_bytes_per_sample = 0;
   // The optimizer step's transient peak, which no checkpointing lowers: a predicted peak is never
   // below it (0: not measured).
   double optimizer_step_peak_bytes = 0;
@@ -94,7 +99,8 @@ std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& mode
 // ran with (none, or all when nothing fitted without), taken back out of both lines (its
 // Σ saved − held added to the slope, its Σ forward taken from t1), so the model is always the
 // one without checkpointing.
-CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blocks, const CheckpointSet& applied = {});
+CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blocks, const CheckpointSet& applied = {},
+                                    double after_blocks_bytes_per_sample = 0);
 
 // `plan` (solved without checkpointing) with `choice`'s set: its sizes a balanced split of the
 // per-rank batch under choice.micro_batch (set_window), its predicted peak the model's,

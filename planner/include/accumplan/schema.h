@@ -302,7 +302,8 @@ struct PlanCheckpoint {
   std::vector<std::string> modules;        // checkpointed, in model order (a subset of candidates)
   std::string rule;                        // "every 2nd block", "all"
   std::vector<BlockCost> candidates;       // every candidate block, measured
-  double saved_bytes_per_sample = 0;       // what the set frees per sample at the peak (checkpoint.h: Σ saved − held)
+  double saved_bytes_per_sample = 0;       // what the set frees per sample at the peak (accumplan/checkpoint.h)
+  double after_blocks_bytes_per_sample = 0; // measured: what the head and loss save, freed before any block's backward
   double recompute_seconds = 0;            // the forward recomputed per window
   double predicted_seconds_per_window = 0;
   CheckpointAlternative without;           // the plan without checkpointing
