@@ -47,12 +47,17 @@ SetSums sums_of(const CheckpointModel& m, const CheckpointSet& set) {
     if (in[i]) in_set += m.blocks[i].saved_bytes_per_sample;
   }
   // What is held per sample at each phase, relative to the slope without checkpointing: the
-  // forward's end −in_set; the recompute of block i −all − after + Σ_{j<i, j∉S} saved_j + saved_i.
+  // forward's end −in_set; the recompute of block i −all − after + Σ_{j<i, j∉S} saved_j + saved_i
+  // + the gradient of its output, which its backward holds (the mlp stack: 2.3% above without it).
   double held = -in_set, kept_before = 0;
   for (size_t i = 0; i < m.blocks.size(); ++i) {
-    const double saved = m.blocks[i].saved_bytes_per_sample;
-    if (in[i]) held = std::max(held, -all - m.after_blocks_bytes_per_sample + kept_before + saved);
-    else kept_before += saved;
+    const BlockCost& b = m.blocks[i];
+    if (in[i]) {
+      held = std::max(held, -all - m.after_blocks_bytes_per_sample + kept_before + b.saved_bytes_per_sample +
+                                b.output_bytes_per_sample);
+    } else {
+      kept_before += b.saved_bytes_per_sample;
+    }
   }
   s.freed = -held;
   return s;

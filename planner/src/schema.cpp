@@ -290,6 +290,7 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       {"seconds", kSecondsRange},
       {"saved_bytes_per_sample", {0, kBytesMax, false, false}},  // 1.7 checkpoint
       {"forward_seconds_per_sample", kSecondsRange},
+      {"output_bytes_per_sample", {0, kBytesMax, false, false}},
       {"predicted_seconds_per_window", kSecondsRange},
   };
   if (in_hyperparameters) return &kHyperparameterRange;
@@ -527,7 +528,8 @@ ojson checkpoint_json(const PlanCheckpoint& c) {
   for (const BlockCost& b : c.candidates) {
     candidates.push_back(ojson{{"name", b.name},
                                {"saved_bytes_per_sample", b.saved_bytes_per_sample},
-                               {"forward_seconds_per_sample", b.forward_seconds_per_sample}});
+                               {"forward_seconds_per_sample", b.forward_seconds_per_sample},
+                               {"output_bytes_per_sample", b.output_bytes_per_sample}});
   }
   const CheckpointAlternative& w = c.without;
   return ojson{{"modules", c.modules},
@@ -558,7 +560,8 @@ PlanCheckpoint checkpoint_from(const JsonField& f) {
   c.without.predicted_peak_bytes = w.i64("predicted_peak_bytes");
   c.without.predicted_seconds_per_window = w.f64("predicted_seconds_per_window");
   for (const JsonField& b : f.at("candidates").items()) {
-    c.candidates.push_back({b.str("name"), b.f64("saved_bytes_per_sample"), b.f64("forward_seconds_per_sample")});
+    c.candidates.push_back({b.str("name"), b.f64("saved_bytes_per_sample"), b.f64("forward_seconds_per_sample"),
+                            b.has("output_bytes_per_sample") ? b.f64("output_bytes_per_sample") : 0.0});
   }
   if (f.has("trials")) {
     c.trials = trials_from(f.at("trials"));

@@ -161,14 +161,16 @@ def _tensors(value):
 
 
 class BlockCosts(list):
-    """block_costs' list of (name, saved_bytes_per_sample, forward_seconds_per_sample), with
+    """block_costs' list of (name, saved_bytes_per_sample, forward_seconds_per_sample,
+    output_bytes_per_sample: the block's output, whose gradient its backward holds), with
     ``after_blocks_bytes_per_sample``: what is saved for backward after the last block ran (the
     head, the loss; an LM head's logits), freed before any block's backward recomputes it."""
     after_blocks_bytes_per_sample = 0.0
 
 
 def block_costs(model, names, step, samples):
-    """[(name, saved_bytes_per_sample, forward_seconds_per_sample)] for each block in ``names``, from
+    """[(name, saved_bytes_per_sample, forward_seconds_per_sample, output_bytes_per_sample)] for each
+    block in ``names``, from
     one call of ``step()`` (forward, loss and backward of ``samples`` samples), as a ``BlockCosts``
     (its ``after_blocks_bytes_per_sample`` too). A tensor counts for
     the innermost block running when autograd saves it, once per storage, unless checkpointing the
@@ -181,7 +183,7 @@ def block_costs(model, names, step, samples):
     held = {_storage(p)[0] for p in model.parameters()} | {_storage(b)[0] for b in model.buffers()}
     running, inputs, outside, head_saved, finished = [], [set() for _ in names], set(), {}, []
     saved = [dict() for _ in names]
-    seconds, started = [0.0] * len(names), [0.0] * len(names)
+    seconds, started, outputs = [0.0] * len(names), [0.0] * len(names), [0] * len(names)
     sync = torch.cuda.synchronize if any(p.is_cuda for p in model.parameters()) else (lambda: None)
 
     def before(i):
@@ -196,6 +198,7 @@ def block_costs(model, names, step, samples):
         def hook(module, args, output):
             sync()
             seconds[i] += time.perf_counter() - started[i]
+            outputs[i] += sum(t.numel() * t.element_size() for t in _tensors(output))
             running.pop()
             finished.append(i)
         return hook
@@ -221,8 +224,8 @@ def block_costs(model, names, step, samples):
         for h in handles:
             h.remove()
     elsewhere = held.union(outside, *inputs)  # a block's own inputs too: its checkpoint keeps them
-    costs = BlockCosts((n, sum(nb for ptr, nb in saved[i].items() if ptr not in elsewhere) / samples, seconds[i] / samples)
-                       for i, n in enumerate(names))
+    costs = BlockCosts((n, sum(nb for ptr, nb in saved[i].items() if ptr not in elsewhere) / samples,
+                        seconds[i] / samples, outputs[i] / samples) for i, n in enumerate(names))
     costs.after_blocks_bytes_per_sample = sum(nb for ptr, nb in head_saved.items() if ptr not in held) / samples
     return costs
 

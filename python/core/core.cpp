@@ -182,15 +182,16 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
 
 // ---- Activation checkpointing (issue 38): the planner's model and choice ----------------------
 // The model crosses as a dict: intercept_bytes, slope_bytes_per_sample, step_seconds,
-// step_seconds_per_sample, blocks [(name, saved_bytes_per_sample, forward_seconds_per_sample)],
+// step_seconds_per_sample, blocks [(name, saved, forward seconds, output bytes per sample)],
 // and optionally optimizer_step_peak_bytes, margin_fraction, gradients_bytes and
 // after_blocks_bytes_per_sample (accumplan/checkpoint.h).
 
-// Python's [(name, saved_bytes_per_sample, forward_seconds_per_sample)] as the planner's blocks.
-using BlockTuples = std::vector<std::tuple<std::string, double, double>>;
+// Python's [(name, saved_bytes_per_sample, forward_seconds_per_sample, output_bytes_per_sample)]
+// as the planner's blocks.
+using BlockTuples = std::vector<std::tuple<std::string, double, double, double>>;
 std::vector<BlockCost> block_costs_of(const BlockTuples& blocks) {
   std::vector<BlockCost> costs;
-  for (const auto& [name, saved, seconds] : blocks) costs.push_back({name, saved, seconds});
+  for (const auto& [name, saved, seconds, output] : blocks) costs.push_back({name, saved, seconds, output});
   return costs;
 }
 

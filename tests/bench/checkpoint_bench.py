@@ -12,7 +12,8 @@ checkpointing fits a microbatch well below the target batch:
           candidate's costs measured by `block_costs` at its microbatch (what plan() measures),
           through `_core.checkpoint_model_of` and `_core.checkpoint_options` (the C++ model);
   grid    for every set with at least one sample: a plan of that set at its largest microbatch
-          (balanced split of the target), one warm-up window and 3 measured windows of
+          (balanced split of the target) on its own model, one warm-up window, then 3 rounds of
+          one window of every set (side by side, so drift falls on all alike) of
           `plan.train_window(measure_memory=True)`, which applies the plan's checkpointing:
           the highest measured peak against the predicted one (within 2%), the median window
           seconds against the predicted ones (within 20%);
@@ -152,23 +153,29 @@ def set_plan(off, names, costs, option):
                            "recompute_seconds": 0.0, "predicted_seconds_per_window": option["predicted_window_seconds"],
                            "without": {"micro_batch": None, "accumulation_steps": None, "predicted_peak_bytes": 0,
                                        "predicted_seconds_per_window": 0.0},
-                           "candidates": [{"name": n, "saved_bytes_per_sample": s, "forward_seconds_per_sample": f}
-                                          for n, s, f in costs]}
+                           "candidates": [{"name": n, "saved_bytes_per_sample": s, "forward_seconds_per_sample": f,
+                                           "output_bytes_per_sample": o} for n, s, f, o in costs]}
     return accumplan.load_plan(d)
 
 
-def measure_set(cfg, device, plan):
-    """One warm-up window, then 3 measured: (highest peak, median seconds, every window's figures)."""
-    model, opt = fresh(cfg, device, seed=3)
+def measure_sets(cfg, device, plans):
+    """Each plan on its own model and optimizer: one warm-up window each, then 3 rounds of one
+    window of every plan (side by side, so the machine's drift falls on every set alike). Per plan:
+    (highest peak, median seconds, every window's figures)."""
     g = torch.Generator().manual_seed(4)
-    x, y = cfg["data"](plan.per_rank_batch, g)
+    x, y = cfg["data"](plans[0].per_rank_batch, g)
     x, y = x.to(device), y.to(device)
-    plan.train_window(model, opt, (x,), y, measure_memory=True)  # the optimizer state built
-    windows = []
+    runs = []
+    for plan in plans:
+        model, opt = fresh(cfg, device, seed=3)
+        plan.train_window(model, opt, (x,), y, measure_memory=True)  # the optimizer state built
+        runs.append((plan, model, opt, []))
     for _ in range(3):
-        st = plan.train_window(model, opt, (x,), y, measure_memory=True)
-        windows.append({"peak_bytes": st.peak_bytes, "seconds": st.seconds, "sizes": st.microbatch_sizes})
-    return max(w["peak_bytes"] for w in windows), statistics.median(w["seconds"] for w in windows), windows
+        for plan, model, opt, windows in runs:
+            st = plan.train_window(model, opt, (x,), y, measure_memory=True)
+            windows.append({"peak_bytes": st.peak_bytes, "seconds": st.seconds, "sizes": st.microbatch_sizes})
+    return [(max(w["peak_bytes"] for w in windows), statistics.median(w["seconds"] for w in windows), windows)
+            for _, _, _, windows in runs]
 
 
 def bench(name, device):
@@ -178,7 +185,7 @@ def bench(name, device):
     auto, auto_s, auto_windows = planned(cfg, device, budget, "auto")
     names, costs, m, options, predicted_best = planner_options(cfg, device, off)
     model_dict = dict(m)
-    rows = []
+    rows, plans = [], []
     for option in options:
         row = {"rule": option["rule"], "modules": option["modules"], "micro_batch": option["micro_batch"]}
         if option["micro_batch"] > 0:
@@ -187,12 +194,15 @@ def bench(name, device):
             row["sizes"] = plan.microbatch_sizes
             row["predicted_peak_bytes"] = _core.checkpoint_window_peak_bytes(model_dict, blocks, plan.microbatch_sizes)
             row["predicted_seconds"] = option["predicted_window_seconds"]
-            row["measured_peak_bytes"], row["measured_seconds"], row["windows"] = measure_set(cfg, device, plan)
+            plans.append((row, plan))
         rows.append(row)
-        print("  %-8s %-16s micro %3d" % (name, option["rule"], option["micro_batch"]) +
+    for (row, _), measured in zip(plans, measure_sets(cfg, device, [p for _, p in plans])):
+        row["measured_peak_bytes"], row["measured_seconds"], row["windows"] = measured
+    for row in rows:
+        print("  %-8s %-16s micro %3d" % (name, row["rule"], row["micro_batch"]) +
               ("  peak %+.2f%%  seconds %+.1f%%" % (pct(row["measured_peak_bytes"], row["predicted_peak_bytes"]),
                                                     pct(row["measured_seconds"], row["predicted_seconds"]))
-               if option["micro_batch"] else "  (not one sample fits)"), file=sys.stderr, flush=True)
+               if row["micro_batch"] else "  (not one sample fits)"), file=sys.stderr, flush=True)
     chosen = auto.checkpoint["rule"] if auto.checkpoint else "none"
     measured = [r for r in rows if r["micro_batch"] > 0]
     fastest = min(measured, key=lambda r: r["measured_seconds"])
@@ -217,8 +227,9 @@ def markdown(results, device, seconds):
     mib = 1024.0 * 1024.0
     out = ["# Activation checkpointing: every set the planner considers, measured (issue 38)", "",
            "Written by `tests/bench/checkpoint_bench.py` on %s (%s, torch %s) in %.0f s. Target batch %d, AdamW. "
-           "Each set runs at its largest microbatch by the planner's model (a balanced split of the target): one "
-           "warm-up window, then 3 windows of `plan.train_window(measure_memory=True)`, which applies the set. "
+           "Each set runs at its largest microbatch by the planner's model (a balanced split of the target) on its "
+           "own model: one warm-up window, then 3 rounds of one window of every set, side by side, of "
+           "`plan.train_window(measure_memory=True)`, which applies the set. "
            "Predictions: the no-checkpoint plan's lines and each candidate's `block_costs` through the C++ model "
            "(`_core.checkpoint_model_of`, `_core.checkpoint_options`). Targets: peak within 2%%, window seconds "
            "within 20%%, the chosen set within 5%% of the fastest measured." % (

@@ -182,7 +182,7 @@ class Costs(unittest.TestCase):
         none16, none32 = self.peak([], 16), self.peak([], 32)
         slope = (none32 - none16) / 16.0
         model = {"intercept_bytes": none32 - 32 * slope, "slope_bytes_per_sample": slope,
-                 "blocks": [(n, saved, seconds) for n, saved, seconds in self.costs]}
+                 "blocks": list(self.costs), "after_blocks_bytes_per_sample": self.costs.after_blocks_bytes_per_sample}
         for blocks in ([1, 3], [0, 1, 2, 3]):
             predicted = _core.checkpoint_peak_bytes(model, blocks, 32)
             measured = self.peak(blocks, 32)

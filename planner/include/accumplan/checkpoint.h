@@ -14,10 +14,10 @@
 //   peak(S, b)    = intercept + b·per_sample(S)
 //   per_sample(S) = max(slope − Σ_{i∈S} saved_i,                                  the forward's end
 //                       max_{i∈S} (slope − Σ_j saved_j − after                    a recompute: the
-//                               + Σ_{j<i, j∉S} saved_j + saved_i))                head's backward done
+//                               + Σ_{j<i, j∉S} saved_j + saved_i + output_i))     head's backward done
 //   seconds(S, b) = t0 + b·(t1 + Σ_{i∈S} forward_i)
-// `after` is what the head and the loss save (freed before any block's backward). For all blocks
-// and no head, the recompute term is the largest block alone.
+// `after` is what the head and the loss save (freed before any block's backward); output_i is block
+// i's output, whose gradient its backward holds.
 // and a window of T samples in the largest b that fits is ceil(T / b) microbatches (a balanced
 // split of T), so its predicted time is ceil(T/b)·t0 + T·(t1 + Σ forward_i). The sets considered
 // over n candidates: none, every k-th block for k = n, n−1, ..., 2 (blocks k−1, 2k−1, ...: the

@@ -291,6 +291,7 @@ struct BlockCost {
   std::string name;                       // the module's name in the model, e.g. "blocks.3"
   double saved_bytes_per_sample = 0;      // freed per sample when checkpointed (>= 0)
   double forward_seconds_per_sample = 0;  // recomputed per sample when checkpointed (>= 0)
+  double output_bytes_per_sample = 0;     // its output; the gradient of it is held while it is recomputed
 };
 struct CheckpointAlternative {
   int64_t micro_batch = 0;                // 0: not one sample fits without checkpointing
