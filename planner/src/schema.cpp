@@ -290,7 +290,6 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       {"seconds", kSecondsRange},
       {"saved_bytes_per_sample", {0, kBytesMax, false, false}},  // 1.7 checkpoint
       {"forward_seconds_per_sample", kSecondsRange},
-      {"output_bytes_per_sample", {0, kBytesMax, false, false}},
       {"predicted_seconds_per_window", kSecondsRange},
   };
   if (in_hyperparameters) return &kHyperparameterRange;
@@ -528,14 +527,13 @@ ojson checkpoint_json(const PlanCheckpoint& c) {
   for (const BlockCost& b : c.candidates) {
     candidates.push_back(ojson{{"name", b.name},
                                {"saved_bytes_per_sample", b.saved_bytes_per_sample},
-                               {"forward_seconds_per_sample", b.forward_seconds_per_sample},
-                               {"output_bytes_per_sample", b.output_bytes_per_sample}});
+                               {"forward_seconds_per_sample", b.forward_seconds_per_sample}});
   }
   const CheckpointAlternative& w = c.without;
   return ojson{{"modules", c.modules},
                {"rule", c.rule},
                {"saved_bytes_per_sample", c.saved_bytes_per_sample},
-               {"after_blocks_bytes_per_sample", c.after_blocks_bytes_per_sample},
+               {"head_bytes_per_sample", c.head_bytes_per_sample},
                {"recompute_seconds", c.recompute_seconds},
                {"predicted_seconds_per_window", c.predicted_seconds_per_window},
                {"without", ojson{{"micro_batch", w.micro_batch > 0 ? ojson(w.micro_batch) : ojson(nullptr)},
@@ -551,7 +549,7 @@ PlanCheckpoint checkpoint_from(const JsonField& f) {
   for (const JsonField& n : f.at("modules").items()) c.modules.push_back(n.as_string());
   c.rule = f.str("rule");
   c.saved_bytes_per_sample = f.f64("saved_bytes_per_sample");
-  if (f.has("after_blocks_bytes_per_sample")) c.after_blocks_bytes_per_sample = f.f64("after_blocks_bytes_per_sample");
+  if (f.has("head_bytes_per_sample")) c.head_bytes_per_sample = f.f64("head_bytes_per_sample");
   c.recompute_seconds = f.f64("recompute_seconds");
   c.predicted_seconds_per_window = f.f64("predicted_seconds_per_window");
   const JsonField w = f.at("without");
@@ -560,8 +558,7 @@ PlanCheckpoint checkpoint_from(const JsonField& f) {
   c.without.predicted_peak_bytes = w.i64("predicted_peak_bytes");
   c.without.predicted_seconds_per_window = w.f64("predicted_seconds_per_window");
   for (const JsonField& b : f.at("candidates").items()) {
-    c.candidates.push_back({b.str("name"), b.f64("saved_bytes_per_sample"), b.f64("forward_seconds_per_sample"),
-                            b.has("output_bytes_per_sample") ? b.f64("output_bytes_per_sample") : 0.0});
+    c.candidates.push_back({b.str("name"), b.f64("saved_bytes_per_sample"), b.f64("forward_seconds_per_sample")});
   }
   if (f.has("trials")) {
     c.trials = trials_from(f.at("trials"));

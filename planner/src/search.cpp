@@ -532,9 +532,9 @@ std::vector<std::string> module_names(const CheckpointModel& m, const Checkpoint
 
 }  // namespace
 
-Plan Search::plan_checkpointing(const Plan& plan, std::vector<BlockCost> blocks, double after_blocks_bytes_per_sample,
+Plan Search::plan_checkpointing(const Plan& plan, std::vector<BlockCost> blocks, double head_bytes_per_sample,
                                 const CheckpointSet& applied, bool choose, const Trial& costs) {
-  const CheckpointModel model = checkpoint_model_of(plan, std::move(blocks), applied, after_blocks_bytes_per_sample);
+  const CheckpointModel model = checkpoint_model_of(plan, std::move(blocks), applied, head_bytes_per_sample);
   Plan stated = plan_stating_checkpointing(plan, model, applied);
   if (stated.checkpoint) stated.checkpoint->trials = {costs};
   const std::optional<CheckpointChoice> choice =

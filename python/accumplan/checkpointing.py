@@ -161,29 +161,31 @@ def _tensors(value):
 
 
 class BlockCosts(list):
-    """block_costs' list of (name, saved_bytes_per_sample, forward_seconds_per_sample,
-    output_bytes_per_sample: the block's output, whose gradient its backward holds), with
-    ``after_blocks_bytes_per_sample``: what is saved for backward after the last block ran (the
-    head, the loss; an LM head's logits), freed before any block's backward recomputes it."""
-    after_blocks_bytes_per_sample = 0.0
+    """block_costs' list of (name, saved_bytes_per_sample, forward_seconds_per_sample), with
+    ``head_bytes_per_sample``: what the step's peak held per sample beyond the blocks' backward (the
+    head's saved tensors and its backward's gradients, an LM head's logits: gone before any block is
+    recomputed), measured when block_costs was given a ``memory`` meter, else 0."""
+    head_bytes_per_sample = 0.0
+    step_peak_bytes = None  # with a meter: the whole step's peak (block_costs resets the meter's halfway)
 
 
-def block_costs(model, names, step, samples):
-    """[(name, saved_bytes_per_sample, forward_seconds_per_sample, output_bytes_per_sample)] for each
-    block in ``names``, from
-    one call of ``step()`` (forward, loss and backward of ``samples`` samples), as a ``BlockCosts``
-    (its ``after_blocks_bytes_per_sample`` too). A tensor counts for
-    the innermost block running when autograd saves it, once per storage, unless checkpointing the
-    block would not free it: the model's parameters and buffers, the block's own inputs (a
-    checkpoint keeps them), and what anything else keeps too — another block's input (this
-    block's output, which the next block saves) or a tensor saved outside every block (the head's
-    input)."""
+def block_costs(model, names, step, samples, memory=None):
+    """[(name, saved_bytes_per_sample, forward_seconds_per_sample)] for each block in ``names``, from
+    one call of ``step()`` (forward, loss and backward of ``samples`` samples), as a ``BlockCosts``.
+    A tensor counts for the innermost block running when autograd saves it, once per storage,
+    unless checkpointing the block would not free it: the model's parameters and buffers, the
+    block's own inputs (a checkpoint keeps them), and what anything else keeps too — another
+    block's input (this block's output, which the next block saves) or a tensor saved outside every
+    block (the head's input). ``memory``: the meter the step runs under (``peak()``,
+    ``reset_peak()``, ``sync()``, its peak reset by the caller); the peak up to the moment the
+    last block's output gets its gradient (the forward and the head's backward) against the peak
+    after it (the blocks' backward) gives ``head_bytes_per_sample``."""
     names = checkpoint_candidates(model, names)
     modules = dict(model.named_modules())
     held = {_storage(p)[0] for p in model.parameters()} | {_storage(b)[0] for b in model.buffers()}
-    running, inputs, outside, head_saved, finished = [], [set() for _ in names], set(), {}, []
+    running, inputs, outside = [], [set() for _ in names], set()
     saved = [dict() for _ in names]
-    seconds, started, outputs = [0.0] * len(names), [0.0] * len(names), [0] * len(names)
+    seconds, started, head_peak = [0.0] * len(names), [0.0] * len(names), []
     sync = torch.cuda.synchronize if any(p.is_cuda for p in model.parameters()) else (lambda: None)
 
     def before(i):
@@ -194,13 +196,21 @@ def block_costs(model, names, step, samples):
             started[i] = time.perf_counter()
         return hook
 
+    def at_blocks_backward(grad):
+        if memory is not None and not head_peak:  # the head's backward is done; the blocks' begins
+            memory.sync()
+            head_peak.append(memory.peak())
+            memory.reset_peak()
+
     def after(i):
         def hook(module, args, output):
             sync()
             seconds[i] += time.perf_counter() - started[i]
-            outputs[i] += sum(t.numel() * t.element_size() for t in _tensors(output))
             running.pop()
-            finished.append(i)
+            if i == len(names) - 1:
+                for t in _tensors(output):
+                    if t.requires_grad:
+                        t.register_hook(at_blocks_backward)
         return hook
 
     def pack(t):
@@ -209,8 +219,6 @@ def block_costs(model, names, step, samples):
             saved[running[-1]][ptr] = nbytes
         else:
             outside.add(ptr)
-            if len(finished) == len(names):  # after every block's forward: the head, the loss
-                head_saved[ptr] = nbytes
         return t
 
     handles = []
@@ -225,8 +233,12 @@ def block_costs(model, names, step, samples):
             h.remove()
     elsewhere = held.union(outside, *inputs)  # a block's own inputs too: its checkpoint keeps them
     costs = BlockCosts((n, sum(nb for ptr, nb in saved[i].items() if ptr not in elsewhere) / samples,
-                        seconds[i] / samples, outputs[i] / samples) for i, n in enumerate(names))
-    costs.after_blocks_bytes_per_sample = sum(nb for ptr, nb in head_saved.items() if ptr not in held) / samples
+                        seconds[i] / samples) for i, n in enumerate(names))
+    if head_peak:
+        memory.sync()
+        blocks_peak = memory.peak()
+        costs.head_bytes_per_sample = max(0, head_peak[0] - blocks_peak) / samples
+        costs.step_peak_bytes = max(head_peak[0], blocks_peak)  # the meter's own was reset halfway
     return costs
 
 

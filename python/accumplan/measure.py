@@ -205,8 +205,8 @@ class _ModuleRunner(_core.WindowRunner):
         wrap_into(self.checkpointed, self.model, list(modules))
 
     def block_costs(self, names, n, lifted):
-        """(the candidate blocks' BlockCosts: saved bytes and forward seconds per sample, and what
-        the head saves; the window's (peak bytes, seconds)), from one microbatch of n samples (forward, loss, backward)
+        """(the candidate blocks' BlockCosts: saved bytes and forward seconds per sample, and the
+        head's share of the peak, measured on the meter; the window's (peak bytes, seconds)), from one microbatch of n samples (forward, loss, backward)
         under the budget (lifted: none), without checkpointing. PlanError when it runs out of memory."""
         meter, costs, peaks, t0 = self.meter, [], [], time.perf_counter()
         meter.limit(None)
@@ -219,9 +219,9 @@ class _ModuleRunner(_core.WindowRunner):
             zero_grads(w.params, self.optimizer)
             meter.reset_peak()
             meter.limit(None if lifted else self.budget, data)
-            costs.append(block_costs(self.model, names, lambda: run_rounds(w, [n], None, 1, False), n))
+            costs.append(block_costs(self.model, names, lambda: run_rounds(w, [n], None, 1, False), n, memory=meter))
             meter.sync()
-            peaks.append(max(meter.peak(), meter.reserved_peak() or 0) - data)
+            peaks.append(max(costs[0].step_peak_bytes or meter.peak(), meter.reserved_peak() or 0) - data)
             zero_grads(w.params, self.optimizer)
         if self._measured(window):
             raise PlanError("measuring the checkpoint candidates at %d samples ran out of memory on %s; plan with "
@@ -686,7 +686,7 @@ def _checkpointed_search(runner, search, restart, knob, request, say):
     runner.set_checkpointing([])
     costs, (peak, seconds) = runner.block_costs(names, n, lifted=bool(applied))
     runner.set_checkpointing(applied)
-    return _core.checkpoint_plan(runner, plan_text, costs, costs.after_blocks_bytes_per_sample,
+    return _core.checkpoint_plan(runner, plan_text, costs, costs.head_bytes_per_sample,
                                  [names.index(a) for a in applied], mode == "auto", request.budget_is_simulated,
                                  (n, peak, seconds), say)
 

@@ -182,16 +182,15 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
 
 // ---- Activation checkpointing (issue 38): the planner's model and choice ----------------------
 // The model crosses as a dict: intercept_bytes, slope_bytes_per_sample, step_seconds,
-// step_seconds_per_sample, blocks [(name, saved, forward seconds, output bytes per sample)],
+// step_seconds_per_sample, blocks [(name, saved_bytes_per_sample, forward_seconds_per_sample)],
 // and optionally optimizer_step_peak_bytes, margin_fraction, gradients_bytes and
-// after_blocks_bytes_per_sample (accumplan/checkpoint.h).
+// head_bytes_per_sample (accumplan/checkpoint.h).
 
-// Python's [(name, saved_bytes_per_sample, forward_seconds_per_sample, output_bytes_per_sample)]
-// as the planner's blocks.
-using BlockTuples = std::vector<std::tuple<std::string, double, double, double>>;
+// Python's [(name, saved_bytes_per_sample, forward_seconds_per_sample)] as the planner's blocks.
+using BlockTuples = std::vector<std::tuple<std::string, double, double>>;
 std::vector<BlockCost> block_costs_of(const BlockTuples& blocks) {
   std::vector<BlockCost> costs;
-  for (const auto& [name, saved, seconds, output] : blocks) costs.push_back({name, saved, seconds, output});
+  for (const auto& [name, saved, seconds] : blocks) costs.push_back({name, saved, seconds});
   return costs;
 }
 
@@ -205,9 +204,7 @@ CheckpointModel checkpoint_model(const py::dict& d) {
   if (d.contains("optimizer_step_peak_bytes")) m.optimizer_step_peak_bytes = d["optimizer_step_peak_bytes"].cast<double>();
   if (d.contains("margin_fraction")) m.margin_fraction = d["margin_fraction"].cast<double>();
   if (d.contains("gradients_bytes")) m.gradients_bytes = d["gradients_bytes"].cast<double>();
-  if (d.contains("after_blocks_bytes_per_sample")) {
-    m.after_blocks_bytes_per_sample = d["after_blocks_bytes_per_sample"].cast<double>();
-  }
+  if (d.contains("head_bytes_per_sample")) m.head_bytes_per_sample = d["head_bytes_per_sample"].cast<double>();
   return m;
 }
 
@@ -224,7 +221,7 @@ py::dict checkpoint_model_dict(const std::string& plan_text,
   d["optimizer_step_peak_bytes"] = m.optimizer_step_peak_bytes;
   d["margin_fraction"] = m.margin_fraction;
   d["gradients_bytes"] = m.gradients_bytes;
-  d["after_blocks_bytes_per_sample"] = m.after_blocks_bytes_per_sample;
+  d["head_bytes_per_sample"] = m.head_bytes_per_sample;
   d["blocks"] = blocks;
   return d;
 }
@@ -483,7 +480,7 @@ PYBIND11_MODULE(_core, m) {
         "(every checkpoint set's {rule, modules, micro_batch, accumulation_steps, predicted_peak_bytes, "
         "predicted_window_seconds}, the chosen set's index or None): accumplan/checkpoint.h");
   m.def("checkpoint_model_of", &checkpoint_model_dict, py::arg("plan"), py::arg("blocks"),
-        py::arg("after_blocks_bytes_per_sample"), py::arg("applied"),
+        py::arg("head_bytes_per_sample"), py::arg("applied"),
         "the planner's checkpoint model of a searched plan (its lines without checkpointing, the measured blocks)");
   m.def("checkpoint_peak_bytes", [](const py::dict& model, const std::vector<size_t>& blocks, int64_t micro_batch) {
           return checkpoint_model(model).predicted_peak_bytes(CheckpointSet{blocks, "given"}, micro_batch);
@@ -495,7 +492,7 @@ PYBIND11_MODULE(_core, m) {
         }, py::arg("model"), py::arg("blocks"), py::arg("sizes"),
         "the planner's predicted peak of a window of these microbatch sizes with these blocks checkpointed");
   m.def("checkpoint_plan", &checkpoint_plan, py::arg("runner"), py::arg("plan"), py::arg("blocks"),
-        py::arg("after_blocks_bytes_per_sample"), py::arg("applied"),
+        py::arg("head_bytes_per_sample"), py::arg("applied"),
         py::arg("choose"), py::arg("budget_is_simulated"), py::arg("costs_window"), py::arg("progress") = py::none(),
         "the searched plan with its activation checkpointing chosen (and confirmed by a window) or stated");
   m.def("search_plan", &search_plan, py::arg("runner"), py::arg("header"), py::arg("request"),

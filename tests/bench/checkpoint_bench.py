@@ -47,6 +47,7 @@ from export_models import CausalLM  # noqa: E402
 import accumplan  # noqa: E402
 from accumplan import _core  # noqa: E402
 from accumplan.checkpointing import block_costs, checkpoint_candidates  # noqa: E402
+from accumplan.meters import held_bytes, meter_for  # noqa: E402
 
 TARGET = 64  # --target
 
@@ -122,7 +123,7 @@ def planned(cfg, device, budget, mode):
 
 def planner_options(cfg, device, off):
     """The planner's every set from the no-checkpoint plan and block_costs at its microbatch."""
-    model, _ = fresh(cfg, device)
+    model, opt = fresh(cfg, device)
     names = checkpoint_candidates(model, cfg["candidates"])
     g = torch.Generator().manual_seed(2)
     x, y = cfg["data"](off.micro_batch, g)
@@ -131,9 +132,14 @@ def planner_options(cfg, device, off):
     def step():
         out = model(x)
         F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="sum").backward()
-    costs = block_costs(model, names, step, off.micro_batch)
+    meter = meter_for(torch.device(device), held_bytes(model, opt))  # what plan()'s costs window reads
+    try:
+        meter.reset_peak()
+        costs = block_costs(model, names, step, off.micro_batch, memory=meter)
+    finally:
+        meter.close()
     model.zero_grad(set_to_none=True)
-    m = _core.checkpoint_model_of(json.dumps(off.raw), costs, costs.after_blocks_bytes_per_sample, [])
+    m = _core.checkpoint_model_of(json.dumps(off.raw), costs, costs.head_bytes_per_sample, [])
     options, chosen = _core.checkpoint_options(m, off.per_rank_batch, off.memory["usable_bytes"])
     return names, costs, m, options, chosen
 
@@ -153,8 +159,8 @@ def set_plan(off, names, costs, option):
                            "recompute_seconds": 0.0, "predicted_seconds_per_window": option["predicted_window_seconds"],
                            "without": {"micro_batch": None, "accumulation_steps": None, "predicted_peak_bytes": 0,
                                        "predicted_seconds_per_window": 0.0},
-                           "candidates": [{"name": n, "saved_bytes_per_sample": s, "forward_seconds_per_sample": f,
-                                           "output_bytes_per_sample": o} for n, s, f, o in costs]}
+                           "candidates": [{"name": n, "saved_bytes_per_sample": s, "forward_seconds_per_sample": f}
+                                          for n, s, f in costs]}
     return accumplan.load_plan(d)
 
 

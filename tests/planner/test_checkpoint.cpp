@@ -58,13 +58,12 @@ TEST_CASE("Checkpoint: a block recomputed after the later blocks' backward holds
   CHECK(m.predicted_peak_bytes(CheckpointSet{{2}, "given"}, 1) == static_cast<int64_t>(132 * kMiB));
   CHECK(m.predicted_peak_bytes(CheckpointSet{{3}, "given"}, 1) == static_cast<int64_t>(140 * kMiB));
   CHECK(m.predicted_peak_bytes(CheckpointSet{{0}, "given"}, 1) == static_cast<int64_t>(132 * kMiB));
-  // The gradient of block 2's output (4 MiB) is held while it is recomputed; what the head saved
-  // after the blocks (8 MiB) is gone by then: the last block alone frees the head's share.
+  // A peak 8 MiB per sample above the blocks' backward (the head's): gone before any recompute,
+  // so the last block alone frees the head's share.
   CheckpointModel held = m;
-  held.blocks[2].output_bytes_per_sample = 4 * kMiB;
-  CHECK(held.predicted_peak_bytes(CheckpointSet{{2}, "given"}, 1) == static_cast<int64_t>(136 * kMiB));
-  held.after_blocks_bytes_per_sample = 8 * kMiB;
+  held.head_bytes_per_sample = 8 * kMiB;
   CHECK(held.predicted_peak_bytes(CheckpointSet{{3}, "given"}, 1) == static_cast<int64_t>(132 * kMiB));
+  CHECK(held.predicted_peak_bytes(CheckpointSet{{0, 1, 2, 3}, "given"}, 1) == static_cast<int64_t>(108 * kMiB));
   // Unequal blocks: a large early block recomputed alone holds itself; {0, 2} of (16, 4, 4, 4):
   // the forward's end holds 8, block 0's recompute 16, block 2's 4 + 4.
   CheckpointModel u = four_blocks();

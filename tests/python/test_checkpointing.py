@@ -149,7 +149,12 @@ class Costs(unittest.TestCase):
         cls.model = nn.Sequential(nn.Linear(64, 128), *[_Mlp(128) for _ in range(4)], _Pool(128, 10))
         cls.x, cls.y = torch.randn(32, 16, 64), torch.randint(0, 10, (32,))
         cls.names = checkpoint_candidates(cls.model)
-        cls.costs = block_costs(cls.model, cls.names, lambda: cls.step(32), 32)
+        meter = CpuMeter(held_bytes(cls.model))  # the costs window's meter, as plan() gives it
+        try:
+            meter.reset_peak()
+            cls.costs = block_costs(cls.model, cls.names, lambda: cls.step(32), 32, memory=meter)
+        finally:
+            meter.close()
         cls.model.zero_grad(set_to_none=True)
 
     @classmethod
@@ -182,7 +187,7 @@ class Costs(unittest.TestCase):
         none16, none32 = self.peak([], 16), self.peak([], 32)
         slope = (none32 - none16) / 16.0
         model = {"intercept_bytes": none32 - 32 * slope, "slope_bytes_per_sample": slope,
-                 "blocks": list(self.costs), "after_blocks_bytes_per_sample": self.costs.after_blocks_bytes_per_sample}
+                 "blocks": list(self.costs), "head_bytes_per_sample": self.costs.head_bytes_per_sample}
         for blocks in ([1, 3], [0, 1, 2, 3]):
             predicted = _core.checkpoint_peak_bytes(model, blocks, 32)
             measured = self.peak(blocks, 32)

@@ -13,11 +13,12 @@
 // during its own backward, after every later block's backward freed its activations):
 //   peak(S, b)    = intercept + b·per_sample(S)
 //   per_sample(S) = max(slope − Σ_{i∈S} saved_i,                                  the forward's end
-//                       max_{i∈S} (slope − Σ_j saved_j − after                    a recompute: the
-//                               + Σ_{j<i, j∉S} saved_j + saved_i + output_i))     head's backward done
+//                       max_{i∈S} (slope − Σ_j saved_j − head                     a recompute: the
+//                               + Σ_{j<i, j∉S} saved_j + saved_i))                head's backward done
 //   seconds(S, b) = t0 + b·(t1 + Σ_{i∈S} forward_i)
-// `after` is what the head and the loss save (freed before any block's backward); output_i is block
-// i's output, whose gradient its backward holds.
+// `head` is what the no-checkpoint peak holds beyond the blocks' backward (measured: the peak less
+// the blocks' backward's own peak), so the recompute term is that backward's peak less what S and
+// the later blocks do not hold.
 // and a window of T samples in the largest b that fits is ceil(T / b) microbatches (a balanced
 // split of T), so its predicted time is ceil(T/b)·t0 + T·(t1 + Σ forward_i). The sets considered
 // over n candidates: none, every k-th block for k = n, n−1, ..., 2 (blocks k−1, 2k−1, ...: the
@@ -51,9 +52,10 @@ struct CheckpointModel {
   double step_seconds = 0;            // t0: per microbatch
   double step_seconds_per_sample = 0; // t1
   std::vector<BlockCost> blocks;      // the candidates, in model order
-  // Saved for backward after the last block ran (the head, the loss: an LM head's logits), per
-  // sample: freed by the head's backward, before any block is recomputed.
-  double after_blocks_bytes_per_sample = 0;
+  // What the no-checkpoint peak holds per sample beyond the blocks' backward: the head's saved
+  // tensors and its backward's gradients (an LM head's logits), gone before any block is
+  // recomputed; 0 when the peak is in the blocks' backward. Measured in the costs window.
+  double head_bytes_per_sample = 0;
   // The optimizer step's transient peak, which no checkpointing lowers: a predicted peak is never
   // below it (0: not measured).
   double optimizer_step_peak_bytes = 0;
@@ -100,7 +102,7 @@ std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& mode
 // Σ saved − held added to the slope, its Σ forward taken from t1), so the model is always the
 // one without checkpointing.
 CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blocks, const CheckpointSet& applied = {},
-                                    double after_blocks_bytes_per_sample = 0);
+                                    double head_bytes_per_sample = 0);
 
 // `plan` (solved without checkpointing) with `choice`'s set: its sizes a balanced split of the
 // per-rank batch under choice.micro_batch (set_window), its predicted peak the model's,

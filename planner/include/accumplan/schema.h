@@ -291,7 +291,6 @@ struct BlockCost {
   std::string name;                       // the module's name in the model, e.g. "blocks.3"
   double saved_bytes_per_sample = 0;      // freed per sample when checkpointed (>= 0)
   double forward_seconds_per_sample = 0;  // recomputed per sample when checkpointed (>= 0)
-  double output_bytes_per_sample = 0;     // its output; the gradient of it is held while it is recomputed
 };
 struct CheckpointAlternative {
   int64_t micro_batch = 0;                // 0: not one sample fits without checkpointing
@@ -304,7 +303,7 @@ struct PlanCheckpoint {
   std::string rule;                        // "every 2nd block", "all"
   std::vector<BlockCost> candidates;       // every candidate block, measured
   double saved_bytes_per_sample = 0;       // what the set frees per sample at the peak (accumplan/checkpoint.h)
-  double after_blocks_bytes_per_sample = 0; // measured: what the head and loss save, freed before any block's backward
+  double head_bytes_per_sample = 0;        // measured: what the peak holds beyond the blocks' backward (checkpoint.h)
   double recompute_seconds = 0;            // the forward recomputed per window
   double predicted_seconds_per_window = 0;
   CheckpointAlternative without;           // the plan without checkpointing

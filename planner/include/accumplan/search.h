@@ -148,8 +148,8 @@ class Search {
   // when that window does not fit, the plan stays `plan` (and the runner back at `applied`).
   // Without choose, or when `applied` wins, `plan` states `applied` (plan_stating_checkpointing).
   // `costs`: the window that measured the blocks (kind "costs"), first in checkpoint.trials.
-  // `after_blocks_bytes_per_sample`: measured with the blocks (CheckpointModel).
-  Plan plan_checkpointing(const Plan& plan, std::vector<BlockCost> blocks, double after_blocks_bytes_per_sample,
+  // `head_bytes_per_sample`: measured with the blocks (CheckpointModel).
+  Plan plan_checkpointing(const Plan& plan, std::vector<BlockCost> blocks, double head_bytes_per_sample,
                           const CheckpointSet& applied, bool choose, const Trial& costs);
   // Runs and judges one window, recording nothing; `micro_batch` labels it.
   WindowMeasurement run(const std::vector<int64_t>& sizes, int64_t micro_batch, int64_t seq_len, WindowBudget budget);
