@@ -97,5 +97,15 @@ class InterruptAtEveryLine(LeavesNothingBehind):
         self.run_plan(model, opt, x, y)  # no probe left installed by any of the runs
 
 
+class InterruptAtEveryLineCheckpointed(InterruptAtEveryLine):
+    """The same with a checkpoint set searched with (issue 38): l1 wrapped for the whole search, so
+    the put-back also removes the wrap (RestoreGuard.also_undo), and an interrupt at any of its
+    lines must leave no wrapped forward (state_of's own_forwards) and nothing else changed."""
+
+    def run_plan(self, model, opt, x, y):
+        return accumplan.plan(model, (x,), y, target_batch=2, optimizer=opt, memory_budget="64MiB", progress=False,
+                              checkpointing=["l1"])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -59,6 +59,8 @@ def state_of(model, opt, extra):
         "lrs": [g["lr"] for g in opt.param_groups],
         "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(), "np_rng": numpy.random.get_state()[1].copy(),
         "grad_enabled": torch.is_grad_enabled(), "dtype": torch.get_default_dtype(),
+        # a checkpointing wrap left behind is an instance attribute `forward` (issue 38)
+        "own_forwards": [n for n, m in model.named_modules() if "forward" in m.__dict__],
     }
 
 
