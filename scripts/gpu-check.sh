@@ -11,15 +11,18 @@
 #
 # How to send it (from the CPU machine, in the repository root):
 #   1. bash scripts/gpu-prepare.sh        # fills the git-ignored .gpu-deps/ from Debian's packages
-#   2. the device tool's run with  carry: [".gpu-deps"],  timeout_s: 600,
-#      command: "bash scripts/gpu-check.sh"
-#   The results come back from $OUT (11 files): RESULTS-gpu.md, results-gpu.json, build.log,
-#   test.log, bench.log, steps.log, the Python API's python.log and python-plan.json
-#   (accumplan.plan with device="cuda", judged by 3 windows of train_window), and activation
-#   checkpointing's grid: CHECKPOINT.md, checkpoint.json, checkpoint.log. Copy RESULTS-gpu.md and
-#   CHECKPOINT.md (as CHECKPOINT-gpu.md) to tests/bench/ and commit them.
-#   Sized for one 10-minute command: configure ~0.5 min, the build of the binary and the probe
-#   tests 2-3 min on 16 cores, tests < 0.5 min, then the benchmark gets the rest of 8 minutes and
+#   2. the device tool's run with  carry: [".gpu-deps"],  timeout_s: 600, and a command that writes
+#      into a scratch folder and packs it, since the tool brings back at most 8 files from $OUT:
+#        mkdir -p /tmp/gc; (OUT=/tmp/gc timeout -k 5 575 bash scripts/gpu-check.sh);
+#        tar czf $OUT/gpu-check.tar.gz -C /tmp/gc .; cp /tmp/gc/steps.log /tmp/gc/RESULTS-gpu.md $OUT/
+#   The folder holds 11 files: RESULTS-gpu.md, results-gpu.json, build.log, test.log, bench.log,
+#   steps.log, the Python API's python.log and python-plan.json (accumplan.plan with
+#   device="cuda", judged by 3 windows of train_window), and activation checkpointing's grid:
+#   CHECKPOINT.md, checkpoint.json, checkpoint.log. Copy RESULTS-gpu.md and CHECKPOINT.md (as
+#   CHECKPOINT-gpu.md) to tests/bench/ and commit them.
+#   Sized for one 10-minute command: on the H200 (8 cores seen) configure took 5 s, the build of
+#   the binary and the probe tests 57 s, the tests 2 s, the Python package 32 s (2026-12-04);
+#   the benchmark gets the rest of 8 minutes (ROWS_UNTIL_S: fewer, for a lease with less left) and
 #   is stopped a minute after that at the latest (rows not started in time are recorded as
 #   skipped; resnet18's bf16 and CUDA-probe rows run right after its first row). A second call,
 #   "BENCH_SECONDS=150 bash scripts/gpu-check.sh --bench-only", reruns only the benchmark on the
@@ -157,6 +160,10 @@ if [ "$bench_only" -eq 0 ]; then
     --output-on-failure -j "$jobs"
 fi
 
+# Python's output unbuffered, and a crash's Python stack in the log (faulthandler): the first H200
+# run's Python steps died of SIGSEGV with nothing after the last progress line.
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+
 # The Python API on the device: the package built with pip against this machine's torch (into a
 # folder of the build, no venv needed), then accumplan.plan on a conv net and 3 windows of
 # train_window of its plan (tests/bench/python_device_check.py). About a minute.
@@ -178,13 +185,13 @@ fi
 
 bench_seconds="${BENCH_SECONDS:-}"
 if [ "$mode" = gpu ] && [ -z "$bench_seconds" ]; then
-  # No row starts after 8 minutes from the script's start; `timeout` stops the benchmark a
-  # minute after that (SIGINT, then SIGKILL), so the 10-minute command always ends with steps.log.
-  left=$((480 - ($(date +%s) - t_start)))
+  # No row starts after 8 minutes from the script's start (ROWS_UNTIL_S: less, for a lease with
+  # less left); `timeout` stops the benchmark a minute after that (SIGINT, then SIGKILL), so the
+  # 10-minute command always ends with steps.log.
+  left=$((${ROWS_UNTIL_S:-480} - ($(date +%s) - t_start)))
   bench_seconds=$((left > 90 ? left : 90))
 fi
 [ -n "$bench_seconds" ] && bench_args+=(--time-limit "$bench_seconds")
-export PYTHONUNBUFFERED=1
 step "benchmark" "$out/bench.log" timeout -s INT -k 15 "$(( ${bench_seconds:-300} + 60 ))" \
   "$python" tests/bench/gpu_bench.py --accumplan "$build/accumplan" \
   --scratch "$build/bench-scratch" --out-json "$out/results-gpu.json" --out-md "$out/RESULTS-gpu.md" \

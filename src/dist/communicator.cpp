@@ -10,8 +10,17 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// The Gloo shim: ProcessGroupGloo.hpp includes gloo's own headers, which Debian ships
+// (libgloo-dev) but PyTorch's pip wheels do not (2.11+cu130 has no torch/include/gloo; its
+// build stopped here on the H200). Without them the Gloo communicator is not built and a
+// multi-process CPU run is refused with how to get it; NCCL, the GPU backend, is unaffected.
+#if __has_include(<gloo/algorithm.h>)
+#define ACCUMPLAN_HAS_GLOO 1
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#else
+#define ACCUMPLAN_HAS_GLOO 0
+#endif
 #if defined(USE_C10D_NCCL)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <torch/version.h>
@@ -41,7 +50,7 @@ class LocalCommunicator final : public Communicator {
 // Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the launcher's agent already serves the store
 // on MASTER_PORT: every rank is a client, under the agent's "/worker/attempt_N" prefix, as
 // torch.distributed's env:// rendezvous does; serving it again fails with "Address already in use".
-c10::intrusive_ptr<c10d::Store> join_store(const DistEnv& env, std::chrono::milliseconds timeout) {
+[[maybe_unused]] c10::intrusive_ptr<c10d::Store> join_store(const DistEnv& env, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(env.master_port);
   so.numWorkers = static_cast<std::size_t>(env.world_size);
@@ -60,6 +69,7 @@ c10::intrusive_ptr<c10d::Store> join_store(const DistEnv& env, std::chrono::mill
   return c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
 }
 
+#if ACCUMPLAN_HAS_GLOO
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
@@ -74,6 +84,7 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const DistEnv& env) {
   if (is_loopback(env.master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname(env.master_addr);
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
+#endif
 
 // One c10d group of either backend (ProcessGroupGloo, ProcessGroupNCCL): the same allreduce(vector)
 // call in LibTorch 1.13 and 2.x. `device` is where the counters' tensor lives (NCCL: the GPU).
@@ -152,7 +163,7 @@ class C10dCommunicator final : public Communicator {
   c10::intrusive_ptr<Group> group_;
 };
 
-std::string join_failure(const DistEnv& env, const std::exception& e) {
+[[maybe_unused]] std::string join_failure(const DistEnv& env, const std::exception& e) {
   return "rank " + std::to_string(env.rank) + " could not join the process group at " + env.master_addr + ":" +
          std::to_string(env.master_port) + " (WORLD_SIZE " + std::to_string(env.world_size) + "): " + e.what();
 }
@@ -202,6 +213,7 @@ std::unique_ptr<Communicator> make_local_communicator() { return std::make_uniqu
 std::unique_ptr<Communicator> make_gloo_communicator(const DistEnv& env, std::chrono::milliseconds timeout,
                                                      int64_t bucket_bytes) {
   if (env.world_size == 1) return make_local_communicator();
+#if ACCUMPLAN_HAS_GLOO
   try {
     auto store = join_store(env, timeout);
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -212,6 +224,14 @@ std::unique_ptr<Communicator> make_gloo_communicator(const DistEnv& env, std::ch
   } catch (const std::exception& e) {
     throw InputError(join_failure(env, e));
   }
+#else
+  (void)timeout;
+  (void)bucket_bytes;
+  throw BackendNotBuiltError(
+      "WORLD_SIZE " + std::to_string(env.world_size) + " on the CPU needs c10d's Gloo backend, which this accumplan "
+      "was built without (its LibTorch ships no gloo headers, as PyTorch's pip wheels do not); build against "
+      "Debian's LibTorch (apt-get install libtorch-dev libgloo-dev), or run on CUDA devices (NCCL)");
+#endif
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(const DistEnv& env, std::chrono::milliseconds timeout,
