@@ -107,6 +107,11 @@ double CheckpointModel::predicted_step_seconds(const CheckpointSet& set, int64_t
   return step_seconds + static_cast<double>(b) * (step_seconds_per_sample + sums_of(*this, set).forward);
 }
 
+double CheckpointModel::predicted_window_seconds(const CheckpointSet& set, int64_t steps, int64_t samples) const {
+  return static_cast<double>(steps) * step_seconds +
+         static_cast<double>(samples) * (step_seconds_per_sample + sums_of(*this, set).forward) + window_overhead_seconds;
+}
+
 int64_t CheckpointModel::largest_micro_batch(const CheckpointSet& set, int64_t usable_bytes, int64_t limit) const {
   const double per_sample = per_sample_bytes(*this, sums_of(*this, set));
   const auto needs = [&](int64_t b) {
@@ -133,9 +138,7 @@ std::vector<CheckpointChoice> checkpoint_options(const CheckpointModel& model, i
     if (c.micro_batch > 0) {
       c.accumulation_steps = (per_rank_batch + c.micro_batch - 1) / c.micro_batch;
       c.predicted_peak_bytes = model.predicted_peak_bytes(set, c.micro_batch);
-      const double per_sample = model.step_seconds_per_sample + sums_of(model, set).forward;
-      c.predicted_window_seconds = static_cast<double>(c.accumulation_steps) * model.step_seconds +
-                                   static_cast<double>(per_rank_batch) * per_sample;
+      c.predicted_window_seconds = model.predicted_window_seconds(set, c.accumulation_steps, per_rank_batch);
     }
     out.push_back(c);
   }
@@ -154,6 +157,26 @@ std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& mode
   }
   return best;
 }
+
+namespace {
+
+// The median over the profile's windows that fit of their seconds less their microbatches' steps
+// on the line t0 + t1·b (their own checkpointing included, as in the line); 0 when none is timed.
+double window_overhead_seconds(const Profile& profile, double t0, double t1) {
+  std::vector<double> over;
+  for (const Trial& t : profile.trials) {
+    if (!t.fit || t.seq_len || t.window.empty() || !(t.seconds > 0)) continue;
+    double steps = 0;
+    for (int64_t b : t.window) steps += t0 + t1 * static_cast<double>(b);
+    over.push_back(std::max(0.0, t.seconds - steps));
+  }
+  if (over.empty()) return 0;
+  std::sort(over.begin(), over.end());
+  const size_t mid = over.size() / 2;
+  return over.size() % 2 ? over[mid] : (over[mid - 1] + over[mid]) / 2;
+}
+
+}  // namespace
 
 CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blocks, const CheckpointSet& applied,
                                     double head_bytes_per_sample) {
@@ -184,6 +207,7 @@ CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blo
       m.step_seconds_per_sample = sbb > 0 ? sbs / sbb : 0;
     }
   }
+  m.window_overhead_seconds = window_overhead_seconds(plan.profile, m.step_seconds, m.step_seconds_per_sample);
   // The applied set taken back out: its windows kept what it frees less per sample and spent
   // Σ forward more per sample than the same windows without checkpointing.
   const SetSums a = sums_of(m, applied);
@@ -252,9 +276,7 @@ Plan plan_stating_checkpointing(const Plan& plan, const CheckpointModel& model, 
   Plan p = plan;
   const std::vector<CheckpointChoice> options = checkpoint_options(model, plan.per_rank_batch, plan.memory.usable_bytes);
   const int64_t steps = static_cast<int64_t>(plan.microbatch_sizes.size());
-  const double window_seconds = static_cast<double>(steps) * model.step_seconds +
-                                static_cast<double>(plan.per_rank_batch) *
-                                    (model.step_seconds_per_sample + sums_of(model, applied).forward);
+  const double window_seconds = model.predicted_window_seconds(applied, steps, plan.per_rank_batch);
   p.checkpoint = checkpoint_field(plan, model, applied, window_seconds, options.front());
   p.reason = trade_sentence(*p.checkpoint, plan.max_micro_batch) + ". " + plan.reason;
   return p;

@@ -182,7 +182,7 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
 
 // ---- Activation checkpointing (issue 38): the planner's model and choice ----------------------
 // The model crosses as a dict: intercept_bytes, slope_bytes_per_sample, step_seconds,
-// step_seconds_per_sample, blocks [(name, saved_bytes_per_sample, forward_seconds_per_sample)],
+// step_seconds_per_sample, window_overhead_seconds, blocks [(name, saved_bytes_per_sample, forward_seconds_per_sample)],
 // and optionally optimizer_step_peak_bytes, margin_fraction, gradients_bytes and
 // head_bytes_per_sample (accumplan/checkpoint.h).
 
@@ -200,6 +200,7 @@ CheckpointModel checkpoint_model(const py::dict& d) {
   m.slope_bytes_per_sample = d["slope_bytes_per_sample"].cast<double>();
   m.step_seconds = d.contains("step_seconds") ? d["step_seconds"].cast<double>() : 0.0;
   m.step_seconds_per_sample = d.contains("step_seconds_per_sample") ? d["step_seconds_per_sample"].cast<double>() : 0.0;
+  if (d.contains("window_overhead_seconds")) m.window_overhead_seconds = d["window_overhead_seconds"].cast<double>();
   m.blocks = block_costs_of(d["blocks"].cast<BlockTuples>());
   if (d.contains("optimizer_step_peak_bytes")) m.optimizer_step_peak_bytes = d["optimizer_step_peak_bytes"].cast<double>();
   if (d.contains("margin_fraction")) m.margin_fraction = d["margin_fraction"].cast<double>();
@@ -218,6 +219,7 @@ py::dict checkpoint_model_dict(const std::string& plan_text,
   d["slope_bytes_per_sample"] = m.slope_bytes_per_sample;
   d["step_seconds"] = m.step_seconds;
   d["step_seconds_per_sample"] = m.step_seconds_per_sample;
+  d["window_overhead_seconds"] = m.window_overhead_seconds;
   d["optimizer_step_peak_bytes"] = m.optimizer_step_peak_bytes;
   d["margin_fraction"] = m.margin_fraction;
   d["gradients_bytes"] = m.gradients_bytes;

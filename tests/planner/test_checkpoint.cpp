@@ -175,6 +175,29 @@ TEST_CASE("Checkpoint: a plan's model is its fit's line and its step times' line
   CHECK(clamped.step_seconds_per_sample > 0);
 }
 
+TEST_CASE("Checkpoint: a window's cost beyond its microbatches is the median over the profile's windows, in every "
+          "set's prediction", "[checkpoint]") {
+  Plan plan = timed_plan(8 << 20, 0.02, 0.005, int64_t{64} << 20);
+  CHECK(checkpoint_model_of(plan, {}).window_overhead_seconds == 0);  // no window timed
+  // Windows [b, b] that took their two steps plus 0.3 s (0.9 s for one outlier), one that did not
+  // fit (not counted) and one of a token grid (not counted).
+  auto window = [](int64_t b, double extra) { return 2 * (0.02 + 0.005 * static_cast<double>(b)) + extra; };
+  plan.profile.trials = {{"probe", 2, true, 1, window(2, 0.3), {2, 2}, std::nullopt},
+                         {"probe", 4, true, 1, window(4, 0.3), {4, 4}, std::nullopt},
+                         {"probe", 8, true, 1, window(8, 0.9), {8, 8}, std::nullopt},
+                         {"confirm", 16, false, 0, 5.0, {16, 16}, std::nullopt},
+                         {"probe", 4, true, 1, 7.0, {4, 4}, int64_t{128}}};
+  const CheckpointModel m = checkpoint_model_of(plan, {{"b0", 1e6, 1e-3}});
+  CHECK(m.window_overhead_seconds == Approx(0.3));
+  const std::vector<CheckpointChoice> options = checkpoint_options(m, 64, plan.memory.usable_bytes);
+  REQUIRE(options.size() == 2);
+  for (const CheckpointChoice& c : options) {
+    const double steps = static_cast<double>(c.accumulation_steps) * 0.02;
+    const double per_sample = 0.005 + (c.set.blocks.empty() ? 0.0 : 1e-3);
+    CHECK(c.predicted_window_seconds == Approx(steps + 64 * per_sample + 0.3));
+  }
+}
+
 TEST_CASE("Checkpoint: the plan with the chosen set: its split, peak, trade and reason, valid for both readers",
           "[checkpoint]") {
   // 8 MiB weights + gradients, 1 MiB fixed, 4 MiB per sample; four blocks of 1 MiB per sample each.
