@@ -486,7 +486,12 @@ def plan_summary(plan):
             "trials": len(trials), "trials_by_kind": kinds,
             "trials_not_fit": sum(1 for t in trials if t.get("fit") is False),
             "probe": prof.get("probe"), "plan_schema_version": plan.get("schema_version"),
-            "reason": plan.get("reason")}
+            "reason": plan.get("reason"), "margin": mem.get("margin"),
+            # Each probe's allocated and reserved peaks: the first H200 run's plans kept a 5.2 GiB
+            # margin, and the allocator part of it is the largest reserved-minus-allocated probe.
+            "points": [{k: p.get(k) for k in ("micro_batch", "peak_bytes", "reserved_peak_bytes", "steady_peak_bytes",
+                                              "first_microbatch_peak_bytes", "step_seconds")}
+                       for p in prof.get("points") or []]}
 
 
 def accumplan_plan(ctx, spec, model_path, budget, out_dir, extra=()):
