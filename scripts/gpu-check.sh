@@ -18,7 +18,8 @@
 #   The folder holds 11 files: RESULTS-gpu.md, results-gpu.json, build.log, test.log, bench.log,
 #   steps.log, the Python API's python.log and python-plan.json (accumplan.plan with
 #   device="cuda", judged by 3 windows of train_window), and activation checkpointing's grid:
-#   CHECKPOINT.md, checkpoint.json, checkpoint.log. Copy RESULTS-gpu.md and CHECKPOINT.md (as
+#   CHECKPOINT.md, checkpoint.json, checkpoint.log (and python-gdb.log, the C++ stack of a Python
+#   step that crashed). Copy RESULTS-gpu.md and CHECKPOINT.md (as
 #   CHECKPOINT-gpu.md) to tests/bench/ and commit them.
 #   Sized for one 10-minute command: on the H200 (8 cores seen) configure took 5 s, the build of
 #   the binary and the probe tests 57 s, the tests 2 s, the Python package 32 s (2026-12-04);
@@ -164,16 +165,34 @@ fi
 # run's Python steps died of SIGSEGV with nothing after the last progress line.
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 
+# A crash in compiled code shows faulthandler nothing below the call into it (the first H200 run:
+# SIGSEGV inside _core.search_plan), so the crashed Python command runs once more under a
+# debugger, its C++ stack to python-gdb.log: cuda-gdb on the H200's image (it debugs programs
+# without GPU code too; there is no gdb there), gdb elsewhere. Arguments: PYTHONPATH, then the
+# command. The package is built with debug information on the GPU (below), so frames have names.
+native_stack() {
+  local pypath="$1" dbg
+  shift
+  dbg="$(command -v cuda-gdb || command -v gdb)" || { echo "# no cuda-gdb or gdb: no C++ stack of the crash" >>"$steps"; return 0; }
+  echo "# $dbg, PYTHONPATH=$pypath: $*" >>"$out/python-gdb.log"
+  env PYTHONFAULTHANDLER= "PYTHONPATH=$pypath" timeout -k 5 180 "$dbg" -batch -ex run -ex "bt 60" --args "$@" \
+    >>"$out/python-gdb.log" 2>&1
+  echo "# the crash's C++ stack: python-gdb.log ($dbg)" >>"$steps"
+}
+
 # The Python API on the device: the package built with pip against this machine's torch (into a
 # folder of the build, no venv needed), then accumplan.plan on a conv net and 3 windows of
 # train_window of its plan (tests/bench/python_device_check.py). About a minute.
 if [ "$bench_only" -eq 0 ]; then
   pydir="$PWD/$build/python-pkg"
-  step "python package" "$out/python.log" env "ACCUMPLAN_CMAKE_ARGS=-DCMAKE_PREFIX_PATH=$deps" JOBS="$jobs" \
+  pyargs="-DCMAKE_PREFIX_PATH=$deps"
+  [ "$mode" = gpu ] && pyargs+=" -DCMAKE_BUILD_TYPE=RelWithDebInfo"  # names in a crash's C++ stack
+  step "python package" "$out/python.log" env "ACCUMPLAN_CMAKE_ARGS=$pyargs" JOBS="$jobs" \
     "$python" -m pip install --no-build-isolation --no-index --no-deps --upgrade --target "$pydir" .
+  py_plan=("$python" tests/bench/python_device_check.py --device "$([ "$mode" = gpu ] && echo cuda || echo cpu)"
+           --out-json "$out/python-plan.json")
   step "python plan ($([ "$mode" = gpu ] && echo cuda || echo cpu))" "$out/python.log" env "PYTHONPATH=$pydir" \
-    "$python" tests/bench/python_device_check.py --device "$([ "$mode" = gpu ] && echo cuda || echo cpu)" \
-    --out-json "$out/python-plan.json"
+    "${py_plan[@]}" || { [ $? -eq 139 ] && native_stack "$pydir" "${py_plan[@]}"; }
   # Activation checkpointing's trade where it shows (issue 38): every set the planner considers for
   # a decoder and an MLP stack, measured against the prediction and accumplan.plan's choice
   # (tests/bench/checkpoint_bench.py; CHECKPOINT.md). About a minute on the GPU; the rehearsal runs
