@@ -189,6 +189,11 @@ if [ "$bench_only" -eq 0 ]; then
   [ "$mode" = gpu ] && pyargs+=" -DCMAKE_BUILD_TYPE=RelWithDebInfo"  # names in a crash's C++ stack
   step "python package" "$out/python.log" env "ACCUMPLAN_CMAKE_ARGS=$pyargs" JOBS="$jobs" \
     "$python" -m pip install --no-build-isolation --no-index --no-deps --upgrade --target "$pydir" .
+  # A static libstdc++ inside a module must stay private (python/CMakeLists.txt): its std::locale
+  # symbols exported from _core made the first H200 runs crash. 0 is right.
+  for so in "$pydir"/accumplan/_*.so; do
+    [ -e "$so" ] && echo "# $(basename "$so"): $(nm -D --defined-only "$so" 2>/dev/null | grep -c St6locale) std::locale symbols exported" >>"$steps"
+  done
   py_plan=("$python" tests/bench/python_device_check.py --device "$([ "$mode" = gpu ] && echo cuda || echo cpu)"
            --out-json "$out/python-plan.json")
   step "python plan ($([ "$mode" = gpu ] && echo cuda || echo cpu))" "$out/python.log" env "PYTHONPATH=$pydir" \
