@@ -11,7 +11,8 @@ numbers and the update is the same), returning a handle whose ``remove()`` puts 
 instrumented window (``step()``: one forward, loss and backward of ``samples`` samples): the bytes
 its forward saves for backward per sample, less its input and the parameters (what checkpointing
 it frees: ``saved_tensors_hooks`` see every tensor autograd keeps, counted once per storage), and
-its forward's seconds per sample (what recomputing it costs).
+its forward's seconds per sample (what recomputing it costs: the fastest of that forward and two
+more calls of it right after, on the same arguments).
 What it is not: the choice of which blocks to checkpoint for a microbatch (the C++ planner's,
 accumplan/checkpoint.h, from these costs); and not for TorchScript modules, whose structure is fixed.
 """
@@ -160,6 +161,47 @@ def _tensors(value):
     return []
 
 
+# Each block's forward in the costs window runs twice more at once, timed, and the fastest of the
+# three counts: a single timing wandered. resnet18's layer4 (8.4 M of its 11.2 M parameters) took
+# 7, 32 and 20 ms at 6 samples in three back-to-back instrumented steps on the CPU, while its
+# forward alone took 7 ms and recomputing it added 13 ms per microbatch to a real window; from the
+# one timing, plannings predicted the set checkpointing it 51% slower than none where it ran 13%
+# slower (tests/bench/CHECKPOINT.md before this).
+_REPLAYS = 2
+
+
+def _discard(t):
+    return None  # a replay's saved tensors: nothing keeps them, as under no_grad
+
+
+def _replayed_seconds(module, forward, args, kwargs, sync, memory, carried):
+    """The seconds of _REPLAYS more calls of ``forward`` on the same arguments, with autograd
+    recording as a recompute does but nothing saved, the block's buffers (BatchNorm's running
+    statistics) and every RNG (dropout) as they were before, so the step goes on as if they had
+    not run; their transient memory is taken out of ``memory``'s peak (the peak before them is
+    carried in ``carried[0]``)."""
+    if memory is not None:
+        memory.sync()
+        carried[0] = max(carried[0], memory.peak())
+    kept = [b.detach().clone() for b in module.buffers()]
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    times = []
+    with torch.random.fork_rng(devices=cuda), torch.autograd.graph.saved_tensors_hooks(_discard, _discard):
+        for _ in range(_REPLAYS):
+            sync()
+            t0 = time.perf_counter()
+            forward(*args, **kwargs)
+            sync()
+            times.append(time.perf_counter() - t0)
+    with torch.no_grad():
+        for b, k in zip(module.buffers(), kept):
+            b.copy_(k)
+    if memory is not None:
+        memory.sync()
+        memory.reset_peak()
+    return times
+
+
 class BlockCosts(list):
     """block_costs' list of (name, saved_bytes_per_sample, forward_seconds_per_sample), with
     ``head_bytes_per_sample``: what the step's peak held per sample beyond the blocks' backward (the
@@ -176,42 +218,52 @@ def block_costs(model, names, step, samples, memory=None):
     unless checkpointing the block would not free it: the model's parameters and buffers, the
     block's own inputs (a checkpoint keeps them), and what anything else keeps too — another
     block's input (this block's output, which the next block saves) or a tensor saved outside every
-    block (the head's input). ``memory``: the meter the step runs under (``peak()``,
-    ``reset_peak()``, ``sync()``, its peak reset by the caller); the peak up to the moment the
-    last block's output gets its gradient (the forward and the head's backward) against the peak
-    after it (the blocks' backward) gives ``head_bytes_per_sample``."""
+    block (the head's input). A block's seconds are the fastest of its forward in the step and two
+    more calls right after it on the same arguments (recording for autograd, saving nothing; its
+    buffers and the RNGs put back, so the step is unchanged). ``memory``: the meter the step runs
+    under (``peak()``, ``reset_peak()``, ``sync()``, its peak reset by the caller); the peak up to
+    the moment the last block's output gets its gradient (the forward and the head's backward)
+    against the peak after it (the blocks' backward) gives ``head_bytes_per_sample``; the extra
+    calls' transient memory is in neither."""
     names = checkpoint_candidates(model, names)
     modules = dict(model.named_modules())
     held = {_storage(p)[0] for p in model.parameters()} | {_storage(b)[0] for b in model.buffers()}
     running, inputs, outside = [], [set() for _ in names], set()
     saved = [dict() for _ in names]
-    seconds, started, head_peak = [0.0] * len(names), [0.0] * len(names), []
+    seconds, head_peak, carried = [0.0] * len(names), [], [0]
     sync = torch.cuda.synchronize if any(p.is_cuda for p in model.parameters()) else (lambda: None)
-
-    def before(i):
-        def hook(module, args):
-            sync()
-            inputs[i].update(_storage(t)[0] for t in _tensors(args))
-            running.append(i)
-            started[i] = time.perf_counter()
-        return hook
 
     def at_blocks_backward(grad):
         if memory is not None and not head_peak:  # the head's backward is done; the blocks' begins
             memory.sync()
-            head_peak.append(memory.peak())
+            head_peak.append(max(carried[0], memory.peak()))
             memory.reset_peak()
 
-    def after(i):
-        def hook(module, args, output):
+    def timed(i, module, forward):
+        @functools.wraps(forward)
+        def call(*args, **kwargs):
             sync()
-            seconds[i] += time.perf_counter() - started[i]
-            running.pop()
+            inputs[i].update(_storage(t)[0] for t in _tensors(args))
+            running.append(i)
+            given = _tensors([args, kwargs])
+            versions = [t._version for t in given]
+            t0 = time.perf_counter()
+            try:
+                output = forward(*args, **kwargs)
+                sync()
+                took = time.perf_counter() - t0
+            finally:
+                running.pop()
             if i == len(names) - 1:
                 for t in _tensors(output):
                     if t.requires_grad:
                         t.register_hook(at_blocks_backward)
-        return hook
+            # A forward that wrote into its own arguments cannot run again on them (nor be recomputed).
+            replays = [] if [t._version for t in given] != versions else \
+                _replayed_seconds(module, forward, args, kwargs, sync, memory, carried)
+            seconds[i] += min([took] + replays)
+            return output
+        return call
 
     def pack(t):
         ptr, nbytes = _storage(t)
@@ -221,16 +273,16 @@ def block_costs(model, names, step, samples, memory=None):
             outside.add(ptr)
         return t
 
-    handles = []
+    timing = Checkpointed([])  # its remove() puts the timed forwards back
     try:
         for i, n in enumerate(names):
-            handles.append(modules[n].register_forward_pre_hook(before(i)))
-            handles.append(modules[n].register_forward_hook(after(i)))
+            module = modules[n]
+            timing._wrapped.append((module, module.__dict__.get("forward")))
+            module.forward = timed(i, module, module.forward)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             step()
     finally:
-        for h in handles:
-            h.remove()
+        timing.remove()
     elsewhere = held.union(outside, *inputs)  # a block's own inputs too: its checkpoint keeps them
     costs = BlockCosts((n, sum(nb for ptr, nb in saved[i].items() if ptr not in elsewhere) / samples,
                         seconds[i] / samples) for i, n in enumerate(names))

@@ -203,6 +203,48 @@ class Costs(unittest.TestCase):
         self.assertEqual(options[chosen]["modules"], ["1", "2", "3", "4"])
 
 
+class _NormBlock(Block):
+    """Block with BatchNorm's running statistics, which a forward in training mode moves."""
+
+    def __init__(self, d=16):
+        super().__init__(d)
+        self.bn = nn.BatchNorm1d(d)
+
+    def forward(self, x):
+        return self.bn(super().forward(x))
+
+
+class CostsLeaveTheStepAlone(unittest.TestCase):
+    """block_costs times each forward three times (the step's and two more on the same arguments):
+    the step must come out as a plain one, dropout's draws and BatchNorm's statistics included."""
+
+    def run_step(self, model, x, costs):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(5)
+        step = lambda: model(x).pow(2).sum().backward()  # noqa: E731
+        if costs:
+            block_costs(model, ["1", "2", "3"], step, len(x))
+        else:
+            step()
+        return ([p.grad.clone() for p in model.parameters()], [b.clone() for b in model.buffers()],
+                torch.get_rng_state())
+
+    def test_gradients_buffers_and_rng_equal_a_plain_steps(self):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), _NormBlock(), _NormBlock(), _NormBlock(), nn.Linear(16, 2)).train()
+        x = torch.randn(6, 8)
+        start = {k: v.clone() for k, v in model.state_dict().items()}
+        plain = self.run_step(model, x, False)
+        model.load_state_dict(start)
+        calls = [model[i].calls for i in (1, 2, 3)]
+        timed = self.run_step(model, x, True)
+        self.assertEqual([model[i].calls - c for i, c in zip((1, 2, 3), calls)], [3, 3, 3])
+        for a, b in zip(plain[0] + plain[1], timed[0] + timed[1]):
+            self.assertTrue(torch.equal(a, b))
+        self.assertTrue(torch.equal(plain[2], timed[2]))
+        self.assertTrue(all("forward" not in model[i].__dict__ for i in (1, 2, 3)))
+
+
 class PlanCheckpointing(unittest.TestCase):
     """A plan with `checkpoint` (schema 1.7): train_window applies it for the window only, with the
     same update as without (dropout on); apply_checkpointing wraps for a user's own loop."""
