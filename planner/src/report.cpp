@@ -45,9 +45,7 @@ RunStats run_stats_from_json(const nlohmann::json& j) {
   s.micro_batch = r.micro_batch ? *r.micro_batch
                   : r.microbatch_sizes.empty() ? 0
                                                : *std::max_element(r.microbatch_sizes.begin(), r.microbatch_sizes.end());
-  // A CUDA run is drawn by its reserved peaks: the caching allocator's bytes are what its plan predicts.
-  s.peak_is_reserved = r.measured_reserved_peak_bytes.has_value();
-  s.measured_peak_bytes = s.peak_is_reserved ? r.measured_reserved_peak_bytes : r.measured_peak_bytes;
+  s.measured_peak_bytes = r.measured_peak_bytes;  // allocated, also on CUDA: what the plan predicts
   s.per_rank_batch = r.per_rank_batch;
   s.predicted_peak_bytes = r.predicted_peak_bytes;
   if (r.final_predicted_peak_bytes && *r.final_predicted_peak_bytes != s.predicted_peak_bytes) {
@@ -57,7 +55,6 @@ RunStats run_stats_from_json(const nlohmann::json& j) {
   s.final_loss = r.final_loss;
   s.mean_window_seconds = r.mean_window_seconds.value_or(0.0);
   for (RunWindowRecord w : r.window_series) {
-    if (s.peak_is_reserved && w.reserved_peak_bytes) w.peak_bytes = w.reserved_peak_bytes;
     w.replans = w.replans.value_or(w.oom_recoveries);
     w.seconds = w.seconds.value_or(0.0);
     s.series.push_back(std::move(w));

@@ -514,7 +514,7 @@ std::vector<std::string> stats_lines(const RunStats& s) {
   const int64_t predicted = s.final_predicted_peak_bytes.value_or(s.predicted_peak_bytes);
   std::string peak = s.measured_peak_bytes ? format_bytes(*s.measured_peak_bytes) : std::string("not measured");
   std::string line = "accumplan run: " + std::to_string(s.windows) + " window(s), " +
-                     (s.peak_is_reserved ? "reserved peak " : "peak ") + peak + " against " + format_bytes(predicted) +
+                     "peak " + peak + " against " + format_bytes(predicted) +
                      (s.final_predicted_peak_bytes ? " predicted by the re-planned plan" : " predicted");
   if (s.measured_peak_bytes) {
     const int64_t diff = *s.measured_peak_bytes - predicted;

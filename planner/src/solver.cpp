@@ -103,12 +103,11 @@ int64_t ceil_bytes(double bytes) {
 }
 
 // The margin at microbatch b, part by part (see Margin in schema.h): which parts a measured size
-// keeps (run-to-run: fragmentation, the user's own headroom) and which it drops (prediction: the
-// fit's residual and, with auto, the activation fraction).
+// keeps (run-to-run: the user's own headroom) and which it drops (prediction: the fit's residual
+// and, with auto, the activation fraction).
 struct MarginModel {
   HeadroomSpec spec;
   int64_t residual_bytes = 0;
-  int64_t fragmentation_bytes = 0;
   int64_t fixed_bytes = 0;
   double fraction = 0;
   double slope = 0;
@@ -117,7 +116,7 @@ struct MarginModel {
     return ceil_bytes(fraction * slope * static_cast<double>(b));
   }
   // Constant part and fraction that apply to a size nobody ran / to a size a real window ran at.
-  int64_t predicted_extra() const { return residual_bytes + fragmentation_bytes + fixed_bytes; }
+  int64_t predicted_extra() const { return residual_bytes + fixed_bytes; }
   double predicted_fraction() const { return fraction; }
   int64_t bytes_at(int64_t b, bool measured) const {
     if (measured) return kept_margin(describe(b, true)).bytes_at(slope, b);
@@ -129,33 +128,21 @@ struct MarginModel {
     m.fit_residual_bytes = residual_bytes;
     m.activation_fraction = fraction;
     m.activation_bytes = activation_bytes(b);
-    m.allocator_fragmentation_bytes = fragmentation_bytes;
     m.fixed_bytes = fixed_bytes;
     m.measured = measured;
     return m;
   }
 };
 
-// A caching allocator rounds and fragments: what it reserved beyond what was allocated in the
-// probes is memory training will also hold and cannot use.
-int64_t fragmentation_bytes(const Profile& profile) {
-  int64_t bytes = 0;
-  for (const auto& p : profile.points) {
-    if (p.reserved_peak_bytes) bytes = std::max(bytes, *p.reserved_peak_bytes - p.peak_bytes);
-  }
-  return bytes;
-}
-
 // The one margin rule of sample and token plans: `residual_bytes` is the fit's largest residual,
 // `slope` its bytes per unit (a sample; a token for token plans).
-MarginModel margin_model(const HeadroomSpec& spec, double residual_bytes, const Profile& profile, double slope) {
+MarginModel margin_model(const HeadroomSpec& spec, double residual_bytes, double slope) {
   MarginModel mm;
   mm.spec = spec;
   mm.slope = slope;
   switch (spec.kind) {
     case HeadroomSpec::Kind::Auto:
       mm.residual_bytes = ceil_bytes(residual_bytes);
-      mm.fragmentation_bytes = fragmentation_bytes(profile);
       mm.fraction = kAutoActivationFraction;
       break;
     case HeadroomSpec::Kind::Fraction:
@@ -175,7 +162,7 @@ MarginModel margin_model(const MemoryModel& model, const Profile& profile, const
     if (profile.points[i].micro_batch < fit.fitted_from_micro_batch) continue;  // shown, not fitted
     residual = std::max(residual, std::fabs(fit.residuals_bytes[i]));
   }
-  return margin_model(spec, residual, profile, fit.slope_bytes_per_sample);
+  return margin_model(spec, residual, fit.slope_bytes_per_sample);
 }
 
 // The budget a request plans for: --memory-budget, else the device's memory as profiled.
@@ -700,7 +687,7 @@ TokenSolution solve_token_budget(const Profile& profile, const PlanRequest& requ
   // The margin, by the sample plans' rule (margin_model), on the activations of the worst
   // microbatch: per padded token at T_max.
   ts.per_token = f.bytes_per_token + f.bytes_per_token_squared * static_cast<double>(t_max);
-  const MarginModel mm = margin_model(request.headroom, f.max_abs_residual_bytes, profile, ts.per_token);
+  const MarginModel mm = margin_model(request.headroom, f.max_abs_residual_bytes, ts.per_token);
   // c0 + (1 + fraction)·B·per_token + extra <= budget: B from the closed form, then the fraction's
   // bytes at that B, then the model's own settled budget under what is left.
   const double room = static_cast<double>(budget - mm.predicted_extra()) - f.intercept_bytes;

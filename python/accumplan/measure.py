@@ -7,9 +7,10 @@ unscripted module, and the C++ search (``accumplan._core.search_plan``, the one 
 profile`` runs on its TorchScript executor) decides which windows run and plans from their peaks
 with the C++ solver. Memory is what this process's training allocates: on the CPU device the
 counting allocator (``accumplan._probes``, the C++ probe) installed for the duration of planning,
-its budget enforced as a GPU enforces its capacity; on CUDA the caching allocator's peaks (the
-reserved peak counts: a GPU runs out on reserved memory), the budget set as the process's memory
-fraction. Planning leaves nothing behind: parameters, buffers (BatchNorm statistics), gradients,
+its budget enforced as a GPU enforces its capacity; on CUDA the caching allocator's allocated peaks (its reserved peak is
+reported, not planned on: the allocator frees its cache and retries before it runs out, so the
+reserved bytes above the allocated ones are cache it keeps because the cap leaves room), the
+budget set as the process's memory fraction. Planning leaves nothing behind: parameters, buffers (BatchNorm statistics), gradients,
 the optimizer's state and hyperparameters, and the RNG state are put back, the probe and the
 budget removed, also when planning fails.
 
@@ -221,7 +222,7 @@ class _ModuleRunner(_core.WindowRunner):
             meter.limit(None if lifted else self.budget, data)
             costs.append(block_costs(self.model, names, lambda: run_rounds(w, [n], None, 1, False), n, memory=meter))
             meter.sync()
-            peaks.append(max(costs[0].step_peak_bytes or meter.peak(), meter.reserved_peak() or 0) - data)
+            peaks.append((costs[0].step_peak_bytes or meter.peak()) - data)
             zero_grads(w.params, self.optimizer)
         if self._measured(window):
             raise PlanError("measuring the checkpoint candidates at %d samples ran out of memory on %s; plan with "
@@ -268,7 +269,7 @@ class _ModuleRunner(_core.WindowRunner):
         data = meter.current() - before
         peaks, starts, reserved = [], [], []
 
-        def read():  # the reserved peak too: a reset clears both, and the cap is on reserved memory
+        def read():  # the reserved peak too, reported beside the allocated one: a reset clears both
             peaks.append(meter.peak())
             reserved.append(meter.reserved_peak())
 
@@ -301,7 +302,6 @@ class _ModuleRunner(_core.WindowRunner):
             reserved.append(meter.reserved_peak())
             if reserved[0] is not None:
                 m.reserved_peak_bytes = max(reserved)
-                m.max_peak_bytes = max(m.max_peak_bytes, m.reserved_peak_bytes)
         m.oom = self._measured(window)
         m.seconds = time.perf_counter() - t0
         return m
@@ -322,7 +322,7 @@ class _ModuleRunner(_core.WindowRunner):
 
         def read():
             meter.sync()
-            peaks.append(max(meter.peak(), meter.reserved_peak() or 0) - data)
+            peaks.append(meter.peak() - data)
 
         def before_microbatch(i):
             if i > 0:
@@ -372,7 +372,7 @@ def _persistent(runner, meter, weights_bytes, state_bytes):
             grads.append(meter.current() - with_data)
             optimizer_step(w, runner.optimizer, WindowStats(), cfg["max_grad_norm"], None)
             zero_grads(w.params, runner.optimizer)
-            peak = max(meter.peak(), meter.reserved_peak() or 0) - (with_data - before)
+            peak = meter.peak() - (with_data - before)
         except Exception as e:  # noqa: BLE001
             meter.limit(None)
             if not (meter.oom() or is_oom(e)):

@@ -211,7 +211,8 @@ def _stop_measuring(meter, st):
         return
     try:
         meter.sync()
-        st.peak_bytes = max(meter.peak(), meter.reserved_peak() or 0)
+        st.peak_bytes = meter.peak()
+        st.reserved_peak_bytes = meter.reserved_peak()
     finally:
         if isinstance(meter, CpuMeter):
             meter.close()

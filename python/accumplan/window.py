@@ -62,8 +62,9 @@ class WindowStats:
         self.oom_recoveries = 0
         self.seconds = 0.0
         self.normalization = ""     # what N counted: "samples" or "tokens"
-        self.peak_bytes = None      # the window's memory peak (measure_memory): CUDA's caching allocator
-        #                             (allocated or reserved, the larger), or the CPU counting allocator's
+        self.peak_bytes = None      # the window's memory peak (measure_memory): CUDA's caching allocator's
+        #                             allocated peak (what the plan predicts), or the CPU counting allocator's
+        self.reserved_peak_bytes = None  # CUDA: the caching allocator's reserved peak, reported beside it
         self.predicted_peak_bytes = None  # the plan's predicted peak of a full window ($.memory)
 
     def __repr__(self):

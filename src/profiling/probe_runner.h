@@ -141,7 +141,6 @@ class ProbeRunner final : public WindowRunner {
   // Rethrows the model's rejection naming where the inputs came from (--batch-file or --input).
   [[noreturn]] void name_the_inputs(const ModelRejectedInputError& e) const;
   void say(const std::string& line) const;
-  int64_t probe_peak() const;
   // Enforces `budget` on the probe, plus the host data (the --batch-file) it must not count.
   void enforce(std::optional<int64_t> budget);
   // The device's memory as a profile records it: on CPU the budget, without the host data.

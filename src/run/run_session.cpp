@@ -146,7 +146,7 @@ RunEvalRecord RunSession::evaluate_after(int64_t w) {
   r.loss = finite(st.mean());
   r.microbatch_sizes = st.microbatch_sizes;
   r.oom_recoveries = st.oom_recoveries;
-  if (probe_) r.peak_bytes = device_peak(std::max(probe_->peak_bytes(), probe_->reserved_peak_bytes().value_or(0)));
+  if (probe_) r.peak_bytes = device_peak(probe_->peak_bytes());
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -3,9 +3,9 @@
 // What it is: a least-squares line through the profile's (micro_batch, peak) points, each weighted
 // by its microbatch (the plan lives at the large end), small sizes left out only where they lie
 // off the line of the larger ones,
-// with residuals kept so a plan can say how well the line explains what was measured. On caching
-// allocators the fit uses `reserved_peak_bytes` (a GPU runs out of memory on reserved bytes, not
-// allocated ones) when every point has it. Also a time model for microbatch seconds.
+// with residuals kept so a plan can say how well the line explains what was measured. Always on
+// allocated bytes: a caching allocator's reserved peak is reported beside them, not fitted (it
+// frees its cache and retries before it runs out). Also a time model for microbatch seconds.
 // What it is not: a guarantee. The solver keeps headroom and the profiler confirms by a real step,
 // because a fitted line is a prediction.
 #pragma once
@@ -50,7 +50,7 @@ class MemoryModel {
   int64_t optimizer_step_peak_bytes() const { return optimizer_step_peak_bytes_; }
 
   // The first microbatch of a window runs with no gradient resident: its own line, fitted to the
-  // points' first_microbatch_peak_bytes (nullopt when a point lacks them, or on reserved bytes).
+  // points' first_microbatch_peak_bytes (nullopt when a point lacks them).
   std::optional<int64_t> predict_first_microbatch_peak_bytes(int64_t micro_batch) const;
   // The peak of a window of these microbatch sizes, in order, optimizer step included: the first
   // follows the first-microbatch line when known, the others the steady line.

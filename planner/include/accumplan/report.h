@@ -25,16 +25,15 @@
 namespace accumplan {
 
 // The report's view of `accumplan run --stats` (a RunRecord, schema.h): the fields it draws, with
-// the peak it compares (reserved on a caching allocator) already chosen.
+// the defaults applied.
 struct RunStats {
   int64_t windows = 0;
   int64_t oom_recoveries = 0;
   std::vector<int64_t> microbatch_sizes;   // after any re-plan
   int64_t micro_batch = 0;                 // the largest of them
-  // The run's peak as the plan predicts it: the reserved peak where the run measured one (CUDA:
-  // the caching allocator's reserved bytes, the fit's target there), else the allocated peak.
+  // The run's allocated peak, what the plan predicts (on CUDA too: the caching allocator's reserved
+  // bytes above it are cache it frees before it runs out).
   std::optional<int64_t> measured_peak_bytes;
-  bool peak_is_reserved = false;           // measured_peak_bytes is measured_reserved_peak_bytes
   int64_t per_rank_batch = 0;              // the plan's per-rank batch (0 in stats from before 1.4)
   int64_t predicted_peak_bytes = 0;        // the plan's prediction the run started from
   // The prediction of the plan the run ended on, when an OOM recovery re-planned it (the peak of
@@ -43,8 +42,8 @@ struct RunStats {
   std::optional<int64_t> budget_bytes;     // enforced during the run, if any
   std::optional<double> final_loss;
   double mean_window_seconds = 0;
-  // Per window, as read (RunWindowRecord, schema.h) with the view applied: peak_bytes is the
-  // reserved peak when peak_is_reserved, replans defaults to the OOM recoveries, seconds to 0.
+  // Per window, as read (RunWindowRecord, schema.h): replans defaults to the OOM recoveries,
+  // seconds to 0.
   std::vector<RunWindowRecord> series;     // empty in stats written before the series existed
 };
 

@@ -175,15 +175,17 @@ struct Profile {
 // What the plan keeps free below the budget (`--headroom`), in bytes, part by part.
 // The default ("auto") is built from what was measured: the fit's largest residual and a small
 // fraction of the batch-dependent activations cover the line's error (they are dropped for a
-// size a real window ran at), the allocator's fragmentation (CUDA: reserved − allocated seen in
-// the probes) covers run-to-run variation and is always kept. `--headroom 0.05` keeps 5% of the
-// batch-dependent activations free, `--headroom 256MiB` that many bytes, `--headroom 0` nothing.
+// size a real window ran at). `--headroom 0.05` keeps 5% of the batch-dependent activations free,
+// `--headroom 256MiB` that many bytes, `--headroom 0` nothing. A caching allocator's reserved bytes
+// above the allocated ones are not kept free: it releases that cache and retries before it runs
+// out, so they were cache the cap left room for (on an H200, up to 96% of an 8 GiB cap at half of
+// what fit); the confirming window under the real cap is what shows the plan fits.
 struct Margin {
   std::string headroom = "auto";             // the --headroom it came from: auto, 0.05, 256 MiB
   int64_t fit_residual_bytes = 0;            // auto: the fit's largest |residual| (prediction)
   double activation_fraction = 0;            // of the batch-dependent activations a1·b
   int64_t activation_bytes = 0;              // activation_fraction · a1 · micro_batch
-  int64_t allocator_fragmentation_bytes = 0; // auto: largest reserved − allocated in the probes
+  int64_t allocator_fragmentation_bytes = 0; // 0; kept when a plan made before it was dropped has it
   int64_t fixed_bytes = 0;                   // --headroom SIZE (or a 1.0/1.1 fraction of the budget)
   // True when a real window at the planned sizes (or larger) ran within the budget: the
   // prediction parts (fit residual; with auto, the activation fraction) no longer apply.
@@ -204,7 +206,7 @@ struct MemoryBreakdown {
 };
 
 struct FitSummary {
-  std::string target;                       // "peak_bytes" or "reserved_peak_bytes"
+  std::string target;                       // "peak_bytes" ("reserved_peak_bytes" in older plans)
   double intercept_bytes = 0;               // persistent + a0
   double slope_bytes_per_sample = 0;        // a1
   double max_abs_residual_bytes = 0;
@@ -421,7 +423,7 @@ struct RunRecord : RunCounts {
   std::string normalization;
   std::string amp;
   std::optional<int64_t> measured_peak_bytes;          // allocated, host data excluded
-  std::optional<int64_t> measured_reserved_peak_bytes; // CUDA: the figure the plan predicts; absent elsewhere
+  std::optional<int64_t> measured_reserved_peak_bytes; // CUDA: the caching allocator's, reported; absent elsewhere
   int64_t predicted_peak_bytes = 0;                    // the plan the run started from
   std::optional<int64_t> final_predicted_peak_bytes;   // the plan it ended on
   std::optional<int64_t> budget_bytes;                 // enforced during the run, if any
