@@ -28,7 +28,7 @@ checkpointing fits a microbatch well below the target batch:
           neighbour ratios (within 5%).
   verdict the chosen set's measured seconds per effective batch against the grid's fastest (5%).
 Truth for memory is the device's own allocator during the user's training windows (the CPU counting
-allocator; CUDA's caching allocator, reserved, on a GPU); truth for time is the window's wall clock.
+allocator; CUDA's caching allocator, allocated bytes, on a GPU); truth for time is the window's wall clock.
 CPU timings are what this machine can show: on two cores a window's time is almost all per sample,
 so recomputation rarely pays; the GPU check runs the same script for the trade a GPU shows.
 Writes tests/bench/CHECKPOINT.md and checkpoint.json (or --out DIR).
