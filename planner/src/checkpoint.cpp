@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <set>
 
 #include "accumplan/errors.h"
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
+#include "least_squares.h"
 
 namespace accumplan {
 namespace {
@@ -190,18 +192,23 @@ CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blo
   for (const ProfilePoint& p : plan.profile.points) {
     m.optimizer_step_peak_bytes = std::max(m.optimizer_step_peak_bytes, static_cast<double>(p.optimizer_step_peak_bytes.value_or(0)));
   }
-  // seconds(b) = t0 + t1·b over the timed points, least squares; t0 clamped at 0 (then t1 the mean
-  // seconds per sample), since a negative per-microbatch cost would favour more microbatches.
-  double n = 0, sb = 0, ss = 0, sbb = 0, sbs = 0;
+  // seconds(b) = t0 + t1·b over the timed points, least squares (the memory model's line fit);
+  // t0 clamped at 0 (then t1 the mean seconds per sample), since a negative per-microbatch cost
+  // would favour more microbatches.
+  std::vector<std::pair<double, double>> timed;
+  double sbb = 0, sbs = 0;
+  std::set<int64_t> sizes;
   for (const ProfilePoint& p : plan.profile.points) {
     if (!p.step_seconds || p.seq_len) continue;
-    const double b = static_cast<double>(p.micro_batch), s = *p.step_seconds;
-    n += 1, sb += b, ss += s, sbb += b * b, sbs += b * s;
+    const double b = static_cast<double>(p.micro_batch);
+    timed.emplace_back(b, *p.step_seconds);
+    sizes.insert(p.micro_batch);
+    sbb += b * b, sbs += b * *p.step_seconds;
   }
-  const double det = n * sbb - sb * sb;
-  if (n >= 2 && det > 0) {
-    m.step_seconds_per_sample = (n * sbs - sb * ss) / det;
-    m.step_seconds = (ss - m.step_seconds_per_sample * sb) / n;
+  if (sizes.size() >= 2) {
+    const detail::Line line = detail::weighted_line(timed, [](double) { return 1.0; });
+    m.step_seconds = line.intercept;
+    m.step_seconds_per_sample = line.slope;
     if (m.step_seconds < 0 || m.step_seconds_per_sample < 0) {
       m.step_seconds = 0;
       m.step_seconds_per_sample = sbb > 0 ? sbs / sbb : 0;

@@ -1,6 +1,7 @@
 // memory_model.cpp — least-squares fits of peak bytes and step seconds. See memory_model.h.
 #include "accumplan/memory_model.h"
 
+#include "least_squares.h"
 #include "settle.h"
 
 #include <algorithm>
@@ -21,37 +22,11 @@ namespace {
 // measurement is broken (another process, a leak that was freed) and the profile is refused.
 constexpr double kNoiseDropFraction = 0.02;
 
-struct Line {
-  double intercept = 0;
-  double slope = 0;
-};
-
-// Least squares, each point weighted by `weight(x)` (1: ordinary least squares).
-template <class Weight>
-Line weighted_least_squares(const std::vector<std::pair<double, double>>& xy, Weight weight) {
-  double n = 0, mx = 0, my = 0;
-  for (const auto& [x, y] : xy) {
-    const double w = weight(x);
-    n += w;
-    mx += w * x;
-    my += w * y;
-  }
-  mx /= n;
-  my /= n;
-  double sxx = 0, sxy = 0;
-  for (const auto& [x, y] : xy) {
-    const double w = weight(x);
-    sxx += w * (x - mx) * (x - mx);
-    sxy += w * (x - mx) * (y - my);
-  }
-  Line l;
-  l.slope = sxx > 0 ? sxy / sxx : 0;
-  l.intercept = my - l.slope * mx;
-  return l;
-}
+using detail::Line;
+using detail::weighted_line;
 
 Line least_squares(const std::vector<std::pair<double, double>>& xy) {
-  return weighted_least_squares(xy, [](double) { return 1.0; });
+  return weighted_line(xy, [](double) { return 1.0; });
 }
 
 // The memory fit weighs each point by its microbatch: plans live at the large end, and the
@@ -59,7 +34,7 @@ Line least_squares(const std::vector<std::pair<double, double>>& xy) {
 // builtin:tinylm the ordinary line through b = 2, 4, 8 missed the peak at 10 by +4%; weighted, the
 // large points (confirmations included) set the line where the plan is.
 Line memory_fit(const std::vector<std::pair<double, double>>& xy) {
-  return weighted_least_squares(xy, [](double b) { return b; });
+  return weighted_line(xy, [](double b) { return b; });
 }
 
 // The smallest microbatch the line is fitted from. Small sizes can be set by another phase than
