@@ -219,10 +219,10 @@ def measure_sets(cfg, device, plans, ref, before_round):
 
 def predicted_seconds(cfg, device, budget, rules):
     """One planning as plan() makes it (the no-checkpoint search, then block_costs at its
-    microbatch): each set's predicted window seconds, by rule, with its microbatch."""
+    microbatch): each set's predicted window seconds, by rule."""
     off, _, _ = planned(cfg, device, budget, "off")
     options = planner_options(cfg, device, off)[3]
-    by_rule = {o["rule"]: (o["micro_batch"], o["predicted_window_seconds"]) for o in options}
+    by_rule = {o["rule"]: o["predicted_window_seconds"] for o in options}
     return {r: by_rule[r] for r in rules}
 
 
@@ -247,16 +247,16 @@ def bench(name, device):
     chosen = auto.checkpoint["rule"] if auto.checkpoint else "none"
     rules = [row["rule"] for row, _ in plans]
     ref = rules.index(chosen)
-    rounds = []  # each round's predictions: {rule: (micro_batch, seconds)}
+    rounds = []  # each round's predictions: {rule: seconds}
     measured = measure_sets(cfg, device, [p for _, p in plans], ref,
                             lambda: rounds.append(predicted_seconds(cfg, device, budget, rules)))
-    pred = lambda rule, rnd: rounds[rnd][rule][1]  # noqa: E731 - that round's prediction
+    pred = lambda rule, rnd: rounds[rnd][rule]  # noqa: E731 - that round's prediction
     for (row, _), windows in zip(plans, measured):
         rule = row["rule"]
         row["windows"] = windows
         row["measured_peak_bytes"] = max(w["peak_bytes"] for w in windows)
         row["measured_seconds"] = statistics.median(w["seconds"] for w in windows)
-        row["predicted_seconds_rounds"] = [r[rule][1] for r in rounds]
+        row["predicted_seconds_rounds"] = [r[rule] for r in rounds]
         row["predicted_seconds"] = statistics.median(row["predicted_seconds_rounds"])
         if rule == chosen:  # against the planning made just before its window opened the round
             row["speed_vs_chosen"] = 1.0
