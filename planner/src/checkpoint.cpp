@@ -4,12 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <set>
 
 #include "accumplan/errors.h"
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
-#include "least_squares.h"
 
 namespace accumplan {
 namespace {
@@ -106,12 +104,13 @@ int64_t CheckpointModel::predicted_window_peak_bytes(const CheckpointSet& set, c
 }
 
 double CheckpointModel::predicted_step_seconds(const CheckpointSet& set, int64_t b) const {
-  return step_seconds + static_cast<double>(b) * (step_seconds_per_sample + sums_of(*this, set).forward);
+  return (step_time ? step_time->predict_seconds(b) : 0.0) + static_cast<double>(b) * sums_of(*this, set).forward;
 }
 
-double CheckpointModel::predicted_window_seconds(const CheckpointSet& set, int64_t steps, int64_t samples) const {
-  return static_cast<double>(steps) * step_seconds +
-         static_cast<double>(samples) * (step_seconds_per_sample + sums_of(*this, set).forward) + window_overhead_seconds;
+double CheckpointModel::predicted_window_seconds(const CheckpointSet& set, const std::vector<int64_t>& sizes) const {
+  double seconds = window_overhead_seconds;
+  for (int64_t b : sizes) seconds += predicted_step_seconds(set, b);
+  return seconds;
 }
 
 int64_t CheckpointModel::largest_micro_batch(const CheckpointSet& set, int64_t usable_bytes, int64_t limit) const {
@@ -140,7 +139,8 @@ std::vector<CheckpointChoice> checkpoint_options(const CheckpointModel& model, i
     if (c.micro_batch > 0) {
       c.accumulation_steps = (per_rank_batch + c.micro_batch - 1) / c.micro_batch;
       c.predicted_peak_bytes = model.predicted_peak_bytes(set, c.micro_batch);
-      c.predicted_window_seconds = model.predicted_window_seconds(set, c.accumulation_steps, per_rank_batch);
+      c.predicted_window_seconds =
+          model.predicted_window_seconds(set, split_samples(per_rank_batch, c.micro_batch, "balanced"));
     }
     out.push_back(c);
   }
@@ -163,14 +163,12 @@ std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& mode
 namespace {
 
 // The median over the profile's windows that fit of their seconds less their microbatches' steps
-// on the line t0 + t1·b (their own checkpointing included, as in the line); 0 when none is timed.
-double window_overhead_seconds(const Profile& profile, double t0, double t1) {
+// by `time` (their own checkpointing included, as in the profile's step times); 0 when none is timed.
+double window_overhead_seconds(const Profile& profile, const TimeModel& time) {
   std::vector<double> over;
   for (const Trial& t : profile.trials) {
     if (!t.fit || t.seq_len || t.window.empty() || !(t.seconds > 0)) continue;
-    double steps = 0;
-    for (int64_t b : t.window) steps += t0 + t1 * static_cast<double>(b);
-    over.push_back(std::max(0.0, t.seconds - steps));
+    over.push_back(std::max(0.0, t.seconds - time.window_seconds(t.window)));
   }
   if (over.empty()) return 0;
   std::sort(over.begin(), over.end());
@@ -192,34 +190,16 @@ CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blo
   for (const ProfilePoint& p : plan.profile.points) {
     m.optimizer_step_peak_bytes = std::max(m.optimizer_step_peak_bytes, static_cast<double>(p.optimizer_step_peak_bytes.value_or(0)));
   }
-  // seconds(b) = t0 + t1·b over the timed points, least squares (the memory model's line fit);
-  // t0 clamped at 0 (then t1 the mean seconds per sample), since a negative per-microbatch cost
-  // would favour more microbatches.
-  std::vector<std::pair<double, double>> timed;
-  double sbb = 0, sbs = 0;
-  std::set<int64_t> sizes;
-  for (const ProfilePoint& p : plan.profile.points) {
-    if (!p.step_seconds || p.seq_len) continue;
-    const double b = static_cast<double>(p.micro_batch);
-    timed.emplace_back(b, *p.step_seconds);
-    sizes.insert(p.micro_batch);
-    sbb += b * b, sbs += b * *p.step_seconds;
+  // The plan's own time model (its `timing`), through the profile's step times as measured.
+  if (TimeModel::available(plan.profile)) {
+    m.step_time = TimeModel::fit(plan.profile);
+    m.window_overhead_seconds = window_overhead_seconds(plan.profile, *m.step_time);
   }
-  if (sizes.size() >= 2) {
-    const detail::Line line = detail::weighted_line(timed, [](double) { return 1.0; });
-    m.step_seconds = line.intercept;
-    m.step_seconds_per_sample = line.slope;
-    if (m.step_seconds < 0 || m.step_seconds_per_sample < 0) {
-      m.step_seconds = 0;
-      m.step_seconds_per_sample = sbb > 0 ? sbs / sbb : 0;
-    }
-  }
-  m.window_overhead_seconds = window_overhead_seconds(plan.profile, m.step_seconds, m.step_seconds_per_sample);
   // The applied set taken back out: its windows kept what it frees less per sample and spent
   // Σ forward more per sample than the same windows without checkpointing.
   const SetSums a = sums_of(m, applied);
   m.slope_bytes_per_sample += a.freed;
-  m.step_seconds_per_sample = std::max(0.0, m.step_seconds_per_sample - a.forward);
+  if (m.step_time) m.step_time = m.step_time->plus_per_sample(-a.forward);
   return m;
 }
 
@@ -282,8 +262,7 @@ Plan plan_stating_checkpointing(const Plan& plan, const CheckpointModel& model, 
   if (applied.blocks.empty()) return plan;
   Plan p = plan;
   const std::vector<CheckpointChoice> options = checkpoint_options(model, plan.per_rank_batch, plan.memory.usable_bytes);
-  const int64_t steps = static_cast<int64_t>(plan.microbatch_sizes.size());
-  const double window_seconds = model.predicted_window_seconds(applied, steps, plan.per_rank_batch);
+  const double window_seconds = model.predicted_window_seconds(applied, plan.microbatch_sizes);
   p.checkpoint = checkpoint_field(plan, model, applied, window_seconds, options.front());
   p.reason = trade_sentence(*p.checkpoint, plan.max_micro_batch) + ". " + plan.reason;
   return p;

@@ -3,8 +3,8 @@
 //
 // What it is: the planner's two least-squares solvers. `weighted_least_squares` over a few
 // columns: the token memory fit (token_model.cpp) and the microbatch time fit (step_time.cpp).
-// `weighted_line`, one x: the sample memory and time lines (memory_model.cpp) and checkpointing's
-// step-time line (checkpoint.cpp). Each column is scaled to a largest entry of 1 before the normal
+// `weighted_line`, one x: the sample memory and time lines (memory_model.cpp; checkpointing's
+// window time is the same TimeModel). Each column is scaled to a largest entry of 1 before the normal
 // equations, so b·T² near 1e12 and 1 in the same system stay well conditioned; then Gaussian
 // elimination with partial pivoting (at most 3×3 here).
 // What it is not: a general linear-algebra routine: no rank detection beyond a zero pivot, and

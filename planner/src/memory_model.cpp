@@ -299,6 +299,38 @@ TimeModel TimeModel::fit(const Profile& profile) {
   return t;
 }
 
+TimeModel::TimeModel(std::vector<std::pair<int64_t, double>> points, double slope_seconds_per_sample)
+    : points_(std::move(points)), slope_seconds_per_sample_(slope_seconds_per_sample) {
+  if (points_.empty()) throw InputError("a time model needs at least one timed microbatch size");
+  for (size_t i = 0; i < points_.size(); ++i) {
+    const auto& [size, seconds] = points_[i];
+    const std::string at = "a time model's point " + std::to_string(i) + " (size " + std::to_string(size) + ")";
+    if (size < 1 || (i > 0 && size <= points_[i - 1].first)) {
+      throw InputError(at + ": sizes must be >= 1 and ascending, one point per size");
+    }
+    if (!(seconds >= 0) || !std::isfinite(seconds)) {
+      throw InputError(at + ": seconds must be finite and >= 0, got " + std::to_string(seconds));
+    }
+  }
+  if (!(slope_seconds_per_sample >= 0) || !std::isfinite(slope_seconds_per_sample)) {
+    throw InputError("a time model's slope must be finite and >= 0 seconds per sample, got " +
+                     std::to_string(slope_seconds_per_sample));
+  }
+}
+
+TimeModel TimeModel::line(double seconds, double seconds_per_sample) {
+  return TimeModel({{1, seconds + seconds_per_sample}, {2, seconds + 2 * seconds_per_sample}}, seconds_per_sample);
+}
+
+TimeModel TimeModel::plus_per_sample(double extra_seconds_per_sample) const {
+  TimeModel t = *this;
+  for (auto& [size, seconds] : t.points_) {
+    seconds = std::max(0.0, seconds + extra_seconds_per_sample * static_cast<double>(size));
+  }
+  t.slope_seconds_per_sample_ = std::max(0.0, slope_seconds_per_sample_ + extra_seconds_per_sample);
+  return t;
+}
+
 double TimeModel::predict_seconds(int64_t micro_batch) const {
   const double b = static_cast<double>(micro_batch);
   const auto& first = points_.front();
@@ -307,8 +339,15 @@ double TimeModel::predict_seconds(int64_t micro_batch) const {
     return last.second + slope_seconds_per_sample_ * (b - static_cast<double>(last.first));
   }
   if (micro_batch <= first.first) {
-    // Below the smallest probe: scale down proportionally; never predict less than zero.
-    return first.second * b / static_cast<double>(first.first);
+    // Below the smallest size timed: along the first segment (the slope beyond the largest with one
+    // point), so a per-microbatch cost stays in; never below scaling that size's seconds down
+    // proportionally, which would mean a negative per-microbatch cost. Scaled proportionally
+    // alone, a 50 ms + 1 ms/sample step timed at 2 and 4 was 26 ms at 1, not 51, and
+    // checkpointing's choice took 64 microbatches of 1 for faster than 32 of 2.
+    const double x0 = static_cast<double>(first.first);
+    const double slope = points_.size() >= 2 ? (points_[1].second - first.second) / static_cast<double>(points_[1].first - first.first)
+                                             : slope_seconds_per_sample_;
+    return std::max(first.second * b / x0, first.second - slope * (x0 - b));
   }
   for (size_t i = 1; i < points_.size(); ++i) {
     if (micro_batch <= points_[i].first) {

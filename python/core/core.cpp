@@ -181,8 +181,9 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
 }
 
 // ---- Activation checkpointing (issue 38): the planner's model and choice ----------------------
-// The model crosses as a dict: intercept_bytes, slope_bytes_per_sample, step_seconds,
-// step_seconds_per_sample, window_overhead_seconds, blocks [(name, saved_bytes_per_sample, forward_seconds_per_sample)],
+// The model crosses as a dict: intercept_bytes, slope_bytes_per_sample, step_time (None, or the
+// planner's TimeModel as {"points": [(micro_batch, seconds)], "slope_seconds_per_sample"}),
+// window_overhead_seconds, blocks [(name, saved_bytes_per_sample, forward_seconds_per_sample)],
 // and optionally optimizer_step_peak_bytes, margin_fraction, gradients_bytes and
 // head_bytes_per_sample (accumplan/checkpoint.h).
 
@@ -198,8 +199,11 @@ CheckpointModel checkpoint_model(const py::dict& d) {
   CheckpointModel m;
   m.intercept_bytes = d["intercept_bytes"].cast<double>();
   m.slope_bytes_per_sample = d["slope_bytes_per_sample"].cast<double>();
-  m.step_seconds = d.contains("step_seconds") ? d["step_seconds"].cast<double>() : 0.0;
-  m.step_seconds_per_sample = d.contains("step_seconds_per_sample") ? d["step_seconds_per_sample"].cast<double>() : 0.0;
+  if (d.contains("step_time") && !d["step_time"].is_none()) {
+    const py::dict t = d["step_time"].cast<py::dict>();
+    m.step_time = TimeModel(t["points"].cast<std::vector<std::pair<int64_t, double>>>(),
+                            t["slope_seconds_per_sample"].cast<double>());
+  }
   if (d.contains("window_overhead_seconds")) m.window_overhead_seconds = d["window_overhead_seconds"].cast<double>();
   m.blocks = block_costs_of(d["blocks"].cast<BlockTuples>());
   if (d.contains("optimizer_step_peak_bytes")) m.optimizer_step_peak_bytes = d["optimizer_step_peak_bytes"].cast<double>();
@@ -217,8 +221,14 @@ py::dict checkpoint_model_dict(const std::string& plan_text,
   py::dict d;
   d["intercept_bytes"] = m.intercept_bytes;
   d["slope_bytes_per_sample"] = m.slope_bytes_per_sample;
-  d["step_seconds"] = m.step_seconds;
-  d["step_seconds_per_sample"] = m.step_seconds_per_sample;
+  if (m.step_time) {
+    py::dict t;
+    t["points"] = m.step_time->points();
+    t["slope_seconds_per_sample"] = m.step_time->slope_seconds_per_sample();
+    d["step_time"] = t;
+  } else {
+    d["step_time"] = py::none();
+  }
   d["window_overhead_seconds"] = m.window_overhead_seconds;
   d["optimizer_step_peak_bytes"] = m.optimizer_step_peak_bytes;
   d["margin_fraction"] = m.margin_fraction;

@@ -30,8 +30,7 @@ CheckpointModel four_blocks() {
   CheckpointModel m;
   m.intercept_bytes = 100 * kMiB;
   m.slope_bytes_per_sample = 40 * kMiB;
-  m.step_seconds = 0.005;
-  m.step_seconds_per_sample = 0.010;
+  m.step_time = TimeModel::line(0.005, 0.010);
   for (int i = 0; i < 4; ++i) m.blocks.push_back({"blocks." + std::to_string(i), 8 * kMiB, 0.001});
   return m;
 }
@@ -149,7 +148,7 @@ TEST_CASE("Checkpoint: with memory to spare none wins; equal times go to fewer b
 
 TEST_CASE("Checkpoint: a large per-microbatch cost makes the larger checkpointed microbatch faster", "[checkpoint]") {
   CheckpointModel m = four_blocks();
-  m.step_seconds = 0.5;  // a launch-bound step: fewer microbatches pay
+  m.step_time = TimeModel::line(0.5, 0.010);  // a launch-bound step: fewer microbatches pay
   const int64_t usable = static_cast<int64_t>(400 * kMiB);
   const auto options = checkpoint_options(m, 64, usable);
   const auto c = choose_checkpointing(m, 64, usable);
@@ -162,17 +161,61 @@ TEST_CASE("Checkpoint: a large per-microbatch cost makes the larger checkpointed
   CHECK(options[0].predicted_window_seconds == Approx(10 * 0.5 + 64 * 0.010));
 }
 
-TEST_CASE("Checkpoint: a plan's model is its fit's line and its step times' line", "[checkpoint]") {
+TEST_CASE("Checkpoint: a plan's model is its fit's line and the plan's own time model", "[checkpoint]") {
   const Plan plan = timed_plan(8 << 20, 0.02, 0.005, int64_t{64} << 20);
   const CheckpointModel m = checkpoint_model_of(plan, {{"b0", 1e6, 1e-3}});
   CHECK(m.intercept_bytes == Approx(plan.fit.intercept_bytes));
   CHECK(m.slope_bytes_per_sample == Approx(plan.fit.slope_bytes_per_sample));
-  CHECK(m.step_seconds == Approx(0.02));
-  CHECK(m.step_seconds_per_sample == Approx(0.005));
-  // A line that would give a negative per-microbatch cost: t0 = 0, the mean seconds per sample.
-  const CheckpointModel clamped = checkpoint_model_of(timed_plan(8 << 20, -0.01, 0.005, int64_t{64} << 20), {});
-  CHECK(clamped.step_seconds == 0);
-  CHECK(clamped.step_seconds_per_sample > 0);
+  // Without checkpointing its window is the plan's `timing` (no window was timed: no overhead),
+  // and each step the line the profile was timed on.
+  REQUIRE(plan.timing);
+  CHECK(m.predicted_window_seconds(CheckpointSet{}, plan.microbatch_sizes) ==
+        Approx(plan.timing->window_seconds));
+  for (int64_t b : {1, 3, 64, 500}) CHECK(m.predicted_step_seconds(CheckpointSet{}, b) == Approx(0.02 + 0.005 * b));
+  // Step times that are not a line stay as measured at every timed size (piecewise, as the plan's).
+  Plan bent = plan;
+  for (auto& pt : bent.profile.points) pt.step_seconds = 0.01 * std::sqrt(static_cast<double>(pt.micro_batch));
+  const CheckpointModel mb = checkpoint_model_of(bent, {});
+  for (const auto& pt : bent.profile.points) {
+    CHECK(mb.predicted_step_seconds(CheckpointSet{}, pt.micro_batch) == Approx(*pt.step_seconds));
+  }
+  // No two sizes timed: steps cost nothing but the recomputation.
+  Plan untimed = plan;
+  for (auto& pt : untimed.profile.points) pt.step_seconds.reset();
+  const CheckpointModel mu = checkpoint_model_of(untimed, {{"b0", 1e6, 1e-3}});
+  CHECK_FALSE(mu.step_time);
+  CHECK(mu.predicted_step_seconds(CheckpointSet{{0}, "all"}, 10) == Approx(0.01));
+}
+
+TEST_CASE("Checkpoint: the set a plan's windows ran with is taken out of its step times", "[checkpoint]") {
+  // Windows timed with block b0 (1 ms per sample of forward) applied: the model without it is 1 ms
+  // per sample faster, and with it again exactly the times measured.
+  const Plan plan = timed_plan(8 << 20, 0.02, 0.006, int64_t{64} << 20);
+  const CheckpointSet all{{0}, "all"};
+  const CheckpointModel m = checkpoint_model_of(plan, {{"b0", 1e6, 1e-3}}, all);
+  for (int64_t b : {1, 4, 64}) {
+    CHECK(m.predicted_step_seconds(CheckpointSet{}, b) == Approx(0.02 + 0.005 * b));
+    CHECK(m.predicted_step_seconds(all, b) == Approx(0.02 + 0.006 * b));
+  }
+}
+
+TEST_CASE("TimeModel: points are checked and a per-sample cost moves every size", "[checkpoint][timing]") {
+  CHECK_THROWS_WITH(TimeModel({{2, 0.1}, {2, 0.2}}, 0), Catch::Contains("point 1 (size 2)"));
+  CHECK_THROWS_WITH(TimeModel({{0, 0.1}}, 0), Catch::Contains("sizes must be >= 1"));
+  CHECK_THROWS_WITH(TimeModel({{1, -0.1}}, 0), Catch::Contains("got -0.1"));
+  CHECK_THROWS_AS(TimeModel({{1, 0.1}}, -1), InputError);
+  CHECK_THROWS_AS(TimeModel({}, 0), InputError);
+  const TimeModel t({{2, 0.2}, {4, 0.3}, {8, 0.7}}, 0.1);
+  const TimeModel moved = t.plus_per_sample(0.01);
+  for (int64_t b : {1, 2, 3, 4, 6, 8, 20}) CHECK(moved.predict_seconds(b) == Approx(t.predict_seconds(b) + 0.01 * b));
+  // Taken out past zero: each point and the slope stay at 0, never negative.
+  const TimeModel gone = t.plus_per_sample(-1.0);
+  for (int64_t b : {1, 4, 20}) CHECK(gone.predict_seconds(b) == 0);
+  CHECK(TimeModel::line(0.5, 0.01).predict_seconds(7) == Approx(0.57));
+  // Below the smallest size timed a per-microbatch cost stays in (50 ms + 1 ms per sample timed at
+  // 2 and 4 is 51 ms at 1, not 26), and a first segment steeper than proportional scales down.
+  CHECK(TimeModel({{2, 0.052}, {4, 0.054}}, 0.001).predict_seconds(1) == Approx(0.051));
+  CHECK(TimeModel({{2, 0.2}, {4, 0.8}}, 0.3).predict_seconds(1) == Approx(0.1));
 }
 
 TEST_CASE("Checkpoint: a window's cost beyond its microbatches is the median over the profile's windows, in every "

@@ -197,7 +197,7 @@ class Costs(unittest.TestCase):
         # larger checkpointed microbatches win.
         options, chosen = _core.checkpoint_options(model, 256, int(none32 * 0.8))
         self.assertEqual((options[0]["rule"], chosen), ("none", 0))
-        model["step_seconds"] = 10.0
+        model["step_time"] = {"points": [(1, 10.0), (2, 10.0)], "slope_seconds_per_sample": 0.0}
         options, chosen = _core.checkpoint_options(model, 256, int(none32 * 0.8))
         self.assertGreater(options[chosen]["micro_batch"], options[0]["micro_batch"])
         self.assertEqual(options[chosen]["modules"], ["1", "2", "3", "4"])

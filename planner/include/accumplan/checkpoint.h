@@ -8,19 +8,20 @@
 //                               saves for backward, less the input a checkpoint keeps;
 //   forward_seconds_per_sample  what recomputing it costs per sample: its forward again.
 // With no block checkpointed, a training microbatch of b peaks at intercept + slope·b (the plan's
-// own measured line, gradients resident) and takes t0 + t1·b seconds (forward + backward). With a
+// own measured line, gradients resident) and takes time(b) seconds (forward + backward: the plan's
+// TimeModel, accumplan/memory_model.h, the one the plan's `timing` predicts with). With a
 // set S checkpointed (non-reentrant torch.utils.checkpoint: one block is recomputed at a time,
 // during its own backward, after every later block's backward freed its activations):
 //   peak(S, b)    = intercept + b·per_sample(S)
 //   per_sample(S) = max(slope − Σ_{i∈S} saved_i,                                  the forward's end
 //                       max_{i∈S} (slope − Σ_j saved_j − head                     a recompute: the
 //                               + Σ_{j<i, j∉S} saved_j + saved_i))                head's backward done
-//   seconds(S, b) = t0 + b·(t1 + Σ_{i∈S} forward_i)
+//   seconds(S, b) = time(b) + b·Σ_{i∈S} forward_i
 // `head` is what the no-checkpoint peak holds beyond the blocks' backward (measured: the peak less
 // the blocks' backward's own peak), so the recompute term is that backward's peak less what S and
 // the later blocks do not hold.
 // and a window of T samples in the largest b that fits is ceil(T / b) microbatches (a balanced
-// split of T), so its predicted time is ceil(T/b)·t0 + T·(t1 + Σ forward_i). The sets considered
+// split of T), so its predicted time is Σ time(b_k) + T·Σ forward_i + the window's overhead. The sets considered
 // over n candidates: none, every k-th block for k = n, n−1, ..., 2 (blocks k−1, 2k−1, ...: the
 // deepest of each group, whose activations live longest), and all. The chosen set has the least
 // predicted window time among those whose largest microbatch is at least one sample; equal
@@ -34,7 +35,8 @@
 #include <string>
 #include <vector>
 
-#include "accumplan/schema.h"  // BlockCost
+#include "accumplan/memory_model.h"  // TimeModel
+#include "accumplan/schema.h"        // BlockCost
 
 namespace accumplan {
 
@@ -49,11 +51,11 @@ std::vector<CheckpointSet> checkpoint_sets(size_t candidates);
 struct CheckpointModel {
   double intercept_bytes = 0;         // no checkpointing: peak(b) = intercept + slope·b
   double slope_bytes_per_sample = 0;
-  double step_seconds = 0;            // t0: per microbatch
-  double step_seconds_per_sample = 0; // t1
+  // A microbatch's seconds without checkpointing (absent: no two sizes timed, every step 0 s).
+  std::optional<TimeModel> step_time;
   // What a window costs beyond its microbatches' steps (the optimizer step, zero_grad, slicing the
   // data), the same whatever is checkpointed: the median over the profile's windows that fit of
-  // their seconds less t0 + t1·b per microbatch (0: none timed). Without it resnet18's windows
+  // their seconds less step_time of each microbatch (0: none timed). Without it resnet18's windows
   // (11.2 M parameters, AdamW) ran 25-52% longer than predicted on the CPU, and every set's ratio
   // to another was overstated, since the same seconds are added to both.
   double window_overhead_seconds = 0;
@@ -81,9 +83,9 @@ struct CheckpointModel {
   // The peak's slope with `set` checkpointed: slope − Σ saved + held(set).
   double bytes_per_sample(const CheckpointSet& set) const;
   double predicted_step_seconds(const CheckpointSet& set, int64_t micro_batch) const;
-  // A window of `steps` microbatches holding `samples` samples in all, with `set` checkpointed:
-  // steps·t0 + samples·(t1 + Σ forward) + the window's overhead.
-  double predicted_window_seconds(const CheckpointSet& set, int64_t steps, int64_t samples) const;
+  // A window of these microbatch sizes with `set` checkpointed: Σ step_time(b) + Σ b·Σ forward +
+  // the window's overhead.
+  double predicted_window_seconds(const CheckpointSet& set, const std::vector<int64_t>& sizes) const;
   // The largest b in [1, limit] whose predicted peak plus the margin fits usable_bytes (0: not even one).
   int64_t largest_micro_batch(const CheckpointSet& set, int64_t usable_bytes, int64_t limit) const;
 };
@@ -104,12 +106,11 @@ std::vector<CheckpointChoice> checkpoint_options(const CheckpointModel& model, i
 std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& model, int64_t per_rank_batch,
                                                      int64_t usable_bytes);
 
-// The model of a solved plan: its fit's line (the steady peak), a line through its profile points'
-// step seconds (least squares, t0 >= 0; both 0 without two timed sizes) and its largest measured
-// optimizer-step peak, with the measured candidate blocks. `applied`: the set the plan's windows
-// ran with (none, or all when nothing fitted without), taken back out of both lines (its
-// Σ saved − held added to the slope, its Σ forward taken from t1), so the model is always the
-// one without checkpointing.
+// The model of a solved plan: its fit's line (the steady peak), its profile's TimeModel (absent
+// without two timed sizes) and its largest measured optimizer-step peak, with the measured
+// candidate blocks. `applied`: the set the plan's windows ran with (none, or all when nothing
+// fitted without), taken back out (its Σ saved − held added to the slope, its Σ forward per sample
+// taken from the time model), so the model is always the one without checkpointing.
 CheckpointModel checkpoint_model_of(const Plan& plan, std::vector<BlockCost> blocks, const CheckpointSet& applied = {},
                                     double head_bytes_per_sample = 0);
 

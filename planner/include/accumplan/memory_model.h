@@ -69,16 +69,32 @@ class MemoryModel {
 
 // Seconds per microbatch as a function of its size, from the profile's `step_seconds`:
 // piecewise-linear between measured sizes, and beyond the largest along the least-squares slope.
+// The one time model: the plan's `timing`, --use-timing and activation checkpointing's window
+// time (accumplan/checkpoint.h) all predict with it.
 class TimeModel {
  public:
   // False when any point lacks step_seconds or fewer than two sizes were timed.
   static bool available(const Profile& profile);
   static TimeModel fit(const Profile& profile);
+  // From (size, seconds) points, sizes >= 1 ascending and distinct, seconds >= 0, and the slope
+  // beyond the largest (>= 0). InputError naming the bad value otherwise.
+  TimeModel(std::vector<std::pair<int64_t, double>> points, double slope_seconds_per_sample);
+  // seconds + seconds_per_sample·b for b >= 1: the points (1, seconds + seconds_per_sample) and
+  // (2, seconds + 2·seconds_per_sample), the slope seconds_per_sample.
+  static TimeModel line(double seconds, double seconds_per_sample);
 
   double predict_seconds(int64_t micro_batch) const;
   double window_seconds(const std::vector<int64_t>& sizes) const;
+  // This model with extra_seconds_per_sample·b added at every size (negative: taken out), each
+  // point and the slope kept >= 0. predict_seconds(b) of the result is predict_seconds(b) +
+  // extra·b wherever that stays >= 0: interpolation and both extrapolations are linear in the points.
+  TimeModel plus_per_sample(double extra_seconds_per_sample) const;
+
+  const std::vector<std::pair<int64_t, double>>& points() const { return points_; }
+  double slope_seconds_per_sample() const { return slope_seconds_per_sample_; }
 
  private:
+  TimeModel() = default;
   std::vector<std::pair<int64_t, double>> points_;  // sorted by size, one per size (mean)
   double slope_seconds_per_sample_ = 0;
 };
