@@ -149,15 +149,18 @@ std::vector<CheckpointChoice> checkpoint_options(const CheckpointModel& model, i
 
 std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& model, int64_t per_rank_batch,
                                                      int64_t usable_bytes) {
-  std::optional<CheckpointChoice> best;
+  std::optional<CheckpointChoice> fewest, fastest;
   for (const CheckpointChoice& c : checkpoint_options(model, per_rank_batch, usable_bytes)) {
     if (c.micro_batch == 0) continue;
-    const bool faster = !best || c.predicted_window_seconds < best->predicted_window_seconds;
-    const bool tie_fewer = best && c.predicted_window_seconds == best->predicted_window_seconds &&
-                           c.set.blocks.size() < best->set.blocks.size();
-    if (faster || tie_fewer) best = c;
+    if (!fewest || c.set.blocks.size() < fewest->set.blocks.size()) fewest = c;
+    const bool faster = !fastest || c.predicted_window_seconds < fastest->predicted_window_seconds;
+    const bool tie_fewer = fastest && c.predicted_window_seconds == fastest->predicted_window_seconds &&
+                           c.set.blocks.size() < fastest->set.blocks.size();
+    if (faster || tie_fewer) fastest = c;
   }
-  return best;
+  if (!fewest) return std::nullopt;
+  const bool clearly = fastest->predicted_window_seconds <= fewest->predicted_window_seconds * (1.0 - kTimingGainFraction);
+  return clearly ? fastest : fewest;
 }
 
 namespace {

@@ -20,13 +20,6 @@
 namespace accumplan {
 namespace {
 
-// With --use-timing, a larger accumulation count is chosen only when predicted this much faster.
-// Step times come from a handful of probe steps and are noisy: with 5% and one timed step per
-// size, the same command on builtin:mlp (1 ms steps, 2 busy cores) planned 3 x 22 in one run and
-// 8 x 8 in the next, and even the faster of two timed steps put tinylm's b=8 at 72 ms against
-// 23 ms at b=4 with another process on the machine (a "36% faster" 10 x 4 where 5 x 8 fit).
-// That is why timing is opt-in and memory alone decides by default.
-constexpr double kFasterBy = 0.10;
 
 
 std::string pct(double f) {
@@ -434,8 +427,8 @@ std::string choose_by_timing(const std::optional<TimeModel>& time, const PlanReq
       best_sizes = candidate;
     }
   }
-  if (!(best <= t_min * (1.0 - kFasterBy))) {  // "at least 10% faster", as --help says
-    return "; --use-timing found no split predicted at least " + pct(kFasterBy) + " faster per window";
+  if (!(best <= t_min * (1.0 - kTimingGainFraction))) {  // "at least 10% faster", as --help says
+    return "; --use-timing found no split predicted at least " + pct(kTimingGainFraction) + " faster per window";
   }
   char buf[160];
   std::snprintf(buf, sizeof buf,

@@ -540,7 +540,8 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     activation checkpointing (``plan.checkpoint``): after the search, one window measures what each
     candidate block frees and costs (``accumplan.checkpointing.block_costs``), the C++ planner picks
     the checkpoint set (none, every k-th candidate, all) with the least predicted window time whose
-    microbatch fits, and one more window confirms it when it is not the set the search ran with
+    microbatch fits (when at least 10% under the fitting set with the fewest blocks; that set
+    otherwise), and one more window confirms it when it is not the set the search ran with
     (at most two windows more than "off"); when not one sample fits without checkpointing, the
     search runs again with every candidate checkpointed and the choice starts from there. A list
     checkpoints exactly those modules in every window the search runs.

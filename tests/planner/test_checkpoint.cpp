@@ -161,6 +161,32 @@ TEST_CASE("Checkpoint: a large per-microbatch cost makes the larger checkpointed
   CHECK(options[0].predicted_window_seconds == Approx(10 * 0.5 + 64 * 0.010));
 }
 
+TEST_CASE("Checkpoint: a predicted gain under 10% keeps the fewest blocks, as --use-timing keeps the fewest "
+          "microbatches", "[checkpoint]") {
+  // 60 ms per microbatch: none 7 x 10 = 0.6 + 0.64 s; all 18 x 4 = 0.24 + 64 x 14 ms = 1.136 s,
+  // 8.4% less, within what step-time noise alone produces; at 100 ms all is 21% less and wins.
+  CheckpointModel m = four_blocks();
+  const int64_t usable = static_cast<int64_t>(400 * kMiB);
+  m.step_time = TimeModel::line(0.06, 0.010);
+  const auto options = checkpoint_options(m, 64, usable);
+  CHECK(options.back().predicted_window_seconds == Approx(1.136));
+  CHECK(options.front().predicted_window_seconds == Approx(1.24));
+  CHECK(choose_checkpointing(m, 64, usable)->set.rule == "none");
+  m.step_time = TimeModel::line(0.1, 0.010);
+  CHECK(choose_checkpointing(m, 64, usable)->set.rule == "all");
+  // None does not fit: the default is the fitting set with the fewest blocks. At 365 MiB fixed,
+  // block 2 alone (every 3rd, 32 MiB per sample) fits 1, all (16) fits 2: at 8 ms per microbatch
+  // 64 x 19 ms = 1.216 s against 32 x 36 ms = 1.152 s (5.3% less) keeps block 2; at 20 ms, all.
+  m.intercept_bytes = 365 * kMiB;
+  m.step_time = TimeModel::line(0.008, 0.010);
+  const auto tight = checkpoint_options(m, 64, usable);
+  CHECK(tight.front().micro_batch == 0);
+  CHECK(tight.back().micro_batch == 2);
+  CHECK(choose_checkpointing(m, 64, usable)->set.blocks == std::vector<size_t>{2});
+  m.step_time = TimeModel::line(0.02, 0.010);
+  CHECK(choose_checkpointing(m, 64, usable)->set.rule == "all");
+}
+
 TEST_CASE("Checkpoint: a plan's model is its fit's line and the plan's own time model", "[checkpoint]") {
   const Plan plan = timed_plan(8 << 20, 0.02, 0.005, int64_t{64} << 20);
   const CheckpointModel m = checkpoint_model_of(plan, {{"b0", 1e6, 1e-3}});

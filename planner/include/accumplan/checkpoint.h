@@ -23,9 +23,11 @@
 // and a window of T samples in the largest b that fits is ceil(T / b) microbatches (a balanced
 // split of T), so its predicted time is Σ time(b_k) + T·Σ forward_i + the window's overhead. The sets considered
 // over n candidates: none, every k-th block for k = n, n−1, ..., 2 (blocks k−1, 2k−1, ...: the
-// deepest of each group, whose activations live longest), and all. The chosen set has the least
-// predicted window time among those whose largest microbatch is at least one sample; equal
-// times go to fewer checkpointed blocks, so none wins whenever checkpointing buys nothing.
+// deepest of each group, whose activations live longest), and all. Among those whose largest
+// microbatch is at least one sample, the chosen set has the least predicted window time if that
+// is at least kTimingGainFraction (10%, accumplan/solver.h) less than the fitting set with the
+// fewest checkpointed blocks; otherwise that set (none whenever it fits): step times are noisy,
+// and a predicted gain of a few percent is as often a loss (resnet18 on the CPU).
 // What it is not: a measurement (Python measures the costs on the module), nor the confirmation:
 // the chosen set is confirmed by a real window, like every plan.
 #pragma once
@@ -102,7 +104,8 @@ struct CheckpointChoice {
 // micro_batch 0 and is never chosen.
 std::vector<CheckpointChoice> checkpoint_options(const CheckpointModel& model, int64_t per_rank_batch,
                                                  int64_t usable_bytes);
-// The least predicted window time (ties: fewer blocks); nullopt when no set fits one sample.
+// The least predicted window time when at least 10% below the fewest-blocks set that fits, else
+// that set (equal times: fewer blocks); nullopt when no set fits one sample.
 std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& model, int64_t per_rank_batch,
                                                      int64_t usable_bytes);
 

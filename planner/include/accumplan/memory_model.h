@@ -68,7 +68,8 @@ class MemoryModel {
 };
 
 // Seconds per microbatch as a function of its size, from the profile's `step_seconds`:
-// piecewise-linear between measured sizes, and beyond the largest along the least-squares slope.
+// piecewise-linear between measured sizes, beyond the largest along the least-squares slope, and
+// below the smallest along the first segment (never below that size's seconds scaled down).
 // The one time model: the plan's `timing`, --use-timing and activation checkpointing's window
 // time (accumplan/checkpoint.h) all predict with it.
 class TimeModel {

@@ -24,6 +24,18 @@
 
 namespace accumplan {
 
+// Timing alone moves a plan off its default (memory's fewest microbatches, the fewest checkpointed
+// blocks) only when predicted at least this much faster per window: --use-timing's larger
+// accumulation count, and activation checkpointing's choice (accumplan/checkpoint.h).
+// Step times come from a handful of probe steps and are noisy: with 5% and one timed step per
+// size, the same command on builtin:mlp (1 ms steps, 2 busy cores) planned 3 x 22 in one run and
+// 8 x 8 in the next, and even the faster of two timed steps put tinylm's b=8 at 72 ms against
+// 23 ms at b=4 with another process on the machine (a "36% faster" 10 x 4 where 5 x 8 fit). On
+// resnet18 (CPU), 4 of 12 plannings in a row predicted checkpointing every stage 1-2% faster than
+// none; measured beside it, it was 12-14% slower. That is why timing is opt-in for the split and
+// memory alone decides by default.
+constexpr double kTimingGainFraction = 0.10;
+
 // `--headroom`: auto (the default, from measurement), a fraction of the batch-dependent
 // activations ("0.05"), or a size ("256MiB"); "0" keeps nothing free.
 struct HeadroomSpec {
