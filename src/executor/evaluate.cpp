@@ -1,13 +1,16 @@
-// executor/evaluate.cpp — the one evaluation loop. See evaluate.h for the contract.
+// executor/evaluate.cpp — the LibTorch backend of the one evaluation loop (accumplan/window_loop.h
+// run_eval). See evaluate.h for the contract.
 #include "executor/evaluate.h"
 
 #include <torch/script.h>
 
+#include <deque>
 #include <numeric>
 #include <utility>
 
 #include "accumplan/memory_probe.h"
 #include "accumplan/replan.h"
+#include "accumplan/window_loop.h"
 #include "executor/executor.h"
 
 namespace accumplan {
@@ -39,70 +42,65 @@ Batch microbatch_of(const Batch& data, int64_t start, int64_t size) {
   return data.gather(idx);  // cut to its own longest sequence
 }
 
+// The evaluation loop's backend: forward and loss sum of a microbatch of `data`, the sums and
+// units kept on the device, kept outputs held until the loop hands them over.
+class TorchEval : public EvalBackend {
+ public:
+  TorchEval(torch::jit::Module& module, const Batch& data, const EvalOptions& options)
+      : module_(module), data_(data), options_(options), step_(options.step) {
+    step_.probe = options.probe;
+    total_ = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(step_.device));
+  }
+
+  void eval_microbatch(int64_t, int64_t start, int64_t size, bool keep_output) override {
+    at::Tensor output;
+    const LossSum ls = forward_loss(module_, microbatch_of(data_, start, size), step_, true, keep_output ? &output : nullptr);
+    total_ += ls.sum.detach().to(at::kDouble);
+    units_ += ls.units;
+    if (keep_output) held_.emplace_back(output, start);
+  }
+  bool is_out_of_memory(const std::exception& e) const override { return accumplan::is_out_of_memory(e, options_.probe); }
+  void after_out_of_memory() override {
+    if (!options_.probe) return;
+    options_.probe->clear_oom();
+    options_.probe->release_cached();
+  }
+  void hand_over_output() override {
+    if (options_.on_outputs) options_.on_outputs(held_.front().first, held_.front().second);
+    held_.pop_front();
+  }
+  double loss_sum() const { return total_.item<double>(); }
+  int64_t units() const { return units_; }
+
+ private:
+  torch::jit::Module& module_;
+  const Batch& data_;
+  const EvalOptions& options_;
+  StepConfig step_;
+  at::Tensor total_;
+  int64_t units_ = 0;
+  std::deque<std::pair<at::Tensor, int64_t>> held_;
+};
+
 }  // namespace
 
 EvalStats evaluate(torch::jit::Module& module, const Batch& data, const std::vector<int64_t>& sizes,
                    const EvalOptions& options) {
-  EvalStats stats;
-  const int64_t n = data.size();
-  if (std::accumulate(sizes.begin(), sizes.end(), int64_t{0}) != n) {
-    throw InputError("evaluation sizes sum to " + std::to_string(std::accumulate(sizes.begin(), sizes.end(), int64_t{0})) +
-                     " but the batch holds " + std::to_string(n) + " samples");
-  }
   EvalMode eval_mode(module);
-  StepConfig step = options.step;
-  step.probe = options.probe;
   at::NoGradGuard no_grad;
-  std::vector<int64_t> plan = sizes;
-  at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(step.device));
-  at::Tensor held;
-  int64_t held_start = 0;
-  int64_t start = 0;
-  size_t i = 0;
-  while (i < plan.size()) {
-    const int64_t size = plan[i];
-    if (options.before_microbatch) options.before_microbatch(static_cast<int64_t>(i), size);
-    try {
-      at::Tensor output;
-      const LossSum ls = forward_loss(module, microbatch_of(data, start, size), step, true,
-                                      options.keep_outputs ? &output : nullptr);
-      total += ls.sum.detach().to(at::kDouble);
-      stats.units += ls.units;
-      if (options.keep_outputs) {
-        if (held.defined() && options.on_outputs) options.on_outputs(held, held_start);
-        held = output;
-        held_start = start;
-      }
-    } catch (const std::exception& e) {
-      if (!options.oom_recovery || !is_out_of_memory(e, options.probe)) throw;
-      int64_t smaller = 0;
-      try {
-        smaller = eval_size_after_oom(size);
-      } catch (const InfeasibleError& none) {
-        throw ExecutorOomError(std::string(none.what()) + " (sample " + std::to_string(start) + ")");
-      }
-      if (options.probe) {
-        options.probe->clear_oom();
-        options.probe->release_cached();
-      }
-      std::vector<int64_t> rest = eval_split(n - start, smaller);
-      plan.resize(i);
-      plan.insert(plan.end(), rest.begin(), rest.end());
-      ++stats.oom_recoveries;
-      if (options.log) {
-        options.log("evaluation ran out of memory at a microbatch of " + std::to_string(size) + " samples; the " +
-                    std::to_string(n - start) + " samples from sample " + std::to_string(start) +
-                    " on run in microbatches of " + std::to_string(smaller));
-      }
-      continue;  // microbatch i again, now of the smaller size
-    }
-    stats.microbatch_sizes.push_back(size);
-    start += size;
-    ++i;
-  }
-  if (held.defined() && options.on_outputs) options.on_outputs(held, held_start);
-  stats.samples = n;
-  stats.loss_sum = total.item<double>();
+  TorchEval backend(module, data, options);
+  EvalLoopOptions o;
+  o.oom_recovery = options.oom_recovery;
+  o.keep_outputs = options.keep_outputs;
+  o.log = options.log;
+  o.before_microbatch = options.before_microbatch;
+  const EvalOutcome out = run_eval(backend, data.size(), sizes, o);
+  EvalStats stats;
+  stats.microbatch_sizes = out.microbatch_sizes;
+  stats.oom_recoveries = out.oom_recoveries;
+  stats.units = backend.units();
+  stats.samples = data.size();
+  stats.loss_sum = backend.loss_sum();
   return stats;
 }
 

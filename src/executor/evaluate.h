@@ -1,5 +1,6 @@
-// executor/evaluate.h — the one evaluation loop: an eval batch in microbatches, forward only, the
-// loss summed, re-split after an out-of-memory (issue 39).
+// executor/evaluate.h — an eval batch in microbatches on a TorchScript module, forward only, the
+// loss summed, re-split after an out-of-memory: the one evaluation loop (accumplan/window_loop.h
+// run_eval) over LibTorch.
 //
 // What it is: what a mid-training evaluation runs, and what the profiler measures an eval window
 // with (profiling/probe_runner.cpp), so a plan's eval peak is the peak this code reaches. Each

@@ -1,73 +1,26 @@
-// executor/executor.h — runs a plan: one accumulation window per call, exactly weighted, with
-// mixed precision, clipping of the combined gradient, scheduler gating and OOM recovery.
+// executor/executor.h — runs a plan on a TorchScript module: one accumulation window per call,
+// exactly weighted, with mixed precision, clipping of the combined gradient, scheduler gating and
+// out-of-memory recovery.
 //
-// What it is: the training loop's inner part (docs/weighting.md, docs/oom-contract.md), and the
-// only window algorithm in accumplan: the profiler measures memory by running it, so a plan's
-// peak is the peak this code reaches. `step(window)` takes the samples of one window (the plan's
-// per-rank batch, or fewer for the last window of an epoch), and:
-//   1. splits them into the plan's microbatch sizes (a short window: split_samples, own N);
-//   2. counts the window's units N before the first backward — samples, or valid tokens
-//      (target != ignore_index) in tokens mode — on the host, where the window's data lives;
-//   3. sets every gradient to none, then for each microbatch runs the one microbatch step
-//      (runtime/step.h: forward under autocast, loss sum, backward of loss_sum / N, × the loss
-//      scale for fp16), so the accumulated gradient is the gradient of the window's mean loss;
-//      the loss sums stay on the device and are read once, after the last microbatch;
-//   4. fp16: unscales once, and a non-finite gradient (or loss) skips the step and backs the
-//      scale off; clips the combined (unscaled) gradient to max_grad_norm (the norm is computed
-//      only when clipping: it is a pass over every gradient and a host sync);
-//   5. steps the optimizer once, then advances the scheduler / calls on_step — only if it stepped.
-// Host syncs per window: one (the loss), plus one for the norm when clipping and the scaler's
-// check in fp16.
-// On an out-of-memory inside a microbatch (recognised by the memory probe's flag, because
-// TorchScript rewraps c10::OutOfMemoryError as std::runtime_error) it drops that microbatch's
-// tensors, sets the gradients to none, releases cached device memory, re-plans every microbatch
-// below the failing size (replan.h: the solver again, on the profile the plan carries) and
-// replays the window from its first sample: the update is the one the original plan would have
-// made, every sample counted once. Microbatch steps run on a worker thread (step_thread.h) that is
-// joined and replaced after every out-of-memory: LibTorch can keep a failed backward's memory
-// on the thread that ran it (21.7 MB of squeezenet1_1's, measured), and a replay on that thread
-// would start out of memory.
-// One process is a group of one: the same algorithm runs for 1 and W ranks, the collectives below
-// being the identity (and skipped) when W = 1.
+// What it is: the LibTorch backend of the one window algorithm (accumplan/window_loop.h, which
+// decides the split, the counts, the rounds, the agreement between ranks, the re-plan and replay
+// after an out-of-memory and the update's order; Python's train_window runs the same loop). This
+// class does what needs tensors: it counts a window's units on the host (samples, or valid tokens
+// with target != ignore_index in tokens mode), runs the one microbatch step (runtime/step.h:
+// forward under autocast, loss sum, backward of loss_sum / N, × the loss scale for fp16) on a
+// worker thread, keeps the loss sums on the device until the window's one host read, exchanges
+// the gradients once across ranks, unscales (fp16), measures and scales the gradient, and steps.
+// The profiler measures memory by running it, so a plan's peak is the peak this code reaches.
+// Microbatch steps run on a worker thread (step_thread.h) that is joined and replaced after every
+// out-of-memory: LibTorch can keep a failed backward's memory on the thread that ran it, and a
+// replay on that thread would start out of memory. An out-of-memory is recognised by the memory
+// probe's flag, because TorchScript rewraps c10::OutOfMemoryError as std::runtime_error.
 // Data parallel (ExecutorOptions::communicator, docs/weighting.md "Several ranks"): each of W ranks
-// calls step() with ITS share of the global window. The sharding is the caller's, and accumplan's
-// own callers (`accumplan run`) use the strided rule: of every global window of B samples, rank r
-// takes samples r, r+W, r+2W, ... — so a short last window of 7 on 2 ranks gives 4 and 3, never
-// 5 and 2, and a window of 1 gives rank 1 no samples at all (it still joins every collective).
-// Per window, step()
-//   a. sums [units, samples, valid tokens, every rank's sample count] across ranks in ONE
-//      collective before the first backward, so every microbatch on every rank is weighted by the
-//      GLOBAL N (per-rank N is the 2024 transformers loss bug);
-//   b. runs k_max microbatch rounds on every rank, k_max the largest split any rank has (known
-//      from every rank's count); a rank with fewer microbatches runs empty rounds;
-//   c. after each round, one small collective of every rank's status (0 ok, s > 0 OOM at size s,
-//      -1 another error): the fixed agreement point per microbatch (as Composer does). On any OOM
-//      every rank recovers with the SAME failing size (the smallest that failed), re-plans
-//      identically and replays the window; on another rank's error every rank throws;
-//   d. after the last round, ONE gradient exchange (Communicator::all_reduce_gradients: a few
-//      flat buckets) of every trainable parameter's gradient (zeros where this rank made none) and
-//      the loss sum; then unscale, non-finite check and clipping see the global gradient, so
-//      every rank takes the same decision. Gradients are never all-reduced per microbatch.
-//   Per window with W > 1: 1 gradient exchange and 1 + (rounds run, over all attempts) counter
-//   reduces.
-// Ragged data under a packed plan (plan.tokens, schema 1.3): step 1 packs instead of splitting —
-// the window's sequences, sorted longest first, go into microbatches of at most the plan's token
-// budget in padded tokens, each padded only to its own longest (pack_by_token_budget, the rule
-// the Python reader follows too). Weighting is unchanged: N counts the window's valid tokens
-// (padding targets are ignore_index), globally over ranks. An out-of-memory lowers the token
-// budget below the failing microbatch's padded tokens, re-packs and replays; a sequence longer
-// than the new budget on any rank ends the run (ExecutorOomError), since nothing can split it.
-// Ragged data under a sample plan: the plan's sizes, each microbatch cut to its own longest
-// sequence. With W > 1, each rank packs its own share; every rank's longest sequence travels in the counts
-// collective and every attempt adds one collective of the ranks' microbatch counts.
-// The cut of a packed window minimises predicted time (ExecutorOptions::packing, Packing::Time):
-// at first by the plan's step cost (fitted from the profile's probe steps), then, on the CPU
-// device, by the fit over this run's own microbatches (accumplan/step_time.h), redone after every
-// window; there each microbatch (its gather and step) is timed and its prediction's miss kept for
-// the run's stats, from completed attempts only. On CUDA a microbatch's wall time is not its
-// device time (steps are queued, one sync per window): the plan's cost stays, and no time is
-// recorded. With W > 1 each rank fits its own times and cuts its own share; the ranks still agree
-// on the rounds (the largest count of any rank), and the stats hold rank 0's model.
+// calls step() with ITS share of the global window; `accumplan run` shards by the strided rule
+// (shard_window): of every global window of B samples, rank r takes samples r, r+W, r+2W, ...
+// Ragged data: a packed plan (plan.tokens) packs each window's sequences under the token budget;
+// a sample plan cuts each microbatch to its own longest sequence. On the CPU the loop refits the
+// packing's step cost from this run's own microbatches after every window.
 // What it is not: a data loader (callers hand it windows and shard them), or a checkpointer.
 #pragma once
 
@@ -88,6 +41,7 @@
 #include "accumplan/schema.h"
 #include "accumplan/step_time.h"
 #include "accumplan/token_model.h"
+#include "accumplan/window_loop.h"
 #include "dist/communicator.h"
 #include "runtime/amp.h"
 #include "runtime/batch.h"
@@ -96,34 +50,6 @@
 namespace accumplan {
 
 class StepThread;
-class WindowSplit;
-
-// Where a microbatch is about to run; passed to ExecutorOptions::before_microbatch.
-struct MicrobatchEvent {
-  int64_t window = 0;    // 0-based index of the window among this executor's windows
-  int64_t index = 0;     // 0-based microbatch index within the window
-  int64_t size = 0;      // samples in this microbatch
-  int64_t count = 0;     // microbatches in this attempt of the window
-  int64_t attempt = 0;   // 0 first try; n after n OOM recoveries in this window
-  int64_t padded_tokens = 0;  // packed (token) plans: size × the microbatch's longest sequence; else 0
-};
-
-// A re-plan after an out-of-memory; passed to ExecutorOptions::on_replan.
-struct ReplanEvent {
-  int64_t window = 0;
-  int64_t failing_size = 0;                // the microbatch size that ran out of memory (packed
-                                           // plans: its padded tokens)
-  std::vector<int64_t> microbatch_sizes;   // the new split of a full window (packed plans: of
-                                           // this window, re-packed under the new token budget)
-  std::string note;                        // the re-planner's reason
-};
-
-// Information handed to the scheduler after a real optimizer step.
-struct StepEvent {
-  int64_t optimizer_steps = 0;  // including this one
-  int64_t window = 0;
-  double loss = 0;
-};
 
 struct ExecutorOptions {
   LossConfig loss;                       // kind, normalization (samples|tokens), ignore_index
@@ -159,54 +85,7 @@ struct ExecutorOptions {
   Packing packing = Packing::Time;       // packed plans only
 };
 
-// With a communicator, samples/units/valid_tokens/loss are GLOBAL (summed over ranks) and
-// local_samples/microbatch_sizes/peak_bytes are this rank's.
-struct WindowStats {
-  int64_t samples = 0;                   // samples in the window (each counted once)
-  int64_t units = 0;                     // N: samples, or valid tokens in tokens mode
-  int64_t valid_tokens = 0;              // target != ignore_index, for token-shaped targets; else 0
-  int64_t local_samples = 0;             // this rank's share (== samples in one process)
-  std::vector<int64_t> microbatch_sizes; // sizes of the attempt that completed (this rank's)
-  int64_t microbatch_rounds = 0;         // rounds of the completed attempt (k_max over ranks)
-  double loss = 0;                       // the window's mean loss: sum of unit losses / N
-  std::optional<double> grad_norm;       // 2-norm of the combined, unscaled gradient before clipping;
-                                         // computed only when clipping (a pass and a host sync)
-  bool stepped = false;                  // the optimizer updated the parameters
-  bool skipped = false;                  // non-finite gradient (or no units): no update
-  std::string skip_reason;
-  int64_t oom_recoveries = 0;            // OOM events recovered from in this window
-  double loss_scale = 1;                 // fp16: the scale used through this window
-  double seconds = 0;
-  // Packed plans: the completed attempt's microbatches, forward + backward, measured; and as the
-  // step cost the window was cut by predicted them (nullopt: a cost without seconds, or Fill).
-  std::optional<double> microbatch_seconds;  // CPU only
-  std::optional<double> predicted_seconds;
-  // Packed plans: the largest peak the plan's token memory model (fitted from its profile)
-  // predicts for the microbatches this window ran, less what was not resident yet (a window's
-  // first microbatch has no gradient; before the first optimizer step, no lazily made optimizer
-  // state), or the optimizer step's peak the profile measured where that is higher: the
-  // prediction of what was run, to hold the measured peak against (the plan's own predicted peak
-  // is the worst the budget allows, which a time-cut window may never reach).
-  // nullopt when the plan carries no token profile.
-  std::optional<int64_t> predicted_peak_bytes;
-  std::optional<int64_t> peak_bytes;     // probe's peak during the window
-  // The caching allocator's reserved peak (CUDA: what a GPU runs out on, and what a CUDA plan's
-  // fit predicts); nullopt where the probe has no reserved figure (the CPU counting allocator).
-  std::optional<int64_t> reserved_peak_bytes;
-};
-
-struct ExecutorTotals : RunCounts {  // windows, steps, samples, tokens, OOM recoveries (schema.h)
-  double seconds = 0;
-  std::optional<int64_t> peak_bytes;     // max over windows
-  std::optional<int64_t> reserved_peak_bytes;  // max over windows, where the probe has one
-};
-
-// An out-of-memory the executor could not (recovery off) or must not (during the optimizer step,
-// when parameters may already be half-updated) recover from. Exit code 2: the budget is the fix.
-class ExecutorOomError : public InfeasibleError {
- public:
-  using InfeasibleError::InfeasibleError;
-};
+using ExecutorTotals = WindowTotals;
 
 class Executor {
  public:
@@ -243,48 +122,16 @@ class Executor {
 
   const Plan& plan() const { return plan_; }
   const at::Device& device() const { return device_; }
-  const ExecutorTotals& totals() const { return totals_; }
+  const ExecutorTotals& totals() const { return loop_.totals(); }
   // Packed plans: how the time model predicted the microbatches so far; nullopt for sample plans.
   std::optional<RunTimeModel> time_model() const;
   double loss_scale() const;
 
  private:
-  struct WindowCounts;
-  struct RoundsOutcome;
-  // The pieces of accumulate(), in order (executor.cpp): (a) count, (b) rounds, each microbatch,
-  // (c) agreement and recovery, (d) the gradient exchange.
-  int world() const;
-  int rank() const;
-  std::vector<int64_t> sum_over_ranks(const std::vector<int64_t>& values) const;
-  WindowCounts count_window(const Batch& window, const WindowSplit& split, WindowStats& st);
-  void check_window_counts(const WindowCounts& c, const WindowStats& st, bool packed) const;
-  int64_t rounds_for(const WindowSplit& split, const WindowCounts& c) const;
-  // `seconds`: the microbatch's gather and step, measured (when it ran).
-  int64_t run_microbatch(const WindowSplit& split, const MicrobatchEvent& where, int64_t start, double units,
-                         at::Tensor& loss_total, std::string& what, std::exception_ptr& error, double& seconds);
-  RoundsOutcome run_rounds(const WindowSplit& split, int64_t attempt, int64_t rounds, double units, at::Tensor& loss_total);
-  void recover_from(const RoundsOutcome& o, const WindowSplit& split, int64_t attempt, int64_t rounds,
-                    int64_t longest_sequence);
-  void exchange_gradients(at::Tensor& loss_total);
-  void finish_gradient(WindowStats& st);
-  void recover(int64_t failing_size, const MicrobatchEvent& where, const std::string& what);
-  // Packed plans: the token budget drops below the failing microbatch's padded tokens; a
-  // sequence of any rank longer than the new budget cannot be helped (ExecutorOomError).
-  void recover_packed(int64_t failing_tokens, int64_t longest_sequence, const std::vector<int64_t>& lengths,
-                      const MicrobatchEvent& where, const std::string& what);
-  // An OOM that is not recovered: drops the gradients, clears the probe's flag, throws.
-  [[noreturn]] void fail_oom(const std::string& message);
-  // Packed plans: the cost the next window is cut by (Packing::Time: the run's own fit once there
-  // is one, else the plan's; Fill: none).
-  std::optional<TokenStepCost> step_cost() const;
-  // A microbatch that ran: predict its peak; on the CPU note its time and the prediction's miss
-  // in the attempt's outcome.
-  void time_microbatch(const WindowSplit& split, const MicrobatchEvent& where, double seconds, RoundsOutcome& out) const;
-  // The completed attempt's times into the window's stats, the run's misses and the step time
-  // fit (refitted for the next window). A failed attempt's are dropped: its replay runs them again.
-  void keep_times(const RoundsOutcome& o, WindowStats& st);
+  class Backend;
   void log(const std::string& line) const;
   void zero_grads();
+  WindowOptions window_options();
 
   torch::jit::Module module_;
   torch::optim::Optimizer& optimizer_;
@@ -293,17 +140,12 @@ class Executor {
   std::vector<at::Tensor> params_;
   at::Device device_;
   std::optional<LossScaler> scaler_;
-  ExecutorTotals totals_;
-  int64_t window_index_ = 0;
+  WindowLoop loop_;  // re-plans plan_ in place
+  WindowOptions window_options_;
+  std::unique_ptr<Backend> backend_;
   // Where microbatch steps run; dropped (joined) after an out-of-memory so the autograd work a
   // failed backward left queued on it is freed (executor/step_thread.h), made again on next use.
   std::unique_ptr<StepThread> step_thread_;
-  std::optional<PackingCost> packing_cost_;          // packed plans: fed this run's microbatches (CPU, Packing::Time)
-  std::optional<PackedPeakPredictor> packed_peak_;   // packed plans: what a window is predicted to peak at
-  // Each predicted microbatch's |predicted − measured| / measured, the first kMaxTimeErrors of
-  // the run (8 bytes each: 0.5 MiB at most).
-  std::vector<double> time_errors_;
-  static constexpr size_t kMaxTimeErrors = 65536;
 };
 
 // [start, count) of each window of an epoch of `samples` samples in windows of `per_rank_batch`,
