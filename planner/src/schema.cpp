@@ -241,12 +241,7 @@ std::vector<Trial> trials_from(const JsonField& f) {
 // readers use. Integer-ness is the readers' check; this one bounds the value, so that no sum or
 // product a reader or the planner forms can overflow and no double cast to an integer is
 // undefined.
-struct NumberRange {
-  double lo;
-  double hi;
-  bool lo_open;
-  bool hi_open;
-};
+using NumberRange = ValueRange;
 
 constexpr double kBytesMax = static_cast<double>(kMaxBytes);
 constexpr double kSamplesMax = static_cast<double>(kMaxSamples);
@@ -254,7 +249,6 @@ constexpr NumberRange kBytesRange{0, kBytesMax, false, false};
 constexpr NumberRange kSignedBytesRange{-kBytesMax, kBytesMax, false, false};
 constexpr NumberRange kSamplesRange{1, kSamplesMax, false, false};
 constexpr NumberRange kSecondsRange{0, 1e9, false, false};
-constexpr NumberRange kHyperparameterRange{-1e6, 1e6, false, false};
 
 const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
   static const std::map<std::string, NumberRange> exact = {
@@ -278,7 +272,7 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       {"parameter_count", {0, kBytesMax, false, false}},
       {"weights", {0, 1, true, false}},
       {"headroom", {0, 1, false, true}},
-      {"lr", {0, 1e6, false, false}},  // 0: a warm-up scheduler's first step
+      {"lr", *optimizer_value_range("lr")},  // the one table of optimizer value ranges
       {"max_grad_norm", {0, 1e12, true, false}},
       {"ignore_index", {-2147483648.0, 2147483647.0, false, false}},
       {"token_budget", {1, static_cast<double>(int64_t{1} << 40), false, false}},
@@ -292,7 +286,7 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       {"forward_seconds_per_sample", kSecondsRange},
       {"predicted_seconds_per_window", kSecondsRange},
   };
-  if (in_hyperparameters) return &kHyperparameterRange;
+  if (in_hyperparameters) return &kRecordedHyperparameterRange;
   const auto it = exact.find(key);
   if (it != exact.end()) return &it->second;
   auto ends_with = [&](const char* suffix) {

@@ -1,7 +1,8 @@
-// setup_rules.cpp — optimizer defaults and the normalization rule. See setup_rules.h.
+// setup_rules.cpp — the optimizer table, its value ranges and the normalization rule. See setup_rules.h.
 #include "accumplan/setup_rules.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "accumplan/errors.h"
@@ -130,6 +131,26 @@ std::vector<OptimizerGroup> optimizer_groups(const Setup& setup) {
     check_flags(setup.optimizer, g.flags);
   }
   return groups;
+}
+
+bool ValueRange::contains(double value) const {
+  return std::isfinite(value) && (lo_open ? value > lo : value >= lo) && (hi_open ? value < hi : value <= hi);
+}
+
+const std::map<std::string, ValueRange>& optimizer_value_ranges() {
+  static const std::map<std::string, ValueRange> ranges = {
+      {"lr", {0, 1e6, false, false}},          {"momentum", {0, 1, false, true}},
+      {"dampening", {0, 1, false, false}},     {"weight_decay", {0, 1e6, false, false}},
+      {"beta1", {0, 1, false, true}},          {"beta2", {0, 1, false, true}},
+      {"eps", {0, 1, true, false}},            {"alpha", {0, 1, false, false}},
+      {"lr_decay", {0, 1e6, false, false}},    {"initial_accumulator_value", {0, 1e6, false, false}},
+  };
+  return ranges;
+}
+
+const ValueRange* optimizer_value_range(const std::string& name) {
+  const auto it = optimizer_value_ranges().find(name);
+  return it == optimizer_value_ranges().end() ? nullptr : &it->second;
 }
 
 std::string number_text(double value) {
