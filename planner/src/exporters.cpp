@@ -185,13 +185,14 @@ std::pair<std::string, ojson> torch_optimizer(const Training& t) {
   const OptimizerInfo& row = optimizer_info(t.optimizer);
   std::pair<std::string, ojson> out{row.torch_class, ojson{{"lr", t.lr}}};
   for (const auto& [key, value] : row.torch_fixed) out.second[key] = value;
-  for (const OptimizerHyperparameter& h : row.hyperparameters) {
-    if (h.name == "beta2") continue;  // written with beta1, as torch's betas
-    if (h.name == "beta1") {
-      out.second["betas"] = ojson::array({t.hp.at("beta1"), t.hp.at("beta2")});
-    } else {
-      out.second[h.name] = t.hp.at(h.name);
+  for (const TorchKeyword& k : torch_keywords(row)) {
+    if (k.members.size() == 1) {
+      out.second[k.keyword] = t.hp.at(k.members.front());
+      continue;
     }
+    ojson tuple = ojson::array();  // torch's betas: (beta1, beta2)
+    for (const std::string& member : k.members) tuple.push_back(t.hp.at(member));
+    out.second[k.keyword] = tuple;
   }
   for (const std::string& flag : optimizer_flags(t.optimizer)) {
     const auto it = t.flags.find(flag);

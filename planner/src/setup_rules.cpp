@@ -69,6 +69,34 @@ std::string flag_text(const std::string& flag, bool on) { return flag + (on ? "=
 
 const std::vector<OptimizerInfo>& optimizer_table() { return table(); }
 
+const std::vector<TorchKeyword>& torch_grouped_keywords() {
+  static const std::vector<TorchKeyword> grouped = {{"betas", {"beta1", "beta2"}}};
+  return grouped;
+}
+
+const std::vector<std::string>& torch_grouped_members(const std::string& keyword) {
+  for (const TorchKeyword& g : torch_grouped_keywords()) {
+    if (g.keyword == keyword) return g.members;
+  }
+  throw InternalError("torch groups no hyperparameters as '" + keyword + "'");
+}
+
+std::vector<TorchKeyword> torch_keywords(const OptimizerInfo& row) {
+  std::vector<TorchKeyword> out;
+  for (const OptimizerHyperparameter& h : row.hyperparameters) {
+    const auto group = std::find_if(torch_grouped_keywords().begin(), torch_grouped_keywords().end(),
+                                    [&h](const TorchKeyword& g) {
+                                      return std::find(g.members.begin(), g.members.end(), h.name) != g.members.end();
+                                    });
+    if (group == torch_grouped_keywords().end()) {
+      out.push_back({h.name, {h.name}});
+    } else if (group->members.front() == h.name) {
+      out.push_back(*group);  // written once, where its first member stands
+    }
+  }
+  return out;
+}
+
 const std::vector<std::string>& optimizer_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n;

@@ -95,7 +95,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Setup& setup, std:
     return std::make_unique<SGD>(std::move(params), o);
   }
   if (name == "adam" || name == "adamw") {
-    const std::tuple<double, double> betas{hp.at("beta1"), hp.at("beta2")};
+    const std::vector<std::string>& beta = torch_grouped_members("betas");  // (beta1, beta2)
+    const std::tuple<double, double> betas{hp.at(beta.at(0)), hp.at(beta.at(1))};
     if (name == "adam") {
       AdamOptions o(group.lr);
       o.betas(betas).eps(hp.at("eps")).weight_decay(hp.at("weight_decay")).amsgrad(flag("amsgrad"));

@@ -7,7 +7,8 @@
 //   - the one optimizer table: each optimizer's name, torch.optim class, default learning rate,
 //     hyperparameters with their defaults (what an absent one means), on/off options (flags) and
 //     Hugging Face Trainer's words for it; its parameter groups with every value filled in, and
-//     what LibTorch cannot run of them;
+//     what LibTorch cannot run of them; which hyperparameters torch.optim takes as one keyword
+//     (betas = (beta1, beta2));
 //   - the one table of optimizer value ranges (lr and every hyperparameter), which `accumplan
 //     run` (runtime/optim.h) and the plan reader (schema.cpp) check against;
 //   - setup.normalization resolved: per token or per sample.
@@ -26,7 +27,7 @@
 namespace accumplan {
 
 // One hyperparameter of an optimizer (beyond lr), by the plan's name: LibTorch's, with torch.optim's
-// `betas` as beta1 and beta2.
+// `betas` as beta1 and beta2 (torch_grouped_keywords).
 struct OptimizerHyperparameter {
   std::string name;
   double plan_default = 0;   // what a plan that leaves it out means (momentum's momentum: 0.9)
@@ -52,6 +53,24 @@ struct OptimizerInfo {
   std::vector<std::pair<std::string, std::string>> hf_arguments;
   std::string hf_decay_note;
 };
+
+// One of torch.optim's keyword arguments for a row's hyperparameters: a plan's hyperparameter by
+// its own name, or several that torch takes as one tuple (`betas` = (beta1, beta2)).
+struct TorchKeyword {
+  std::string keyword;               // torch.optim's name
+  std::vector<std::string> members;  // the plan's hyperparameters it carries, in torch's order
+};
+
+// The one rule for hyperparameters torch.optim groups into one keyword: betas = (beta1, beta2).
+// The exporters write it, the LibTorch runtime builds its options from it, and accumplan.plan
+// (through _core.optimizer_table's "grouped") splits a param_group's tuple by it.
+const std::vector<TorchKeyword>& torch_grouped_keywords();
+// The plan's hyperparameters torch's `keyword` carries, in order; InternalError for a keyword
+// torch_grouped_keywords does not hold.
+const std::vector<std::string>& torch_grouped_members(const std::string& keyword);
+// `row`'s hyperparameters as torch.optim's keywords, in its keyword order: a group in the place of
+// its first member, every other hyperparameter alone.
+std::vector<TorchKeyword> torch_keywords(const OptimizerInfo& row);
 
 // Every optimizer accumplan measures: sgd momentum adam adamw adagrad rmsprop, in that order.
 const std::vector<OptimizerInfo>& optimizer_table();
