@@ -14,6 +14,7 @@
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
 #include "accumplan/tensor_spec.h"
+#include "accumplan/terms.h"
 #include "accumplan/units.h"
 
 namespace accumplan {
@@ -765,14 +766,14 @@ void check_plan_window(const Plan& p) {
     if (std::fabs(p.weights[i] - expected) > 1e-9) {
       throw SchemaError("$.weights[" + std::to_string(i) + "]: " + cut_for_message(nlohmann::json(p.weights[i]).dump()) +
                         " is not microbatch_sizes[" + std::to_string(i) + "] / per_rank_batch = " +
-                        nlohmann::json(expected).dump() + "; re-plan with `accumplan plan`");
+                        nlohmann::json(expected).dump() + "; re-plan with " + plan_command());
     }
   }
   if (p.uniform.micro_batch < 1 || p.uniform.accumulation_steps < 1 ||
       checked_mul(p.uniform.micro_batch, p.uniform.accumulation_steps, "$.uniform") != p.per_rank_batch) {
     throw SchemaError("$.uniform: " + std::to_string(p.uniform.accumulation_steps) + " x " +
                       std::to_string(p.uniform.micro_batch) + " does not make per_rank_batch " +
-                      std::to_string(p.per_rank_batch) + "; re-plan with `accumplan plan`");
+                      std::to_string(p.per_rank_batch) + "; re-plan with " + plan_command());
   }
 }
 

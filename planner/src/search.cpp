@@ -12,6 +12,7 @@
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
+#include "accumplan/terms.h"
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
 #include "least_squares.h"
@@ -113,7 +114,7 @@ void Search::profile(Profile& p) {
   if (!lifted) extend_linear_tail(p, sizes.empty() ? 1 : *sizes.rbegin(), record);
   if (p.points.size() < 2) {
     throw InfeasibleError("only " + std::to_string(p.points.size()) + " probe size(s) ran on " + settings_.device_name +
-                          "; a memory model needs two. Raise --memory-budget or use a smaller model");
+                          "; a memory model needs two. Raise " + option_name("--memory-budget") + " or use a smaller model");
   }
 }
 
@@ -294,7 +295,8 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
       out_of_windows = true;
       if (fits < 1) {
         throw InfeasibleError("no window ran within the budget of " + format_bytes(plan.memory.budget_bytes) + " on " +
-                              settings_.device_name + " in " + std::to_string(windows) + " tries; raise --memory-budget");
+                              settings_.device_name + " in " + std::to_string(windows) + " tries; raise " +
+                              option_name("--memory-budget"));
       }
       request.max_micro_batch = bounded(fits);
       continue;
@@ -340,7 +342,7 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
       throw InfeasibleError("a real step at microbatch 1 does not fit the budget of " +
                             format_bytes(plan.memory.budget_bytes) + " on " + settings_.device_name +
                             " although the fit predicted " + format_bytes(plan.memory.predicted_peak_bytes) +
-                            "; raise --memory-budget");
+                            "; raise " + option_name("--memory-budget"));
     }
     // After a failed climb the plan is the largest size that ran; after a failed confirmation,
     // the refit decides below the failure when the failed window was measured, else bisect

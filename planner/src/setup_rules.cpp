@@ -7,6 +7,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/tensor_spec.h"
+#include "accumplan/terms.h"
 
 namespace accumplan {
 namespace {
@@ -110,7 +111,7 @@ const OptimizerInfo& optimizer_info(const std::string& optimizer) {
   for (const OptimizerInfo& row : table()) {
     if (row.name == optimizer) return row;
   }
-  throw InputError("--optimizer '" + cut_for_message(optimizer) + "' is unknown; choose one of: " +
+  throw InputError(option_name("--optimizer") + " '" + cut_for_message(optimizer) + "' is unknown; choose one of: " +
                    joined(optimizer_names()));
 }
 

@@ -43,6 +43,7 @@
 #include "accumplan/solver.h"
 #include "accumplan/step_time.h"
 #include "accumplan/tensor_spec.h"
+#include "accumplan/terms.h"
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
 
@@ -353,6 +354,7 @@ void bind_plan_rules(pybind11::module_& m);  // python/core/plan_rules.cpp
 }  // namespace accumplan
 
 PYBIND11_MODULE(_core, m) {
+  accumplan::set_front_end(accumplan::FrontEnd::Python);  // the planner's messages name Python's arguments
   using namespace accumplan;
   m.doc() = "accumplan's C++ planner rules (plan reader, splits, re-plans, packing); see accumplan.plan";
   static py::exception<InputError> input_error(m, "InputError", PyExc_ValueError);
