@@ -20,8 +20,8 @@ namespace accumplan {
 
 // A line of peak bytes over the microbatch, intercept + slope·b, never below floor_bytes when one
 // is set: the one evaluation of such a line. The memory model's steady line, a plan's fit summary
-// alone and activation checkpointing's peak with a set checkpointed (accumplan/checkpoint.h) are
-// each one.
+// alone, activation checkpointing's peak with a set checkpointed (accumplan/checkpoint.h) and the
+// search's eval line are each one.
 struct PeakLine {
   double intercept_bytes = 0;
   double slope_bytes_per_sample = 0;
