@@ -89,10 +89,12 @@ double CheckpointModel::bytes_per_sample(const CheckpointSet& set) const {
   return per_sample_bytes(*this, sums_of(*this, set));
 }
 
+PeakLine CheckpointModel::peak_line(const CheckpointSet& set) const {
+  return {intercept_bytes, per_sample_bytes(*this, sums_of(*this, set)), optimizer_step_peak_bytes};
+}
+
 int64_t CheckpointModel::predicted_peak_bytes(const CheckpointSet& set, int64_t b) const {
-  const double per_sample = per_sample_bytes(*this, sums_of(*this, set));
-  return static_cast<int64_t>(
-      std::ceil(std::max(intercept_bytes + per_sample * static_cast<double>(b), optimizer_step_peak_bytes)));
+  return peak_line(set).peak_bytes(b);
 }
 
 int64_t CheckpointModel::predicted_window_peak_bytes(const CheckpointSet& set, const std::vector<int64_t>& sizes) const {
@@ -114,18 +116,7 @@ double CheckpointModel::predicted_window_seconds(const CheckpointSet& set, const
 }
 
 int64_t CheckpointModel::largest_micro_batch(const CheckpointSet& set, int64_t usable_bytes, int64_t limit) const {
-  const double per_sample = per_sample_bytes(*this, sums_of(*this, set));
-  const auto needs = [&](int64_t b) {
-    return predicted_peak_bytes(set, b) + static_cast<int64_t>(std::ceil(margin_fraction * std::max(0.0, per_sample) *
-                                                                         static_cast<double>(b)));
-  };
-  if (limit < 1 || needs(1) > usable_bytes) return 0;
-  if (!(per_sample > 0)) return limit;
-  int64_t b = static_cast<int64_t>(
-      std::floor((static_cast<double>(usable_bytes) - intercept_bytes) / (per_sample * (1.0 + margin_fraction))));
-  b = std::clamp<int64_t>(b, 1, limit);
-  while (b > 1 && needs(b) > usable_bytes) --b;  // the floor settled on the integer rule
-  return b;
+  return peak_line(set).largest_fitting(usable_bytes, limit, 0, margin_fraction);
 }
 
 std::vector<CheckpointChoice> checkpoint_options(const CheckpointModel& model, int64_t per_rank_batch,

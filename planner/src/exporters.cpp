@@ -16,6 +16,7 @@
 #include "accumplan/memory_model.h"
 #include "accumplan/setup_rules.h"
 #include "accumplan/solver.h"
+#include "accumplan/terms.h"
 #include "accumplan/units.h"
 
 namespace accumplan {
@@ -170,7 +171,7 @@ Training training_of(const Plan& plan) {
   } catch (const InputError& e) {
     // The rules speak of the options that set these; here they come from the plan's setup.
     throw InputError(std::string("the plan's setup cannot be exported: ") + e.what() +
-                     "; re-plan with a supported --optimizer and --normalization");
+                     "; re-plan with a supported " + option_name("--optimizer") + " and " + option_name("--normalization"));
   }
   t.max_grad_norm = plan.setup.max_grad_norm;
   t.cuda = plan.device.type == "cuda";
@@ -185,13 +186,14 @@ std::pair<std::string, ojson> torch_optimizer(const Training& t) {
   const OptimizerInfo& row = optimizer_info(t.optimizer);
   std::pair<std::string, ojson> out{row.torch_class, ojson{{"lr", t.lr}}};
   for (const auto& [key, value] : row.torch_fixed) out.second[key] = value;
-  for (const OptimizerHyperparameter& h : row.hyperparameters) {
-    if (h.name == "beta2") continue;  // written with beta1, as torch's betas
-    if (h.name == "beta1") {
-      out.second["betas"] = ojson::array({t.hp.at("beta1"), t.hp.at("beta2")});
-    } else {
-      out.second[h.name] = t.hp.at(h.name);
+  for (const TorchKeyword& k : torch_keywords(row)) {
+    if (k.members.size() == 1) {
+      out.second[k.keyword] = t.hp.at(k.members.front());
+      continue;
     }
+    ojson tuple = ojson::array();  // torch's betas: (beta1, beta2)
+    for (const std::string& member : k.members) tuple.push_back(t.hp.at(member));
+    out.second[k.keyword] = tuple;
   }
   for (const std::string& flag : optimizer_flags(t.optimizer)) {
     const auto it = t.flags.find(flag);
@@ -564,15 +566,16 @@ void check_exportable(const Plan& plan, const std::string& target, const ExportO
           plan.target_batch) {
     throw InputError("the plan's uniform split (" + split_text(k, u) + " on " + std::to_string(W) +
                      " rank(s)) does not make target_batch " + std::to_string(plan.target_batch) +
-                     "; re-plan it with `accumplan plan`");
+                     "; re-plan it with " + plan_command());
   }
   // A packed plan's windows by tokens cannot be expressed as a trainer's batch size: exporting
   // the sample fields would change the objective (windows of samples), not just the speed.
   if (plan.tokens && plan.tokens->target_tokens && target != "torchrun") {
     throw InputError("this plan's windows hold " + std::to_string(*plan.tokens->target_tokens) +
-                     " valid tokens each (--target-tokens), which " + target + " cannot express: it cuts windows by "
-                     "samples. Run the plan itself (accumplan run, `--to torchrun`, or the Python package's "
-                     "token_windows), or re-plan with --target-batch");
+                     " valid tokens each (" + option_name("--target-tokens") + "), which " + target +
+                     " cannot express: it cuts windows by samples. Run the plan itself (accumplan run, `--to "
+                     "torchrun`, or the Python package's token_windows), or re-plan with " +
+                     option_name("--target-batch"));
   }
 }
 
@@ -610,7 +613,7 @@ std::string departure_or_refusal(const Plan& plan, const std::string& target, co
                         (nearest.empty() ? std::string("No nearby target batch splits evenly")
                                          : "Target batches that split evenly under max_micro_batch " +
                                                std::to_string(std::max(plan.max_micro_batch, plan.micro_batch)) +
-                                               ": " + nearest + "; re-plan with `accumplan plan --target-batch`") +
+                                               ": " + nearest + "; re-plan with " + plan_command({"--target-batch"})) +
                         ", run the plan itself (accumplan run, or the Python package), or pass " +
                         options.names.allow_slow);
 }

@@ -235,34 +235,47 @@ bool MemoryModel::fits_in_one_microbatch(int64_t micro_batch, int64_t usable_byt
   return predict_window_peak_bytes({micro_batch}) <= usable_bytes;
 }
 
-double MemoryModel::predict_bytes(int64_t micro_batch) const {
-  return fit_.intercept_bytes + fit_.slope_bytes_per_sample * static_cast<double>(micro_batch);
+PeakLine PeakLine::of(const FitSummary& fit) {
+  return {fit.intercept_bytes, fit.slope_bytes_per_sample, std::nullopt};
 }
 
-int64_t MemoryModel::predict_peak_bytes(int64_t micro_batch) const {
-  return line_peak_bytes(fit_, micro_batch);
+double PeakLine::bytes(int64_t micro_batch) const {
+  const double line = intercept_bytes + slope_bytes_per_sample * static_cast<double>(micro_batch);
+  return floor_bytes ? std::max(line, *floor_bytes) : line;
 }
+
+int64_t PeakLine::peak_bytes(int64_t micro_batch) const { return saturated_bytes(bytes(micro_batch)); }
+
+int64_t PeakLine::largest_fitting(int64_t budget_bytes, int64_t limit_micro_batch, int64_t extra_bytes,
+                                  double fraction) const {
+  const int64_t limit = std::max<int64_t>(limit_micro_batch, 0);
+  const double margin_slope = fraction * std::max(0.0, slope_bytes_per_sample);
+  auto fits = [&](int64_t b) {
+    const double need = std::ceil(bytes(b)) + static_cast<double>(extra_bytes) +
+                        std::ceil(margin_slope * static_cast<double>(b));
+    return need <= static_cast<double>(budget_bytes);
+  };
+  if (limit < 1 || !fits(1)) return 0;
+  // Closed form in doubles, clamped to [1, limit] before it becomes an integer.
+  const double room = static_cast<double>(budget_bytes) - intercept_bytes - static_cast<double>(extra_bytes);
+  const double per_sample = slope_bytes_per_sample * (1.0 + fraction);
+  const double estimate = per_sample > 0 ? std::floor(room / per_sample) : static_cast<double>(limit);
+  return detail::settle_largest(estimate, limit, fits);
+}
+
+double MemoryModel::predict_bytes(int64_t micro_batch) const { return line().bytes(micro_batch); }
+
+int64_t MemoryModel::predict_peak_bytes(int64_t micro_batch) const { return line().peak_bytes(micro_batch); }
 
 int64_t MemoryModel::line_peak_bytes(const FitSummary& fit, int64_t micro_batch) {
-  return saturated_bytes(fit.intercept_bytes + fit.slope_bytes_per_sample * static_cast<double>(micro_batch));
+  return PeakLine::of(fit).peak_bytes(micro_batch);
 }
 
 int64_t MemoryModel::largest_fitting(int64_t budget_bytes, int64_t limit_micro_batch, int64_t extra_bytes,
                                      double fraction) const {
   int64_t limit = std::min(std::max<int64_t>(limit_micro_batch, 0), kMaxMicroBatch);
   if (flat_to_micro_batch_ > 0) limit = std::min(limit, flat_to_micro_batch_);  // measured flat only that far
-  const double slope = fit_.slope_bytes_per_sample;
-  auto fits = [&](int64_t b) {
-    const double need = std::ceil(predict_bytes(b)) + static_cast<double>(extra_bytes) +
-                        std::ceil(fraction * slope * static_cast<double>(b));
-    return need <= static_cast<double>(budget_bytes);
-  };
-  if (limit < 1 || !fits(1)) return 0;
-  // Closed form in doubles, clamped to [1, limit] before it becomes an integer.
-  const double room = static_cast<double>(budget_bytes) - fit_.intercept_bytes - static_cast<double>(extra_bytes);
-  const double per_sample = slope * (1.0 + fraction);
-  const double estimate = per_sample > 0 ? std::floor(room / per_sample) : static_cast<double>(limit);
-  return detail::settle_largest(estimate, limit, fits);
+  return line().largest_fitting(budget_bytes, limit, extra_bytes, fraction);
 }
 
 int64_t MemoryModel::line_largest_fitting(const FitSummary& fit, int64_t budget_bytes) {

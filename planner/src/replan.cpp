@@ -9,6 +9,7 @@
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
 #include "accumplan/solver.h"
+#include "accumplan/terms.h"
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
 
@@ -81,7 +82,7 @@ Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* no
   int64_t unit = plan.multiple_of.value_or(1);
   std::ostringstream how;
   if (unit > bound || plan.per_rank_batch % unit != 0) {
-    how << "--multiple-of " << unit << " dropped (no multiple of it fits below " << failing_micro_batch << "); ";
+    how << option_name("--multiple-of") << " " << unit << " dropped (no multiple of it fits below " << failing_micro_batch << "); ";
     unit = 1;
   }
 

@@ -14,6 +14,7 @@
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
 #include "accumplan/tensor_spec.h"
+#include "accumplan/terms.h"
 #include "accumplan/units.h"
 
 namespace accumplan {
@@ -241,12 +242,7 @@ std::vector<Trial> trials_from(const JsonField& f) {
 // readers use. Integer-ness is the readers' check; this one bounds the value, so that no sum or
 // product a reader or the planner forms can overflow and no double cast to an integer is
 // undefined.
-struct NumberRange {
-  double lo;
-  double hi;
-  bool lo_open;
-  bool hi_open;
-};
+using NumberRange = ValueRange;
 
 constexpr double kBytesMax = static_cast<double>(kMaxBytes);
 constexpr double kSamplesMax = static_cast<double>(kMaxSamples);
@@ -254,7 +250,6 @@ constexpr NumberRange kBytesRange{0, kBytesMax, false, false};
 constexpr NumberRange kSignedBytesRange{-kBytesMax, kBytesMax, false, false};
 constexpr NumberRange kSamplesRange{1, kSamplesMax, false, false};
 constexpr NumberRange kSecondsRange{0, 1e9, false, false};
-constexpr NumberRange kHyperparameterRange{-1e6, 1e6, false, false};
 
 const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
   static const std::map<std::string, NumberRange> exact = {
@@ -278,7 +273,7 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       {"parameter_count", {0, kBytesMax, false, false}},
       {"weights", {0, 1, true, false}},
       {"headroom", {0, 1, false, true}},
-      {"lr", {0, 1e6, false, false}},  // 0: a warm-up scheduler's first step
+      {"lr", *optimizer_value_range("lr")},  // the one table of optimizer value ranges
       {"max_grad_norm", {0, 1e12, true, false}},
       {"ignore_index", {-2147483648.0, 2147483647.0, false, false}},
       {"token_budget", {1, static_cast<double>(int64_t{1} << 40), false, false}},
@@ -292,7 +287,7 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       {"forward_seconds_per_sample", kSecondsRange},
       {"predicted_seconds_per_window", kSecondsRange},
   };
-  if (in_hyperparameters) return &kHyperparameterRange;
+  if (in_hyperparameters) return &kRecordedHyperparameterRange;
   const auto it = exact.find(key);
   if (it != exact.end()) return &it->second;
   auto ends_with = [&](const char* suffix) {
@@ -771,14 +766,14 @@ void check_plan_window(const Plan& p) {
     if (std::fabs(p.weights[i] - expected) > 1e-9) {
       throw SchemaError("$.weights[" + std::to_string(i) + "]: " + cut_for_message(nlohmann::json(p.weights[i]).dump()) +
                         " is not microbatch_sizes[" + std::to_string(i) + "] / per_rank_batch = " +
-                        nlohmann::json(expected).dump() + "; re-plan with `accumplan plan`");
+                        nlohmann::json(expected).dump() + "; re-plan with " + plan_command());
     }
   }
   if (p.uniform.micro_batch < 1 || p.uniform.accumulation_steps < 1 ||
       checked_mul(p.uniform.micro_batch, p.uniform.accumulation_steps, "$.uniform") != p.per_rank_batch) {
     throw SchemaError("$.uniform: " + std::to_string(p.uniform.accumulation_steps) + " x " +
                       std::to_string(p.uniform.micro_batch) + " does not make per_rank_batch " +
-                      std::to_string(p.per_rank_batch) + "; re-plan with `accumplan plan`");
+                      std::to_string(p.per_rank_batch) + "; re-plan with " + plan_command());
   }
 }
 

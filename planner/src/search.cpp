@@ -12,6 +12,7 @@
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
+#include "accumplan/terms.h"
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
 #include "least_squares.h"
@@ -113,7 +114,7 @@ void Search::profile(Profile& p) {
   if (!lifted) extend_linear_tail(p, sizes.empty() ? 1 : *sizes.rbegin(), record);
   if (p.points.size() < 2) {
     throw InfeasibleError("only " + std::to_string(p.points.size()) + " probe size(s) ran on " + settings_.device_name +
-                          "; a memory model needs two. Raise --memory-budget or use a smaller model");
+                          "; a memory model needs two. Raise " + option_name("--memory-budget") + " or use a smaller model");
   }
 }
 
@@ -294,7 +295,8 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
       out_of_windows = true;
       if (fits < 1) {
         throw InfeasibleError("no window ran within the budget of " + format_bytes(plan.memory.budget_bytes) + " on " +
-                              settings_.device_name + " in " + std::to_string(windows) + " tries; raise --memory-budget");
+                              settings_.device_name + " in " + std::to_string(windows) + " tries; raise " +
+                              option_name("--memory-budget"));
       }
       request.max_micro_batch = bounded(fits);
       continue;
@@ -340,7 +342,7 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
       throw InfeasibleError("a real step at microbatch 1 does not fit the budget of " +
                             format_bytes(plan.memory.budget_bytes) + " on " + settings_.device_name +
                             " although the fit predicted " + format_bytes(plan.memory.predicted_peak_bytes) +
-                            "; raise --memory-budget");
+                            "; raise " + option_name("--memory-budget"));
     }
     // After a failed climb the plan is the largest size that ran; after a failed confirmation,
     // the refit decides below the failure when the failed window was measured, else bisect
@@ -362,7 +364,7 @@ constexpr int64_t kMaxEvalMultiple = 256;
 
 // The eval line peak(b) = intercept + slope·b over the measured (b, peak) points, least squares;
 // nullopt with fewer than two distinct sizes.
-std::optional<std::pair<double, double>> eval_line(const std::vector<std::pair<int64_t, int64_t>>& points) {
+std::optional<PeakLine> eval_line(const std::vector<std::pair<int64_t, int64_t>>& points) {
   std::set<int64_t> sizes;
   std::vector<std::vector<double>> rows;
   std::vector<double> y, w;
@@ -375,21 +377,7 @@ std::optional<std::pair<double, double>> eval_line(const std::vector<std::pair<i
   if (sizes.size() < 2) return std::nullopt;
   const std::optional<std::vector<double>> c = detail::weighted_least_squares(rows, y, w, 2);
   if (!c) return std::nullopt;
-  return std::make_pair((*c)[0], (*c)[1]);
-}
-
-int64_t line_peak_bytes(const std::pair<double, double>& line, int64_t b) {
-  return static_cast<int64_t>(std::ceil(line.first + line.second * static_cast<double>(b)));
-}
-
-// The largest b in [1, cap] whose line peak fits `usable` (0: not even one).
-int64_t eval_largest(const std::pair<double, double>& line, int64_t usable, int64_t cap) {
-  if (line_peak_bytes(line, 1) > usable) return 0;
-  if (!(line.second > 0)) return cap;
-  int64_t b = static_cast<int64_t>(std::floor((static_cast<double>(usable) - line.first) / line.second));
-  b = std::clamp<int64_t>(b, 1, cap);
-  while (b > 1 && line_peak_bytes(line, b) > usable) --b;  // settle the floating floor on the integer rule
-  return b;
+  return PeakLine{(*c)[0], (*c)[1], std::nullopt};
 }
 
 }  // namespace
@@ -439,10 +427,10 @@ std::optional<EvalPlan> Search::plan_eval(const Plan& plan, bool keep_outputs) {
   const std::optional<EvalMeasurement> first = run_eval(window_of({m, 2 * m}), seq_len, past_the_budget(), e);
   if (!first) return std::nullopt;
   keep(*first);
-  std::optional<std::pair<double, double>> line = eval_line(points);
+  std::optional<PeakLine> line = eval_line(points);
   // The second (and last) window: the line's largest size (a measured size that fit needs none),
   // or, when the first window ran out of memory, the training microbatch itself.
-  const int64_t b = first->oom ? m : (line ? eval_largest(*line, usable, kMaxEvalMultiple * m) : 0);
+  const int64_t b = first->oom ? m : (line ? line->largest_fitting(usable, kMaxEvalMultiple * m) : 0);
   if (b > 0 && (first->oom || (b != m && b != 2 * m))) {
     const std::optional<EvalMeasurement> confirm = run_eval(window_of({b}), seq_len, WindowBudget::Enforced, e);
     if (confirm) keep(*confirm);
@@ -454,9 +442,9 @@ std::optional<EvalPlan> Search::plan_eval(const Plan& plan, bool keep_outputs) {
   line = eval_line(points);
   e.confirmed = e.micro_batch > 0;
   if (line) {
-    e.intercept_bytes = line->first;
-    e.slope_bytes_per_sample = line->second;
-    if (e.micro_batch > 0) e.predicted_peak_bytes = line_peak_bytes(*line, e.micro_batch);
+    e.intercept_bytes = line->intercept_bytes;
+    e.slope_bytes_per_sample = line->slope_bytes_per_sample;
+    if (e.micro_batch > 0) e.predicted_peak_bytes = line->peak_bytes(e.micro_batch);
   }
   say(e.micro_batch > 0 ? "eval microbatch " + std::to_string(e.micro_batch) + " (training " + std::to_string(m) +
                               "): predicted peak " + format_bytes(e.predicted_peak_bytes) + " of " + format_bytes(usable) +
@@ -495,16 +483,16 @@ std::optional<EvalPlan> eval_from_profile(const Plan& plan) {
   if (!ep) return std::nullopt;
   std::vector<std::pair<int64_t, int64_t>> points;
   for (const EvalPoint& pt : ep->points) points.push_back({pt.micro_batch, pt.peak_bytes});
-  const std::optional<std::pair<double, double>> line = eval_line(points);
+  const std::optional<PeakLine> line = eval_line(points);
   if (!line) return std::nullopt;
   EvalPlan e;
   e.keep_outputs = ep->keep_outputs;
-  e.intercept_bytes = line->first;
-  e.slope_bytes_per_sample = line->second;
+  e.intercept_bytes = line->intercept_bytes;
+  e.slope_bytes_per_sample = line->slope_bytes_per_sample;
   e.weights_bytes = plan.profile.persistent.weights_bytes;
   e.optimizer_state_bytes = plan.profile.persistent.optimizer_state_bytes;
-  e.micro_batch = eval_largest(*line, plan.memory.usable_bytes, kMaxEvalMultiple * std::max<int64_t>(1, plan.micro_batch));
-  if (e.micro_batch > 0) e.predicted_peak_bytes = line_peak_bytes(*line, e.micro_batch);
+  e.micro_batch = line->largest_fitting(plan.memory.usable_bytes, kMaxEvalMultiple * std::max<int64_t>(1, plan.micro_batch));
+  if (e.micro_batch > 0) e.predicted_peak_bytes = line->peak_bytes(e.micro_batch);
   e.trials = ep->trials;
   // Confirmed only where an eval microbatch of exactly that size ran within the usable bytes.
   e.confirmed = std::any_of(ep->points.begin(), ep->points.end(), [&](const EvalPoint& pt) {

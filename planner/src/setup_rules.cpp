@@ -1,11 +1,13 @@
-// setup_rules.cpp — optimizer defaults and the normalization rule. See setup_rules.h.
+// setup_rules.cpp — the optimizer table, its value ranges and the normalization rule. See setup_rules.h.
 #include "accumplan/setup_rules.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "accumplan/errors.h"
 #include "accumplan/tensor_spec.h"
+#include "accumplan/terms.h"
 
 namespace accumplan {
 namespace {
@@ -68,6 +70,34 @@ std::string flag_text(const std::string& flag, bool on) { return flag + (on ? "=
 
 const std::vector<OptimizerInfo>& optimizer_table() { return table(); }
 
+const std::vector<TorchKeyword>& torch_grouped_keywords() {
+  static const std::vector<TorchKeyword> grouped = {{"betas", {"beta1", "beta2"}}};
+  return grouped;
+}
+
+const std::vector<std::string>& torch_grouped_members(const std::string& keyword) {
+  for (const TorchKeyword& g : torch_grouped_keywords()) {
+    if (g.keyword == keyword) return g.members;
+  }
+  throw InternalError("torch groups no hyperparameters as '" + keyword + "'");
+}
+
+std::vector<TorchKeyword> torch_keywords(const OptimizerInfo& row) {
+  std::vector<TorchKeyword> out;
+  for (const OptimizerHyperparameter& h : row.hyperparameters) {
+    const auto group = std::find_if(torch_grouped_keywords().begin(), torch_grouped_keywords().end(),
+                                    [&h](const TorchKeyword& g) {
+                                      return std::find(g.members.begin(), g.members.end(), h.name) != g.members.end();
+                                    });
+    if (group == torch_grouped_keywords().end()) {
+      out.push_back({h.name, {h.name}});
+    } else if (group->members.front() == h.name) {
+      out.push_back(*group);  // written once, where its first member stands
+    }
+  }
+  return out;
+}
+
 const std::vector<std::string>& optimizer_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n;
@@ -81,7 +111,7 @@ const OptimizerInfo& optimizer_info(const std::string& optimizer) {
   for (const OptimizerInfo& row : table()) {
     if (row.name == optimizer) return row;
   }
-  throw InputError("--optimizer '" + cut_for_message(optimizer) + "' is unknown; choose one of: " +
+  throw InputError(option_name("--optimizer") + " '" + cut_for_message(optimizer) + "' is unknown; choose one of: " +
                    joined(optimizer_names()));
 }
 
@@ -130,6 +160,26 @@ std::vector<OptimizerGroup> optimizer_groups(const Setup& setup) {
     check_flags(setup.optimizer, g.flags);
   }
   return groups;
+}
+
+bool ValueRange::contains(double value) const {
+  return std::isfinite(value) && (lo_open ? value > lo : value >= lo) && (hi_open ? value < hi : value <= hi);
+}
+
+const std::map<std::string, ValueRange>& optimizer_value_ranges() {
+  static const std::map<std::string, ValueRange> ranges = {
+      {"lr", {0, 1e6, false, false}},          {"momentum", {0, 1, false, true}},
+      {"dampening", {0, 1, false, false}},     {"weight_decay", {0, 1e6, false, false}},
+      {"beta1", {0, 1, false, true}},          {"beta2", {0, 1, false, true}},
+      {"eps", {0, 1, true, false}},            {"alpha", {0, 1, false, false}},
+      {"lr_decay", {0, 1e6, false, false}},    {"initial_accumulator_value", {0, 1e6, false, false}},
+  };
+  return ranges;
+}
+
+const ValueRange* optimizer_value_range(const std::string& name) {
+  const auto it = optimizer_value_ranges().find(name);
+  return it == optimizer_value_ranges().end() ? nullptr : &it->second;
 }
 
 std::string number_text(double value) {

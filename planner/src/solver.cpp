@@ -15,6 +15,7 @@
 #include "accumplan/memory_model.h"
 #include "accumplan/step_time.h"
 #include "accumplan/tensor_spec.h"
+#include "accumplan/terms.h"
 #include "accumplan/token_model.h"
 
 namespace accumplan {
@@ -31,38 +32,40 @@ std::string pct(double f) {
 void validate(const PlanRequest& r) {
   if (r.target_tokens) {
     if (r.target_batch != 0) {
-      throw InputError("give --target-batch (samples per update) or --target-tokens (valid tokens per update), not both");
+      throw InputError("give " + option_name("--target-batch") + " (samples per update) or " + option_name("--target-tokens") +
+                       " (valid tokens per update), not both");
     }
     if (*r.target_tokens < 1) {
-      throw InputError("--target-tokens must be at least 1 (valid tokens per update), got " + std::to_string(*r.target_tokens));
+      throw InputError(option_name("--target-tokens") + " must be at least 1 (valid tokens per update), got " +
+                       std::to_string(*r.target_tokens));
     }
-    checked_in_range(*r.target_tokens, 1, kMaxTargetTokens, "--target-tokens");
+    checked_in_range(*r.target_tokens, 1, kMaxTargetTokens, option_name("--target-tokens"));
   } else if (r.target_batch < 1) {
-    throw InputError("--target-batch must be at least 1, got " + std::to_string(r.target_batch));
+    throw InputError(option_name("--target-batch") + " must be at least 1, got " + std::to_string(r.target_batch));
   }
-  if (!r.target_tokens) checked_in_range(r.target_batch, 1, kMaxSamples, "--target-batch");
+  if (!r.target_tokens) checked_in_range(r.target_batch, 1, kMaxSamples, option_name("--target-batch"));
   if (r.world_size < 1) {
-    throw InputError("--world-size must be at least 1, got " + std::to_string(r.world_size));
+    throw InputError(option_name("--world-size") + " must be at least 1, got " + std::to_string(r.world_size));
   }
-  checked_in_range(r.world_size, 1, kMaxWorldSize, "--world-size");
+  checked_in_range(r.world_size, 1, kMaxWorldSize, option_name("--world-size"));
   if (r.headroom.kind == HeadroomSpec::Kind::Fraction && !(r.headroom.fraction >= 0.0 && r.headroom.fraction <= 1.0)) {
     std::ostringstream got;
     got << r.headroom.fraction;
-    throw InputError("--headroom " + got.str() + ": a fraction of the activations must be in [0, 1], e.g. 0.05");
+    throw InputError(option_name("--headroom") + " " + got.str() + ": a fraction of the activations must be in [0, 1], e.g. 0.05");
   }
   if (r.headroom.kind == HeadroomSpec::Kind::Bytes && r.headroom.bytes < 0) {
-    throw InputError("--headroom " + std::to_string(r.headroom.bytes) + " bytes: a size must be >= 0");
+    throw InputError(option_name("--headroom") + " " + std::to_string(r.headroom.bytes) + " bytes: a size must be >= 0");
   }
   if (r.multiple_of && *r.multiple_of < 1) {
-    throw InputError("--multiple-of must be at least 1, got " + std::to_string(*r.multiple_of));
+    throw InputError(option_name("--multiple-of") + " must be at least 1, got " + std::to_string(*r.multiple_of));
   }
   if (r.max_micro_batch && *r.max_micro_batch < 1) {
-    throw InputError("--max-micro-batch must be at least 1, got " + std::to_string(*r.max_micro_batch));
+    throw InputError(option_name("--max-micro-batch") + " must be at least 1, got " + std::to_string(*r.max_micro_batch));
   }
-  if (r.multiple_of) checked_in_range(*r.multiple_of, 1, kMaxSamples, "--multiple-of");
-  if (r.max_micro_batch) checked_in_range(*r.max_micro_batch, 1, kMaxSamples, "--max-micro-batch");
+  if (r.multiple_of) checked_in_range(*r.multiple_of, 1, kMaxSamples, option_name("--multiple-of"));
+  if (r.max_micro_batch) checked_in_range(*r.max_micro_batch, 1, kMaxSamples, option_name("--max-micro-batch"));
   if (r.split != "balanced" && r.split != "uniform") {
-    throw InputError("--split must be 'balanced' or 'uniform', got '" + cut_for_message(r.split) + "'");
+    throw InputError(option_name("--split") + " must be 'balanced' or 'uniform', got '" + cut_for_message(r.split) + "'");
   }
 }
 
@@ -73,7 +76,7 @@ void check_divisible(int64_t target, int64_t step, const std::string& why) {
   const int64_t above = below + step;
   std::string nearest = below > 0 ? std::to_string(below) + " or " + std::to_string(above)
                                   : std::to_string(above);
-  throw InfeasibleError("--target-batch " + std::to_string(target) + " is not divisible by " +
+  throw InfeasibleError(option_name("--target-batch") + " " + std::to_string(target) + " is not divisible by " +
                         why + " (" + std::to_string(step) + "); nearest valid target batches: " +
                         nearest);
 }
@@ -162,7 +165,7 @@ MarginModel margin_model(const MemoryModel& model, const Profile& profile, const
 int64_t resolve_budget(const Profile& profile, const PlanRequest& request) {
   if (request.budget.is_set()) return request.budget.resolve_bytes(profile.device.total_bytes);
   if (profile.device.total_bytes > 0) return profile.device.total_bytes;
-  throw InputError("the profile does not record the device's memory; give --memory-budget");
+  throw InputError("the profile does not record the device's memory; give " + option_name("--memory-budget"));
 }
 
 // The sample fields every plan carries: B over W ranks split as `sizes`, at most m_max per
@@ -264,7 +267,7 @@ std::vector<int64_t> window_head(const std::vector<int64_t>& sizes) {
   const int64_t need = std::max(model.predict_peak_bytes(unit), model.optimizer_step_peak_bytes());
   std::ostringstream s;
   s << "no microbatch fits: budget " << format_bytes(budget) << " less a margin of " << format_bytes(margin)
-    << " (--headroom " << mm.spec.text() << ") leaves " << format_bytes(usable) << ", but ";
+    << " (" << option_name("--headroom") << " " << mm.spec.text() << ") leaves " << format_bytes(usable) << ", but ";
   if (model.persistent().total() > usable) {
     s << "the model's persistent memory alone is " << format_bytes(model.persistent().total())
       << " (weights " << format_bytes(model.persistent().weights_bytes) << " + gradients "
@@ -275,8 +278,8 @@ std::vector<int64_t> window_head(const std::vector<int64_t>& sizes) {
   } else {
     s << "the smallest microbatch needs " << breakdown(model, unit);
   }
-  s << ". Raise --memory-budget to at least " << format_bytes(need + margin)
-    << ", lower --headroom, or use an optimizer with less state (sgd keeps none, adam two copies "
+  s << ". Raise " << option_name("--memory-budget") << " to at least " << format_bytes(need + margin) << ", lower "
+    << option_name("--headroom") << ", or use an optimizer with less state (sgd keeps none, adam two copies "
        "of the weights)";
   throw InfeasibleError(s.str());
 }
@@ -338,9 +341,9 @@ void check_request(const PlanRequest& request) {
   if (request.target_tokens) return;  // the window in samples is known only with the longest length
   const int64_t B = request.target_batch;
   const int64_t W = request.world_size;
-  check_divisible(B, W, "--world-size");
+  check_divisible(B, W, option_name("--world-size"));
   const int64_t unit = request.multiple_of.value_or(1);
-  if ((B / W) % unit != 0) check_divisible(B, W * unit, "world size x --multiple-of");
+  if ((B / W) % unit != 0) check_divisible(B, W * unit, "world size x " + option_name("--multiple-of"));
 }
 
 namespace {
@@ -370,8 +373,8 @@ SampleBound sample_bound(const Profile& profile, const PlanRequest& request, con
     infeasible(model, mm, unit, budget);
   }
   if (request.max_micro_batch && *request.max_micro_batch < unit) {
-    throw InputError("--max-micro-batch " + std::to_string(*request.max_micro_batch) +
-                     " is smaller than --multiple-of " + std::to_string(unit));
+    throw InputError(option_name("--max-micro-batch") + " " + std::to_string(*request.max_micro_batch) + " is smaller than " +
+                     option_name("--multiple-of") + " " + std::to_string(unit));
   }
   sb.m_max = std::min(sb.m_fit, T);
   // The whole per-rank batch as one microbatch: no gradient is resident in a one-microbatch
@@ -396,10 +399,11 @@ SampleBound sample_bound(const Profile& profile, const PlanRequest& request, con
   const int64_t k_uniform =
       request.split == "uniform" ? T / std::max<int64_t>(1, largest_divisor_at_most(T, sb.m_max, unit)) : 0;
   if (std::max(k_needed, k_uniform) > kMaxAccumulationSteps) {
-    throw InfeasibleError("--target-batch " + std::to_string(request.target_batch) + ": " + std::to_string(T) +
+    throw InfeasibleError(option_name("--target-batch") + " " + std::to_string(request.target_batch) + ": " + std::to_string(T) +
                           " samples per rank at microbatches of at most " + std::to_string(sb.m_max) + " need " +
                           std::to_string(std::max(k_needed, k_uniform)) + " microbatches per window; accumplan plans at most " +
-                          std::to_string(kMaxAccumulationSteps) + ". Lower --target-batch or raise --memory-budget");
+                          std::to_string(kMaxAccumulationSteps) + ". Lower " + option_name("--target-batch") + " or raise " +
+                          option_name("--memory-budget"));
   }
   return sb;
 }
@@ -460,7 +464,10 @@ void fill_sample_memory(Plan& plan, const Profile& profile, const MemoryModel& m
   plan.fit = model.summary();
 }
 
-// One sentence: why a sample plan has the window it has.
+// One sentence: why a sample plan has the window it has. A plan's reason is part of the document,
+// so it names options as the command line does whichever front end planned it (terms.h words the
+// messages a caller is refused with, not what a plan records); choose_by_timing's note and
+// token_reason likewise.
 std::string sample_reason(const Plan& plan, const SampleBound& sb, const Evidence& ev, const MarginModel& mm,
                           int64_t k_min, const std::string& timing_note, const PlanRequest& request) {
   const MemoryBreakdown& mem = plan.memory;
@@ -511,9 +518,10 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   if (is_token_profile(profile)) return make_token_plan(profile, request);
   check_request(request);
   if (request.target_tokens) {
-    throw InputError("--target-tokens " + std::to_string(*request.target_tokens) + " needs variable-length data "
-                     "(inputs with a sequence dimension T and --seq-len, or a ragged --batch-file); this profile "
-                     "measured fixed shapes: give --target-batch");
+    throw InputError(option_name("--target-tokens") + " " + std::to_string(*request.target_tokens) +
+                     " needs variable-length data (inputs with a sequence dimension T and " + option_name("--seq-len") +
+                     ", or a ragged " + option_name("--batch-file") + "); this profile measured fixed shapes: give " +
+                     option_name("--target-batch"));
   }
   const int64_t T = request.target_batch / request.world_size;
   const MemoryModel model = MemoryModel::fit(profile);
@@ -645,10 +653,10 @@ namespace {
 // The longest sequence a token plan is made for: --seq-len's longest, else the profile's.
 int64_t planned_max_seq_len(const Profile& profile, const PlanRequest& request) {
   if (request.max_seq_len) {
-    return checked_in_range(*request.max_seq_len, 1, TokenMemoryModel::kMaxSeqLen, "--seq-len's longest length");
+    return checked_in_range(*request.max_seq_len, 1, TokenMemoryModel::kMaxSeqLen, option_name("--seq-len") + "'s longest length");
   }
   if (!profile.setup.seq_len.empty()) return parse_seq_len(profile.setup.seq_len, "the profile's setup.seq_len").max;
-  throw InputError("the profile measured variable-length data but records no sequence lengths; give --seq-len");
+  throw InputError("the profile measured variable-length data but records no sequence lengths; give " + option_name("--seq-len"));
 }
 
 // The samples of the window the sample fields describe: --target-batch, or with --target-tokens N
@@ -658,8 +666,8 @@ int64_t token_window_samples(const PlanRequest& request, int64_t t_max) {
   if (!request.target_tokens) return request.target_batch;
   const int64_t W = request.world_size;
   const int64_t sequences = *request.target_tokens / t_max + (*request.target_tokens % t_max != 0 ? 1 : 0);
-  return checked_in_range(checked_mul((sequences + W - 1) / W, W, "--target-tokens' sequences"), 1, kMaxSamples,
-                          "--target-tokens / --seq-len's longest, in sequences");
+  return checked_in_range(checked_mul((sequences + W - 1) / W, W, option_name("--target-tokens") + "' sequences"), 1, kMaxSamples,
+                          option_name("--target-tokens") + " / " + option_name("--seq-len") + "'s longest, in sequences");
 }
 
 // The token budget and the margin it was solved under.
@@ -692,7 +700,7 @@ TokenSolution solve_token_budget(const Profile& profile, const PlanRequest& requ
   ts.usable_bytes = budget - ts.margin_bytes;
   ts.token_budget = ts.usable_bytes > 0 ? model.token_budget(ts.usable_bytes, t_max) : 0;
   // No microbatch holds more than the per-rank window; none at T_max as large as one that failed.
-  ts.token_budget = std::min(ts.token_budget, checked_mul(T, t_max, "the per-rank batch x --seq-len"));
+  ts.token_budget = std::min(ts.token_budget, checked_mul(T, t_max, "the per-rank batch x " + option_name("--seq-len")));
   for (const auto& t : profile.trials) {
     if (!t.fit && t.seq_len && *t.seq_len >= t_max && !t.window.empty()) {
       const int64_t failed = *std::min_element(t.window.begin(), t.window.end());
@@ -701,10 +709,11 @@ TokenSolution solve_token_budget(const Profile& profile, const PlanRequest& requ
   }
   if (ts.token_budget < t_max) {
     const int64_t alone = ts.usable_bytes > 0 ? model.longest_sequence(ts.usable_bytes) : 0;
-    throw InfeasibleError("one sequence of " + std::to_string(t_max) + " tokens (--seq-len's longest) is predicted to need " +
+    throw InfeasibleError("one sequence of " + std::to_string(t_max) + " tokens (" + option_name("--seq-len") + "'s longest) is predicted to need " +
                           format_bytes(model.predict_peak_bytes(1, t_max) + ts.margin_bytes) + " with the margin, more than the " +
                           format_bytes(budget) + " budget; the longest sequence that fits alone has " +
-                          std::to_string(alone) + " tokens. Truncate to that with --seq-len, or raise --memory-budget");
+                          std::to_string(alone) + " tokens. Truncate to that with " + option_name("--seq-len") + ", or raise " +
+                          option_name("--memory-budget"));
   }
   return ts;
 }
@@ -805,9 +814,10 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   check_request(request);
   const int64_t W = request.world_size;
   if (request.multiple_of || request.max_micro_batch || request.use_timing) {
-    const std::string option = request.multiple_of ? "--multiple-of " + std::to_string(*request.multiple_of)
-                               : request.max_micro_batch ? "--max-micro-batch " + std::to_string(*request.max_micro_batch)
-                                                         : std::string("--use-timing");
+    const std::string option =
+        request.multiple_of       ? option_name("--multiple-of") + " " + std::to_string(*request.multiple_of)
+        : request.max_micro_batch ? option_name("--max-micro-batch") + " " + std::to_string(*request.max_micro_batch)
+                                  : option_name("--use-timing");
     throw InputError(option + " applies to sample plans; variable-length data is packed by tokens");
   }
   const TokenMemoryModel model = TokenMemoryModel::fit(profile);
@@ -818,11 +828,11 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   const TokenSolution ts = solve_token_budget(profile, request, model, budget, t_max, T);
   const int64_t m_max = std::min(ts.token_budget / t_max, T);
   if (T / m_max + (T % m_max != 0 ? 1 : 0) > kMaxAccumulationSteps) {
-    throw InfeasibleError(std::string(request.target_tokens ? "--target-tokens" : "--target-batch") + " " +
+    throw InfeasibleError(option_name(request.target_tokens ? "--target-tokens" : "--target-batch") + " " +
                           std::to_string(request.target_tokens.value_or(B)) + ": " + std::to_string(T) + " samples per rank padded to " +
                           std::to_string(t_max) + " tokens at " + std::to_string(m_max) + " per microbatch need more than " +
-                          std::to_string(kMaxAccumulationSteps) + " microbatches per window. Lower --target-batch or raise "
-                          "--memory-budget");
+                          std::to_string(kMaxAccumulationSteps) + " microbatches per window. Lower " + option_name("--target-batch") +
+                          " or raise " + option_name("--memory-budget"));
   }
 
   Plan plan;

@@ -10,6 +10,7 @@
 
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
+#include "accumplan/terms.h"
 #include "accumplan/units.h"
 #include "least_squares.h"
 #include "settle.h"
@@ -275,7 +276,8 @@ std::vector<std::vector<int64_t>> pack_by_token_budget(const std::vector<int64_t
 
 std::vector<std::pair<int64_t, int64_t>> token_windows(const std::vector<int64_t>& valid_tokens, int64_t target_tokens) {
   if (target_tokens < 1) {
-    throw InputError("--target-tokens must be at least 1 (valid tokens per update), got " + std::to_string(target_tokens));
+    throw InputError(option_name("--target-tokens") + " must be at least 1 (valid tokens per update), got " +
+                     std::to_string(target_tokens));
   }
   std::vector<std::pair<int64_t, int64_t>> windows;
   int64_t start = 0, tokens = 0;

@@ -50,8 +50,13 @@ def _group_values(group, cls_name, table, defaults):
     that the group holds, every flag that differs from the class's default. ValueError naming a
     constructor setting the table does not know, set away from its default (never dropped)."""
     values = dict(group)
-    if "betas" in values:
-        values["beta1"], values["beta2"] = (float(b) for b in values.pop("betas"))
+    for keyword, members in table["grouped"].items():  # torch's betas: beta1, beta2
+        if keyword in values:
+            parts = [float(v) for v in values.pop(keyword)]
+            if len(parts) != len(members):
+                raise ValueError("optimizer: %s's %s holds %d values; a plan records %d (%s)"
+                                 % (cls_name, keyword, len(parts), len(members), ", ".join(members)))
+            values.update(zip(members, parts))
     hp = {k: _finite(values[k], "optimizer: %s's %s" % (cls_name, k)) for k in table["hyperparameters"] if k in values}
     flags = {}
     for key, value in values.items():

@@ -43,6 +43,7 @@
 #include "accumplan/solver.h"
 #include "accumplan/step_time.h"
 #include "accumplan/tensor_spec.h"
+#include "accumplan/terms.h"
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
 
@@ -293,8 +294,8 @@ std::string checkpoint_plan(WindowRunner& runner, const std::string& plan_text,
 // optimizer_table: how accumplan/measure.py recognises a torch optimizer and what it records of
 // it, from the one table (accumplan/setup_rules.h): {name: {"torch_class": torch.optim's class,
 // "torch_fixed": {keyword: the value that makes the class this optimizer}, "default_lr",
-// "hyperparameters": {key: the default an absent one means}, "flags": [on/off options]}}, in the
-// table's order. export_plan: `accumplan export`'s exporter, its refusals naming the Python
+// "hyperparameters": {key: the default an absent one means}, "flags": [on/off options],
+// "grouped": {torch's keyword: the hyperparameters it carries, in order}}}, in the table's order. export_plan: `accumplan export`'s exporter, its refusals naming the Python
 // arguments (allow_slow, allow_lossy, lightning_datamodule).
 
 py::dict optimizer_table_dict() {
@@ -308,6 +309,11 @@ py::dict optimizer_table_dict() {
     entry["default_lr"] = row.default_lr;
     entry["hyperparameters"] = optimizer_defaults(row.name);
     entry["flags"] = row.flags;
+    py::dict grouped;  // {"betas": ["beta1", "beta2"]} for the Adam rows
+    for (const TorchKeyword& k : torch_keywords(row)) {
+      if (k.members.size() > 1) grouped[py::str(k.keyword)] = k.members;
+    }
+    entry["grouped"] = grouped;
     table[py::str(row.name)] = entry;
   }
   return table;
@@ -330,7 +336,8 @@ std::pair<std::string, std::string> export_text(const std::string& plan_text, co
 
 void bind_optimizer_and_exports(py::module_& m) {
   m.def("optimizer_table", &optimizer_table_dict,
-        "{optimizer: {'torch_class', 'torch_fixed', 'default_lr', 'hyperparameters': {name: default}, 'flags'}}: "
+        "{optimizer: {'torch_class', 'torch_fixed', 'default_lr', 'hyperparameters': {name: default}, 'flags', "
+        "'grouped': {keyword: [names]}}}: "
         "the optimizers a plan's setup records, in order");
   m.attr("EXPORT_TARGETS") = export_targets();
   m.def("export_plan", &export_text, py::arg("plan"), py::arg("target"), py::arg("plan_path"), py::arg("allow_slow"),
@@ -347,6 +354,7 @@ void bind_plan_rules(pybind11::module_& m);  // python/core/plan_rules.cpp
 }  // namespace accumplan
 
 PYBIND11_MODULE(_core, m) {
+  accumplan::set_front_end(accumplan::FrontEnd::Python);  // the planner's messages name Python's arguments
   using namespace accumplan;
   m.doc() = "accumplan's C++ planner rules (plan reader, splits, re-plans, packing); see accumplan.plan";
   static py::exception<InputError> input_error(m, "InputError", PyExc_ValueError);

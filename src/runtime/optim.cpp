@@ -16,29 +16,11 @@
 namespace accumplan {
 namespace {
 
-// Each hyperparameter's range. The optimizers compute in float32 on float32 parameters, so a
-// value like --lr 1e308 is not only meaningless but fails deep in LibTorch ("cannot be converted
-// to type float without overflow"); refuse it here with the option's name and the range.
-struct Range {
-  double lo, hi;
-  bool lo_open, hi_open;
-};
-const std::map<std::string, Range>& hyperparameter_ranges() {
-  static const std::map<std::string, Range> ranges = {
-      {"lr", {0, 1e6, false, false}},          {"momentum", {0, 1, false, true}},
-      {"dampening", {0, 1, false, false}},     {"weight_decay", {0, 1e6, false, false}},
-      {"beta1", {0, 1, false, true}},          {"beta2", {0, 1, false, true}},
-      {"eps", {0, 1, true, false}},            {"alpha", {0, 1, false, false}},
-      {"lr_decay", {0, 1e6, false, false}},    {"initial_accumulator_value", {0, 1e6, false, false}},
-  };
-  return ranges;
-}
-
+// A value outside its range (setup_rules.h's one table) is refused here with the option's name
+// and the range, not deep in LibTorch ("cannot be converted to type float without overflow").
 void check_hyperparameter(const std::string& key, double value) {
-  const Range& r = hyperparameter_ranges().at(key);
-  const bool ok = std::isfinite(value) && (r.lo_open ? value > r.lo : value >= r.lo) &&
-                  (r.hi_open ? value < r.hi : value <= r.hi);
-  if (ok) return;
+  const ValueRange& r = optimizer_value_ranges().at(key);
+  if (r.contains(value)) return;
   std::string option = "--" + key;
   for (char& c : option) c = c == '_' ? '-' : c;
   char text[160];
@@ -56,7 +38,7 @@ void check_optimizer_values(const Setup& setup) {
   for (const OptimizerGroup& g : groups) {
     check_hyperparameter("lr", g.lr);
     for (const auto& [key, value] : g.hyperparameters) {
-      if (hyperparameter_ranges().count(key)) check_hyperparameter(key, value);
+      if (optimizer_value_range(key)) check_hyperparameter(key, value);
     }
   }
   // What LibTorch's optimizers cannot run is refused, never dropped (the torchrun export asks the
@@ -113,7 +95,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Setup& setup, std:
     return std::make_unique<SGD>(std::move(params), o);
   }
   if (name == "adam" || name == "adamw") {
-    const std::tuple<double, double> betas{hp.at("beta1"), hp.at("beta2")};
+    const std::vector<std::string>& beta = torch_grouped_members("betas");  // (beta1, beta2)
+    const std::tuple<double, double> betas{hp.at(beta.at(0)), hp.at(beta.at(1))};
     if (name == "adam") {
       AdamOptions o(group.lr);
       o.betas(betas).eps(hp.at("eps")).weight_decay(hp.at("weight_decay")).amsgrad(flag("amsgrad"));

@@ -25,8 +25,9 @@
 namespace accumplan {
 
 // Throws InputError naming the option (--lr, --momentum, ...), the value and its range for a
-// learning rate or hyperparameter (of any parameter group) that is not finite or out of range (lr
-// in (0, 1e6], momentum and betas in [0, 1), eps in (0, 1], ...), for what LibTorch cannot run
+// learning rate or hyperparameter (of any parameter group) that is not finite or out of its range
+// (setup_rules.h's optimizer_value_ranges: lr in [0, 1e6], momentum and betas in [0, 1), eps in
+// (0, 1], ...), for what LibTorch cannot run
 // (libtorch_cannot_run: groups with different values, maximize=true), and for nesterov without
 // momentum. make_optimizer calls it; commands call it before loading anything.
 void check_optimizer_values(const Setup& setup);

@@ -3,6 +3,7 @@
 // than 25% slower. tests/python/test_exports.py parses the same outputs with the consumers.
 #include <catch2/catch.hpp>
 
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -288,6 +289,21 @@ TEST_CASE("Exporters: Hugging Face gets precision, clipping, optimizer and per-t
   CHECK(note.find("cannot set lr_decay=0.5") != std::string::npos);
 }
 
+TEST_CASE("Exporters: torch's betas carry beta1 and beta2 in the place of beta1, the one grouping rule", "[export]") {
+  CHECK(torch_grouped_members("betas") == std::vector<std::string>{"beta1", "beta2"});
+  CHECK_THROWS_AS(torch_grouped_members("momentum"), InternalError);
+  std::vector<std::string> adam;
+  for (const TorchKeyword& k : torch_keywords(optimizer_info("adam"))) adam.push_back(k.keyword);
+  CHECK(adam == std::vector<std::string>{"betas", "eps", "weight_decay"});
+  for (const TorchKeyword& k : torch_keywords(optimizer_info("momentum"))) CHECK(k.members == std::vector<std::string>{k.keyword});
+  Plan p = plan_for(256, 1, 256);
+  p.setup.optimizer = "adamw";
+  p.setup.hyperparameters = {{"beta1", 0.8}, {"beta2", 0.95}};
+  const json kwargs = json::parse(export_plan(p, "accelerate", nullptr))["optimizer"]["kwargs"];
+  CHECK(kwargs["betas"] == json::array({0.8, 0.95}));
+  CHECK_FALSE(kwargs.contains("beta1"));
+}
+
 TEST_CASE("Exporters: every optimizer of the table exports torch.optim's class with each hyperparameter", "[export]") {
   for (const OptimizerInfo& row : optimizer_table()) {
     Plan p = plan_for(256, 1, 256);
@@ -298,13 +314,15 @@ TEST_CASE("Exporters: every optimizer of the table exports torch.optim's class w
     CHECK(acc["optimizer"]["class"] == "torch.optim." + row.torch_class);
     const json& kwargs = acc["optimizer"]["kwargs"];
     CHECK(kwargs["lr"] == 0.25);
-    for (const OptimizerHyperparameter& h : row.hyperparameters) {
-      if (h.name == "beta1" || h.name == "beta2") {
-        CHECK(kwargs["betas"][h.name == "beta1" ? 0 : 1] == h.plan_default);
-      } else {
-        CHECK(kwargs[h.name] == h.plan_default);
+    std::map<std::string, double> defaults;
+    for (const OptimizerHyperparameter& h : row.hyperparameters) defaults[h.name] = h.plan_default;
+    size_t written = 0;
+    for (const TorchKeyword& k : torch_keywords(row)) {
+      for (size_t i = 0; i < k.members.size(); ++i, ++written) {
+        CHECK((k.members.size() == 1 ? kwargs[k.keyword] : kwargs[k.keyword][i]) == defaults.at(k.members[i]));
       }
     }
+    CHECK(written == row.hyperparameters.size());
     for (const auto& [key, value] : row.torch_fixed) CHECK(kwargs[key] == value);
     // Trainer names it by its own word, or the export says it has none (never another optimizer's).
     if (row.hf_optim.empty()) {

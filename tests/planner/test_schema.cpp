@@ -3,6 +3,7 @@
 // ACCUMPLAN_UPDATE_GOLDEN=1 and review the diff.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdlib>
 #include <set>
 
@@ -511,6 +512,27 @@ TEST_CASE("Schema: bad optimizer flags and groups are refused, naming the field"
   bad = doc;
   bad["setup"]["param_groups"][1].erase("lr");
   CHECK_THAT(error_of(bad, true), Catch::Contains("$.setup.param_groups[1].lr"));
+}
+
+TEST_CASE("Schema: every optimizer value has one range, which the plan reader's lr check reads",
+          "[schema][optimizer]") {
+  for (const OptimizerInfo& row : optimizer_table()) {
+    for (const OptimizerHyperparameter& h : row.hyperparameters) {
+      CAPTURE(row.name, h.name);
+      REQUIRE(optimizer_value_range(h.name) != nullptr);
+      CHECK(optimizer_value_range(h.name)->contains(h.plan_default));
+      CHECK(optimizer_value_range(h.name)->contains(h.torch_default));
+    }
+  }
+  const ValueRange& lr = *optimizer_value_range("lr");
+  CHECK(lr.contains(0.0));
+  CHECK_FALSE(lr.contains(-1e-9));
+  CHECK_FALSE(lr.contains(std::nan("")));
+  CHECK_FALSE(optimizer_value_range("beta1")->contains(1.0));  // open at 1
+  CHECK(optimizer_value_range("no_such_value") == nullptr);
+  json bad = json::parse(to_json(grouped_plan()).dump());
+  bad["setup"]["lr"] = lr.hi * 2;
+  CHECK_THAT(error_of(bad, true), Catch::Contains("$.setup.lr: 2000000.0 is out of range; expected a number in [0, 1000000]"));
 }
 
 TEST_CASE("Schema: lr 0 (a warm-up scheduler's first step) reads; a negative lr is refused, naming the field",

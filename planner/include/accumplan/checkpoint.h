@@ -37,7 +37,7 @@
 #include <string>
 #include <vector>
 
-#include "accumplan/memory_model.h"  // TimeModel
+#include "accumplan/memory_model.h"  // PeakLine, TimeModel
 #include "accumplan/schema.h"        // BlockCost
 
 namespace accumplan {
@@ -76,6 +76,9 @@ struct CheckpointModel {
   // headroom, 2% with --headroom auto), so a model a few percent off still fits its confirmation.
   double margin_fraction = 0;
 
+  // peak(S, b) of the file comment as a line, at least optimizer_step_peak_bytes. InputError for a
+  // block index out of range.
+  PeakLine peak_line(const CheckpointSet& set) const;
   // The formulas of the file comment (the peak at least optimizer_step_peak_bytes). InputError for a block index out of range.
   int64_t predicted_peak_bytes(const CheckpointSet& set, int64_t micro_batch) const;
   // A window of these microbatch sizes: the first runs without gradients resident, the others

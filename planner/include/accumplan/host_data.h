@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "accumplan/errors.h"
+#include "accumplan/terms.h"
 #include "accumplan/units.h"
 
 namespace accumplan {
@@ -62,8 +63,9 @@ inline std::optional<int64_t> failed_host_allocation_bytes(const std::string& wh
 // The one line for it: exit 2, what was being done, and the size asked for.
 inline InputError host_out_of_memory(int64_t bytes, const std::string& during) {
   return InputError("the host ran out of memory" + (during.empty() ? std::string() : " " + during) + (bytes > 0 ? ": LibTorch could not allocate " + format_bytes(bytes) + " more" : std::string()) +
-                    " (the machine's free memory or a ulimit); give smaller data, shapes, --seq-len or --target-batch, "
-                    "or lower ACCUMPLAN_MAX_HOST_DATA below what this machine can hold");
+                    " (the machine's free memory or a ulimit); give smaller data, shapes, " + option_name("--seq-len") +
+                    " or " + option_name("--target-batch") +
+                    ", or lower ACCUMPLAN_MAX_HOST_DATA below what this machine can hold");
 }
 
 }  // namespace accumplan

@@ -18,6 +18,30 @@
 
 namespace accumplan {
 
+// A line of peak bytes over the microbatch, intercept + slope·b, never below floor_bytes when one
+// is set: the one evaluation of such a line. The memory model's steady line, a plan's fit summary
+// alone, activation checkpointing's peak with a set checkpointed (accumplan/checkpoint.h) and the
+// search's eval line are each one.
+struct PeakLine {
+  double intercept_bytes = 0;
+  double slope_bytes_per_sample = 0;
+  // A peak no microbatch size lowers (the optimizer step's transient); none: the line alone.
+  std::optional<double> floor_bytes;
+
+  static PeakLine of(const FitSummary& fit);
+  // intercept + slope·b (at least the floor), not rounded.
+  double bytes(int64_t micro_batch) const;
+  // bytes(b) rounded up, saturated at twice checked.h's kMaxBytes: a prediction for 10^12
+  // samples is "does not fit", not a conversion out of int64's range.
+  int64_t peak_bytes(int64_t micro_batch) const;
+  // Largest b in [1, limit_micro_batch] with
+  //   ceil(bytes(b)) + extra_bytes + ceil(fraction · max(0, slope) · b) <= budget_bytes,
+  // or 0 if even b = 1 does not. From the closed form, settled on the integer rule in a bounded
+  // number of steps (settle.h): nothing counts b one at a time.
+  int64_t largest_fitting(int64_t budget_bytes, int64_t limit_micro_batch, int64_t extra_bytes = 0,
+                          double fraction = 0) const;
+};
+
 class MemoryModel {
  public:
   // Throws InputError if the profile has fewer than two distinct microbatch sizes, or peaks that
@@ -26,6 +50,8 @@ class MemoryModel {
 
   const FitSummary& summary() const { return fit_; }
   const Persistent& persistent() const { return persistent_; }
+  // The steady line: intercept + slope·b.
+  PeakLine line() const { return PeakLine::of(fit_); }
 
   double predict_bytes(int64_t micro_batch) const;
   int64_t predict_peak_bytes(int64_t micro_batch) const;  // rounded up

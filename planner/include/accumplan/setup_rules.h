@@ -7,10 +7,13 @@
 //   - the one optimizer table: each optimizer's name, torch.optim class, default learning rate,
 //     hyperparameters with their defaults (what an absent one means), on/off options (flags) and
 //     Hugging Face Trainer's words for it; its parameter groups with every value filled in, and
-//     what LibTorch cannot run of them;
+//     what LibTorch cannot run of them; which hyperparameters torch.optim takes as one keyword
+//     (betas = (beta1, beta2));
+//   - the one table of optimizer value ranges (lr and every hyperparameter), which `accumplan
+//     run` (runtime/optim.h) and the plan reader (schema.cpp) check against;
 //   - setup.normalization resolved: per token or per sample.
-// What it is not: validation of ranges (runtime/optim.h checks values against LibTorch's limits)
-// or the construction of anything.
+// What it is not: the checks themselves (runtime/optim.h refuses what LibTorch cannot run, the
+// readers refuse what a document cannot hold) or the construction of anything.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +27,7 @@
 namespace accumplan {
 
 // One hyperparameter of an optimizer (beyond lr), by the plan's name: LibTorch's, with torch.optim's
-// `betas` as beta1 and beta2.
+// `betas` as beta1 and beta2 (torch_grouped_keywords).
 struct OptimizerHyperparameter {
   std::string name;
   double plan_default = 0;   // what a plan that leaves it out means (momentum's momentum: 0.9)
@@ -50,6 +53,24 @@ struct OptimizerInfo {
   std::vector<std::pair<std::string, std::string>> hf_arguments;
   std::string hf_decay_note;
 };
+
+// One of torch.optim's keyword arguments for a row's hyperparameters: a plan's hyperparameter by
+// its own name, or several that torch takes as one tuple (`betas` = (beta1, beta2)).
+struct TorchKeyword {
+  std::string keyword;               // torch.optim's name
+  std::vector<std::string> members;  // the plan's hyperparameters it carries, in torch's order
+};
+
+// The one rule for hyperparameters torch.optim groups into one keyword: betas = (beta1, beta2).
+// The exporters write it, the LibTorch runtime builds its options from it, and accumplan.plan
+// (through _core.optimizer_table's "grouped") splits a param_group's tuple by it.
+const std::vector<TorchKeyword>& torch_grouped_keywords();
+// The plan's hyperparameters torch's `keyword` carries, in order; InternalError for a keyword
+// torch_grouped_keywords does not hold.
+const std::vector<std::string>& torch_grouped_members(const std::string& keyword);
+// `row`'s hyperparameters as torch.optim's keywords, in its keyword order: a group in the place of
+// its first member, every other hyperparameter alone.
+std::vector<TorchKeyword> torch_keywords(const OptimizerInfo& row);
 
 // Every optimizer accumplan measures: sgd momentum adam adamw adagrad rmsprop, in that order.
 const std::vector<OptimizerInfo>& optimizer_table();
@@ -97,6 +118,29 @@ std::string libtorch_cannot_run(const Setup& setup);
 // The implementation flags that are set ("fused=true, foreach=false"), which LibTorch runs as
 // its one implementation (the same update); empty when none is set.
 std::string implementation_flags_set(const Setup& setup);
+
+// The values a number may take: lo to hi, each end open or closed.
+struct ValueRange {
+  double lo = 0;
+  double hi = 0;
+  bool lo_open = false;
+  bool hi_open = false;
+  // Finite and inside the range (NaN and the infinities never are).
+  bool contains(double value) const;
+};
+
+// The one table of optimizer value ranges, by the plan's name: lr and every hyperparameter of
+// optimizer_table. The optimizers compute in float32 on float32 parameters, so a value past these
+// (lr 1e308) is not only meaningless but fails deep in LibTorch; lr 0 is a warm-up scheduler's
+// first step. `accumplan run` refuses any value outside its range (runtime/optim.h), the plan
+// reader an lr outside it.
+const std::map<std::string, ValueRange>& optimizer_value_ranges();
+// The range of `name` in optimizer_value_ranges, or nullptr for a name it does not hold.
+const ValueRange* optimizer_value_range(const std::string& name);
+// What a profile or plan may record of any hyperparameter: [-1e6, 1e6], so that no arithmetic on
+// it overflows. Wider than optimizer_value_ranges: a document records the user's optimizer as it
+// was, and only a run on LibTorch's optimizers needs LibTorch's limits.
+inline constexpr ValueRange kRecordedHyperparameterRange{-1e6, 1e6, false, false};
 
 // "0.01", "1e-08", "0.9": a value as a message shows it (%g).
 std::string number_text(double value);

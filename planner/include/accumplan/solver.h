@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "accumplan/schema.h"
+#include "accumplan/terms.h"
 #include "accumplan/units.h"
 
 namespace accumplan {
@@ -46,7 +47,7 @@ struct HeadroomSpec {
   std::string text() const;  // "auto", "0.05", "256 MiB"
 };
 // The one parser of --headroom. Throws InputError naming `option`, the value and the forms.
-HeadroomSpec parse_headroom(const std::string& text, const std::string& option = "--headroom");
+HeadroomSpec parse_headroom(const std::string& text, const std::string& option = option_name("--headroom"));
 
 // The headroom a plan's margin was made with, to solve again as the plan did (a re-plan after an
 // OOM): auto, the fraction, or the fixed bytes (what a 1.0/1.1 plan's fraction of its budget was).

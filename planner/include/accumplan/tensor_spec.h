@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "accumplan/terms.h"
+
 namespace accumplan {
 
 struct TensorSpec {
@@ -49,7 +51,7 @@ struct SeqLenRange {
   int64_t max = 0;
   std::string text() const;  // "16..1024", or "512" when min == max
 };
-SeqLenRange parse_seq_len(const std::string& text, const std::string& what = "--seq-len");
+SeqLenRange parse_seq_len(const std::string& text, const std::string& what = option_name("--seq-len"));
 // The one parser of --seq-len-file's contents: observed sequence lengths in tokens, whitespace or
 // commas between them, '#' to the end of a line a comment. InputError naming `what` and the line
 // for a value that is not a length in [1, 2^31], or for no lengths at all.
