@@ -40,7 +40,10 @@ int64_t eval_size_after_oom(int64_t failing_size) {
 
 std::vector<int64_t> window_sizes(const Plan& plan, int64_t samples) {
   if (samples == plan.per_rank_batch) return plan.microbatch_sizes;
-  if (samples < 1 || samples > plan.per_rank_batch) {
+  // A plan with target_tokens windows by valid tokens: a window may hold more samples than the
+  // per-rank batch, split under the same largest microbatch.
+  const bool by_tokens = plan.tokens && plan.tokens->target_tokens;
+  if (samples < 1 || (samples > plan.per_rank_batch && !by_tokens)) {
     throw InputError("a window holds 1.." + std::to_string(plan.per_rank_batch) + " samples (the plan's per-rank batch); got " +
                      std::to_string(samples));
   }

@@ -13,6 +13,7 @@
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
+#include "accumplan/solver.h"
 #include "accumplan/tensor_spec.h"
 #include "accumplan/terms.h"
 #include "accumplan/units.h"
@@ -789,7 +790,7 @@ Plan plan_from_json(const json& doc) {
   for (const auto& f : root.at("microbatch_sizes").items()) p.microbatch_sizes.push_back(f.as_int());
   for (const auto& f : root.at("weights").items()) p.weights.push_back(f.as_double());
   p.max_micro_batch = root.i64("max_micro_batch");
-  p.split = root.one_of("split", {"balanced", "uniform"});
+  p.split = root.one_of("split", kSplitKinds);
   p.multiple_of = root.opt_i64("multiple_of");
   const JsonField u = root.at("uniform");
   p.uniform.micro_batch = u.i64("micro_batch");

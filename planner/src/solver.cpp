@@ -197,6 +197,16 @@ void set_window(Plan& plan, std::vector<int64_t> sizes, int64_t max_micro_batch,
   plan.uniform.accumulation_steps = T / plan.uniform.micro_batch;
 }
 
+Plan plan_for_window(const std::vector<int64_t>& sizes) {
+  if (sizes.empty() || *std::min_element(sizes.begin(), sizes.end()) < 1) {
+    throw InputError("a measurement window holds at least one microbatch of at least one sample");
+  }
+  Plan plan;
+  plan.target_batch = plan.per_rank_batch = checked_sum(sizes, "the window's samples");
+  set_window(plan, sizes, *std::max_element(sizes.begin(), sizes.end()));
+  return plan;
+}
+
 KeptMargin kept_margin(const Margin& margin) {
   KeptMargin k;
   k.constant_bytes = margin.allocator_fragmentation_bytes + margin.fixed_bytes;

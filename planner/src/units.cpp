@@ -113,6 +113,19 @@ BudgetSpec parse_budget(const std::string& text, const std::string& what) {
   return spec;
 }
 
+double device_memory_fraction(int64_t budget_bytes, int64_t total_bytes, const std::string& device) {
+  if (budget_bytes <= 0) {
+    throw InputError("a memory budget must be positive, got " + std::to_string(budget_bytes) + " bytes");
+  }
+  if (budget_bytes > total_bytes) {
+    throw InputError("the memory budget " + format_bytes(budget_bytes) + " exceeds " + device + "'s " +
+                     format_bytes(total_bytes));
+  }
+  // setMemoryFraction caps reserved bytes at fraction × total (the allocator takes the total from
+  // the same cudaMemGetInfo), so budget / total reproduces the budget to within a byte.
+  return static_cast<double>(budget_bytes) / static_cast<double>(total_bytes);
+}
+
 int64_t BudgetSpec::resolve_bytes(int64_t device_total_bytes) const {
   if (bytes) return *bytes;
   if (fraction) {

@@ -11,6 +11,7 @@
 
 #include "accumplan/replan.h"
 #include "accumplan/solver.h"
+#include "accumplan/terms.h"
 #include "accumplan/units.h"
 
 namespace accumplan {
@@ -30,14 +31,17 @@ std::string first_line(const std::string& s) {
 }
 
 // After an agreement collective: `status[r]` is -1 when rank r hit an error that is not an
-// out-of-memory. The failing rank rethrows its own error; every other rank throws one naming it,
-// so no rank waits for a collective its peer will never join.
+// out-of-memory. The failing rank rethrows its own error; every other rank throws one naming it
+// (an InputError when the rank's share of the data was refused), so no rank waits for a
+// collective its peer will never join.
 void throw_if_a_rank_failed(const std::vector<int64_t>& status, const std::exception_ptr& local_error,
-                            const std::string& during) {
+                            const std::string& during, bool share_refused) {
   for (size_t r = 0; r < status.size(); ++r) {
     if (status[r] >= 0) continue;
     if (local_error) std::rethrow_exception(local_error);
-    throw Error("rank " + std::to_string(r) + " failed " + during + " (its own error says why); this rank stops with it");
+    const std::string text = "rank " + std::to_string(r) + " failed " + during + " (its own error says why); this rank stops with it";
+    if (share_refused) throw InputError(text);
+    throw Error(text);
   }
 }
 
@@ -166,7 +170,7 @@ WindowStats WindowLoop::accumulate(WindowBackend& b, const WindowOptions& o, con
   c.rank_samples.assign(global.begin() + 3, global.begin() + 3 + W);
   c.longest_sequence = packed ? *std::max_element(global.begin() + 3 + W, global.end()) : 0;
   throw_if_a_rank_failed(c.rank_samples, count_error,
-                         "while counting the units of window " + std::to_string(window_index_));
+                         "while counting the units of window " + std::to_string(window_index_), true);
   st.local_samples = share.samples;
   st.units = global[0];
   st.samples = global[1];
@@ -174,7 +178,7 @@ WindowStats WindowLoop::accumulate(WindowBackend& b, const WindowOptions& o, con
   st.normalization = share.normalization;
   st.loss_scale = b.loss_scale();
   Split split(plan_, share.samples, packed ? share.lengths : std::vector<int64_t>{}, sizes, W);
-  check_counts(c, st, packed, W, o);
+  check_counts(c, st, packed, W);
   b.begin_attempt();
   if (st.units == 0) {
     st.skipped = true;
@@ -207,12 +211,12 @@ WindowStats WindowLoop::accumulate(WindowBackend& b, const WindowOptions& o, con
 }
 
 // Every rank sees the same numbers, so every rank throws the same error: nobody is left waiting.
-void WindowLoop::check_counts(const Counts& c, const WindowStats& st, bool packed, int W,
-                              const WindowOptions& o) const {
+void WindowLoop::check_counts(const Counts& c, const WindowStats& st, bool packed, int W) const {
   const int64_t n = st.local_samples;
   // A plan with target_tokens windows by tokens (token_windows): a window holds any number of samples.
   const bool by_tokens = packed && plan_.tokens->target_tokens.has_value();
-  if (W == 1 && (n < 1 || (n > plan_.per_rank_batch && !by_tokens))) {
+  if (W == 1 && n < 1) throw InputError("window " + std::to_string(window_index_) + " holds no samples; pass at least one");
+  if (W == 1 && n > plan_.per_rank_batch && !by_tokens) {
     throw InputError("a window holds 1.." + std::to_string(plan_.per_rank_batch) +
                      " samples (the plan's per-rank batch); got " + std::to_string(n));
   }
@@ -233,7 +237,7 @@ void WindowLoop::check_counts(const Counts& c, const WindowStats& st, bool packe
                      std::to_string(c.longest_sequence) + " tokens" + (W > 1 ? " on any rank" : "") +
                      ", longer than the " + std::to_string(plan_.tokens->max_seq_len) +
                      " tokens the plan's token budget was planned for (plan.tokens.max_seq_len); truncate the "
-                     "sequences or " + o.longer_sequences_fix);
+                     "sequences or plan again with a longer " + option_name("--seq-len"));
   }
 }
 
@@ -316,8 +320,9 @@ WindowLoop::Attempt WindowLoop::run_rounds(WindowBackend& b, const WindowOptions
     std::vector<int64_t> flags(static_cast<size_t>(W), 0);
     flags[static_cast<size_t>(b.rank())] = status;
     const std::vector<int64_t> all = W > 1 ? b.sum_over_ranks(flags) : flags;
-    throw_if_a_rank_failed(all, error, "in window " + std::to_string(window_index_) + " at microbatch round " +
-                                           std::to_string(i + 1));
+    throw_if_a_rank_failed(all, error,
+                           "in window " + std::to_string(window_index_) + " at microbatch round " + std::to_string(i + 1),
+                           false);
     for (int r = 0; r < W; ++r) {
       const int64_t s = all[static_cast<size_t>(r)];
       // The smallest size that failed anywhere: the same number on every rank, so every rank
@@ -429,8 +434,8 @@ void WindowLoop::finish_gradient(WindowBackend& b, WindowStats& st, const Window
     // A few scalars per parameter: smaller microbatches would not help, so no re-plan.
     fail_oom(b, "out of memory while combining the gradients of window " + std::to_string(window_index_) +
                     " (unscale and norm, after the last backward): " + first_line(e.what()) +
-                    ". The budget leaves no room beyond the microbatches' peak; raise it or lower the headroom's "
-                    "share used by the plan");
+                    ". The budget leaves no room beyond the microbatches' peak; raise it or lower " +
+                    option_name("--headroom"));
   }
   if (non_finite) {
     st.skipped = true;

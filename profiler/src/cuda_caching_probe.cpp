@@ -102,18 +102,8 @@ void CudaCachingProbe::set_budget_bytes(std::optional<int64_t> budget_bytes) {
     budget_bytes_.reset();
     return;
   }
-  if (*budget_bytes <= 0) {
-    throw InputError("a memory budget must be positive, got " + std::to_string(*budget_bytes) +
-                     " bytes");
-  }
-  const int64_t total = device_total_bytes();
-  if (*budget_bytes > total) {
-    throw InputError("the memory budget " + format_bytes(*budget_bytes) + " exceeds cuda:" +
-                     std::to_string(device_) + "'s " + format_bytes(total));
-  }
-  // setMemoryFraction caps *reserved* bytes at fraction * total (the allocator computes the cap
-  // from the same cudaMemGetInfo total), so budget/total reproduces the budget to within a byte.
-  const double fraction = static_cast<double>(*budget_bytes) / static_cast<double>(total);
+  const double fraction =
+      device_memory_fraction(*budget_bytes, device_total_bytes(), "cuda:" + std::to_string(device_));
   cuda_shim::set_memory_fraction(fraction, device_);
   budget_bytes_ = budget_bytes;
 }

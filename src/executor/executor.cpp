@@ -22,6 +22,7 @@
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
 #include "accumplan/replan.h"
+#include "accumplan/terms.h"
 #include "executor/step_thread.h"
 #include "runtime/model.h"
 #include "runtime/optim.h"
@@ -257,7 +258,7 @@ Executor::Executor(torch::jit::Module module, torch::optim::Optimizer& optimizer
   }
   if (options_.communicator && plan_.world_size != options_.communicator->world_size()) {
     throw InputError("the plan is for world size " + std::to_string(plan_.world_size) + " but the process group has " +
-                     std::to_string(options_.communicator->world_size()) + " ranks; re-plan with --world-size " +
+                     std::to_string(options_.communicator->world_size()) + " ranks; re-plan with " + option_name("--world-size") + " " +
                      std::to_string(options_.communicator->world_size()));
   }
   if (options_.amp == AmpMode::FP16) scaler_.emplace(options_.scaler, device_);

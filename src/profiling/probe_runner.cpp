@@ -311,13 +311,6 @@ ExecutorOptions ProbeRunner::executor_options() {
   return eo;
 }
 
-Plan ProbeRunner::window_plan(const std::vector<int64_t>& sizes) const {
-  Plan plan;
-  plan.target_batch = plan.per_rank_batch = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-  set_window(plan, sizes, *std::max_element(sizes.begin(), sizes.end()));
-  return plan;
-}
-
 WindowMeasurement ProbeRunner::window(const std::vector<int64_t>& sizes) {
   WindowMeasurement m;
   m.sizes = sizes;
@@ -343,7 +336,7 @@ WindowMeasurement ProbeRunner::window(const std::vector<int64_t>& sizes) {
     starts.push_back(Clock::now());
   };
   m.oom = measured(sizes, [&](const Batch& data, int64_t data_bytes) {
-    Executor executor(model_.module, *optimizer_, window_plan(sizes), eo);
+    Executor executor(model_.module, *optimizer_, plan_for_window(sizes), eo);
     WindowStats st = executor.accumulate(data);
     sync();
     const auto end = Clock::now();
@@ -398,7 +391,7 @@ void ProbeRunner::load_and_measure_persistent() {
       probe_.reset_peak();
       const Batch data = window_data(kPersistentWindowSamples);
       const int64_t with_data = probe_.current_bytes();
-      Executor executor(model_.module, *optimizer_, window_plan({kPersistentWindowSamples}), executor_options());
+      Executor executor(model_.module, *optimizer_, plan_for_window({kPersistentWindowSamples}), executor_options());
       WindowStats st = executor.accumulate(data);
       persistent_.gradients_bytes = probe_.current_bytes() - with_data;
       executor.apply(st);  // steps the optimizer, then sets the gradients to none

@@ -125,7 +125,6 @@ class ProbeRunner final : public WindowRunner {
   void load_and_measure_persistent();
   // Runs one executor window of these microbatch sizes and its optimizer step, budget enforced.
   WindowMeasurement window(const std::vector<int64_t>& sizes);
-  Plan window_plan(const std::vector<int64_t>& sizes) const;
   EvalMeasurement eval_window(const std::vector<int64_t>& sizes, bool keep_outputs);
   // The frame of every measured window: its samples made as host data with the budget lifted, the
   // budget enforced beside them, then body(data, host bytes to leave out of every peak). Returns

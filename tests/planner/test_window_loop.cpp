@@ -11,6 +11,7 @@
 
 #include "accumplan/replan.h"
 #include "accumplan/solver.h"
+#include "accumplan/terms.h"
 #include "accumplan/window_loop.h"
 #include "test_helpers.h"
 
@@ -256,9 +257,10 @@ TEST_CASE("Window loop: a packed window is cut by the token budget and re-packed
 
   FakeBackend longer = b;
   longer.lengths = {11, 3, 7, 10, 2, 9, 5, 4};
-  WindowOptions o;
-  o.longer_sequences_fix = "plan again with max_seq_len=11";
-  CHECK_THROWS_WITH(loop.accumulate(longer, o), Catch::Contains("plan again with max_seq_len=11"));
+  CHECK_THROWS_WITH(loop.accumulate(longer, WindowOptions{}), Catch::Contains("plan again with a longer --seq-len"));
+  set_front_end(FrontEnd::Python);
+  CHECK_THROWS_WITH(loop.accumulate(longer, WindowOptions{}), Catch::Contains("plan again with a longer max_seq_len"));
+  set_front_end(FrontEnd::Cli);
 }
 
 namespace {

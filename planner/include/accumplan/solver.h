@@ -53,6 +53,9 @@ HeadroomSpec parse_headroom(const std::string& text, const std::string& option =
 // OOM): auto, the fraction, or the fixed bytes (what a 1.0/1.1 plan's fraction of its budget was).
 HeadroomSpec headroom_of(const Margin& margin);
 
+// How a window's samples are split into microbatches (--split, a plan's $.split).
+inline const std::vector<std::string> kSplitKinds = {"balanced", "uniform"};
+
 // No window holds more microbatches than this (2^20); make_plan refuses a request that needs more.
 inline constexpr int64_t kMaxAccumulationSteps = int64_t{1} << 20;
 // --target-tokens at most 2^50 valid tokens per update (2^40 samples of up to 2^10 tokens).
@@ -100,6 +103,10 @@ std::vector<int64_t> split_samples(int64_t total, int64_t max_micro_batch, const
 // when one divides). plan.per_rank_batch must be set and the sizes must sum to it. make_plan, a
 // re-plan after an OOM and the profiler's measurement windows all use it.
 void set_window(Plan& plan, std::vector<int64_t> sizes, int64_t max_micro_batch, int64_t unit = 1);
+
+// The plan of one measurement window of these microbatch sizes (a per-rank batch of their sum):
+// what the profilers (C++ and Python) run a window of the one window loop under.
+Plan plan_for_window(const std::vector<int64_t>& sizes);
 
 // The parts of a margin a size a real window ran at still keeps free: the run-to-run parts (the
 // allocator's fragmentation, a --headroom size, a --headroom fraction of the activations slope·b).

@@ -34,6 +34,12 @@ int64_t parse_size_bytes(const std::string& text, const std::string& what);
 // Parses a size or a percentage `1%`..`100%`.
 BudgetSpec parse_budget(const std::string& text, const std::string& what);
 
+// The fraction of a device's memory a caching allocator is capped at so that it holds
+// `budget_bytes`: the one rule of every enforced device budget (the C++ CUDA probe's and
+// accumplan.plan's). InputError for a budget that is not positive or exceeds the device's
+// `total_bytes` (named `device`): a budget is never clamped silently.
+double device_memory_fraction(int64_t budget_bytes, int64_t total_bytes, const std::string& device);
+
 // 536870912 -> "512.0 MiB"; values under 1 KiB print as "123 B".
 std::string format_bytes(int64_t bytes);
 

@@ -139,9 +139,7 @@ struct WindowOptions {
   bool oom_recovery = true;
   std::optional<double> max_grad_norm;  // clip the combined gradient's 2-norm to this
   Packing packing = Packing::Time;      // packed plans only
-  // The fix named when a sequence is longer than the plan's max_seq_len, in the caller's terms.
-  std::string longer_sequences_fix = "plan again with a longer --seq-len";
-  // The fix named when a packed plan is handed data without sequence lengths.
+  // The fix named when a packed plan is handed data without sequence lengths, in the caller's terms.
   std::string ragged_data_fix = "load the data from a torch.save([list_of_1d_token_tensors, targets]) file";
   // One line per event (recoveries, skipped steps); none: dropped.
   std::function<void(const std::string&)> log;
@@ -231,8 +229,7 @@ class WindowLoop {
   struct Counts;
   struct Attempt;
   struct Split;
-  void check_counts(const Counts& c, const WindowStats& st, bool packed, int world,
-                    const WindowOptions& options) const;
+  void check_counts(const Counts& c, const WindowStats& st, bool packed, int world) const;
   int64_t rounds_for(WindowBackend& backend, const Split& split, const Counts& c) const;
   Attempt run_rounds(WindowBackend& backend, const WindowOptions& options, const Split& split, int64_t attempt,
                      int64_t rounds, int64_t units);
