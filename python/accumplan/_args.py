@@ -4,15 +4,24 @@ modules (plan.py needs no torch; tensors are recognised by what they have, not b
 What it is: every public function that takes a count, a size, an index or per-sequence lengths
 turns it into Python ints here, or raises TypeError/ValueError naming the argument. Without it a
 2**70 reached torch as an OverflowError, a float tensor of lengths was truncated silently and a
-list of strings was parsed. What it is not: the plan's validation (plan.py's reader does that).
+list of strings was parsed. What it is not: the plan's validation (the C++ reader does that).
 """
 
 import math
 import numbers
 import os
 
-INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
-MAX_COUNT = 2 ** 40  # the C++ options' bound on samples and microbatch sizes
+try:
+    from . import _core
+except ImportError as e:  # pragma: no cover - a source tree without the compiled core
+    raise ImportError("accumplan's compiled core (accumplan._core) is missing: install the package with "
+                      "`python3 -m pip install --no-build-isolation .` from the repository root (docs/python.md); "
+                      "python/ on PYTHONPATH has no core (%s)" % e) from None
+
+# The planner's bounds, from the core: an index or ignore_index is an int32, a count of samples
+# or of a microbatch's samples at most MAX_COUNT.
+INT32_MIN, INT32_MAX = _core.INT32_MIN, _core.INT32_MAX
+MAX_COUNT = _core.MAX_SAMPLES
 
 
 def shown_value(value):

@@ -3,8 +3,8 @@ all-reduces, and the one gradient exchange.
 
 Public: ``all_reduce_gradients`` (re-exported by accumplan). Internal to the package:
 ``group_world_size``, ``is_ddp``, ``all_reduce_ints``, ``raise_if_a_rank_failed``,
-``collective_device``, ``agree_status``. No rule is decided here: every rank reports, every
-rank reads the same sums and raises the same error.
+``collective_device``, ``on_rank``. No rule is decided here (the core's window loop decides): every rank
+reports, every rank reads the same sums and raises the same error.
 """
 
 import torch
@@ -39,15 +39,21 @@ def raise_if_a_rank_failed(slots, local_error, rank, during):
     if not failed:
         return
     if local_error is not None:
-        if isinstance(local_error, ValueError):
-            try:
-                named = type(local_error)("rank %d: %s" % (rank, local_error))
-            except Exception:  # noqa: BLE001 - a subclass with another constructor
-                named = ValueError("rank %d: %s" % (rank, local_error))
-            raise named from local_error
-        raise local_error
+        raise on_rank(local_error, rank)
     raise ValueError("rank%s %s failed %s (its own error says why); this rank stops with it"
                      % ("s" if len(failed) > 1 else "", ", ".join(map(str, failed)), during))
+
+
+def on_rank(error, rank):
+    """A ValueError that names ``rank`` ("rank 1: ..."), its cause the original; other errors as they are."""
+    if not isinstance(error, ValueError):
+        return error
+    try:
+        named = type(error)("rank %d: %s" % (rank, error))
+    except Exception:  # noqa: BLE001 - a subclass with another constructor
+        named = ValueError("rank %d: %s" % (rank, error))
+    named.__cause__ = error
+    return named
 
 
 def collective_device(group, params):
@@ -103,20 +109,3 @@ def all_reduce_gradients(params, group=None, extra=None):
         tail = tail.to(device)
         dist.all_reduce(tail, op=dist.ReduceOp.SUM, group=group)
     return float(tail.item())
-
-
-def agree_status(w, status, error):
-    """The agreement point of a round: every rank's status in one all-reduce. Raises when any rank
-    failed otherwise than for memory; returns the smallest failing size anywhere (0: none)."""
-    if not w.distributed:
-        return status
-    flags = [0] * w.world
-    flags[w.rank()] = status
-    flags = all_reduce_ints(flags, w.group, w.cdev)
-    if any(f < 0 for f in flags):
-        if status < 0:
-            raise error
-        raise RuntimeError("rank %d failed in a microbatch (its own error says why); this rank stops with it"
-                           % flags.index(min(flags)))
-    failed = [f for f in flags if f > 0]
-    return min(failed) if failed else 0

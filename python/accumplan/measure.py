@@ -24,23 +24,21 @@ through ``Plan.pack``).
 import inspect
 import json
 import sys
-import time
 
 import torch
 
 from . import _core
 from ._args import (INT32_MAX, INT32_MIN, MAX_COUNT, callable_arg, choice_arg, flag_arg, int_arg, module_arg,
                     optimizer_arg, real_arg, shown_value)
-from .batches import as_inputs, check_lengths, count_samples, input_tensors, map_inputs, ragged_data, target_arg
-from .checkpointing import Checkpointed, block_costs, checkpoint_candidates, wrap_into
-from .errors import PlanError, in_python_terms, oom_error, plan_error
-from .losses import LOSSES, check_class_target, causal_shift, count_units, units_rule
+from .batches import as_inputs, check_lengths, count_samples, input_tensors, ragged_data, target_arg
+from .checkpointing import checkpoint_candidates
+from .errors import oom_error, plan_error
+from .losses import LOSSES, check_class_target, causal_shift, units_rule
 from .meters import meter_for
 from .plans import Plan
+from .runner import PERSISTENT_WINDOW, ModuleRunner, nbytes, persistent_memory, state_bytes
 from .snapshot import RestoreGuard, TrainingState
-from .window import (Window, WindowStats, autocast_dtype, batch_dependent_layers, eval_rounds, is_oom, optimizer_step,
-                     run_rounds,
-                     trainable_parameters, warn_batch_dependent, zero_grads)
+from .window import autocast_dtype, batch_dependent_layers, trainable_parameters, warn_batch_dependent
 
 _GROUP_KEYS_NOT_SETTINGS = ("params", "initial_lr")  # the parameters, and what an LR scheduler adds
 
@@ -135,268 +133,6 @@ def _spec(t, ragged=False):
         high = int(t.max()) + 1 if t.numel() else 1
         text += ":%d" % max(1, high)
     return text
-
-
-def _tile(inputs, target, n, lengths=None, seq_len=None):
-    """The window's data: n samples, cycling over the given ones (as ``--batch-file`` is tiled), on
-    the host. Ragged data at ``seq_len``: every sample exactly seq_len tokens, sample i being
-    sequence i % count with its own tokens repeated to that length (the CLI's (b, T) grid windows
-    are synthetic sequences of exactly T tokens; these are the user's tokens and labels). Held to
-    the host-data limit before anything is allocated (the C++ rule: 16 GiB, half the machine or
-    ACCUMPLAN_MAX_HOST_DATA): a target_batch of 2**30 small samples used to ask the allocator for
-    64 GiB."""
-    first = count_samples(inputs, target)
-    tensors = input_tensors(inputs) + ([target] if target is not None else [])
-    if seq_len is None:
-        per_sample = sum(_nbytes(t) for t in tensors) // first
-    else:  # a sequence tensor [count, T0, ...] holds seq_len / T0 times its row per sample
-        per_sample = sum(_nbytes(t) * (seq_len if t.dim() >= 2 else 1) // (t.shape[1] if t.dim() >= 2 else 1)
-                         for t in tensors) // first
-    try:
-        _core.check_host_data(per_sample * n, "a window of %d samples tiled from inputs and target" % n,
-                              "give a smaller target_batch or memory_budget")
-    except _core.InputError as e:
-        raise plan_error(e) from None
-    idx = torch.arange(n) % first
-    positions = None
-    if seq_len is not None:
-        positions = torch.arange(seq_len).unsqueeze(0) % torch.tensor(lengths, dtype=torch.long)[idx].unsqueeze(1)
-
-    def pick(t):  # on the host, as `accumplan run` keeps its data; microbatches go to the device
-        t = t.detach().to("cpu")
-        if positions is not None and t.dim() >= 2:
-            return t[idx.unsqueeze(1), positions]  # [n, seq_len, ...]
-        return t.index_select(0, idx)
-    return map_inputs(inputs, pick), (None if target is None else pick(target))
-
-
-def _nbytes(t):
-    return t.numel() * t.element_size()
-
-
-def _state_bytes(optimizer):
-    return sum(_nbytes(v) for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
-
-
-class _ModuleRunner(_core.WindowRunner):
-    """The Python WindowRunner: windows of train_window's microbatch step on the user's module."""
-
-    def __init__(self, meter, model, optimizer, inputs, target, cfg):
-        super().__init__()
-        self.meter, self.model, self.optimizer = meter, model, optimizer
-        self.inputs, self.target, self.cfg = inputs, target, cfg
-        self.budget = cfg["budget"]
-        self.checkpointed = Checkpointed([])  # set_checkpointing's wrap; plan() removes it before returning
-
-    def data(self, n, seq_len=None):
-        """A window's n samples (ragged data: each of exactly seq_len tokens) and their lengths."""
-        c = self.cfg
-        inputs, target = _tile(self.inputs, self.target, n, c["lengths"], seq_len)
-        return inputs, target, (None if seq_len is None else [seq_len] * n)
-
-    def _window(self, inputs, target, n, lengths=None):
-        c = self.cfg
-        w = Window(None, self.model, inputs, target, lengths, c["loss"], c["loss_fn"], c["ignore_index"],
-                   c["autocast"], None, None, shift_arg=c["shift_labels"],
-                   local=True)  # every window is this process's own; the plan is per rank
-        w.mask = c["padding_mask"]
-        labels = w.set_units_rule(c["normalization"])
-        w.units = max(1, count_units(labels, n, w.norm, w.ii, w.shift))
-        return w
-
-    def set_checkpointing(self, modules):
-        """Every later window trains with these modules checkpointed (empty: none); the C++ search
-        calls it to confirm a chosen set."""
-        self.checkpointed.remove()
-        wrap_into(self.checkpointed, self.model, list(modules))
-
-    def block_costs(self, names, n, lifted):
-        """(the candidate blocks' BlockCosts: saved bytes and forward seconds per sample, and the
-        head's share of the peak, measured on the meter; the window's (peak bytes, seconds)), from one microbatch of n samples (forward, loss, backward)
-        under the budget (lifted: none), without checkpointing. PlanError when it runs out of memory."""
-        meter, costs, peaks, t0 = self.meter, [], [], time.perf_counter()
-        meter.limit(None)
-        before = meter.current()
-        inputs, target, lengths = self.data(n)
-        data = meter.current() - before
-
-        def window():
-            w = self._window(inputs, target, n, lengths)
-            zero_grads(w.params, self.optimizer)
-            meter.reset_peak()
-            meter.limit(None if lifted else self.budget, data)
-            costs.append(block_costs(self.model, names, lambda: run_rounds(w, [n], None, 1, False), n, memory=meter))
-            meter.sync()
-            peaks.append((costs[0].step_peak_bytes or meter.peak()) - data)
-            zero_grads(w.params, self.optimizer)
-        if self._measured(window):
-            raise PlanError("measuring the checkpoint candidates at %d samples ran out of memory on %s; plan with "
-                            "checkpointing='off'" % (n, meter.device_name))
-        return costs[0], (int(peaks[0]), time.perf_counter() - t0)
-
-    def _limit(self, budget):
-        if budget == _core.WindowBudget.LIFTED or self.budget is None:
-            return None
-        return self.budget * (2 if budget == _core.WindowBudget.DOUBLED else 1)
-
-    def _measured(self, window):
-        """Runs ``window()`` (a measured window under the meter's limit) with an out-of-memory
-        reported (True) rather than raised; the limit is lifted after, and after an out-of-memory
-        the gradients are dropped and the meter cleared."""
-        meter, oom = self.meter, False
-        try:
-            window()
-        except Exception as e:  # noqa: BLE001 - only out-of-memory is a measurement
-            if not (meter.oom() or is_oom(e)):
-                raise
-            oom = True
-        finally:
-            meter.limit(None)
-        if oom:
-            zero_grads(trainable_parameters(self.model), self.optimizer)
-            meter.clear()
-        return oom
-
-    def run_window(self, sizes, seq_len, budget):
-        if seq_len and self.cfg["lengths"] is None:
-            raise PlanError("the search asked for sequences of %d tokens, but the data has fixed shapes" % seq_len)
-        return self.measure(list(sizes), self._limit(budget), seq_len or None)
-
-    def measure(self, sizes, limit, seq_len=None):
-        """One window of these microbatch sizes (ragged data: sequences of exactly seq_len tokens)
-        and its optimizer step under ``limit`` bytes (None: none): its peaks, persistent memory
-        included, its data excluded; an OOM is reported."""
-        m, meter, t0 = _core.WindowMeasurement(), self.meter, time.perf_counter()
-        n = sum(sizes)
-        meter.limit(None)
-        before = meter.current()
-        inputs, target, lengths = self.data(n, seq_len)  # the data set's, outside the budget
-        data = meter.current() - before
-        peaks, starts, reserved = [], [], []
-
-        def read():  # the reserved peak too, reported beside the allocated one: a reset clears both
-            peaks.append(meter.peak())
-            reserved.append(meter.reserved_peak())
-
-        def before_microbatch(i):
-            meter.sync()
-            if i > 0:
-                read()
-                meter.reset_peak()
-            starts.append(time.perf_counter())
-
-        def window():
-            w = self._window(inputs, target, n, lengths)
-            zero_grads(w.params, self.optimizer)
-            meter.reset_peak()
-            meter.limit(limit, data)
-            run_rounds(w, sizes, None, len(sizes), False, before_microbatch)
-            meter.sync()
-            starts.append(time.perf_counter())
-            read()
-            m.step_seconds = min(b - a for a, b in zip(starts, starts[1:]))
-            meter.reset_peak()
-            optimizer_step(w, self.optimizer, WindowStats(), self.cfg["max_grad_norm"], None)
-            zero_grads(w.params, self.optimizer)
-            meter.sync()
-            m.optimizer_step_peak_bytes = meter.peak() - data
-            m.peak_bytes = max(peaks) - data
-            m.first_microbatch_peak_bytes = peaks[0] - data
-            m.steady_peak_bytes = max(peaks[1:]) - data if len(peaks) > 1 else 0
-            m.max_peak_bytes = max(m.peak_bytes, m.optimizer_step_peak_bytes)
-            reserved.append(meter.reserved_peak())
-            if reserved[0] is not None:
-                m.reserved_peak_bytes = max(reserved)
-        m.oom = self._measured(window)
-        m.seconds = time.perf_counter() - t0
-        return m
-
-
-    def run_eval_window(self, sizes, seq_len, budget, keep_outputs):
-        """One evaluation window (window.eval_rounds, the loop plan.evaluate runs) with the weights and
-        optimizer state resident and the gradients freed: each microbatch's peak, its data excluded;
-        an OOM is reported."""
-        m, meter, t0 = _core.EvalMeasurement(), self.meter, time.perf_counter()
-        n, limit = sum(sizes), self._limit(budget)
-        zero_grads(trainable_parameters(self.model), self.optimizer)  # zero_grad(set_to_none=True)
-        meter.limit(None)
-        before = meter.current()
-        inputs, target, lengths = self.data(n, seq_len or None)
-        data = meter.current() - before
-        peaks = []
-
-        def read():
-            meter.sync()
-            peaks.append(meter.peak() - data)
-
-        def before_microbatch(i):
-            if i > 0:
-                read()
-            meter.reset_peak()
-        def window():
-            w = self._window(inputs, target, n, lengths)
-            meter.limit(limit, data)
-            eval_rounds(w, sizes, False, keep_outputs, None, before_microbatch)
-            read()
-            m.peak_bytes = peaks
-        m.oom = self._measured(window)
-        m.seconds = time.perf_counter() - t0
-        return m
-
-
-# The persistent step's window, the C++ profiler's too (search.h kPersistentWindowSamples: two
-# samples, as BatchNorm in training mode refuses a batch of one).
-_PERSISTENT_WINDOW = _core.PERSISTENT_WINDOW_SAMPLES
-
-
-def _persistent(runner, meter, weights_bytes, state_bytes):
-    """Gradients and optimizer state as the C++ profiler measures them: deltas across one small
-    window (its backward, then its optimizer step). The attempts and their verdicts are the C++
-    protocol's (_core.PersistentStep: under the budget, then without it); this reports what each
-    attempt measured. Returns (persistent, trials, over the budget)."""
-    cfg = runner.cfg
-    # On the CPU the attempt without the budget is still held to the host-data limit.
-    step = _core.PersistentStep(cfg["budget"], _core.max_host_data_bytes() if meter.simulated else None)
-    had_state = set(runner.optimizer.state)
-    trials = []
-    while True:
-        limit = step.attempt_budget_bytes
-        t0 = time.perf_counter()
-        before = meter.current()
-        n = _PERSISTENT_WINDOW
-        # Ragged data: the shortest sequences, as the C++ profiler's persistent step.
-        inputs, target, lengths = runner.data(n, cfg["seq_range"][0] if cfg["seq_range"] else None)
-        with_data = meter.current()
-        grads = []
-        try:
-            w = runner._window(inputs, target, n, lengths)
-            zero_grads(w.params, runner.optimizer)
-            meter.reset_peak()
-            meter.limit(limit, with_data - before)
-            run_rounds(w, [n], None, 1, False)
-            grads.append(meter.current() - with_data)
-            optimizer_step(w, runner.optimizer, WindowStats(), cfg["max_grad_norm"], None)
-            zero_grads(w.params, runner.optimizer)
-            peak = meter.peak() - (with_data - before)
-        except Exception as e:  # noqa: BLE001
-            meter.limit(None)
-            if not (meter.oom() or is_oom(e)):
-                raise
-            zero_grads(trainable_parameters(runner.model), runner.optimizer)
-            for p in [p for p in runner.optimizer.state if p not in had_state]:
-                del runner.optimizer.state[p]  # half-built by the failed step: measured again
-            meter.clear()
-            # The failed attempt's window and data go now, not while the next attempt measures (they
-            # were freed inside it and its optimizer state came out negative: -144 bytes).
-            w = inputs = target = None
-            # InfeasibleError when it ran without a budget: plan() raises it as OutOfMemoryAtOne.
-            trials.append(step.out_of_memory(time.perf_counter() - t0, meter.device_name))
-            continue
-        meter.limit(None)
-        persistent = {"weights_bytes": weights_bytes, "gradients_bytes": grads[0],
-                      "optimizer_state_bytes": state_bytes + meter.current() - with_data}
-        trials.append(step.measured(int(peak), time.perf_counter() - t0))
-        return persistent, trials, step.over_budget
 
 
 def _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, normalization, ignore_index):
@@ -579,7 +315,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     try:
         _core.check_request(request)
     except _core.InputError as e:
-        raise ValueError(in_python_terms(str(e))) from None
+        raise ValueError(str(e)) from None
     module_arg(model, "model")
     optimizer_arg(optimizer, model)
     _setup_optimizer(optimizer)
@@ -597,8 +333,8 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     cfg["shift_labels"] = causal_shift(model, shift_labels) if shift_labels is not None else None
     say = _say(progress)
     warn_batch_dependent(batch_dependent_layers(model))
-    weights = sum(_nbytes(t) for t in list(model.parameters()) + list(model.buffers()))
-    state = _state_bytes(optimizer)
+    weights = sum(nbytes(t) for t in list(model.parameters()) + list(model.buffers()))
+    state = state_bytes(optimizer)
     guard = RestoreGuard()  # Ctrl-C from here on cannot cut the put-back below in half
     try:
         guard.protected(lambda: guard.hold(TrainingState(model, optimizer, device), meter_for(device, weights + state)))
@@ -610,27 +346,27 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
                                                                                          1, 1 << 60))
             budget = _core.resolve_budget(text, total)
         cfg["budget"] = budget
-        runner = _ModuleRunner(meter, model, optimizer, inputs, target, cfg)
+        runner = ModuleRunner(meter, model, optimizer, inputs, target, cfg)
         guard.also_undo(runner.checkpointed.remove)  # nothing is wrapped before set_checkpointing
         request.budget_is_simulated = meter.simulated
 
         def search():
             if say:
                 say("measuring persistent memory on %s (one window of %d samples)" % (meter.device_name,
-                                                                                      _PERSISTENT_WINDOW))
-            persistent, trials, over = _persistent(runner, meter, weights, state)
+                                                                                      PERSISTENT_WINDOW))
+            persistent, trials, over = persistent_memory(runner, meter, weights, state)
             request.persistent_over_budget = over
             header = _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trials)
             return _core.search_plan(runner, json.dumps(header), request, say)
         restart = lambda: guard.protected(guard.snapshot.restore)  # noqa: E731 - the state before the first window
-        plan_text = search() if knob is None else _checkpointed_search(runner, search, restart, knob, request, say)
+        planned = search() if knob is None else _checkpointed_search(runner, search, restart, knob, request, say)
     except _core.InfeasibleError as e:
         raise oom_error(e) from None
     except _core.InputError as e:
         raise plan_error(e) from None
     finally:
         guard.put_back()  # the wraps removed, the meter closed, the state restored, Ctrl-C held meanwhile
-    return Plan._from_text(plan_text, "accumplan.plan(%s)" % type(model).__name__)
+    return Plan._from_core(planned, "accumplan.plan(%s)" % type(model).__name__)
 
 
 def _checkpointing_arg(model, checkpointing, candidates, lengths):
@@ -671,7 +407,7 @@ def _checkpointed_search(runner, search, restart, knob, request, say):
     applied = given if mode == "given" else []
     runner.set_checkpointing(applied)
     try:
-        plan_text = search()
+        searched = search()
     except _core.InfeasibleError:
         if mode != "auto":
             raise
@@ -681,18 +417,17 @@ def _checkpointed_search(runner, search, restart, knob, request, say):
         applied = list(names)
         restart()  # the optimizer state the first search made would not count as persistent memory
         runner.set_checkpointing(applied)
-        plan_text = search()
-    searched = json.loads(plan_text)
+        searched = search()
     # The costs at the plan's microbatch, which fits, without checkpointing; when only a
     # checkpointed one fits, at the persistent step's two samples without the budget.
-    n = int(searched["micro_batch"]) if not applied else _PERSISTENT_WINDOW
+    n = searched.micro_batch if not applied else PERSISTENT_WINDOW
     if say:
         say("measuring what checkpointing frees and costs: %d candidate blocks (%s .. %s), one window of %d samples"
             % (len(names), names[0], names[-1], n))
     runner.set_checkpointing([])
     costs, (peak, seconds) = runner.block_costs(names, n, lifted=bool(applied))
     runner.set_checkpointing(applied)
-    return _core.checkpoint_plan(runner, plan_text, costs, costs.head_bytes_per_sample,
+    return _core.checkpoint_plan(runner, searched, costs, costs.head_bytes_per_sample,
                                  [names.index(a) for a in applied], mode == "auto", request.budget_is_simulated,
                                  (n, peak, seconds), say)
 

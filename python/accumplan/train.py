@@ -24,7 +24,6 @@ module holds the public entry points (``train_window``, ``split``) and re-export
 import contextlib
 import time
 
-import torch
 import torch.distributed as dist
 
 from . import _core
@@ -33,13 +32,15 @@ from ._args import (INT32_MAX, INT32_MIN, callable_arg, choice_arg, flag_arg, in
 from .batches import (as_inputs, check_lengths, count_samples, pad_sequences, padding_mask,
                       ragged_data, slice_samples, target_arg, valid_token_counts)
 from .distributed import (all_reduce_gradients, all_reduce_ints, collective_device, group_world_size, is_ddp,
-                          raise_if_a_rank_failed)
+                          on_rank, raise_if_a_rank_failed)
 from .errors import OutOfMemoryAtOne
 from .losses import (LOSSES, causal_shift, count_units, loss_sum, model_labels, model_output, resolve_normalization,
                      takes_num_items, units_rule)
 from .meters import CpuMeter, held_bytes, meter_for
-from .window import (EvalStats, Window, WindowStats, batch_dependent_layers, eval_rounds, is_oom, optimizer_step,
-                     run_rounds, trainable_parameters, warn_batch_dependent_once, zero_grads)
+from .window import (EvalBackend, EvalMode, EvalStats, TrainBackend, Window, batch_dependent_layers, is_oom,
+                     trainable_parameters, warn_batch_dependent_once, zero_grads)
+
+WindowStats = _core.WindowStats
 
 
 def _refuse_empty(samples, world):
@@ -128,63 +129,16 @@ def _check_share(w, normalization):
     return n
 
 
-def _agree_counts(w, st, n, local_error):
-    """The counts every rank agrees on before the first backward, in one all-reduce: [units,
-    samples, samples of rank 0 .. W-1 (-1: that rank failed), longest of rank 0 .. W-1]. Returns
-    every rank's samples; sets st.samples, w.units and w.longest to the global figures."""
-    if not w.distributed:
-        st.samples = n
-        return [n]
-    world, rank = w.world, w.rank()
-    counts = [0] * (2 + world * (2 if w.packed else 1))
-    if local_error is None:
-        counts[0], counts[1], counts[2 + rank] = w.units, n, n
-        if w.packed:
-            counts[2 + world + rank] = w.longest
-    else:
-        counts[2 + rank] = -1
-    counts = all_reduce_ints(counts, w.group, w.cdev)
-    w.units, st.samples, rank_samples = counts[0], counts[1], counts[2:2 + world]
-    raise_if_a_rank_failed(rank_samples, local_error, rank, "while checking its share of the window")
-    if w.packed:
-        w.longest = max(counts[2 + world:])
-    return rank_samples
-
-
-def _check_counts(w, st, rank_samples):
-    """Every rank sees every rank's count, so every rank raises the same error. A plan with
-    target_tokens windows by valid tokens: a window (and a rank's share) holds any number of samples."""
-    plan = w.plan
-    if not plan.windows_by_tokens:
-        for r, m in enumerate(rank_samples):
-            if m > plan.per_rank_batch and w.distributed:
-                raise ValueError("rank %d was handed %d samples of a global window of %d, more than the plan's "
-                                 "per-rank batch of %d; shard each global window of at most target_batch %d samples "
-                                 "over the %d ranks"
-                                 % (r, m, st.samples, plan.per_rank_batch, plan.target_batch, w.world))
-            if m > plan.per_rank_batch:
-                raise ValueError("a window holds at most the plan's per-rank batch of %d samples; got %d"
-                                 % (plan.per_rank_batch, m))
-    if w.packed and w.longest > plan.tokens["max_seq_len"]:
-        plan.pack([w.longest])  # raises PlanError naming the sequence and the fix
-
-
-def _cut(w, n, rank_samples):
-    """This rank's microbatches under the plan as it is now: (sizes, groups of sample indices for
-    packed plans, rounds every rank runs — the most microbatches of any rank)."""
-    plan = w.plan
-    if w.packed:
-        groups = plan.pack(w.lengths, w.packing) if n > 0 else []
-        sizes = [len(g) for g in groups]
-        rounds = len(sizes)
-        if w.distributed:
-            per_rank = [0] * w.world
-            per_rank[w.rank()] = rounds
-            rounds = max(all_reduce_ints(per_rank, w.group, w.cdev))
-        return sizes, groups, rounds
-    sizes = plan.window_sizes(n) if n > 0 else []
-    rounds = max(len(plan.window_sizes(m)) if m > 0 else 0 for m in rank_samples) if w.distributed else len(sizes)
-    return sizes, None, rounds
+def _share_counts(w, normalization):
+    """This rank's share as the core's window loop counts it (_core.ShareCounts); a refused share
+    names this rank when there are several."""
+    try:
+        n = _check_share(w, normalization)
+    except ValueError as e:
+        if not w.distributed:
+            raise
+        raise on_rank(e, w.rank()) from e
+    return _core.ShareCounts(n, w.units, w.units if w.norm == "tokens" else 0, w.lengths or [], w.norm)
 
 
 def _start_measuring(w, optimizer, measure_memory):
@@ -283,41 +237,23 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
         raise ValueError("loss='model' with dict inputs takes its labels from the dict: pass target=None")
     if max_grad_norm is not None:
         max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)  # setup.max_grad_norm's range
+    packing = choice_arg(packing, "packing", _core.PACKINGS)  # run --packing's names
     w = Window(plan, model, inputs, target, lengths, loss_kind, loss_fn, ii, autocast, scaler, group,
                shift_arg=causal_shift(model, shift_labels) if shift_labels is not None else None)
-    w.packing = choice_arg(packing, "packing", _core.PACKINGS)  # run --packing's names
     warn_batch_dependent_once(w.inner)
-
-    # This rank's share, checked before the first collective. Under torch.distributed a rank whose
-    # share is bad must not raise here (its peers would wait in the counts all-reduce forever): it
-    # reports -1 in its slot and every rank raises after it.
-    n, local_error = 0, None
-    try:
-        n = _check_share(w, normalization)
-    except Exception as e:  # noqa: BLE001 - re-raised after the collective, on every rank
-        if not w.distributed:
-            raise
-        local_error = e
-    st = WindowStats()
-    st.local_samples = n
-    rank_samples = _agree_counts(w, st, n, local_error)
-    _check_counts(w, st, rank_samples)
-    _refuse_empty(st.samples, w.world)
-    st.units, st.normalization = w.units, w.norm
-    st.predicted_peak_bytes = plan.memory.get("predicted_peak_bytes")
+    backend = TrainBackend(w, optimizer, lambda: _share_counts(w, normalization), scheduler)
     zero_grads(w.params, optimizer)
-    if w.units == 0:
-        st.skipped, st.skip_reason = True, "the window has no valid tokens (every target is ignore_index)"
-        st.seconds = time.perf_counter() - t0
-        return st
-    meter = _start_measuring(w, optimizer, measure_memory)
+    backend.meter = _start_measuring(w, optimizer, measure_memory)
     checkpointed = plan.apply_checkpointing(w.inner)  # the plan's checkpointing for this window only
+    st = None
     try:
-        _train(w, st, plan, optimizer, n, rank_samples, oom_recovery, on_oom, max_grad_norm, scheduler)
+        st = plan.run_window(backend, on_oom, oom_recovery=oom_recovery, max_grad_norm=max_grad_norm, packing=packing)
     finally:
         if checkpointed is not None:
             checkpointed.remove()
-        _stop_measuring(meter, st)
+        _stop_measuring(backend.meter, st)
+    if st.predicted_peak_bytes is None and not w.packed:
+        st.predicted_peak_bytes = plan.memory.get("predicted_peak_bytes")
     st.seconds = time.perf_counter() - t0
     return st
 
@@ -341,44 +277,6 @@ def _checked_arguments(model, optimizer, inputs, target, scheduler, scaler, on_o
     if ragged is not None:
         return ragged
     return as_inputs(inputs), target_arg(target), None
-
-
-def _train(w, st, plan, optimizer, n, rank_samples, oom_recovery, on_oom, max_grad_norm, scheduler):
-    """The window after its counts are agreed: attempts until one runs without out-of-memory
-    (re-planned below each failure), the gradient exchange, the step."""
-    had_state = bool(optimizer.state)  # before this window's step (the first step makes it)
-    while True:
-        zero_grads(w.params, optimizer)
-        sizes, groups, rounds = _cut(w, n, rank_samples)
-        # On the CUDA device a queued step's wall time is not its device time: nothing is learnt.
-        w.timed = [] if w.packed and w.packing == "time" and w.device.type == "cpu" else None
-        total, failing = run_rounds(w, sizes, groups, rounds, oom_recovery)
-        if not failing:
-            break
-        # Out of the except block: the failed microbatch's tensors are released already.
-        zero_grads(w.params, optimizer)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        if w.packed:
-            note = plan.repack_below(failing, w.longest)  # raises OutOfMemoryAtOne below the longest sequence
-        else:
-            note = plan.replan_below(failing)  # raises OutOfMemoryAtOne at size 1
-        st.oom_recoveries += 1
-        if on_oom is not None:
-            on_oom(note)
-
-    st.microbatch_sizes = sizes
-    if w.timed:
-        plan.observe_packed_window(w.timed)  # the next window is cut by the fit over these too
-    if w.packed and groups:
-        # What the plan predicts for what it packed (the executor's rule, the same C++ model).
-        st.predicted_peak_bytes = plan.predicted_packed_peak_bytes(
-            [(len(g), max(w.lengths[j] for j in g)) for g in groups], optimizer_state_exists=had_state)
-    if w.distributed:
-        total = all_reduce_gradients(w.params, w.group, extra=total)
-    st.loss = total / w.units
-    optimizer_step(w, optimizer, st, max_grad_norm, scheduler)
-    zero_grads(w.params, optimizer)
 
 
 def evaluate(plan, model, inputs, target=None, *, loss=None, loss_fn=None, autocast=None, normalization=None,
@@ -424,11 +322,16 @@ def evaluate(plan, model, inputs, target=None, *, loss=None, loss_fn=None, autoc
     if plan.eval is not None and plan.eval.get("micro_batch"):
         st.predicted_peak_bytes = plan.eval["predicted_peak_bytes"]
     meter = _start_measuring(w, optimizer, measure_memory)
+    backend = EvalBackend(w, meter, on_outputs)
     try:
-        total, st.microbatch_sizes, st.oom_recoveries = eval_rounds(
-            w, plan.eval_sizes(n), oom_recovery, on_outputs is not None, on_outputs, None, on_oom)
+        with EvalMode(w.inner):
+            done = _core.run_eval(backend, n, plan.eval_sizes(n), oom_recovery, on_outputs is not None, on_oom)
+        st.microbatch_sizes, st.oom_recoveries = list(done.microbatch_sizes), done.oom_recoveries
+    except _core.ExecutorOomError as e:
+        raise OutOfMemoryAtOne(str(e)) from None
     finally:
         _stop_measuring(meter, st)
+    total = backend.total
     st.loss_sum = total
     st.loss = total / w.units if w.units else float("nan")
     st.seconds = time.perf_counter() - t0

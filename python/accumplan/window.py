@@ -1,16 +1,19 @@
-"""accumplan.window — the one microbatch step: a window's shared settings (``Window``), forward
-and loss sum, backward of sum / N, the rounds of a window, and the optimizer step.
+"""accumplan.window — the one microbatch step, and the torch side of the core's window loop.
 
-``train_window`` (accumplan.train) and ``accumplan.plan``'s measured windows (accumplan.measure)
-both run this step, so what is planned is what is trained. Public: ``is_oom``, ``WindowStats``,
-``batch_dependent_layers`` (re-exported by accumplan). Internal to the package: ``Window``,
-``trainable_parameters``, ``zero_grads``, ``autocast_dtype``, ``run_rounds``, ``optimizer_step``,
+The window algorithm itself (the split, the counts every rank agrees on, the rounds, the re-plan
+and replay after an out-of-memory, clipping and the order of the update) is C++
+(accumplan/window_loop.h), the one ``accumplan run`` executes. This module supplies what only
+Python has: ``TrainBackend`` runs the user's forward, loss and backward of one microbatch and steps
+the user's optimizer; ``EvalBackend`` runs one evaluation microbatch. ``train_window``
+(accumplan.train) and ``accumplan.plan``'s measured windows (accumplan.measure) both drive them,
+so what is planned is what is trained. Public: ``is_oom``, ``batch_dependent_layers``
+(re-exported by accumplan). Internal to the package: ``Window``, ``TrainBackend``,
+``EvalBackend``, ``EvalMode``, ``trainable_parameters``, ``zero_grads``, ``autocast_dtype``,
 ``warn_batch_dependent``, ``warn_batch_dependent_once``.
 """
 
 import contextlib
 import math
-import time
 import weakref
 
 import torch
@@ -19,8 +22,8 @@ import torch.distributed as dist
 from . import _core
 from ._args import shown_value, warn_user
 from .batches import gather_packed, map_inputs, padding_mask, slice_samples
-from .distributed import agree_status, collective_device, group_world_size, is_ddp
-from .errors import OutOfMemoryAtOne, PlanError, in_python_terms
+from .distributed import all_reduce_gradients, all_reduce_ints, collective_device, group_world_size, is_ddp
+from .errors import PlanError
 from .losses import causal_shift, loss_sum, model_labels, model_output, takes_num_items, units_rule
 
 
@@ -44,31 +47,6 @@ def zero_grads(params, optimizer=None):
         optimizer.zero_grad(set_to_none=True)
     for p in params:
         p.grad = None
-
-
-class WindowStats:
-    """What one ``train_window`` call did."""
-
-    def __init__(self):
-        self.samples = 0            # of the whole window, all ranks
-        self.local_samples = 0      # of this rank
-        self.units = 0              # N: samples or valid tokens, all ranks
-        self.loss = float("nan")    # the window's mean loss (all ranks)
-        self.microbatch_sizes = []  # this rank's split, after any re-plan
-        self.stepped = False
-        self.skipped = False
-        self.skip_reason = ""
-        self.grad_norm = None
-        self.oom_recoveries = 0
-        self.seconds = 0.0
-        self.normalization = ""     # what N counted: "samples" or "tokens"
-        self.peak_bytes = None      # the window's memory peak (measure_memory): CUDA's caching allocator's
-        #                             allocated peak (what the plan predicts), or the CPU counting allocator's
-        self.reserved_peak_bytes = None  # CUDA: the caching allocator's reserved peak, reported beside it
-        self.predicted_peak_bytes = None  # the plan's predicted peak of a full window ($.memory)
-
-    def __repr__(self):
-        return "WindowStats(%s)" % ", ".join("%s=%r" % kv for kv in vars(self).items())
 
 
 class EvalStats:
@@ -116,8 +94,10 @@ def _first_line(error):
     return type(error).__name__ + (": " + text if text else "")
 
 
-def _specs(tensors):
-    return ", ".join("%s%s" % (str(t.dtype).replace("torch.", ""), list(t.shape)) for t in tensors)
+def _specs(values):
+    """The microbatch's inputs as a message shows them: dtype[shape] per tensor, the type of any other value."""
+    return ", ".join("%s%s" % (str(t.dtype).replace("torch.", ""), list(t.shape)) if isinstance(t, torch.Tensor)
+                     else type(t).__name__ for t in values)
 
 
 @contextlib.contextmanager
@@ -134,7 +114,7 @@ def blamed(what, only=Exception):
             raise
         asked = _core.failed_host_allocation_bytes(str(e))
         if asked is not None:
-            raise PlanError(in_python_terms(_core.host_out_of_memory(asked, "in " + what))) from e
+            raise PlanError(_core.host_out_of_memory(asked, "in " + what)) from e
         raise PlanError("%s failed: %s" % (what, _first_line(e))) from e
 
 
@@ -310,30 +290,6 @@ class Window:
         return dist.get_rank(self.group)
 
 
-def _run_microbatch(w, i, m, groups, start, oom_recovery):
-    """Microbatch i (m samples from `start`, or the packed group i): forward, loss sum, backward of
-    sum / N. Returns (loss sum, status, error): status 0, the failing size (packed: padded tokens)
-    on out-of-memory, or -1 with the error on another failure under torch.distributed."""
-    # Before the try: an out-of-memory while gathering must still report this size.
-    padded = m * max(w.lengths[j] for j in groups[i]) if w.packed else 0
-    try:
-        mb_inputs, mb_target, mask = _microbatch(w, groups[i] if w.packed else None, start, m)
-        with w.ddp_ctx():
-            s = _loss_value(_forward_sum(w, mb_inputs, mb_target, m, mask, check_loss_fn=(i == 0)), w, m)
-            total = float(s.detach())
-            obj = s / w.units
-            with blamed("the backward of a microbatch of %d samples" % m):
-                (w.scaler.scale(obj) if w.scaler is not None else obj).backward()
-        del s, obj
-        return total, 0, None
-    except Exception as e:  # noqa: BLE001 - only out-of-memory is recovered
-        if not (oom_recovery and is_oom(e)):
-            if not w.distributed:
-                raise
-            return 0.0, -1, e
-        return 0.0, (padded if w.packed else m), None
-
-
 def _microbatch(w, group, start, m):
     """(inputs, target, padding mask or None) of a microbatch: the packed ``group``'s sequences, or
     the next m samples from ``start``; ragged data (a sample plan on ragged data, accumplan.plan's
@@ -347,114 +303,159 @@ def _microbatch(w, group, start, m):
     return mb_inputs, mb_target, mask
 
 
-class _EvalMode:
-    """Every submodule in eval mode inside the block; each one's own flag put back after (a model may
-    keep a frozen BatchNorm in eval mode while it trains: model.train() would undo that)."""
+class TrainBackend(_core.WindowBackend):
+    """The torch side of the core's window loop (_core.WindowLoop) for one window ``w``: the user's
+    forward, loss sum and backward of sum / N per microbatch, the gradient exchange, the scaler
+    and the optimizer step. ``count()`` returns this rank's _core.ShareCounts; ``meter`` (or None)
+    is the memory meter whose budget may raise an out-of-memory."""
+
+    def __init__(self, w, optimizer, count, scheduler=None, meter=None):
+        super().__init__()
+        self.w, self.optimizer, self.count, self.scheduler, self.meter = w, optimizer, count, scheduler, meter
+        self.total = None  # the attempt's loss sum, a float64 tensor read once per window
+
+    def world_size(self):
+        return self.w.world if self.w.distributed else 1
+
+    def rank(self):
+        return self.w.rank() if self.w.distributed else 0
+
+    def sum_over_ranks(self, values):
+        return all_reduce_ints(list(values), self.w.group, self.w.cdev)
+
+    def count_share(self):
+        return self.count()
+
+    def begin_attempt(self):
+        zero_grads(self.w.params, self.optimizer)
+        self.total = None
+
+    def run_microbatch(self, mb, units):
+        w, m = self.w, mb.where.size
+        w.units = units  # a model's num_items_in_batch
+        mb_inputs, mb_target, mask = _microbatch(w, list(mb.samples) if w.packed else None, mb.start, m)
+        with w.ddp_ctx():
+            s = _loss_value(_forward_sum(w, mb_inputs, mb_target, m, mask, check_loss_fn=mb.where.index == 0), w, m)
+            part = s.detach().to(torch.float64)
+            obj = s / units
+            with blamed("the backward of a microbatch of %d samples" % m):
+                (w.scaler.scale(obj) if w.scaler is not None else obj).backward()
+        self.total = part if self.total is None else self.total + part
+
+    def is_out_of_memory(self, error):
+        # Only asked: holding the error would hold its traceback's frames, and their tensors.
+        return is_oom(error) or (self.meter is not None and self.meter.oom())
+
+    def after_out_of_memory(self):
+        zero_grads(self.w.params, self.optimizer)
+        self.total = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if self.meter is not None:
+            self.meter.clear()
+
+    def loss_sum(self):
+        return 0.0 if self.total is None else float(self.total)
+
+    def exchange_gradients(self):
+        return all_reduce_gradients(self.w.params, self.w.group, extra=self.loss_sum())
+
+    def has_scaler(self):
+        return self.w.scaler is not None
+
+    def loss_scale(self):
+        return float(self.w.scaler.get_scale()) if self.w.scaler is not None else 1.0
+
+    def unscale_finds_non_finite(self):
+        scaler = self.w.scaler
+        if scaler is None:
+            return False
+        scaler.unscale_(self.optimizer)
+        found = getattr(scaler, "_found_inf_per_device", None)  # what torch's GradScaler's unscale_ found
+        if callable(found):
+            return any(bool(v.item()) for v in found(self.optimizer).values())
+        return not all(bool(torch.isfinite(p.grad).all()) for p in self.w.params if p.grad is not None)
+
+    def gradient_norm(self):
+        """The combined gradient's 2-norm, in float64 as the C++ executor computes it."""
+        norms = [p.grad.detach().norm(2).to(torch.float64) for p in self.w.params if p.grad is not None]
+        return float(torch.stack(norms).norm(2)) if norms else 0.0
+
+    def scale_gradients(self, coefficient):
+        for p in self.w.params:
+            if p.grad is not None:
+                p.grad.mul_(coefficient)
+
+    def optimizer_step(self, step):
+        if self.w.scaler is not None:
+            self.w.scaler.step(self.optimizer)
+        else:
+            self.optimizer.step()
+
+    def after_update(self, stepped, event):
+        if self.w.scaler is not None:
+            self.w.scaler.update()
+        if stepped and self.scheduler is not None:
+            self.scheduler.step()
+
+    def drop_gradients(self):
+        zero_grads(self.w.params, self.optimizer)
+
+    def optimizer_state_exists(self):
+        return bool(self.optimizer.state)
+
+    def wall_time_is_device_time(self):
+        return self.w.device.type == "cpu"
+
+
+class EvalBackend(_core.EvalBackend):
+    """The torch side of the core's evaluation loop (_core.run_eval): one microbatch's forward and
+    loss sum under the caller's no_grad and eval mode; a kept output goes to ``on_outputs(output,
+    start)`` when the loop hands it over."""
+
+    def __init__(self, w, meter=None, on_outputs=None):
+        super().__init__()
+        self.w, self.meter, self.on_outputs = w, meter, on_outputs
+        self.total, self.held = 0.0, []
+
+    def eval_microbatch(self, index, start, size, keep_output):
+        w = self.w
+        mb_inputs, mb_target, mask = _microbatch(w, None, start, size)
+        outs = [] if keep_output else None
+        s = _forward_sum(w, mb_inputs, mb_target, size, mask, check_loss_fn=index == 0, outputs=outs)
+        self.total += float(_loss_tensor(s, "loss_fn" if w.loss_fn is not None else "the model's loss", size))
+        if keep_output:
+            self.held.append((outs[0], start))
+
+    def is_out_of_memory(self, error):
+        return is_oom(error) or (self.meter is not None and self.meter.oom())
+
+    def after_out_of_memory(self):
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if self.meter is not None:
+            self.meter.clear()
+
+    def hand_over_output(self):
+        output, start = self.held.pop(0)
+        if self.on_outputs is not None:
+            self.on_outputs(output, start)
+
+
+class EvalMode:
+    """Every submodule in eval mode, and no_grad, inside the block; each module's own flag put back
+    after (a model may keep a frozen BatchNorm in eval mode while it trains: model.train() would
+    undo that)."""
 
     def __init__(self, model):
         self.model, self.flags = model, [(m, m.training) for m in model.modules()]
+        self.no_grad = torch.no_grad()
 
     def __enter__(self):
         self.model.eval()
+        self.no_grad.__enter__()
 
     def __exit__(self, *exc):
+        self.no_grad.__exit__(*exc)
         for m, training in self.flags:
             m.training = training
-
-
-def eval_rounds(w, sizes, oom_recovery, keep_outputs=False, on_outputs=None, before_microbatch=None, on_resplit=None):
-    """The one Python evaluation loop, the C++ one's rules (executor/evaluate.h): microbatches of
-    ``sizes`` under no_grad with the model in eval mode, their loss SUMS added. After an out-of-memory
-    the samples from the failing microbatch on run at the planner's smaller size
-    (``_core.eval_size_after_oom``: half; OutOfMemoryAtOne at one sample), nothing skipped or counted
-    twice. keep_outputs: a microbatch's output stays referenced until the next microbatch's forward
-    has finished, then goes to ``on_outputs(output, start)``. Returns (loss sum, sizes run, re-splits)."""
-    sizes, total, start, i, held, resplits = list(sizes), 0.0, 0, 0, None, 0
-    n = sum(sizes)
-    with _EvalMode(w.inner), torch.no_grad():
-        while i < len(sizes):
-            m, failed = sizes[i], False
-            if before_microbatch is not None:
-                before_microbatch(i)
-            try:
-                mb_inputs, mb_target, mask = _microbatch(w, None, start, m)
-                outs = [] if keep_outputs else None
-                s = _forward_sum(w, mb_inputs, mb_target, m, mask, check_loss_fn=(i == 0), outputs=outs)
-                total += float(_loss_tensor(s, "loss_fn" if w.loss_fn is not None else "the model's loss", m))
-                if keep_outputs:
-                    if held is not None and on_outputs is not None:
-                        on_outputs(*held)
-                    held = (outs[0], start)
-                del s, outs, mb_inputs, mb_target, mask
-            except Exception as e:  # noqa: BLE001 - only out-of-memory is recovered
-                if not (oom_recovery and is_oom(e)):
-                    raise
-                failed = True
-            if failed:  # out of the except block: the failed microbatch's tensors are released
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                try:
-                    smaller = _core.eval_size_after_oom(m)
-                except _core.InfeasibleError as e:
-                    raise OutOfMemoryAtOne(in_python_terms(str(e))) from None
-                sizes[i:] = _core.eval_split(n - start, smaller)
-                resplits += 1
-                if on_resplit is not None:
-                    on_resplit("evaluation ran out of memory at a microbatch of %d samples; the %d samples from sample "
-                               "%d on run in microbatches of %d" % (m, n - start, start, smaller))
-                continue
-            start += m
-            i += 1
-        if held is not None and on_outputs is not None:
-            on_outputs(*held)
-    return total, sizes, resplits
-
-
-def run_rounds(w, sizes, groups, rounds, oom_recovery, before_microbatch=None):
-    """One attempt at the window. Returns (loss sum, failing size or 0). ``before_microbatch(i)``
-    is called before microbatch i starts (accumplan.plan reads the memory peaks there)."""
-    total, start = 0.0, 0
-    for i in range(rounds):
-        status, error = 0, None
-        if before_microbatch is not None and i < len(sizes):
-            before_microbatch(i)
-        if i < len(sizes):
-            t0 = time.perf_counter()
-            part, status, error = _run_microbatch(w, i, sizes[i], groups, start, oom_recovery)
-            if w.timed is not None and status == 0:  # packed, on the CPU: what the step-time fit learns from
-                w.timed.append((sizes[i], max(w.lengths[j] for j in groups[i]), time.perf_counter() - t0))
-            total += part
-            start += sizes[i]
-        failing = agree_status(w, status, error)
-        if failing:
-            return total, failing
-    return total, 0
-
-
-def optimizer_step(w, optimizer, st, max_grad_norm, scheduler):
-    """The AMP order: unscale once, clip the combined gradient, step, update; no step on a
-    non-finite gradient; the scheduler only after a real step."""
-    scaler, params = w.scaler, w.params
-    if scaler is not None and max_grad_norm is not None:
-        scaler.unscale_(optimizer)
-    if max_grad_norm is not None:
-        st.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
-    elif scaler is None:
-        # As the C++ executor: the combined gradient's norm, and no step on inf/NaN (a scaler
-        # finds those itself, on the unscaled gradient).
-        norms = [p.grad.detach().norm(2) for p in params if p.grad is not None]
-        st.grad_norm = float(torch.stack(norms).norm(2)) if norms else 0.0
-    if scaler is not None:
-        before = scaler.get_scale()
-        scaler.step(optimizer)
-        scaler.update()
-        st.stepped = not (scaler.get_scale() < before)
-        if not st.stepped:
-            st.skipped, st.skip_reason = True, "non-finite gradient at loss scale %g" % before
-    elif st.grad_norm is not None and not math.isfinite(st.grad_norm):
-        st.skipped, st.skip_reason = True, "non-finite gradient norm"
-    else:
-        optimizer.step()
-        st.stepped = True
-    if st.stepped and scheduler is not None:
-        scheduler.step()

@@ -1,28 +1,27 @@
 // python/core/core.cpp — accumplan._core: the C++ planner's rules, for the Python package.
 //
-// What it is: pybind11 bindings over the torch-free planner (planner/include/accumplan/):
-//   - the plan reader, the one validator: `load_plan` refuses exactly what `accumplan run --plan`
-//     refuses, with the same message (plan_from_text, which read_plan_file is);
-//   - a plan's window rules: the short-window split, the re-plan after an out-of-memory (which
-//     solves again from the plan's profile, as the executor does), the re-pack of a packed plan;
+// What it is: the module's entry point and the bindings of what is not a plan's own rule:
 //   - the arithmetic and packing rules: balanced_split, largest_divisor_at_most, split_samples,
-//     pack_by_token_budget, token_windows;
+//     pack_by_token_budget, token_windows, the eval split;
 //   - which layers are batch-dependent (is_batch_dependent_type), for train_window's warning;
 //   - the measurement search (accumplan/search.h): `search_plan` drives a WindowRunner that Python
-//     implements (accumplan/measure.py: windows of accumplan/window.py's microbatch step, train_window's, on the
-//     user's module) through the probe schedule, the confirmation and the climb that `accumplan
-//     profile` runs on its C++ executor, and plans with make_plan; the budget and headroom are
-//     read by the CLI's parsers (parse_budget, parse_headroom).
-// Plans cross as JSON text (canonical: what the C++ writer writes): a plan is a few KiB and is
-// read once per run or re-plan, so the copy costs nothing a user could notice.
-// Errors: accumplan::InfeasibleError -> _core.InfeasibleError; any other accumplan::InputError
-// (SchemaError included) -> _core.InputError. Both derive from ValueError; accumplan/plans.py turns
-// them into PlanError or OutOfMemoryAtOne with the message unchanged.
-// What it is not: a memory probe or an executor (those need torch: accumplan._probes and
-// accumplan/measure.py), nor Python's own argument checks (accumplan/_args.py: types, ranges), which run before a call reaches here.
+//     implements (accumplan/measure.py: windows of the one window loop on the user's module)
+//     through the probe schedule, the confirmation and the climb that `accumplan profile` runs on
+//     its C++ executor, and returns the plan as a _core.Plan;
+//   - activation checkpointing's model and choice (accumplan/checkpoint.h), the optimizer table
+//     and the exports.
+// The plan itself is plan_object.cpp (_core.Plan, read once), the window and evaluation loops
+// window_bindings.cpp; the normalization rule loss_rules.cpp; step-cost ranges and the persistent
+// step plan_rules.cpp.
+// Errors: accumplan::ExecutorOomError -> _core.ExecutorOomError, InfeasibleError ->
+// _core.InfeasibleError, any other InputError (SchemaError included) -> _core.InputError; all
+// derive from ValueError, and their messages name Python's arguments (accumplan/terms.h).
+// What it is not: a memory probe (accumplan._probes) or a torch executor (accumplan/window.py),
+// nor Python's own argument checks (accumplan/_args.py), which run before a call reaches here.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -46,49 +45,13 @@
 #include "accumplan/terms.h"
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
+#include "accumplan/window_loop.h"
+#include "bindings.h"
 
 namespace py = pybind11;
 
 namespace accumplan {
 namespace {
-
-std::string text_of(const Plan& plan) { return to_json(plan).dump(2) + "\n"; }
-
-// The schema_version the document itself states ("1.2"), which the canonical text replaces with
-// the writer's: Python reports the file's.
-std::string stated_version(const std::string& text) {
-  const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_object() && doc.contains("schema_version") && doc["schema_version"].is_string()) {
-    return doc["schema_version"].get<std::string>();
-  }
-  return "";
-}
-
-// (canonical text, stated version) of the plan file at `path`, with read_plan_file's refusals and
-// messages ("plan 'p.json': ..." where `accumplan run` says "--plan 'p.json': ...").
-std::pair<std::string, std::string> read_file(const std::string& path) {
-  const std::string text = read_text_file(path, "plan");
-  return {text_of(plan_from_text(text, "plan '" + path_for_message(path) + "'")), stated_version(text)};
-}
-
-std::pair<std::string, std::string> read_text(const std::string& text, const std::string& source) {
-  return {text_of(plan_from_text(text, source)), stated_version(text)};
-}
-
-// (canonical text of the re-planned plan, how it was made).
-std::pair<std::string, std::string> replan(const std::string& plan_text, int64_t failing_micro_batch) {
-  std::string note;
-  const Plan next = replan_below(plan_from_text(plan_text, "plan"), failing_micro_batch, &note);
-  return {text_of(next), note};
-}
-
-std::string repack(const std::string& plan_text, int64_t failing_tokens) {
-  return text_of(repack_below(plan_from_text(plan_text, "plan"), failing_tokens));
-}
-
-std::vector<int64_t> sizes_for(const std::string& plan_text, int64_t samples) {
-  return window_sizes(plan_from_text(plan_text, "plan"), samples);
-}
 
 // cost: (per_microbatch, per_token, per_token_squared), or None for the fewest microbatches.
 std::vector<std::vector<int64_t>> pack(const std::vector<int64_t>& lengths, int64_t token_budget,
@@ -159,7 +122,7 @@ SearchSettings settings_of(const Profile& profile, bool budget_is_simulated, con
   return settings;
 }
 
-std::string search_plan(WindowRunner& runner, const std::string& header_text,
+std::shared_ptr<Plan> search_plan(WindowRunner& runner, const std::string& header_text,
                         const SearchRequest& r, const py::object& progress) {
   PlanRequest request = plan_request(r);
   Profile profile = profile_from_json(parse_json_text(header_text, "the profile header"));
@@ -178,7 +141,7 @@ std::string search_plan(WindowRunner& runner, const std::string& header_text,
   profile.trials = trials;
   Plan plan = search.plan_and_confirm(profile, request);
   if (r.eval) plan.eval = search.plan_eval(plan, r.eval_keep_outputs);
-  return text_of(plan);
+  return std::make_shared<Plan>(std::move(plan));
 }
 
 // ---- Activation checkpointing (issue 38): the planner's model and choice ----------------------
@@ -215,9 +178,9 @@ CheckpointModel checkpoint_model(const py::dict& d) {
 }
 
 // The planner's model of a searched plan (checkpoint_model_of), as the dict checkpoint_model reads.
-py::dict checkpoint_model_dict(const std::string& plan_text,
-                               const BlockTuples& blocks, double after, const std::vector<size_t>& applied) {
-  const CheckpointModel m = checkpoint_model_of(plan_from_text(plan_text, "the plan"), block_costs_of(blocks),
+py::dict checkpoint_model_dict(const Plan& plan, const BlockTuples& blocks, double after,
+                               const std::vector<size_t>& applied) {
+  const CheckpointModel m = checkpoint_model_of(plan, block_costs_of(blocks),
                                                 CheckpointSet{applied, ""}, after);
   py::dict d;
   d["intercept_bytes"] = m.intercept_bytes;
@@ -268,15 +231,14 @@ std::pair<py::list, py::object> checkpoint_options_of(const py::dict& model, int
   return {options, index};
 }
 
-// The plan's activation checkpointing (Search::plan_checkpointing): `plan_text` searched with the
+// The plan's activation checkpointing (Search::plan_checkpointing): `plan` searched with the
 // candidates `applied` (indices) checkpointed, `blocks` their measured costs from one window of
 // (samples, peak bytes, seconds); choose: the planner's choice, confirmed by a window of `runner`
 // when it differs from `applied`.
-std::string checkpoint_plan(WindowRunner& runner, const std::string& plan_text,
+std::shared_ptr<Plan> checkpoint_plan(WindowRunner& runner, const Plan& plan,
                             const BlockTuples& blocks, double after, const std::vector<size_t>& applied, bool choose,
                             bool budget_is_simulated,
                             const std::tuple<int64_t, int64_t, double>& costs_window, const py::object& progress) {
-  const Plan plan = plan_from_text(plan_text, "the searched plan");
   std::vector<BlockCost> costs = block_costs_of(blocks);
   CheckpointSet set{applied, "given"};
   for (const CheckpointSet& named : checkpoint_sets(costs.size())) {
@@ -287,7 +249,7 @@ std::string checkpoint_plan(WindowRunner& runner, const std::string& plan_text,
   const auto& [samples, peak, seconds] = costs_window;
   const Trial measured{"costs", samples, !plan.profile.budget_bytes || peak <= *plan.profile.budget_bytes, peak, seconds,
                        {samples}, std::nullopt};
-  return text_of(search.plan_checkpointing(plan, std::move(costs), after, set, choose, measured));
+  return std::make_shared<Plan>(search.plan_checkpointing(plan, std::move(costs), after, set, choose, measured));
 }
 
 // ---- The optimizer table and the exports (issue 36) -------------------------------------------
@@ -319,8 +281,8 @@ py::dict optimizer_table_dict() {
   return table;
 }
 
-// (the export's text, its notes one a line) of the plan in JSON `plan_text`.
-std::pair<std::string, std::string> export_text(const std::string& plan_text, const std::string& target,
+// (the export's text, its notes one a line) of `plan`.
+std::pair<std::string, std::string> export_text(const Plan& plan, const std::string& target,
                                                 const std::string& plan_path, bool allow_slow, bool allow_lossy,
                                                 const std::string& lightning_datamodule) {
   ExportOptions options;
@@ -330,7 +292,7 @@ std::pair<std::string, std::string> export_text(const std::string& plan_text, co
   options.lightning_datamodule = lightning_datamodule;
   options.names = {"allow_slow=True", "allow_lossy=True", "lightning_datamodule", "to='lightning'"};
   std::string note;
-  std::string text = export_plan(plan_from_text(plan_text, "plan"), target, &note, options);
+  std::string text = export_plan(plan, target, &note, options);
   return {text, note};
 }
 
@@ -348,17 +310,13 @@ void bind_optimizer_and_exports(py::module_& m) {
 }  // namespace
 }  // namespace accumplan
 
-namespace accumplan {
-void bind_loss_rules(pybind11::module_& m);  // python/core/loss_rules.cpp
-void bind_plan_rules(pybind11::module_& m);  // python/core/plan_rules.cpp
-}  // namespace accumplan
-
 PYBIND11_MODULE(_core, m) {
   accumplan::set_front_end(accumplan::FrontEnd::Python);  // the planner's messages name Python's arguments
   using namespace accumplan;
   m.doc() = "accumplan's C++ planner rules (plan reader, splits, re-plans, packing); see accumplan.plan";
   static py::exception<InputError> input_error(m, "InputError", PyExc_ValueError);
   static py::exception<InfeasibleError> infeasible_error(m, "InfeasibleError", input_error.ptr());
+  static py::exception<ExecutorOomError> executor_oom_error(m, "ExecutorOomError", infeasible_error.ptr());
   // A message that echoes a non-UTF-8 path (load_plan(b'\xff\xfe.json')) is decoded with U+FFFD for
   // the bad bytes: pybind11's own conversion would fail and the error arrive with an empty message.
   static const auto raise_as = [](PyObject* type, const char* what) {
@@ -370,30 +328,37 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const ExecutorOomError& e) {
+      raise_as(executor_oom_error.ptr(), e.what());
     } catch (const InfeasibleError& e) {
       raise_as(infeasible_error.ptr(), e.what());
     } catch (const InputError& e) {
       raise_as(input_error.ptr(), e.what());
     }
   });
-  bind_loss_rules(m);  // python/core/loss_rules.cpp: the normalization rule
-  bind_plan_rules(m);  // python/core/plan_rules.cpp: step-cost ranges, a plan's largest fitting microbatch
+  bind_loss_rules(m);
+  bind_plan_rules(m);
+  bind_plan_object(m);
+  bind_window_loop(m);
   m.attr("SCHEMA_VERSION") = schema_version_string();
   m.attr("PERSISTENT_WINDOW_SAMPLES") = kPersistentWindowSamples;
+  // The planner's bounds, for Python's argument checks (accumplan/_args.py reads them from here).
+  m.attr("MAX_SAMPLES") = kMaxSamples;
+  m.attr("INT32_MIN") = std::numeric_limits<int32_t>::min();
+  m.attr("INT32_MAX") = std::numeric_limits<int32_t>::max();
+  m.attr("MAX_ACCUMULATION_STEPS") = kMaxAccumulationSteps;
+  m.attr("MAX_WORLD_SIZE") = kMaxWorldSize;
+  m.attr("MAX_JSON_DEPTH") = kMaxJsonDepth;
+  m.attr("MAX_TARGET_TOKENS") = kMaxTargetTokens;
+  m.attr("SPLITS") = py::tuple(py::cast(kSplitKinds));
+  py::list terms;
+  for (const auto& term : kStepCostTermRanges) terms.append(term.name);
+  m.attr("STEP_COST_TERMS") = py::tuple(terms);
+  m.def("option_name", &option_name, py::arg("cli_option"),
+        "how the core's messages name a command-line option for Python ('--target-batch' -> 'target_batch')");
+  m.def("memory_fraction", &device_memory_fraction, py::arg("budget_bytes"), py::arg("total_bytes"), py::arg("device"),
+        "the caching allocator's memory fraction that holds budget_bytes; InputError above the device's total");
   m.attr("PACKINGS") = py::tuple(py::cast(packing_names()));  // train_window(packing=), as run --packing
-  m.def("read_plan_file", &read_file, py::arg("path"),
-        "(canonical plan JSON, the file's schema_version) of a plan file, or InputError as `accumplan run` gives");
-  m.def("read_plan_text", &read_text, py::arg("text"), py::arg("source"),
-        "(canonical plan JSON, the text's schema_version) of plan JSON text; messages start with `source`");
-  m.def("replan_below", &replan, py::arg("plan"), py::arg("failing_micro_batch"),
-        "(re-planned plan JSON, note) after a microbatch of that size ran out of memory");
-  m.def("repack_below", &repack, py::arg("plan"), py::arg("failing_tokens"),
-        "the packed plan JSON with its token budget below failing_tokens");
-  m.def("window_sizes", &sizes_for, py::arg("plan"), py::arg("samples"), "microbatch sizes of a window of `samples`");
-  // The evaluation batch's rules (accumplan/replan.h), as `accumplan run --eval-data` follows them.
-  m.def("eval_sizes", [](const std::string& plan_text, int64_t samples) {
-          return eval_sizes(plan_from_text(plan_text, "plan"), samples);
-        }, py::arg("plan"), py::arg("samples"), "the eval microbatches of `samples` under the plan (plan.eval, else its microbatch)");
   m.def("eval_split", &eval_split, py::arg("samples"), py::arg("micro_batch"), "microbatches of micro_batch, the last the remainder");
   m.def("eval_size_after_oom", &eval_size_after_oom, py::arg("failing_size"),
         "the eval microbatch after one of failing_size ran out of memory; InfeasibleError at one sample");
@@ -403,43 +368,6 @@ PYBIND11_MODULE(_core, m) {
         py::arg("unit") = 1);
   m.def("pack_by_token_budget", &pack, py::arg("lengths"), py::arg("token_budget"), py::arg("cost") = py::none());
   m.def("token_windows", &token_windows, py::arg("valid_tokens"), py::arg("target_tokens"));
-  // What `accumplan run` predicts and cuts by for a packed plan, the planner's rules
-  // (accumplan/token_model.h, accumplan/step_time.h): train_window asks the same.
-  py::class_<PackedPeakPredictor>(m, "PackedPeakPredictor")
-      .def(py::init([](const std::string& plan_text) { return PackedPeakPredictor(plan_from_text(plan_text, "plan").profile); }),
-           py::arg("plan"))
-      .def("window_peak_bytes",
-           py::overload_cast<const std::vector<std::pair<int64_t, int64_t>>&, bool>(&PackedPeakPredictor::window_peak_bytes,
-                                                                                   py::const_),
-           py::arg("microbatches"), py::arg("optimizer_state_exists"),
-           "the peak a window of (sequences, padded length) microbatches is predicted to reach; None without a token profile");
-  py::class_<PackingCost>(m, "PackingCost")
-      .def(py::init([](const std::string& plan_text) {
-             const Plan plan = plan_from_text(plan_text, "plan");
-             return PackingCost(plan.tokens ? plan.tokens->step_cost : std::nullopt);
-           }), py::arg("plan"))
-      .def("observe_window",
-           [](PackingCost& c, const std::vector<std::tuple<int64_t, int64_t, double>>& timed) {
-             std::vector<TimedMicrobatch> t;
-             for (const auto& [b, l, s] : timed) t.push_back({b, l, s});
-             c.observe_window(t);
-           },
-           py::arg("microbatches"), "a window's (sequences, padded length, seconds) microbatches, then a refit")
-      .def("cost",
-           [](const PackingCost& c) -> py::object {
-             const std::optional<TokenStepCost> cost = c.cost();
-             if (!cost) return py::none();
-             py::dict d;
-             d["per_microbatch"] = cost->per_microbatch;
-             d["per_token"] = cost->per_token;
-             d["per_token_squared"] = cost->per_token_squared;
-             d["token_seconds"] = cost->token_seconds;
-             return std::move(d);
-           },
-           "the cost the next window is cut by: the run's own fit once there is one, else the plan's (None: fill)")
-      .def_property_readonly("refits", [](const PackingCost& c) { return c.model().refits(); })
-      .def_property_readonly("held", [](const PackingCost& c) { return c.model().held(); },
-                             "the timed microbatches the fit is made from (the most recent 512)");
   m.def("is_batch_dependent_type", &is_batch_dependent_type, py::arg("type"), py::arg("tracks_running_stats"),
         "whether a module of this class name mixes the samples of its batch (BatchNorm*, tracking InstanceNorm*)");
   m.def("resolve_budget", &resolve_budget, py::arg("text"), py::arg("device_total_bytes"),

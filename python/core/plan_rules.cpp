@@ -1,12 +1,9 @@
 // python/core/plan_rules.cpp — rules the Python package asks the C++ planner for, beside the plan
-// reader's bindings in core.cpp: the step cost's ranges, the largest microbatch a plan's line
-// fits, and the persistent-memory step's protocol.
+// object (plan_object.cpp): the step cost's ranges and the persistent-memory step's protocol.
 //
 // What it is: _core.check_step_cost, the one check of a step cost's terms (accumplan/schema.h
 // check_step_cost, which the plan reader and the run statistics reader call too), its message
-// naming the term as Python's argument does (step_cost['per_token']); _core.plan_largest_fitting,
-// MemoryModel::line_largest_fitting on a plan's fit summary under its usable bytes
-// (accumplan.Plan.largest_fitting); _core.PersistentStep, the profiler's protocol for the step
+// naming the term as Python's argument does (step_cost['per_token']); _core.PersistentStep, the profiler's protocol for the step
 // before the search (accumplan/persistent_step.h): which budget each attempt runs under, each
 // attempt's trial and its fit, whether persistent memory is over the budget, and the refusal when
 // it does not fit even without one (accumplan.plan's _persistent reports what it measured).
@@ -18,7 +15,6 @@
 #include <optional>
 #include <string>
 
-#include "accumplan/memory_model.h"
 #include "accumplan/persistent_step.h"
 #include "accumplan/schema.h"
 
@@ -48,15 +44,6 @@ void bind_plan_rules(py::module_& m) {
         },
         py::arg("per_microbatch"), py::arg("per_token"), py::arg("per_token_squared"),
         "InputError naming the first step-cost term outside its range, as the plan reader refuses it");
-  m.def("plan_largest_fitting",
-        [](const std::string& plan_text) -> std::optional<int64_t> {
-          const Plan plan = plan_from_text(plan_text, "plan");
-          if (!(plan.fit.slope_bytes_per_sample > 0) || plan.memory.usable_bytes <= 0) return std::nullopt;
-          return MemoryModel::line_largest_fitting(plan.fit, plan.memory.usable_bytes);
-        },
-        py::arg("plan"),
-        "the largest microbatch whose predicted peak (the plan's fitted line) fits memory.usable_bytes; 0 if not "
-        "even one sample; None when the plan has no memory line");
   py::class_<PersistentStep>(m, "PersistentStep")
       .def(py::init<std::optional<int64_t>, std::optional<int64_t>>(), py::arg("budget_bytes"),
            py::arg("lifted_cap_bytes") = py::none())

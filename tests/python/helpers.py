@@ -207,3 +207,16 @@ def run_two_gloo_ranks(worker_script, out):
                 p.kill()
                 p.wait()
     return [None if killed[r] else p.returncode for r, p in enumerate(procs)], logs
+
+
+def in_python_words(cli_message):
+    """A message of the CLI as the core words it for a Python caller, for comparing the two:
+    each --option by the core's own table (_core.option_name), advice to plan again as
+    accumplan.plan(..., name=...)."""
+    import re
+    name = accumplan._core.option_name
+    text = re.sub(r"`accumplan (?:plan|profile)((?: --[a-z-]+)*)`",
+                  lambda m: "accumplan.plan(...%s)" % "".join(", %s=..." % name("--" + o)
+                                                             for o in re.findall(r"--([a-z-]+)", m.group(1))),
+                  cli_message)
+    return re.sub(r"(?<![\w-])--[a-z][a-z0-9-]*", lambda m: name(m.group(0)), text)

@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from helpers import ROOT, Classifier, classifier_data, make_plan, params_of, token_data
+from helpers import ROOT, Classifier, FailingAt, classifier_data, make_plan, params_of, token_data
 
 import accumplan
 
@@ -31,6 +31,35 @@ class TokenLM(torch.nn.Module):
 
     def forward(self, tokens):
         return self.out(torch.tanh(self.emb(tokens)))
+
+
+class WideClassifier(torch.nn.Module):
+    """float32[B,8] -> [B,4], whose activations (194 KiB a sample) outweigh its weights (27 KiB), so
+    an enforced budget between 5 and 6 samples fails a first microbatch of 6 and nothing smaller."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.a = torch.nn.Linear(8, 512)
+        self.b = torch.nn.Linear(512, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x)).repeat(1, 32)
+        return self.b(torch.tanh(h).reshape(h.shape[0], 32, 512).sum(1))
+
+
+class WideTokenLM(torch.nn.Module):
+    """int64[B,6] -> logits [B,6,5], activations well above its weights, per-token targets."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(6)
+        self.emb = torch.nn.Embedding(10, 64)
+        self.out = torch.nn.Linear(2048, 5)
+
+    def forward(self, tokens):
+        h = torch.tanh(self.emb(tokens)).repeat(1, 1, 32)
+        return self.out(torch.tanh(h))
 
 
 def run(args, **kw):
@@ -136,6 +165,43 @@ class SameAsAccumplanRun(unittest.TestCase):
             self.assertEqual(plan.profile["trials"][0]["window"], [accumplan._core.PERSISTENT_WINDOW_SAMPLES])
             self.assertEqual(sum(plan.microbatch_sizes), 64)
             self.assertEqual(plan.model["batch_dependent_layers"], ["1 (BatchNorm1d)"])
+
+    def test_an_out_of_memory_replayed_by_accumplan_run_and_by_train_window_updates_bit_for_bit_alike(self):
+        # One window algorithm: `accumplan run` under an enforced budget between the peaks at 5 and 6
+        # samples runs out of memory in window 0's first microbatch of 6; train_window gets the same
+        # out-of-memory injected there. Both re-plan alike, replay, and end with identical parameters.
+        cases = (("samples", WideClassifier(), classifier_data(48), ["--input", "float32[B,8]", "--target", "int64[B]:4"]),
+                 ("tokens", WideTokenLM(), token_data(48), ["--input", "int64[B,6]:10", "--target", "int64[B,6]:5"]))
+        for name, model, (x, y), specs in cases:
+            with self.subTest(loss=name), tempfile.TemporaryDirectory() as d:
+                m, data, plan_path, out = (os.path.join(d, n) for n in ("m.pt", "data.pt", "plan.json", "out.pt"))
+                torch.jit.save(torch.jit.script(model), m)
+                torch.save([x, y], data)
+                run(["--model", m, "--target-batch", "16", *specs, "--device", "cpu", "--memory-budget", "256MiB",
+                     "--optimizer", "sgd", "--lr", "0.05", "--max-micro-batch", "6", "--threads", "1", "--out", plan_path,
+                     "--progress", "none"])
+                plan = accumplan.load_plan(plan_path, model=m)
+                self.assertEqual(plan.microbatch_sizes, [6, 5, 5])
+                budget = int(plan.fit["intercept_bytes"] + 5.5 * plan.fit["slope_bytes_per_sample"])
+                said = run(["run", "--plan", plan_path, "--model", m, "--data", data, "--steps", "3", "--save", out,
+                            "--threads", "1", "--memory-budget", str(budget), "--progress", "none"]).stderr.decode()
+                self.assertEqual(said.count("out of memory in window 0 at microbatch 1 of 3 (size 6)"), 1, said)
+                self.assertEqual(said.count("out of memory"), 1, said)
+
+                ours = torch.jit.load(m)
+                opt = torch.optim.SGD(ours.parameters(), lr=plan.setup["lr"])
+                failing = FailingAt(ours, position=0)
+                notes = []
+                for s in range(0, 48, 16):
+                    stats = plan.train_window(failing, opt, (x[s:s + 16],), y[s:s + 16], on_oom=notes.append)
+                self.assertEqual(len(notes), 1)
+                self.assertIn("out of memory in window 0 at microbatch 1 of 3 (size 6)", notes[0])
+                self.assertEqual(stats.microbatch_sizes, plan.microbatch_sizes)
+                self.assertLess(max(plan.microbatch_sizes), 6)
+                theirs = params_of(torch.jit.load(out))
+                for g, w, w0 in zip(params_of(ours), theirs, params_of(torch.jit.load(m))):
+                    self.assertTrue(torch.equal(g, w), "%s: max |difference| %g" % (name, (g - w).abs().max()))
+                    self.assertFalse(torch.equal(w, w0))
 
     def test_token_model_weighted_by_valid_tokens(self):
         x, y = token_data(40)  # ignored positions differ per microbatch

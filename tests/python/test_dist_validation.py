@@ -29,13 +29,13 @@ class BadShareOnOneRank(unittest.TestCase):
                     got.append(json.load(f))
             tokens = [torch.load(os.path.join(out, "rank%d-tokens.pt" % r)) for r in range(2)]
 
-        peer = r"^rank 1 failed while checking its share of the window \(its own error says why\)"
+        peer = r"^rank 1 failed while counting the units of window 0 \(its own error says why\)"
         want = {
             "lengths_count": (peer, r"^rank 1: lengths has 1 entries for a window of 2 samples"),
             "lengths_missing": (peer, r"^rank 1: this plan packs ragged data by tokens .*padded batch with lengths="),
             "samples_over_batch": (r"^rank 1 was handed 3 samples of a global window of 5, more than the plan's "
-                                   r"per-rank batch of 2",) * 2,
-            "split_mismatch": (peer, r"^rank 1: target has 1 samples \(dim 0\) but inputs\[0\] has 2"),
+                                   r"per-rank batch 2",) * 2,
+            "split_mismatch": (r"^rank 1 failed while checking its share of the window \(its own error says why\)", r"^rank 1: target has 1 samples \(dim 0\) but inputs\[0\] has 2"),
         }
         for case, patterns in want.items():
             for r in range(2):

@@ -279,9 +279,9 @@ class HostileTraining(unittest.TestCase):
         self.assertTrue(self.window(torch.tensor([1, -100, 2, 3])).stepped)  # ignore_index is no class
 
     def test_an_empty_window_is_refused(self):
-        with self.assertRaisesRegex(ValueError, "the window holds no samples"):
+        with self.assertRaisesRegex(ValueError, "holds no samples"):
             make_plan([2, 2]).train_window(self.model, self.opt, (self.x[:0],), torch.zeros(0, dtype=torch.long))
-        with self.assertRaisesRegex(ValueError, "the window holds no samples"):
+        with self.assertRaisesRegex(ValueError, "holds no samples"):
             list(make_plan([2, 2]).split((self.x[:0],), torch.zeros(0, dtype=torch.long)))
 
 

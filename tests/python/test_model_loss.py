@@ -246,11 +246,6 @@ class PythonWords(unittest.TestCase):
         self.assertIn("world_size", str(cm.exception))
         self.assertNotIn("--", str(cm.exception))
 
-    def test_core_advice_is_translated(self):
-        from accumplan.plans import in_python_terms
-        self.assertEqual(in_python_terms("re-plan with `accumplan plan --target-batch`; raise --memory-budget"),
-                         "re-plan with accumplan.plan(..., target_batch=...); raise memory_budget")
-
     def test_the_batch_dependent_warning_points_at_the_callers_line(self):
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)

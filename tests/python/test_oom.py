@@ -61,7 +61,7 @@ class OomRecovery(unittest.TestCase):
         plan = make_plan([2, 2])
         model = FailingAt(Classifier(), over=0)
         x, y = classifier_data(4)
-        with self.assertRaisesRegex(accumplan.OutOfMemoryAtOne, "microbatch size 1"):
+        with self.assertRaisesRegex(accumplan.OutOfMemoryAtOne, "with a single sample"):
             plan.train_window(model, torch.optim.SGD(model.parameters(), lr=0.5), (x,), y)
         self.assertTrue(all(p.grad is None for p in model.parameters()))
 
@@ -78,7 +78,7 @@ class OomRecovery(unittest.TestCase):
                                     r"\(inputs float32\[2, 8\]\) failed: RuntimeError: shape mismatch") as caught:
             make_plan([2, 2]).train_window(m, torch.optim.SGD(m.parameters(), lr=0.5), (x,), y)
         self.assertIsInstance(caught.exception.__cause__, RuntimeError)
-        # recovery off: the OOM propagates
+        # recovery off: the out-of-memory is an error naming the microbatch
         model = FailingAt(Classifier(), position=0)
         with self.assertRaises(RuntimeError):
             make_plan([2, 2]).train_window(model, torch.optim.SGD(model.parameters(), lr=0.5), (x,), y,

@@ -195,7 +195,7 @@ class Packing(unittest.TestCase):
                 if min(60, failing - 1) < int(lengths.max()):
                     # A microbatch smaller than the window's longest sequence ran out of memory: no
                     # budget below it holds that sequence, so this is the end, said as such.
-                    with self.assertRaisesRegex(accumplan.OutOfMemoryAtOne, "cannot hold the window's longest"):
+                    with self.assertRaisesRegex(accumplan.OutOfMemoryAtOne, "cannot hold this window's longest"):
                         plan.train_window(model, torch.optim.SGD(model.parameters(), lr=0.5), (x,), y,
                                           lengths=lengths, on_oom=notes.append)
                     continue
@@ -318,7 +318,7 @@ class TokenWindows(unittest.TestCase):
             packed_plan(4, 40, 20).window_sizes(9)
         seqs, targets = ragged(6, 8, 3)
         x, y, lengths = accumplan.pad_sequences(seqs, targets)
-        with self.assertRaisesRegex(ValueError, "at most the plan's per-rank batch of 4 samples; got 6"):
+        with self.assertRaisesRegex(ValueError, r"a window holds 1..4 samples \(the plan.s per-rank batch\); got 6"):
             packed_plan(4, 40, 8).train_window(TinyLM(), torch.optim.SGD(TinyLM().parameters(), lr=0.1), (x,), y,
                                                lengths=lengths)
         stats = packed_plan(4, 40, 8, target_tokens=10).train_window(

@@ -17,10 +17,9 @@ import subprocess
 import tempfile
 import unittest
 
-from helpers import ROOT, golden_doc
+from helpers import ROOT, golden_doc, in_python_words
 
 import accumplan
-from accumplan.plans import in_python_terms
 
 BIN = os.environ.get("ACCUMPLAN_BIN", os.path.join(ROOT, "build", "accumplan"))
 CORPUS = os.path.join(ROOT, "tests", "fuzz", "corpus", "plan_reader")
@@ -77,7 +76,7 @@ class OneReader(unittest.TestCase):
     def assertSameVerdict(self, path):
         cli, py = cli_reader_verdict(path), python_verdict(path)
         # The same refusal, each in its own front end's words (--target-batch / target_batch).
-        self.assertEqual(py, None if cli is None else in_python_terms(cli),
+        self.assertEqual(py, None if cli is None else in_python_words(cli),
                          "load_plan and the binary disagree on %s" % os.path.basename(path))
         return cli
 
@@ -114,7 +113,7 @@ class OneReader(unittest.TestCase):
         with self.assertRaises(accumplan.PlanError) as cm:
             accumplan.load_plan(copy.deepcopy(doc))
         # "plan: $.setup.loss: ..." against "'.../p.json': $.setup.loss: ...": the same after the source.
-        self.assertEqual(str(cm.exception).split(": ", 1)[1], in_python_terms(cli.split(": ", 1)[1]))
+        self.assertEqual(str(cm.exception).split(": ", 1)[1], in_python_words(cli.split(": ", 1)[1]))
 
 
 if __name__ == "__main__":

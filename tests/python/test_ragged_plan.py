@@ -239,10 +239,10 @@ class RaggedPlan(unittest.TestCase):
         self.assertEqual(p.pack(lengths, "fill"), accumplan.pack_by_token_budget(lengths, p.tokens["token_budget"]))
         self.assertEqual(p.packing_cost(), p.step_cost, "before any window the plan's own cost")
         p.train_window(model, opt, seqs, None, packing="fill")
-        self.assertIsNone(p._packing, "a filled window is not timed")
+        self.assertEqual(p.window_loop.held, 0, "a filled window is not timed")
         runs = [len(p.train_window(model, opt, sequences(24, 96, 20 + w), None).microbatch_sizes) for w in range(3)]
-        self.assertEqual(p._packing.held, sum(runs), "every packed microbatch timed on the CPU")
-        if p._packing.refits:  # the fit needs 4 microbatches at 3 shapes: then it is what packing cuts by
+        self.assertEqual(p.window_loop.held, sum(runs), "every packed microbatch timed on the CPU")
+        if p.window_loop.refits:  # the fit needs 4 microbatches at 3 shapes: then it is what packing cuts by
             cost = p.packing_cost()
             self.assertEqual(p.pack(lengths), accumplan.pack_by_token_budget(lengths, p.tokens["token_budget"], cost))
         # A bad timing is refused before it reaches the fit (one NaN would spoil the 512 it keeps).

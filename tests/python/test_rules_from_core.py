@@ -7,10 +7,9 @@ import copy
 import json
 import unittest
 
-from helpers import golden_doc, plan_doc
+from helpers import golden_doc, in_python_words, plan_doc
 
 import accumplan
-from accumplan.plans import in_python_terms
 
 TERMS = ("per_microbatch", "per_token", "per_token_squared")
 GOOD_COST = {"per_microbatch": 50, "per_token": 1, "per_token_squared": 0}
@@ -50,7 +49,7 @@ class StepCostRanges(unittest.TestCase):
                     # The same message, the term named as Python's argument holds it.
                     said = refusal[refusal.index("$.tokens.step_cost."):]
                     self.assertEqual(str(cm.exception),
-                                     in_python_terms(said.replace("$.tokens.step_cost.%s" % term,
+                                     in_python_words(said.replace("$.tokens.step_cost.%s" % term,
                                                                   "step_cost[%r]" % term)))
         self.assertGreaterEqual(probed, 6)  # each term has a value on each side of its range refused
 
@@ -65,7 +64,6 @@ class LargestFitting(unittest.TestCase):
         doc = golden_doc()
         plan = accumplan.load_plan(doc)
         self.assertEqual(plan.largest_fitting(), doc["max_micro_batch"])  # the solver's, under the same line
-        self.assertEqual(plan.largest_fitting(), accumplan._core.plan_largest_fitting(json.dumps(plan.to_dict())))
 
     def test_a_line_that_fits_no_sample_says_zero_and_a_plan_without_a_line_says_none(self):
         doc = golden_doc()
