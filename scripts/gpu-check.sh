@@ -198,7 +198,7 @@ if [ "$bench_only" -eq 0 ]; then
            --out-json "$out/python-plan.json")
   step "python plan ($([ "$mode" = gpu ] && echo cuda || echo cpu))" "$out/python.log" env "PYTHONPATH=$pydir" \
     "${py_plan[@]}" || { [ $? -eq 139 ] && native_stack "$pydir" "${py_plan[@]}"; }
-  # Activation checkpointing's trade where it shows (issue 38): every set the planner considers for
+  # Activation checkpointing's trade where it shows: every set the planner considers for
   # a decoder and an MLP stack, measured against the prediction and accumplan.plan's choice
   # (tests/bench/checkpoint_bench.py; CHECKPOINT.md). About a minute on the GPU; the rehearsal runs
   # its tiny model for seconds.

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Seconds per stage, printed at the end of every run (passed or failed) with ccache's statistics,
-# so each CI log shows where the time goes (issue 42).
+# so each CI log shows where the time goes.
 stage_name="" stage_start=$SECONDS stage_lines=""
 stage() {  # stage NAME: ends the stage running now, starts NAME
   if [ -n "$stage_name" ]; then
@@ -39,7 +39,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 stage ctest
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "${JOBS:-2}"
 
-# The planner-only suite runs from a copy of this checkout at a path of 150+ characters (issue 28):
+# The planner-only suite runs from a copy of this checkout at a path of 150+ characters:
 # whether the suite passes must not depend on the folder a clone happens to live in, and a message
 # that echoes a path must still name its file from a deep project folder. The copy is the working
 # tree as git sees it (tracked and untracked, not ignored); tar keeps mtimes, so ninja rebuilds only
@@ -64,12 +64,12 @@ fi
 cmake --build "$planner_dir" -j "${JOBS:-2}"
 ctest --test-dir "$planner_dir" --output-on-failure -j "${JOBS:-2}"
 
-# Sanitizers and fuzzing (issue 14): a planner-only build with clang in build-san/, ASan + UBSan
+# Sanitizers and fuzzing: a planner-only build with clang in build-san/, ASan + UBSan
 # (float-cast-overflow included; -fno-sanitize-recover, so any report aborts and fails), runs the
 # planner, CLI and corpus-replay tests, then fuzzes each reader and parser from the committed corpus
 # (tests/fuzz/corpus/) for a fixed number of inputs, two targets at a time (one core each). The
-# counts are sized to about 8 s per target on a CI core (issue 42: a fixed count, not a fixed time,
-# so a slow machine runs the same search, only longer); FUZZ_SCALE multiplies them (FUZZ_SCALE=10
+# counts are sized to about 8 s per target on a CI core (a fixed count, not a fixed time, so a
+# slow machine runs the same search, only longer); FUZZ_SCALE multiplies them (FUZZ_SCALE=10
 # for a longer campaign, 0 skips the fuzzing, not the sanitizer tests). A finding fails the
 # script; its input is kept in build-san/fuzz-artifacts/.
 stage sanitizers
@@ -153,7 +153,7 @@ if [ "$campaign_sample" != 0 ]; then
     --sample "$campaign_sample" --jobs "${JOBS:-2}" --work "$PWD/${BUILD_DIR:-build}/campaign-work"
 fi
 
-# The GPU check's rehearsal (issue 27): scripts/gpu-check.sh as the GPU machine will run it, here
+# The GPU check's rehearsal: scripts/gpu-check.sh as the GPU machine will run it, here
 # against Debian's LibTorch on the CPU device with tiny sizes, reusing the build above. It proves
 # that .gpu-deps configures, and that the build, the probe tests and the benchmark run end to end
 # and write every output, so a 15-minute GPU lease is spent on the GPU. About 2 minutes.

@@ -65,7 +65,7 @@ struct Line {
 // y = intercept + slope·x, each point weighted by `weight(x)`; flat at the weighted mean where every
 // point has the same x. Centred on the weighted means rather than through the normal equations
 // above: points on an exact line come back exact, which byte figures rounded up rely on (a window
-// of 10,000,000 + 1,000,000·26 bytes came out 36,000,001 through the normal equations).
+// of 10,000,000 + 1,000,000·26 bytes comes out 36,000,001 through the normal equations).
 template <class Weight>
 Line weighted_line(const std::vector<std::pair<double, double>>& xy, Weight weight) {
   double n = 0, mx = 0, my = 0;

@@ -40,7 +40,7 @@ Line memory_fit(const std::vector<std::pair<double, double>>& xy) {
 // The smallest microbatch the line is fitted from. Small sizes can be set by another phase than
 // the one that sets the peak where plans are: resnet18 (64x64, sgd) peaks at 96.5 MiB at b = 1
 // and 170.3 MiB at b = 2, then grows 1.7 MiB per sample to b = 8 — with b = 1 in the fit the
-// slope came out near 7 MiB/sample and the plan used 8 where 21 fit. The test convnet
+// slope comes out near 7 MiB/sample and the plan uses 8 where 21 fit. The test convnet
 // (tests/runtime/fixtures.h) peaks at 229,416 bytes at b = 1, 196,648 at b = 2, then grows 81,920
 // per sample. So the line of the sizes from a quarter of the largest up (at least three sizes) is
 // fitted first, and each smaller size joins it while it lies on that line: within half a
@@ -355,8 +355,8 @@ double TimeModel::predict_seconds(int64_t micro_batch) const {
     // Below the smallest size timed: along the first segment (the slope beyond the largest with one
     // point), so a per-microbatch cost stays in; never below scaling that size's seconds down
     // proportionally, which would mean a negative per-microbatch cost. Scaled proportionally
-    // alone, a 50 ms + 1 ms/sample step timed at 2 and 4 was 26 ms at 1, not 51, and
-    // checkpointing's choice took 64 microbatches of 1 for faster than 32 of 2.
+    // alone, a 50 ms + 1 ms/sample step timed at 2 and 4 would be 26 ms at 1, not 51, and
+    // checkpointing's choice would take 64 microbatches of 1 for faster than 32 of 2.
     const double x0 = static_cast<double>(first.first);
     const double slope = points_.size() >= 2 ? (points_[1].second - first.second) / static_cast<double>(points_[1].first - first.first)
                                              : slope_seconds_per_sample_;

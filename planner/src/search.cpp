@@ -354,7 +354,7 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
   }
 }
 
-// ---- The evaluation batch (issue 39) ----------------------------------------------------------
+// ---- The evaluation batch ---------------------------------------------------------------------
 
 namespace {
 
@@ -501,7 +501,7 @@ std::optional<EvalPlan> eval_from_profile(const Plan& plan) {
   return e;
 }
 
-// ---- Activation checkpointing (issue 38) -------------------------------------------------------
+// ---- Activation checkpointing ------------------------------------------------------------------
 
 void WindowRunner::set_checkpointing(const std::vector<std::string>& modules) {
   if (!modules.empty()) {

@@ -6,7 +6,7 @@
 // it becomes an integer (no float-to-int conversion outside int64), step a few times toward the
 // boundary (rounding moves it by a few units at most), and bisect when that is not enough. The
 // search is bounded by about 64 tests whatever the numbers: nothing counts b up one at a time (a
-// slope of one byte per sample and a budget in terabytes used to hang the solver).
+// slope of one byte per sample and a budget in terabytes would hang the solver).
 // What it is not: a general root finder; `fits` must be monotone (true up to the answer, false
 // after it) and fits(1) must hold.
 #pragma once

@@ -1,6 +1,6 @@
 """accumplan.checkpointing — which blocks of a model activation checkpointing can wrap, and the wrap.
 
-What it is (issue 38, its Python groundwork): ``checkpoint_candidates(model, names=None)``, the
+What it is: ``checkpoint_candidates(model, names=None)``, the
 blocks a plan may checkpoint: the longest run of consecutive same-class children of an
 ``nn.ModuleList`` or ``nn.Sequential`` anywhere in the model (transformer layers, ResNet stages),
 or the module names given; and ``apply_checkpointing(model, names)``, which makes each named

@@ -295,7 +295,8 @@ std::string steps_summary(const std::vector<Trial>& trials, const std::vector<Tr
 }  // namespace
 
 void add_threads_option(CLI::App* app, int& threads, const std::string& group) {
-  // More threads than cores only slows LibTorch down; 1,000,000 used to create threads for ever.
+  // More threads than cores only slows LibTorch down; unbounded, 1,000,000 would create threads
+  // for ever.
   app->add_option("--threads", threads,
                   "CPU threads for LibTorch (at::set_num_threads), 1.." + std::to_string(kMaxThreads) +
                       "; default: LibTorch's (the number of cores)")

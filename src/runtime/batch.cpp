@@ -46,7 +46,7 @@ std::string dtype_name(at::ScalarType t) {
 // Synthetic data is made on the host (and moved to the device after): its bytes are held to the
 // host-data limit before anything is allocated. 16 bytes an element: the int64 draw (or float32
 // draw and its conversion) and, for ragged data, the padded copy. --input float32[B,2147483647] or
-// --seq-len 1..2147483647 used to end in LibTorch's allocator or the kernel's OOM killer.
+// --seq-len up to 2147483647 would otherwise end in LibTorch's allocator or the kernel's OOM killer.
 void check_synthetic_bytes(const TensorSpec& spec, int64_t samples, int64_t seq_len) {
   const std::string what = "a synthetic " + spec.to_string() + " of " + std::to_string(samples) + " sample(s)" +
                            (spec.has_seq_dim() ? " of " + std::to_string(seq_len) + " tokens" : std::string());
@@ -81,11 +81,11 @@ void check_tensor(const at::Tensor& t, const TensorSpec& spec, const std::string
 }
 
 // A pickled tensor's sizes, strides and offset are the file's claims, not facts: a file whose
-// tensor says [2^40, 64] over 40 bytes of storage used to crash (SIGSEGV) on the first read, and
-// one saying [32, 64] over 40 bytes read past its storage. The furthest element it addresses must
-// lie inside its storage; computed in checked int64 (the claimed extents may overflow it).
-// Also its dtype: one of those a spec can name (a QUInt8 or complex tensor used to surface as a bad
-// --input spec the user never gave).
+// tensor says [2^40, 64] over 40 bytes of storage would crash (SIGSEGV) on the first read, and
+// one saying [32, 64] over 40 bytes would read past its storage. The furthest element it
+// addresses must lie inside its storage; computed in checked int64 (the claimed extents may
+// overflow it). Also its dtype: one of those a spec can name (a QUInt8 or complex tensor would
+// otherwise surface as a bad --input spec the user never gave).
 void check_storage(const at::Tensor& t, const std::string& what) {
   const std::string dtype = dtype_name(t.scalar_type());
   bool known = true;

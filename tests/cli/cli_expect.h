@@ -30,7 +30,7 @@ inline std::set<std::string> listing(const std::string& dir) {
   return names;
 }
 
-// The hostile-input contract (issue 14): exit 2, exactly one "accumplan: error:" line holding
+// The hostile-input contract: exit 2, exactly one "accumplan: error:" line holding
 // `needle` and under 600 characters (a long bad value is cut to 80), stdout empty, and the scratch
 // directory `dir` exactly as it was (no output file, no temp file).
 inline void expect_refusal(const std::string& dir, const std::vector<std::string>& args, const std::string& needle) {

@@ -1,4 +1,4 @@
-// Hostile inputs to the planner-only commands (issue 14): `plan`, `export` and `report` reading
+// Hostile inputs to the planner-only commands: `plan`, `export` and `report` reading
 // bad files, and `--out` onto special files. Every refusal exits 2 with exactly one line naming
 // the bad value, prints nothing on stdout, and leaves no file or temp file behind. The torch
 // commands' cases live with their tests (tests/runtime, tests/executor).

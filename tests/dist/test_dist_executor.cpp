@@ -1,5 +1,5 @@
 // test_dist_executor.cpp — the executor on 2 ranks (separate processes, Gloo over 127.0.0.1)
-// against the single-process full-batch update (docs/weighting.md "Several ranks", issue 6).
+// against the single-process full-batch update (docs/weighting.md "Several ranks").
 //
 // What it is: each case launches this binary twice (the hidden case "dist worker", one process per
 // rank, RANK/WORLD_SIZE/MASTER_* set as torchrun sets them) under a 60 s watchdog; each rank runs

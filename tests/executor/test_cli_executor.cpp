@@ -124,8 +124,8 @@ TEST_CASE("CLI outputs: every output is checked before measuring or training; no
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
-  // The main job: a --report into a missing directory used to be found after measuring, with
-  // --out already replaced.
+  // The main job: a --report into a missing directory is found before measuring, and --out is
+  // not replaced.
   expect_refusal(dir, with(job, {"--out", old_plan, "--report", dir + "/no-such-dir/r.html"}), "no such directory");
   CHECK(slurp(old_plan) == "an earlier plan");
   expect_refusal(dir, with(job, {"--out", old_plan, "--report", old_plan}), "name the same file");

@@ -95,7 +95,7 @@ TEST_CASE("OOM injected at each microbatch position gives the no-OOM update", "[
 
   double worst_grad = 0, worst_param = 0;
   int runs = 0;
-  // Nothing outlives a recovered window: an out-of-memory inside backward used to leave that
+  // Nothing outlives a recovered window: an out-of-memory inside backward can leave that
   // backward's remaining autograd work (gradient buffers, saved activations) queued on the thread
   // for good (PyTorch #82218); the executor's step thread is joined after every OOM to free it.
   const int64_t live_bytes = probe->current_bytes();

@@ -1,6 +1,6 @@
 // test_packing.cpp — ragged data under a packed plan (plan.tokens): the executor packs each window's
 // sequences under the token budget, weights by the window's valid tokens, and re-packs after an
-// out-of-memory (issue 16, executor side).
+// out-of-memory (the executor side).
 //
 // What it is: every packed window's accumulated gradient is compared with a reference computed
 // one sequence at a time, UNPADDED, with ATen's summed cross-entropy divided by the window's valid

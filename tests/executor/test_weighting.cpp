@@ -21,7 +21,7 @@ using namespace accumplan::test;
 
 namespace {
 
-constexpr double kTol = 1e-5;    // float32, issue 4
+constexpr double kTol = 1e-5;    // float32 sums in a different order
 constexpr double kWrong = 1e-3;  // a wrong weighting must miss by far more than rounding
 
 struct Run {

@@ -3,7 +3,7 @@
 // hang. Input: 16 bytes of request (target batch, budget, flags), then profile.json.
 //
 // Run by scripts/test.sh like the other targets; its corpus (tests/fuzz/corpus/make_plan/) keeps
-// issue 14's solver cases (the tiny slope, 2^40 samples, casts out of int64) as regressions.
+// the solver's hostile cases (the tiny slope, 2^40 samples, casts out of int64) as regressions.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

@@ -48,7 +48,7 @@ TEST_CASE("Checked: overflow is an input error naming the quantity and the opera
   CHECK(add.find("$.microbatch_sizes: the sum") == 0);
   CHECK(add.find("9223372036854775807 + 1") != std::string::npos);
   CHECK(add.find("does not fit in a 64-bit integer") != std::string::npos);
-  // The issue's exporter case: u * k * W with four sizes of 2^62.
+  // An exporter's case: u * k * W with four sizes of 2^62.
   const std::string mul = message([] { checked_mul(int64_t{1} << 62, 4, "the plan's uniform split"); });
   CHECK(mul.find("4611686018427387904 * 4") != std::string::npos);
   CHECK_THROWS_AS(checked_mul(kMin, -1, "x"), InputError);

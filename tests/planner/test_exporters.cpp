@@ -211,8 +211,8 @@ TEST_CASE("Exporters: an unknown trainer lists the known ones", "[export][errors
 
 namespace {
 
-// The plan issue 24 was filed with: bf16, AdamW with lr 3e-4 and weight decay 0.01, clipping at
-// 1.0, measured on CUDA, 2 ranks, per-token cross-entropy ([B,T] target).
+// A plan whose setup every exporter must carry: bf16, AdamW with lr 3e-4 and weight decay 0.01,
+// clipping at 1.0, measured on CUDA, 2 ranks, per-token cross-entropy ([B,T] target).
 Plan bf16_adamw_clipped_plan() {
   Plan plan = plan_for(256, 2, 64);
   plan.setup.amp = "bf16";
@@ -397,7 +397,7 @@ TEST_CASE("Exporters: a per-sample plan needs no loss note; every optimizer has 
   }
 }
 
-// ---- Issue 36: every optimizer value is carried in the trainer's terms, or the export is refused
+// ---- Every optimizer value is carried in the trainer's terms, or the export is refused
 // naming it (allow_lossy writes it anyway, the loss named inside the output).
 namespace {
 
@@ -419,7 +419,7 @@ Plan amsgrad_adamw_plan() {
   return plan;
 }
 
-// Two SGD groups, lr 0.01 and 0.1 (the issue's report).
+// Two SGD groups, lr 0.01 and `second_lr` (0.1 by default: different values, which the exports refuse).
 Plan two_group_plan(double second_lr = 0.1) {
   Plan plan = plan_for(256, 1, 256);
   plan.setup.optimizer = "sgd";

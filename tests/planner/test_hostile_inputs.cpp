@@ -1,4 +1,4 @@
-// Hostile documents and option texts (issue 14): every number has a documented range
+// Hostile documents and option texts: every number has a documented range
 // (docs/plan-format.md) enforced at read, schema_version is digits.digits, a plan's weights and
 // uniform split must agree with its sizes, strings in messages are cut to 80 characters, and the
 // size and spec parsers bound what they return. Each refusal is an InputError (exit 2) naming the
@@ -124,7 +124,7 @@ TEST_CASE("Hostile: a plan whose weights or uniform split disagree with its size
   plan["weights"][0] = 0.5;
   CHECK_THAT(plan_error(plan), Catch::Contains("$.weights[0]: 0.5 is not microbatch_sizes[0] / per_rank_batch"));
   plan = golden_plan();
-  plan["uniform"]["accumulation_steps"] = 0;  // the "1 x 0" uniform split that used to run
+  plan["uniform"]["accumulation_steps"] = 0;  // a "1 x 0" uniform split: refused, never run
   CHECK_THAT(plan_error(plan), Catch::Contains("$.uniform.accumulation_steps: 0 is out of range"));
   plan = golden_plan();
   plan["uniform"]["accumulation_steps"] = 3;

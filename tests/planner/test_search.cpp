@@ -58,7 +58,7 @@ struct FakeDevice final : WindowRunner {
     return m;
   }
 
-  // Evaluation (issue 39): the weights and optimizer state resident, no gradients, and far fewer
+  // Evaluation: the weights and optimizer state resident, no gradients, and far fewer
   // activations per sample than training keeps for backward.
   bool evaluates = true;
   int64_t state = 2 * kMiB, eval_fixed = kMiB / 2, eval_per_sample = 32 * 1024;
@@ -295,7 +295,7 @@ TEST_CASE("Search: a per-rank batch of 2 that does not fit even in microbatches 
   CHECK_THROWS_AS(small_plan(d, trials, 2, 1), InfeasibleError);
 }
 
-// ---- The evaluation batch (issue 39) ----------------------------------------------------------
+// ---- The evaluation batch ---------------------------------------------------------------------
 
 namespace {
 

@@ -470,7 +470,7 @@ TEST_CASE("Solver: the climb goes to the largest size predicted within the budge
 }
 
 TEST_CASE("Solver: a slope of one byte per sample and a budget in petabytes plan at once", "[solver][errors]") {
-  // Issue 14's hang: b counted up one at a time from a float estimate.
+  // Counting b up one at a time from a float estimate would hang here.
   Profile p = linear_profile(100 * MiB, 0, 1);
   PlanRequest r = request(int64_t{1} << 40, int64_t{1} << 52);
   const Plan plan = make_plan(p, r);
@@ -483,7 +483,7 @@ TEST_CASE("Solver: a slope of one byte per sample and a budget in petabytes plan
 }
 
 TEST_CASE("Solver: a window of more than 2^20 microbatches is refused, not allocated", "[solver][errors]") {
-  // Issue 14: --target-batch 4611686018427387904 ended in bad_alloc.
+  // Allocated rather than refused, --target-batch 4611686018427387904 would end in bad_alloc.
   const Profile p = linear_profile(100 * MiB, 0, 10 * MiB);
   const PlanRequest r = request(int64_t{1} << 40, 1000 * MiB);  // m_max 80
   try {

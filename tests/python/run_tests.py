@@ -1,6 +1,6 @@
 """tests/python/run_tests.py — runs the Python suite's test modules in JOBS worker processes.
 
-What it is: the runner scripts/test.sh uses (issue 42). `python -m unittest discover` runs the
+What it is: the runner scripts/test.sh uses. `python -m unittest discover` runs the
 ~23 modules one after the other on one core; here each of JOBS workers (default 2) imports torch
 once and takes the next module from a queue, largest file first so the long ones do not end up
 last. Every module's unittest output is printed whole when it ends, so lines never interleave;

@@ -1,4 +1,4 @@
-"""accumplan.checkpointing (issue 38's Python groundwork): candidate discovery and the wrap.
+"""accumplan.checkpointing (its Python groundwork): candidate discovery and the wrap.
 
 What it checks: the longest run of same-class blocks is found in an nn.ModuleList (a transformer)
 and in a root nn.Sequential (a ResNet-like stack); explicit names are checked and kept; a model

@@ -1,4 +1,4 @@
-"""The evaluation batch from Python (issue 39): accumplan.plan measures it, plan.evaluate runs it.
+"""The evaluation batch from Python: accumplan.plan measures it, plan.evaluate runs it.
 
 What it is: plan() on a small model with dropout under a CPU budget gives ``plan.eval`` (larger than
 the training microbatch, confirmed, at most two eval windows); eval=False plans none; kept outputs

@@ -76,7 +76,7 @@ def with_eval_batch(plan_path, out_path, micro_batch):
 
 
 def bf16_adamw_clipped(plan_path, out_path):
-    """The plan of issue 24: bf16, AdamW lr 3e-4 weight decay 0.01, clipped at 1.0, per-token
+    """A plan every export must carry: bf16, AdamW lr 3e-4 weight decay 0.01, clipped at 1.0, per-token
     cross-entropy, 2 ranks on CUDA — the profile's plan with its setup edited as those flags would."""
     with open(plan_path) as f:
         doc = json.load(f)
@@ -137,7 +137,7 @@ class Exports(unittest.TestCase):
         self.assertEqual(args.training_script_args[:3], ["run", "--plan", self.plans["w2"]])
         if int(torch.__version__.split(".")[0]) < 2:
             with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
-                # what the export used to print: 1.13 rejects it
+                # what an export must not print: 1.13 rejects it
                 get_args_parser().parse_args(["--nproc-per-node=2", "--no-python", "accumplan"])
 
     def test_deepspeed_config_satisfies_deepspeeds_batch_rule(self):
@@ -266,7 +266,7 @@ class Exports(unittest.TestCase):
         self.assertEqual(accumplan("export", "--plan", self.plans["p251"], "--to", "torchrun").returncode, 0)
 
 
-# ---- Issue 36: every optimizer value reaches the export, or the export is refused naming it ------
+# ---- Every optimizer value reaches the export, or the export is refused naming it ------
 
 def _tiny():
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""Hostile input to the public API (issue 26): every public function raises PlanError, ValueError or
+"""Hostile input to the public API: every public function raises PlanError, ValueError or
 TypeError with a one-line message naming the argument (or the plan field's JSON path), never an
 internal error (RecursionError, OSError, IndexError, torch's RuntimeError, ZeroDivisionError...),
 never a hang, and never accepts a wrong value silently. The plan reader refuses what the C++ reader

@@ -1,4 +1,4 @@
-"""Hostile arguments to the public functions (issue 25): each raises TypeError or ValueError (or
+"""Hostile arguments to the public functions: each raises TypeError or ValueError (or
 PlanError) with a message naming the argument; never torch's RuntimeError, an OverflowError from a
 2**70, or a float tensor of lengths silently truncated."""
 import unittest

@@ -1,6 +1,6 @@
 """An interrupt (SIGINT, as Ctrl-C sends it) delivered at every line of accumplan.plan's restore
 path leaves the model, the optimizer and the RNGs bitwise as they were and no counting allocator
-installed (issue 41).
+installed.
 
 How: a recording run traces (sys.settrace) every line executed from plan()'s call of the
 put-back onwards, in accumplan's own files (the restore path: closing the meter, restoring the
@@ -98,7 +98,7 @@ class InterruptAtEveryLine(LeavesNothingBehind):
 
 
 class InterruptAtEveryLineCheckpointed(InterruptAtEveryLine):
-    """The same with a checkpoint set searched with (issue 38): l1 wrapped for the whole search, so
+    """The same with a checkpoint set searched with: l1 wrapped for the whole search, so
     the put-back also removes the wrap (RestoreGuard.also_undo), and an interrupt at any of its
     lines must leave no wrapped forward (state_of's own_forwards) and nothing else changed."""
 

@@ -1,4 +1,4 @@
-"""accumplan.plan with an optimizer at lr 0 (every warm-up scheduler's first step; issue 41): the
+"""accumplan.plan with an optimizer at lr 0 (every warm-up scheduler's first step): the
 plan records lr 0 and reads back, where the core's plan reader refused it."""
 import os
 import tempfile

@@ -50,7 +50,7 @@ def by_plain_loop(doc, model, inputs, target, windows):
 
 
 def by_weighted_means(doc, model, inputs, target, windows):
-    """The rule docs/plan-format.md used to state for every plan: weight x each microbatch's mean
+    """The naive rule for every plan: weight x each microbatch's mean
     loss (sizes as the plain loop cuts them). Right for samples, wrong for tokens."""
     optimizer = plain.make_optimizer(model.parameters(), doc["setup"])
     ii = doc["setup"]["ignore_index"]

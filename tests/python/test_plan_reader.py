@@ -1,4 +1,4 @@
-"""The one plan reader (issue 23): accumplan.load_plan reads through the C++ plan reader (the
+"""The one plan reader: accumplan.load_plan reads through the C++ plan reader (the
 compiled core), so it refuses exactly what the accumplan binary refuses, with the same message.
 
 What it is: every file of the plan reader's fuzz corpus (tests/fuzz/corpus/plan_reader/) and a set

@@ -59,7 +59,7 @@ def state_of(model, opt, extra):
         "lrs": [g["lr"] for g in opt.param_groups],
         "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(), "np_rng": numpy.random.get_state()[1].copy(),
         "grad_enabled": torch.is_grad_enabled(), "dtype": torch.get_default_dtype(),
-        # a checkpointing wrap left behind is an instance attribute `forward` (issue 38)
+        # a checkpointing wrap left behind is an instance attribute `forward`
         "own_forwards": [n for n, m in model.named_modules() if "forward" in m.__dict__],
     }
 
@@ -123,7 +123,7 @@ class LeavesNothingBehind(unittest.TestCase):
         self.assertSameState(before, state_of(model, opt, extra))
 
     def test_a_torchscript_module_plans_and_comes_back(self):
-        # Its _parameters are read-only wrappers: putting back used to fail with AttributeError
+        # Its _parameters are read-only wrappers: putting back must not fail with AttributeError
         # after the search had run (the Python-vs-CLI benchmark's TorchScript row).
         torch.manual_seed(0)
         model = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3)))
@@ -168,7 +168,7 @@ class LeavesNothingBehind(unittest.TestCase):
         self.assertSameState(before, state_of(model, opt, extra))
 
     def test_an_interrupt_inside_an_eval_window_restores_modes_and_grad_mode(self):
-        # The eval windows (issue 39) run under no_grad with every module in eval mode: a Ctrl-C in
+        # The eval windows run under no_grad with every module in eval mode: a Ctrl-C in
         # their forward must leave the training flags and grad mode as they were too.
         model, opt, extra, x, y = setup()
         before = state_of(model, opt, extra)

@@ -1,5 +1,5 @@
 """accumplan.plan and train_window never end in a raw exception from deep inside torch or the core
-(issue 41): every bad argument is a TypeError/ValueError naming the Python argument before any
+every bad argument is a TypeError/ValueError naming the Python argument before any
 window runs, what the user's model or loss_fn raises inside a window is one PlanError line saying
 which failed (the original chained), and a refused train_window leaves the weights as they were.
 The campaign (scripts/hostile-campaign.py, class python-plan) attacks the same surface wider."""

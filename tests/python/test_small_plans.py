@@ -1,4 +1,4 @@
-"""accumplan.plan for per-rank batches of 1, 2 and 3 (issue 41): planned from the probes at 2 and 4
+"""accumplan.plan for per-rank batches of 1, 2 and 3: planned from the probes at 2 and 4
 like any other target (the search is the C++ core's, _core.search_plan), confirmed, saved as a plan
 the CLI's reader takes, and trained by train_window."""
 import os

@@ -101,7 +101,7 @@ class Weighting(unittest.TestCase):
 
     def test_a_mean_loss_fn_is_refused_before_its_first_backward(self):
         # F.cross_entropy as everyone writes it returns a mean: weighting its microbatches as sums
-        # would silently train with another gradient (0.039 away on this window, issue 23).
+        # would silently train with another gradient (0.039 away on this window).
         plan = make_plan([5, 4, 3])
         model = Classifier()
         x, y = classifier_data(12)

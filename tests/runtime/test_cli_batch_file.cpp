@@ -57,7 +57,7 @@ TEST_CASE("CLI --batch-file: a file the model cannot take, or one given beside -
 TEST_CASE("CLI --batch-file: the file is host data, outside every measured peak, as run keeps its --data",
           "[cli][device][batch-file]") {
   // 20,000 samples of builtin:mlp (5.1 MiB of features): loaded through the CPU counting allocator,
-  // they used to sit inside every probe's peak. The profile from the file and the one from specs
+  // they must not sit inside any probe's peak. The profile from the file and the one from specs
   // of the same shapes must measure the same windows.
   const std::string dir = scratch_dir("cli-batch-file-host");
   torch::manual_seed(9);

@@ -1,4 +1,4 @@
-// Hostile inputs to the LibTorch commands (issue 14): the main job, `profile`, `run` and `verify`
+// Hostile inputs to the LibTorch commands: the main job, `profile`, `run` and `verify`
 // given out-of-range numbers, directories and damaged batch files, targets the model cannot take,
 // and models that reject the plan's inputs. Every case exits 2 with exactly one line naming the
 // bad value, prints nothing on stdout and leaves no file behind (tests/cli/cli_expect.h); the
@@ -173,7 +173,7 @@ TEST_CASE("CLI hostile torch: batch files that are directories, damaged, or name
                  "is the --seq-len-file file it is made from");
   CHECK(slurp(lengths) == "5 9 12\n");
   std::filesystem::remove(lengths);
-  // Data the main job used to plan for and `run --data` then refused: one data check for both.
+  // Data `run --data` refuses is refused by the main job too: one data check for both.
   const std::string negative =
       write_torch_save(f.dir + "/negative.pt", {torch::randn({4, 64}), torch::tensor({1, -2, 5, 3}, torch::kLong)});
   expect_refusal(out, job(negative), "its targets (class ids) range over [-2, 5] but must be 0 or more (or -100 to ignore)");

@@ -1,4 +1,4 @@
-// Hostile inputs, round four (issue 41), on the LibTorch commands: per-rank batches of 1 to 3
+// Hostile inputs, round four, on the LibTorch commands: per-rank batches of 1 to 3
 // plan and run, lr 0 plans and runs, an empty --packing is refused, and outputs on a full disk
 // (/dev/full) are one error line with nothing printed before it: no summary, no table, no plan on
 // standard output.

@@ -1,4 +1,4 @@
-// accumplan/checkpoint.h — activation checkpointing as a planned knob (issue 38): the model that
+// accumplan/checkpoint.h — activation checkpointing as a planned knob: the model that
 // turns a checkpoint set and a microbatch into a predicted peak and a predicted window time, and
 // the choice of the set with the least predicted seconds per effective batch.
 //

@@ -91,7 +91,7 @@ inline std::string cut_for_message(const std::string& text, size_t max_chars = 8
 // name and, when they fit together, its directory — and as much of its start as fits, elided in
 // the middle at a '/' ("/home/me/…/no-such-dir/plan.json"). Why the end: in a deep project folder
 // the part that names the problem (the missing directory, the file) is the last part; cutting the
-// end told users about "/home/me/.../no-such-..." (issue 28). A last component longer than the
+// end would tell users about "/home/me/.../no-such-...". A last component longer than the
 // limit on its own keeps its start and its end.
 inline std::string path_for_message(const std::string& path, size_t max_chars = 80) {
   static const std::string kEllipsis = "\xE2\x80\xA6";  // "…": one character, three UTF-8 bytes

@@ -21,9 +21,9 @@
 namespace accumplan {
 
 // The most host memory a data set may take once made or padded: 16 GiB or half of this machine's
-// physical memory, whichever is less (a billion samples of a small model used to fail deep in the
-// allocator; a 21 MB ragged file padded to its longest sequence needed 320 GB; on a 23 GiB machine
-// a 16 GiB synthetic sequence and its padded copy were killed by the kernel, exit 137), or
+// physical memory, whichever is less (unbounded, a billion samples of a small model fail deep in
+// the allocator; a 21 MB ragged file padded to its longest sequence needs 320 GB; on a 23 GiB
+// machine a 16 GiB synthetic sequence and its padded copy are killed by the kernel, exit 137), or
 // ACCUMPLAN_MAX_HOST_DATA (a size: "64GiB") when set.
 inline constexpr int64_t kDefaultMaxHostDataBytes = int64_t{16} << 30;
 inline int64_t max_host_data_bytes() {

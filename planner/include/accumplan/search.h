@@ -49,7 +49,7 @@ struct WindowMeasurement {
   double seconds = 0;                    // the whole window (its cost as a Trial)
 };
 
-// One evaluation window (issue 39): microbatches of these sizes through the forward under no_grad
+// One evaluation window: microbatches of these sizes through the forward under no_grad
 // in eval mode, the loss summed, with what stays resident in a mid-training evaluation (weights and
 // optimizer state; gradients freed as zero_grad(set_to_none=True) leaves them).
 struct EvalMeasurement {
@@ -128,7 +128,7 @@ class Search {
   // Plans from `profile` and confirms by real windows; appends them to profile.trials and points.
   // Throws InfeasibleError when not even microbatch 1 runs.
   Plan plan_and_confirm(Profile& profile, PlanRequest request);
-  // The evaluation batch beside `plan` (issue 39), in at most two eval windows: microbatches of the
+  // The evaluation batch beside `plan`, in at most two eval windows: microbatches of the
   // plan's m and 2m (past a simulated budget) give the eval line; one window at the largest size
   // the line fits under plan.memory.usable_bytes confirms it, and the line is refitted with its
   // point. A confirmation that fails leaves the largest measured size that fit (unconfirmed sizes
@@ -141,7 +141,7 @@ class Search {
   // Variable-length data: sequences of the longest length planned for. No window when the runner
   // does not evaluate or no size fit.
   void profile_eval(Profile& p, bool keep_outputs = false);
-  // Activation checkpointing (issue 38): `plan`'s windows ran with `applied` checkpointed (none;
+  // Activation checkpointing: `plan`'s windows ran with `applied` checkpointed (none;
   // all when nothing fitted without), `blocks` the candidates' measured costs. choose: the set of
   // least predicted window time (choose_checkpointing); one other than `applied` is confirmed by
   // one real window at its largest size, the runner applying it, recorded in checkpoint.trials;

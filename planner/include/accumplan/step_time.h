@@ -1,5 +1,5 @@
 // accumplan/step_time.h — how long a microbatch of b sequences padded to L tokens takes, fitted
-// from timed microbatches: what packing minimises (issue 26).
+// from timed microbatches: what packing minimises.
 //
 // What it is: `fit_step_time`, a robust, non-negative weighted least-squares fit of
 //     seconds(b, L) = t0 + t1·b·L + t2·b·L²                (forward + backward of one microbatch)
@@ -10,9 +10,9 @@
 // error, softened: the window's time is a sum, so the long microbatches matter more). Robust:
 // microbatches whose relative miss is over max(10%, 5× the median miss) are set aside (at most a
 // quarter of them) and the fit is redone, up to three times. On 2 shared CPU cores one step in
-// twenty ran 2–3× its usual time, and one such point used to pull the profile's fit so far that
-// it was dropped whole (the old 25% gate), leaving packing to fill each microbatch — 0.72× the
-// throughput of a plain sorted split on the token benchmark.
+// twenty runs 2–3× its usual time, and one such point can pull the profile's fit so far that a
+// gate on the whole fit (a 25% miss) would drop it, leaving packing to fill each microbatch —
+// 0.72× the throughput of a plain sorted split on the token benchmark.
 // `StepTimeModel` keeps a run's most recent microbatches (kRecentMicrobatches) and refits from
 // them: `accumplan run` cuts each window where the fit over its own earlier microbatches predicts
 // the least time; the profile's probe times are only the plan's starting point.

@@ -1,5 +1,5 @@
 // accumplan/token_model.h — the memory of a microbatch of b sequences padded to T tokens, and the
-// packing of a window's sequences under it (variable-length sequences, issue 16: planner side).
+// packing of a window's sequences under it (variable-length sequences: the planner side).
 //
 // What it is: `TokenMemoryModel`, a weighted least-squares fit of
 //     peak(b, T) = c0 + a1·b·T + a2·b·T²        (c0 = persistent + a0; bytes)
