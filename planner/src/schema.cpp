@@ -159,7 +159,7 @@ Setup setup_from(const JsonField& f) {
   }
   s.amp = f.one_of("amp", {"none", "fp16", "bf16"});
   s.max_grad_norm = f.opt_f64("max_grad_norm");  // 1.1; absent in 1.0 (no clipping measured)
-  s.loss = f.one_of("loss", {"cross_entropy", "mse", "model"});
+  s.loss = f.one_of("loss", kLosses);
   s.inputs = f.strings("inputs");
   s.target = f.str("target");
   if (auto ii = f.opt_i64("ignore_index")) s.ignore_index = *ii;
@@ -403,6 +403,11 @@ void check_version(const JsonField& root, const char* expected_schema) {
 }
 
 }  // namespace
+
+std::optional<ValueRange> documented_range(const std::string& key) {
+  const NumberRange* r = range_of(key, false);
+  return r ? std::optional<ValueRange>(*r) : std::nullopt;
+}
 
 void check_step_cost(const TokenStepCost& cost, const std::string& prefix, const std::string& suffix) {
   const int64_t terms[] = {cost.per_microbatch, cost.per_token, cost.per_token_squared};

@@ -80,6 +80,13 @@ def real_arg(value, name, lo, hi, lo_open=False):
     return value
 
 
+def documented_arg(value, name, key, lo_open=None):
+    """``value`` as real_arg takes it, in the range the plan readers document for ``key``
+    (_core.documented_range: "max_grad_norm", "seconds"); ``lo_open`` overrides its lower end."""
+    lo, hi, documented_lo_open, _ = _core.documented_range(key)
+    return real_arg(value, name, lo, hi, lo_open=documented_lo_open if lo_open is None else lo_open)
+
+
 def choice_arg(value, name, choices):
     """``value`` if it is one of the strings ``choices``; else TypeError or ValueError naming ``name``."""
     if not isinstance(value, str):

@@ -28,8 +28,8 @@ import sys
 import torch
 
 from . import _core
-from ._args import (INT32_MAX, INT32_MIN, MAX_COUNT, callable_arg, choice_arg, flag_arg, int_arg, module_arg,
-                    optimizer_arg, real_arg, shown_value)
+from ._args import (INT32_MAX, INT32_MIN, MAX_COUNT, callable_arg, choice_arg, documented_arg, flag_arg, int_arg,
+                    module_arg, optimizer_arg, real_arg, shown_value)
 from .batches import as_inputs, check_lengths, count_samples, input_tensors, ragged_data, target_arg
 from .checkpointing import checkpoint_candidates
 from .errors import oom_error, plan_error
@@ -175,7 +175,7 @@ def _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, no
         # Class probabilities: every row checked here, before any window runs.
         check_class_target(target, target.shape[-1] if target.dim() == 2 else -1, ii)
     if max_grad_norm is not None:
-        max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)
+        max_grad_norm = documented_arg(max_grad_norm, "max_grad_norm", "max_grad_norm")
     return device, {"loss": loss, "loss_fn": loss_fn, "ignore_index": ii, "norm": norm, "normalization": normalization,
                     "autocast": autocast_dtype(amp, device, "amp"), "amp": amp, "max_grad_norm": max_grad_norm}
 
@@ -281,9 +281,8 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     activation checkpointing (``plan.checkpoint``): after the search, one window measures what each
     candidate block frees and costs (``accumplan.checkpointing.block_costs``), the C++ planner picks
     the checkpoint set (none, every k-th candidate, all) with the least predicted window time whose
-    microbatch fits (when at least 10% under the fitting set with the fewest blocks; that set
-    otherwise), and one more window confirms it when it is not the set the search ran with
-    (at most two windows more than "off"); when not one sample fits without checkpointing, the
+    microbatch fits (when 10% under the fitting set with the fewest blocks; else that set), one more
+    window confirming it when the search ran with another; when not one sample fits without it, the
     search runs again with every candidate checkpointed and the choice starts from there. A list
     checkpoints exactly those modules in every window the search runs.
     checkpoint_candidates: the blocks "auto" chooses among (None: the longest run of same-class
@@ -295,27 +294,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     Returns the ``Plan`` ``load_plan`` returns; ``plan.save(path)`` writes the file the CLI writes.
     The model, optimizer and RNG are left as they were; ValueError/TypeError name a bad argument
     before anything runs; OutOfMemoryAtOne when not even one sample fits."""
-    if (target_batch is None) == (target_tokens is None):
-        raise TypeError("give target_batch (samples per optimizer step) or, for variable-length data, target_tokens "
-                        "(valid tokens per optimizer step)%s" % (", not both" if target_batch is not None else ""))
-    world_size = int_arg(world_size, "world_size", 1, 1 << 20)
-    request = _core.SearchRequest()
-    request.eval = flag_arg(eval, "eval")
-    request.eval_keep_outputs = flag_arg(eval_keep_outputs, "eval_keep_outputs")
-    if eval_keep_outputs and not eval:
-        raise ValueError("eval_keep_outputs=True sizes the evaluation batch, which eval=False skips: drop one of them")
-    request.world_size = world_size
-    if target_tokens is None:
-        request.target_batch = int_arg(target_batch, "target_batch", 1, MAX_COUNT)
-    else:
-        request.target_tokens = int_arg(target_tokens, "target_tokens", 1, (1 << 63) - 1)  # its range: the solver's
-    if isinstance(headroom, bool) or not isinstance(headroom, (str, int, float)):
-        raise TypeError("headroom must be 'auto', a fraction (0.05) or a size ('256MiB', bytes), not %s" % shown_value(headroom))
-    request.headroom = str(headroom)  # read by the CLI's --headroom parser
-    try:
-        _core.check_request(request)
-    except _core.InputError as e:
-        raise ValueError(str(e)) from None
+    request = _request(target_batch, target_tokens, world_size, headroom, eval, eval_keep_outputs)
     module_arg(model, "model")
     optimizer_arg(optimizer, model)
     _setup_optimizer(optimizer)
@@ -343,7 +322,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
         budget = None
         if memory_budget is not None:
             text = str(memory_budget) if isinstance(memory_budget, str) else str(int_arg(memory_budget, "memory_budget",
-                                                                                         1, 1 << 60))
+                                                                                         1, _core.MAX_BYTES))
             budget = _core.resolve_budget(text, total)
         cfg["budget"] = budget
         runner = ModuleRunner(meter, model, optimizer, inputs, target, cfg)
@@ -367,6 +346,31 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     finally:
         guard.put_back()  # the wraps removed, the meter closed, the state restored, Ctrl-C held meanwhile
     return Plan._from_core(planned, "accumplan.plan(%s)" % type(model).__name__)
+
+
+def _request(target_batch, target_tokens, world_size, headroom, eval, eval_keep_outputs):
+    """The search's request from plan()'s arguments, checked by the CLI's rules (_core.check_request)."""
+    if (target_batch is None) == (target_tokens is None):
+        raise TypeError("give target_batch (samples per optimizer step) or, for variable-length data, target_tokens "
+                        "(valid tokens per optimizer step)%s" % (", not both" if target_batch is not None else ""))
+    request = _core.SearchRequest()
+    request.world_size = int_arg(world_size, "world_size", 1, _core.MAX_WORLD_SIZE)
+    request.eval = flag_arg(eval, "eval")
+    request.eval_keep_outputs = flag_arg(eval_keep_outputs, "eval_keep_outputs")
+    if eval_keep_outputs and not eval:
+        raise ValueError("eval_keep_outputs=True sizes the evaluation batch, which eval=False skips: drop one of them")
+    if target_tokens is None:
+        request.target_batch = int_arg(target_batch, "target_batch", 1, MAX_COUNT)
+    else:
+        request.target_tokens = int_arg(target_tokens, "target_tokens", 1, (1 << 63) - 1)  # its range: the solver's
+    if isinstance(headroom, bool) or not isinstance(headroom, (str, int, float)):
+        raise TypeError("headroom must be 'auto', a fraction (0.05) or a size ('256MiB', bytes), not %s" % shown_value(headroom))
+    request.headroom = str(headroom)  # read by the CLI's --headroom parser
+    try:
+        _core.check_request(request)
+    except _core.InputError as e:
+        raise ValueError(str(e)) from None
+    return request
 
 
 def _checkpointing_arg(model, checkpointing, candidates, lengths):

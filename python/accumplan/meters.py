@@ -13,6 +13,8 @@ What it is not: a probe (those are C++, profiler/), nor a judge of what fits (th
 
 import torch
 
+from . import _core
+
 
 class CpuMeter:
     """The cpu-counting probe (C++), with the bytes that existed before it was installed (the
@@ -74,7 +76,9 @@ class CudaMeter:
         self._oom = False
 
     def limit(self, budget_bytes, data_bytes=0):
-        fraction = 1.0 if budget_bytes is None else min(1.0, budget_bytes / self.total_bytes)
+        """The caching allocator capped to hold ``budget_bytes`` (None: the whole device), by the
+        core's one rule of an enforced budget: a budget above the device's memory is refused."""
+        fraction = 1.0 if budget_bytes is None else _core.memory_fraction(budget_bytes, self.total_bytes, str(self.device))
         torch.cuda.set_per_process_memory_fraction(fraction, self.device)
 
     def current(self):

@@ -14,7 +14,7 @@ docs/oom-contract.md the re-planning rule.
 import os
 
 from . import _core
-from ._args import (INT32_MAX, MAX_COUNT, choice_arg, flag_arg, int_arg, lengths_arg, path_arg, real_arg,
+from ._args import (INT32_MAX, MAX_COUNT, choice_arg, documented_arg, flag_arg, int_arg, lengths_arg, path_arg,
                     shown_value)
 from .errors import OutOfMemoryAtOne, PlanError, oom_error, plan_error  # noqa: F401 - re-exported
 from .files import file_digest, file_sha256, json_text, output_path, write_atomically  # noqa: F401 - re-exported
@@ -268,7 +268,7 @@ class Plan:
                 raise TypeError("timed[%d] must be (sequences, padded length, seconds), not %s" % (i, shown_value(item)))
             checked.append((int_arg(item[0], "timed[%d][0]" % i, 1, MAX_COUNT),
                             int_arg(item[1], "timed[%d][1]" % i, 1, INT32_MAX),
-                            real_arg(item[2], "timed[%d][2]" % i, 0, 1e9, lo_open=True)))
+                            documented_arg(item[2], "timed[%d][2]" % i, "seconds", lo_open=True)))
         self.window_loop.observe_window(checked)
 
     @property

@@ -27,8 +27,8 @@ import time
 import torch.distributed as dist
 
 from . import _core
-from ._args import (INT32_MAX, INT32_MIN, callable_arg, choice_arg, flag_arg, int_arg, module_arg, optimizer_arg,
-                    real_arg)
+from ._args import (INT32_MAX, INT32_MIN, callable_arg, choice_arg, documented_arg, flag_arg, int_arg, module_arg,
+                    optimizer_arg)
 from .batches import (as_inputs, check_lengths, count_samples, pad_sequences, padding_mask,
                       ragged_data, slice_samples, target_arg, valid_token_counts)
 from .distributed import (all_reduce_gradients, all_reduce_ints, collective_device, group_world_size, is_ddp,
@@ -236,7 +236,7 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     if loss_fn is None and loss_kind == "model" and target is not None and isinstance(inputs, dict):
         raise ValueError("loss='model' with dict inputs takes its labels from the dict: pass target=None")
     if max_grad_norm is not None:
-        max_grad_norm = real_arg(max_grad_norm, "max_grad_norm", 0, 1e12, lo_open=True)  # setup.max_grad_norm's range
+        max_grad_norm = documented_arg(max_grad_norm, "max_grad_norm", "max_grad_norm")
     packing = choice_arg(packing, "packing", _core.PACKINGS)  # run --packing's names
     w = Window(plan, model, inputs, target, lengths, loss_kind, loss_fn, ii, autocast, scaler, group,
                shift_arg=causal_shift(model, shift_labels) if shift_labels is not None else None)
@@ -260,8 +260,8 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
 
 def _checked_arguments(model, optimizer, inputs, target, scheduler, scaler, on_oom, oom_recovery, measure_memory,
                        lengths, loss_kind, ii, plan):
-    """train_window's objects checked before anything runs (a scheduler=5 used to fail after the
-    optimizer had stepped). Returns (inputs, target, lengths) as the window takes them: ragged
+    """train_window's objects checked before anything runs (a bad scheduler is refused before the
+    optimizer steps, not after). Returns (inputs, target, lengths) as the window takes them: ragged
     data (a list of sequences or of example dicts) padded, with its lengths."""
     module_arg(model, "model")
     optimizer_arg(optimizer)

@@ -144,7 +144,7 @@ std::shared_ptr<Plan> search_plan(WindowRunner& runner, const std::string& heade
   return std::make_shared<Plan>(std::move(plan));
 }
 
-// ---- Activation checkpointing (issue 38): the planner's model and choice ----------------------
+// ---- Activation checkpointing: the planner's model and choice -----------------------------------
 // The model crosses as a dict: intercept_bytes, slope_bytes_per_sample, step_time (None, or the
 // planner's TimeModel as {"points": [(micro_batch, seconds)], "slope_seconds_per_sample"}),
 // window_overhead_seconds, blocks [(name, saved_bytes_per_sample, forward_seconds_per_sample)],
@@ -252,7 +252,7 @@ std::shared_ptr<Plan> checkpoint_plan(WindowRunner& runner, const Plan& plan,
   return std::make_shared<Plan>(search.plan_checkpointing(plan, std::move(costs), after, set, choose, measured));
 }
 
-// ---- The optimizer table and the exports (issue 36) -------------------------------------------
+// ---- The optimizer table and the exports --------------------------------------------------------
 // optimizer_table: how accumplan/measure.py recognises a torch optimizer and what it records of
 // it, from the one table (accumplan/setup_rules.h): {name: {"torch_class": torch.optim's class,
 // "torch_fixed": {keyword: the value that makes the class this optimizer}, "default_lr",
@@ -310,10 +310,12 @@ void bind_optimizer_and_exports(py::module_& m) {
 }  // namespace
 }  // namespace accumplan
 
-PYBIND11_MODULE(_core, m) {
-  accumplan::set_front_end(accumplan::FrontEnd::Python);  // the planner's messages name Python's arguments
-  using namespace accumplan;
-  m.doc() = "accumplan's C++ planner rules (plan reader, splits, re-plans, packing); see accumplan.plan";
+namespace accumplan {
+namespace {
+
+// The core's errors as Python exceptions: InputError is a ValueError; InfeasibleError and
+// ExecutorOomError (what the window loop cannot recover from) are InputErrors.
+void bind_errors(py::module_& m) {
   static py::exception<InputError> input_error(m, "InputError", PyExc_ValueError);
   static py::exception<InfeasibleError> infeasible_error(m, "InfeasibleError", input_error.ptr());
   static py::exception<ExecutorOomError> executor_oom_error(m, "ExecutorOomError", infeasible_error.ptr());
@@ -336,13 +338,14 @@ PYBIND11_MODULE(_core, m) {
       raise_as(input_error.ptr(), e.what());
     }
   });
-  bind_loss_rules(m);
-  bind_plan_rules(m);
-  bind_plan_object(m);
-  bind_window_loop(m);
+}
+
+// The planner's names and bounds, for Python's argument checks (accumplan/_args.py and its
+// siblings read them from here: Python copies none).
+void bind_constants(py::module_& m) {
+  m.attr("PACKINGS") = py::tuple(py::cast(packing_names()));  // train_window(packing=), as run --packing
   m.attr("SCHEMA_VERSION") = schema_version_string();
   m.attr("PERSISTENT_WINDOW_SAMPLES") = kPersistentWindowSamples;
-  // The planner's bounds, for Python's argument checks (accumplan/_args.py reads them from here).
   m.attr("MAX_SAMPLES") = kMaxSamples;
   m.attr("INT32_MIN") = std::numeric_limits<int32_t>::min();
   m.attr("INT32_MAX") = std::numeric_limits<int32_t>::max();
@@ -354,14 +357,23 @@ PYBIND11_MODULE(_core, m) {
   py::list terms;
   for (const auto& term : kStepCostTermRanges) terms.append(term.name);
   m.attr("STEP_COST_TERMS") = py::tuple(terms);
+  m.attr("MAX_BYTES") = kMaxBytes;
+  m.attr("LOSSES") = py::tuple(py::cast(kLosses));
+  m.def("documented_range",
+        [](const std::string& key) -> py::object {
+          const std::optional<ValueRange> r = documented_range(key);
+          if (!r) return py::none();
+          return py::make_tuple(r->lo, r->hi, r->lo_open, r->hi_open);
+        },
+        py::arg("key"), "(lo, hi, lo_open, hi_open) of a plan's number by its key, as the readers check it; None if none");
   m.def("option_name", &option_name, py::arg("cli_option"),
         "how the core's messages name a command-line option for Python ('--target-batch' -> 'target_batch')");
   m.def("memory_fraction", &device_memory_fraction, py::arg("budget_bytes"), py::arg("total_bytes"), py::arg("device"),
         "the caching allocator's memory fraction that holds budget_bytes; InputError above the device's total");
-  m.attr("PACKINGS") = py::tuple(py::cast(packing_names()));  // train_window(packing=), as run --packing
-  m.def("eval_split", &eval_split, py::arg("samples"), py::arg("micro_batch"), "microbatches of micro_batch, the last the remainder");
-  m.def("eval_size_after_oom", &eval_size_after_oom, py::arg("failing_size"),
-        "the eval microbatch after one of failing_size ran out of memory; InfeasibleError at one sample");
+}
+
+// The planner's arithmetic on windows, budgets and host data.
+void bind_arithmetic(py::module_& m) {
   m.def("balanced_split", &balanced_split, py::arg("total"), py::arg("parts"), py::arg("unit") = 1);
   m.def("largest_divisor_at_most", &largest_divisor_at_most, py::arg("total"), py::arg("limit"), py::arg("unit") = 1);
   m.def("split_samples", &split_samples, py::arg("total"), py::arg("max_micro_batch"), py::arg("split"),
@@ -382,6 +394,10 @@ PYBIND11_MODULE(_core, m) {
           return std::string(host_out_of_memory(bytes, during).what());
         }, py::arg("bytes"), py::arg("during"), "the one line for the host running out of memory");
 
+}
+
+// The measurement search over a Python WindowRunner, and the checkpointing choice after it.
+void bind_search(py::module_& m) {
   py::enum_<WindowBudget>(m, "WindowBudget")
       .value("ENFORCED", WindowBudget::Enforced)
       .value("DOUBLED", WindowBudget::Doubled)
@@ -446,5 +462,22 @@ PYBIND11_MODULE(_core, m) {
   m.def("search_plan", &search_plan, py::arg("runner"), py::arg("header"), py::arg("request"),
         py::arg("progress") = py::none(),
         "the plan JSON of the measurement search `accumplan profile` runs, on the runner's windows");
+}
+
+}  // namespace
+}  // namespace accumplan
+
+PYBIND11_MODULE(_core, m) {
+  accumplan::set_front_end(accumplan::FrontEnd::Python);  // the planner's messages name Python's arguments
+  using namespace accumplan;
+  m.doc() = "accumplan's C++ planner (plan, splits, re-plans, packing, the window loop, the search); see accumplan.plan";
+  bind_errors(m);
+  bind_loss_rules(m);
+  bind_plan_rules(m);
+  bind_plan_object(m);
+  bind_window_loop(m);
+  bind_constants(m);
+  bind_arithmetic(m);
+  bind_search(m);
   bind_optimizer_and_exports(m);
 }

@@ -101,5 +101,61 @@ class PersistentStep(unittest.TestCase):
         self.assertIn("use a smaller model", str(cm.exception))  # the advice the CLI's profiler gives
 
 
+class ConstantsFromTheCore(unittest.TestCase):
+    """Python holds no copy of a planner constant: each is the core's, and none is written again."""
+
+    CORE_INTS = ("MAX_SAMPLES", "MAX_ACCUMULATION_STEPS", "MAX_WORLD_SIZE", "MAX_BYTES", "MAX_TARGET_TOKENS",
+                 "INT32_MIN", "INT32_MAX")
+    CORE_NAMES = ("SPLITS", "STEP_COST_TERMS", "LOSSES", "PACKINGS", "EXPORT_TARGETS")
+    # Python's own bounds that happen to equal a core value: (module, value) and why.
+    OWN = {("files", 1 << 20): "MAX_JSON_VALUES and the read chunk bound a dict and a read, not a plan"}
+
+    def test_each_constant_python_uses_is_the_cores(self):
+        from accumplan import _args, files, losses, plans, runner, splits
+        core = accumplan._core
+        for ours, theirs in ((_args.MAX_COUNT, core.MAX_SAMPLES), (_args.INT32_MIN, core.INT32_MIN),
+                             (_args.INT32_MAX, core.INT32_MAX), (splits.SPLITS, core.SPLITS),
+                             (splits.MAX_ACCUMULATION_STEPS, core.MAX_ACCUMULATION_STEPS),
+                             (splits.STEP_COST_TERMS, core.STEP_COST_TERMS), (losses.LOSSES, core.LOSSES),
+                             (files.MAX_JSON_DEPTH, core.MAX_JSON_DEPTH), (plans.SCHEMA_VERSION, core.SCHEMA_VERSION),
+                             (runner.PERSISTENT_WINDOW, core.PERSISTENT_WINDOW_SAMPLES)):
+            self.assertEqual(ours, theirs)
+        self.assertEqual(core.MAX_SAMPLES, 1 << 40)  # the values the docs state
+        self.assertEqual(core.MAX_ACCUMULATION_STEPS, 1 << 20)
+        self.assertEqual(core.documented_range("max_grad_norm")[:3], (0.0, 1e12, True))
+
+    def test_no_module_writes_a_core_constant_as_a_literal(self):
+        import ast
+        import os
+        core = accumplan._core
+        ints = {getattr(core, n) for n in self.CORE_INTS}
+        names = {tuple(getattr(core, n)) for n in self.CORE_NAMES}
+        directory = os.path.dirname(accumplan.__file__)
+        found = []
+        for file in sorted(f for f in os.listdir(directory) if f.endswith(".py")):
+            with open(os.path.join(directory, file), encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                value = _literal(node)
+                if (value in ints and (file[:-3], value) not in self.OWN) or \
+                        (isinstance(value, tuple) and value in names):
+                    found.append("%s:%d %r" % (file, node.lineno, value))
+        self.assertEqual(found, [])
+
+
+def _literal(node):
+    """The value of an expression of literals only (1 << 40, -(2 ** 31), ("a", "b")); None otherwise."""
+    import ast
+    if not isinstance(node, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Tuple)):
+        return None
+    if not all(isinstance(n, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Tuple, ast.operator, ast.unaryop,
+                              ast.expr_context)) for n in ast.walk(node)):
+        return None
+    try:
+        return eval(compile(ast.Expression(node), "<literal>", "eval"), {"__builtins__": {}})  # noqa: S307
+    except Exception:  # noqa: BLE001 - 1 / 0, a string times a huge count: no constant
+        return None
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -49,7 +49,7 @@ inline constexpr int kSchemaMajor = 1;
 // largest that fits with the weights and optimizer state resident, confirmed by a real eval window),
 // with its line, what stays resident and its eval windows (trials of kind "eval"). Absent: no
 // evaluation batch was planned (--no-eval, or a plan written before 1.7). A plan may also carry
-// `checkpoint` (issue 38): the blocks it trains with activation checkpointing, which only the
+// `checkpoint`: the blocks it trains with activation checkpointing, which only the
 // Python module can apply (`accumplan run` refuses such a plan).
 inline constexpr int kSchemaMinor = 7;
 const std::string& schema_version_string();  // "1.7"
@@ -252,6 +252,9 @@ inline constexpr StepCostTermRange kStepCostTermRanges[] = {
 // its range.
 void check_step_cost(const TokenStepCost& cost, const std::string& prefix, const std::string& suffix = "");
 
+// The losses a setup names (setup.loss, --loss, accumplan.plan's loss=).
+inline const std::vector<std::string> kLosses = {"cross_entropy", "mse", "model"};
+
 struct TokenBudget {
   int64_t token_budget = 0;            // padded tokens per microbatch
   int64_t max_seq_len = 0;             // the longest sequence the budget was planned (and confirmed) for
@@ -286,7 +289,7 @@ struct EvalPlan {
   std::vector<Trial> trials;            // the eval windows, kind "eval"
 };
 
-// 1.7: activation checkpointing the plan chose (issue 38, accumplan/checkpoint.h): which candidate
+// 1.7: activation checkpointing the plan chose (accumplan/checkpoint.h): which candidate
 // blocks recompute their forward in backward, what each candidate was measured to free and cost,
 // and the no-checkpoint alternative's figures, so a reader sees what was traded.
 struct BlockCost {

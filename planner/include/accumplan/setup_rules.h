@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -128,6 +129,11 @@ struct ValueRange {
   // Finite and inside the range (NaN and the infinities never are).
   bool contains(double value) const;
 };
+
+// The documented range of a number by the key that holds it in a profile or plan
+// ("max_grad_norm", "seconds"; docs/plan-format.md), the readers' own; nullopt for a key that holds
+// no number the readers check. Front ends bound their arguments by it.
+std::optional<ValueRange> documented_range(const std::string& key);
 
 // The one table of optimizer value ranges, by the plan's name: lr and every hyperparameter of
 // optimizer_table. The optimizers compute in float32 on float32 parameters, so a value past these
