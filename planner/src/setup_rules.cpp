@@ -20,6 +20,9 @@ namespace {
 const std::vector<OptimizerInfo>& table() {
   const std::vector<std::string> sgd_flags = {"nesterov", "maximize", "foreach", "fused", "differentiable"};
   const std::vector<std::string> adam_flags = {"amsgrad", "maximize", "foreach", "fused", "capturable", "differentiable"};
+  // torch 2.x's Adam(decoupled_weight_decay=True) is AdamW's update; AdamW itself takes no such option.
+  std::vector<std::string> adam_only_flags = adam_flags;
+  adam_only_flags.push_back("decoupled_weight_decay");
   const std::vector<OptimizerHyperparameter> adam = {
       {"beta1", 0.9, 0.9}, {"beta2", 0.999, 0.999}, {"eps", 1e-8, 1e-8}, {"weight_decay", 0.0, 0.0}};
   std::vector<OptimizerHyperparameter> adamw = adam;
@@ -32,7 +35,7 @@ const std::vector<OptimizerInfo>& table() {
       {"momentum", "SGD", 1e-2, {{"momentum", 0.9, 0.0}, {"dampening", 0.0, 0.0}, {"weight_decay", 0.0, 0.0}}, {},
        sgd_flags, "sgd", "", {}, ""},
       // Trainer's AdamW without weight decay is Adam; it has no other Adam.
-      {"adam", "Adam", 1e-3, adam, {}, adam_flags, "adamw_torch", "adamw_torch_fused", hf_adam,
+      {"adam", "Adam", 1e-3, adam, {}, adam_only_flags, "adamw_torch", "adamw_torch_fused", hf_adam,
        "Trainer has no Adam with coupled (L2) weight decay"},
       {"adamw", "AdamW", 1e-3, adamw, {}, adam_flags, "adamw_torch", "adamw_torch_fused", hf_adam, ""},
       {"adagrad", "Adagrad", 1e-2,

@@ -97,7 +97,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Setup& setup, std:
   if (name == "adam" || name == "adamw") {
     const std::vector<std::string>& beta = torch_grouped_members("betas");  // (beta1, beta2)
     const std::tuple<double, double> betas{hp.at(beta.at(0)), hp.at(beta.at(1))};
-    if (name == "adam") {
+    if (name == "adam" && !flag("decoupled_weight_decay")) {  // decoupled: AdamW's update, run as AdamW
       AdamOptions o(group.lr);
       o.betas(betas).eps(hp.at("eps")).weight_decay(hp.at("weight_decay")).amsgrad(flag("amsgrad"));
       return std::make_unique<Adam>(std::move(params), o);

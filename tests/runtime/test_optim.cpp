@@ -1,5 +1,5 @@
 // The LibTorch optimizer a plan's setup builds (runtime/optim.h): the flags LibTorch has are
-// honoured, what it lacks is refused in one line naming the value, never dropped (issue 36).
+// honoured, what it lacks is refused in one line naming the value, never dropped.
 #include <torch/torch.h>
 
 #include "catch_after_torch.h"
@@ -48,6 +48,32 @@ TEST_CASE("Optimizer: nesterov, amsgrad and centered reach LibTorch's options", 
   plain.optimizer = "adam";
   built = make_optimizer(plain, one_parameter());
   CHECK_FALSE(static_cast<const torch::optim::AdamOptions&>(built->param_groups().at(0).options()).amsgrad());
+}
+
+TEST_CASE("Optimizer: adam with decoupled_weight_decay makes AdamW's update", "[optim][runtime]") {
+  auto update = [](const Setup& setup) {
+    torch::manual_seed(0);
+    at::Tensor w = torch::randn({4}, torch::requires_grad());
+    auto built = make_optimizer(setup, {w});
+    for (int step = 0; step < 3; ++step) {
+      w.mutable_grad() = torch::full({4}, 0.5 + step);
+      built->step();
+    }
+    return w.detach().clone();
+  };
+  Setup adam;
+  adam.optimizer = "adam";
+  adam.lr = 1e-2;
+  adam.hyperparameters = {{"weight_decay", 0.1}};
+  Setup decoupled = adam;
+  decoupled.flags = {{"decoupled_weight_decay", true}};
+  Setup adamw = adam;
+  adamw.optimizer = "adamw";
+  CHECK(torch::equal(update(decoupled), update(adamw)));
+  CHECK_FALSE(torch::equal(update(adam), update(adamw)));  // coupled (L2) weight decay: another update
+  Setup wrong = adamw;
+  wrong.flags = {{"decoupled_weight_decay", true}};  // AdamW takes no such option
+  CHECK_THAT(refusal(wrong), Catch::Contains("decoupled_weight_decay"));
 }
 
 TEST_CASE("Optimizer: groups with different values and maximize are refused naming the value", "[optim][runtime]") {
