@@ -20,7 +20,16 @@ std::vector<int64_t> eval_split(int64_t samples, int64_t micro_batch) {
     throw InputError("an evaluation splits 0 or more samples into microbatches of at least 1; got " +
                      std::to_string(samples) + " samples by " + std::to_string(micro_batch));
   }
+  // As a window, an evaluation call holds at most kMaxAccumulationSteps microbatches: a list that
+  // long is a data set to evaluate in parts, not a call to allocate for.
+  const int64_t count = samples / micro_batch + (samples % micro_batch != 0);
+  if (count > kMaxAccumulationSteps) {
+    throw InputError("an evaluation of " + std::to_string(samples) + " samples in microbatches of " +
+                     std::to_string(micro_batch) + " needs " + std::to_string(count) + " microbatches, more than " +
+                     std::to_string(kMaxAccumulationSteps) + "; evaluate the data in parts");
+  }
   std::vector<int64_t> sizes;
+  sizes.reserve(static_cast<size_t>(count));
   for (int64_t done = 0; done < samples; done += micro_batch) sizes.push_back(std::min(micro_batch, samples - done));
   return sizes;
 }

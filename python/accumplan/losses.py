@@ -116,25 +116,24 @@ def model_output(out):
     """(tensor, is_loss) from what a forward returned: a tensor; a tuple/list whose first element
     is the output; or a dict, or an object (a Hugging Face ModelOutput), with "loss" (the
     microbatch's mean loss) or "logits"."""
-    if isinstance(out, dict):
-        if "loss" in out and out["loss"] is not None:
-            return out["loss"], True
-        if "logits" in out:
-            return out["logits"], False
-        raise ValueError("the model returned a dict without 'loss' or 'logits' (keys: %s)" % ", ".join(map(str, out)))
     if isinstance(out, (tuple, list)):
         if not out:
-            raise ValueError("the model returned an empty tuple")
+            raise plan_error("the model returned an empty tuple")
         return model_output(out[0])
-    if not isinstance(out, torch.Tensor):
-        # An output object (a dataclass) with .loss or .logits, as a Hugging Face ModelOutput has.
-        if getattr(out, "loss", None) is not None:
-            return out.loss, True
-        if getattr(out, "logits", None) is not None:
-            return out.logits, False
-        raise ValueError("the model returned %s; return a tensor, a tuple (output first), or a dict or an "
-                         "object with 'loss' or 'logits'" % type(out).__name__)
-    return out, False
+    if isinstance(out, torch.Tensor):
+        return out, False
+    # A dict, or an output object (a dataclass) with .loss or .logits, as a Hugging Face ModelOutput has.
+    get = out.get if isinstance(out, dict) else (lambda key, default: getattr(out, key, default))
+    for key, is_loss in (("loss", True), ("logits", False)):
+        value = get(key, None)
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise plan_error("the model returned %r: %s (%s), not a tensor" % (key, type(value).__name__, shown_value(value)))
+        if value is not None:
+            return value, is_loss
+    if isinstance(out, dict):
+        raise plan_error("the model returned a dict without 'loss' or 'logits' (keys: %s)" % ", ".join(map(str, out)))
+    raise plan_error("the model returned %s; return a tensor, a tuple (output first), or a dict or an "
+                     "object with 'loss' or 'logits'" % type(out).__name__)
 
 
 def loss_sum(output, target, loss="cross_entropy", normalization="samples", ignore_index=-100, samples=None,

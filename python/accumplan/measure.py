@@ -387,6 +387,8 @@ def _checkpointing_arg(model, checkpointing, candidates, lengths):
                          "data plans without it (checkpointing='off')" % shown_value(checkpointing))
     if isinstance(checkpointing, str):
         choice_arg(checkpointing, "checkpointing", ("off", "auto"))
+        if isinstance(candidates, (list, tuple)) and not candidates:
+            raise ValueError("checkpoint_candidates=[] names no block; name at least one, or pass None to find them")
         return "auto", checkpoint_candidates(model, candidates), []
     if not isinstance(checkpointing, (list, tuple)):
         raise TypeError("checkpointing must be 'off', 'auto' or a list of module names, not %s"

@@ -246,6 +246,14 @@ std::string rank_path(const std::string& path, int rank) {
 // Every output of `run` (for this rank: "{rank}" filled in; a rank > 0 writes only paths with
 // "{rank}") or `verify`, and the inputs it must not replace, checked before anything loads.
 void check_run_outputs(const RunArgs& a, int rank) {
+  // An input path given as '' is refused like every other empty word, never taken for its absence.
+  const std::pair<const char*, const std::string*> inputs[] = {
+      {"--data", &a.data}, {"--eval-data", &a.eval_data}, {"--seq-len-file", &a.seq_len_file}};
+  for (const auto& [name, value] : inputs) {
+    if (value->empty() && given(a.app->get_option_no_throw(name))) {
+      throw InputError(std::string(name) + " is empty; give the path of a file, or drop " + name);
+    }
+  }
   auto out = [&](const char* name, const std::string& path) {
     OutputOption o = output_option(a.app, name, path);
     if (o.given && !path.empty()) {

@@ -89,6 +89,10 @@ TEST_CASE("Replan: the eval batch survives a training re-plan, solved or re-spli
   CHECK(replan_below(bare, 8).eval->micro_batch == golden.eval->micro_batch);
   // Without one, an evaluation runs at the training microbatch.
   CHECK(eval_sizes(make_plan_with({8, 8}), 20) == std::vector<int64_t>{8, 8, 4});
+  // More microbatches than a window may hold is refused before any list is made.
+  CHECK(eval_sizes(make_plan_with({8, 8}), 8 * kMaxAccumulationSteps).size() == static_cast<size_t>(kMaxAccumulationSteps));
+  CHECK_THROWS_WITH(eval_sizes(make_plan_with({8, 8}), 8 * kMaxAccumulationSteps + 1),
+                    Catch::Contains("microbatches, more than 1048576; evaluate the data in parts"));
   CHECK_THROWS_AS(eval_size_after_oom(1), InfeasibleError);
   CHECK(eval_size_after_oom(9) == 4);
 }

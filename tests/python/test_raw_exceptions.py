@@ -125,6 +125,16 @@ class UserCodeInAWindowIsOneLine(unittest.TestCase):
             raise NotImplementedError("first\nsecond")
         self.planned_with(forward, r"failed: NotImplementedError: first$")
 
+    def test_a_model_loss_that_is_not_a_tensor_is_named(self):
+        x, y = data()
+        self.planned_with(lambda self, x: {"loss": 3},
+                          r"^the model returned 'loss': int \(3\), not a tensor$", loss="model", inputs=(x,), target=None)
+
+    def test_empty_checkpoint_candidates_are_refused_whatever_the_progress(self):
+        for progress in (False, True):
+            with self.subTest(progress=progress), self.assertRaisesRegex(ValueError, r"^checkpoint_candidates=\[\] names no"):
+                plan(checkpointing="auto", checkpoint_candidates=[], progress=progress)
+
     def test_loss_fn_returning_a_float_or_a_vector_is_named_before_backward(self):
         x, y = data()
         for loss_fn, pattern in [(lambda out, t: 1.0, r"^loss_fn returned float \(1.0\)"),

@@ -79,7 +79,7 @@ TEST_CASE("CLI lr 0: the main job plans it and run trains at it; a negative lr i
   expect_refusal(dir, main_job("16", {"--lr", "nan"}), "--lr: nan is out of range");
 }
 
-TEST_CASE("CLI empty words: run --packing, --amp, --device, verify --device and the main job's --loss, --device '' are refused",
+TEST_CASE("CLI empty words: run --packing, --amp, --device, its input paths, verify --device and the main job's --loss, --device '' are refused",
           "[cli][run][packing][empty]") {
   const std::string dir = scratch_dir("round-four-packing");
   const std::string plan_path = dir + "/plan.json";
@@ -92,6 +92,9 @@ TEST_CASE("CLI empty words: run --packing, --amp, --device, verify --device and 
   expect_refusal(dir, with(run, {"--packing", ""}), "--packing must be time or fill, got ''");
   expect_refusal(dir, with(run, {"--amp", ""}), "--amp '' is unknown; use none, bf16 or fp16");
   expect_refusal(dir, with(run, {"--device", ""}), "--device '' is not a device; known devices: cpu, cuda");
+  for (const char* input : {"--data", "--eval-data", "--seq-len-file"}) {
+    expect_refusal(dir, with(run, {input, ""}), std::string(input) + " is empty; give the path of a file, or drop " + input);
+  }
   expect_refusal(dir, {"verify", "--plan", plan_path, "--model", "builtin:mlp", "--device", ""}, "--device '' is not a device");
   expect_refusal(dir, main_job("16", {"--loss", ""}), "--loss '' is unknown; use cross_entropy, mse or model");
   expect_refusal(dir, {"--model", "builtin:mlp", "--target-batch", "16", "--device", ""}, "--device '' is not a device");
