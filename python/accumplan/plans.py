@@ -28,8 +28,9 @@ SCHEMA_VERSION = _core.SCHEMA_VERSION  # what the C++ writer writes
 # --- the plan ----------------------------------------------------------------------------------
 
 class Plan:
-    """A plan.json (schema ``accumplan.plan``, any 1.x version), read and checked by the C++ plan
-    reader: what ``accumplan run --plan`` refuses, this refuses with the same message.
+    """A plan.json (schema ``accumplan.plan``, any 1.x version), read once and held by the C++
+    planner as its own object: what ``accumplan run --plan`` refuses, this refuses with the same
+    message, and every field below is read from that object.
 
     Attributes a trainer needs: ``target_batch``, ``world_size``, ``per_rank_batch``,
     ``microbatch_sizes``, ``weights``, ``micro_batch``, ``accumulation_steps``,
@@ -45,7 +46,8 @@ class Plan:
     None without), ``schema_version``
     (the file's), ``raw`` (the document as the C++ writer writes it). ``replans`` lists the
     re-plans made after out-of-memory errors. The attributes follow the plan: change it with
-    ``replan_below`` / ``repack_below``, not by assigning them.
+    ``replan_below`` / ``repack_below`` (or let ``train_window``'s window loop do it), not by
+    assigning them.
 
     The training methods (``split``, ``train_window``) need torch; see accumplan.train.
     """

@@ -149,7 +149,7 @@ def planner_options(cfg, device, off):
     finally:
         meter.close()
     model.zero_grad(set_to_none=True)
-    m = _core.checkpoint_model_of(json.dumps(off.raw), costs, costs.head_bytes_per_sample, [])
+    m = _core.checkpoint_model_of(_core.Plan.read_text(json.dumps(off.raw), "off")[0], costs, costs.head_bytes_per_sample, [])
     options, chosen = _core.checkpoint_options(m, off.per_rank_batch, off.memory["usable_bytes"])
     return names, costs, m, options, chosen
 
