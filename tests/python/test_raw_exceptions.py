@@ -130,6 +130,22 @@ class UserCodeInAWindowIsOneLine(unittest.TestCase):
         self.planned_with(lambda self, x: {"loss": 3},
                           r"^the model returned 'loss': int \(3\), not a tensor$", loss="model", inputs=(x,), target=None)
 
+    def test_a_dict_batch_with_a_flag_plans_trains_and_evaluates(self):
+        class WithFlag(torch.nn.Module):  # a Hugging Face style keyword that is no tensor
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(16, 4)
+
+            def forward(self, x, use_cache=True):
+                assert use_cache is False, "the flag reached every microbatch unchanged"
+                return self.lin(x)
+        m = WithFlag()
+        o = torch.optim.SGD(m.parameters(), lr=0.1)
+        x, y = data()
+        p = plan(m, o, inputs={"x": x, "use_cache": False}, target=y)
+        self.assertEqual(p.train_window(m, o, {"x": x, "use_cache": False}, y).samples, 8)
+        self.assertEqual(p.evaluate(m, {"x": x, "use_cache": False}, y).samples, 8)
+
     def test_empty_checkpoint_candidates_are_refused_whatever_the_progress(self):
         for progress in (False, True):
             with self.subTest(progress=progress), self.assertRaisesRegex(ValueError, r"^checkpoint_candidates=\[\] names no"):
