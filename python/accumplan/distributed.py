@@ -24,9 +24,15 @@ def is_ddp(model):
     return isinstance(model, torch.nn.parallel.DistributedDataParallel)
 
 
+# The last collective's tensors, held until the next: a Python tensor whose last reference is
+# gloo's worker thread would be freed there under the GIL, deadlocking a process group's destructor.
+_IN_FLIGHT = []
+
+
 def all_reduce_ints(values, group, device):
     t = torch.tensor(values, dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    _IN_FLIGHT[:] = [t]
     return [int(v) for v in t.tolist()]
 
 
@@ -98,6 +104,7 @@ def all_reduce_gradients(params, group=None, extra=None):
         if last:
             flat = torch.cat([flat, tail.to(device=device, dtype=flat.dtype)])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        _IN_FLIGHT[:] = [flat] if i == 0 else _IN_FLIGHT + [flat]
         if last:
             tail = flat[-1:].to(torch.float64).cpu()
             flat = flat[:-1]
@@ -108,4 +115,5 @@ def all_reduce_gradients(params, group=None, extra=None):
     if not buckets and extra is not None:
         tail = tail.to(device)
         dist.all_reduce(tail, op=dist.ReduceOp.SUM, group=group)
+        _IN_FLIGHT[:] = [tail]
     return float(tail.item())

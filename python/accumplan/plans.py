@@ -105,25 +105,11 @@ class Plan:
     device, profile, confirmed, reason = _field("device"), _field("profile"), _field("confirmed"), _field("reason")
     del _field
 
-    @property
-    def margin_bytes(self):
-        return self.memory.get("margin_bytes")
-
-    @property
-    def loss(self):
-        return self.setup.get("loss", "cross_entropy")
-
-    @property
-    def normalization(self):
-        return self.setup.get("normalization", "auto")
-
-    @property
-    def ignore_index(self):
-        return self.setup.get("ignore_index", -100)
-
-    @property
-    def padding_mask(self):
-        return bool(self.setup.get("padding_mask", False))
+    margin_bytes = property(lambda self: self.memory.get("margin_bytes"))
+    loss = property(lambda self: self.setup.get("loss", "cross_entropy"))
+    normalization = property(lambda self: self.setup.get("normalization", "auto"))
+    ignore_index = property(lambda self: self.setup.get("ignore_index", -100))
+    padding_mask = property(lambda self: bool(self.setup.get("padding_mask", False)))
 
     @property
     def tokens(self):
@@ -408,7 +394,7 @@ class Plan:
         if self.checkpoint is None:
             return None
         from .checkpointing import apply_checkpointing
-        return apply_checkpointing(model, self.checkpoint["modules"])
+        return apply_checkpointing(model, self.checkpoint["modules"], "plan.checkpoint['modules']")
 
     def eval_sizes(self, samples):
         """The eval microbatches of ``samples`` (the planner's rule, as ``accumplan run --eval-data``):
