@@ -113,29 +113,33 @@ def _recomputing(forward):
             return forward(*args, **kwargs)  # nothing to save for a backward: no need to recompute
         return torch_checkpoint.checkpoint(functools.partial(forward, **kwargs), *args, use_reentrant=False,
                                            preserve_rng_state=True)
+    call.accumplan_recomputes = True  # a second wrap of it is refused: removing in any order must unwrap
     return call
 
 
-def apply_checkpointing(model, names):
+def apply_checkpointing(model, names, arg="names"):
     """Wraps each module in ``names`` (``checkpoint_candidates``'s) so its forward is recomputed in
     backward: non-reentrant ``torch.utils.checkpoint`` with the RNG state preserved, so a window
     trained with it gives the same update as without. Returns a ``Checkpointed`` handle; its
     ``remove()`` restores the forwards. Under ``torch.no_grad`` the wrapped modules run as before."""
     handle = Checkpointed([])
-    wrap_into(handle, model, names)
+    wrap_into(handle, model, names, arg)
     return handle
 
 
-def wrap_into(handle, model, names):
+def wrap_into(handle, model, names, arg="checkpoint_candidates"):
     """Wraps ``names`` as ``apply_checkpointing`` does, into an existing ``Checkpointed`` handle
     (one a caller already holds, so an interrupt between wrapping and keeping the handle cannot
     leave a wrapped forward nobody removes)."""
-    names = checkpoint_candidates(model, names)
+    names = checkpoint_candidates(model, names, arg)
     modules = dict(model.named_modules())
     try:
         for n in names:
             module = modules[n]
             had = module.__dict__.get("forward")
+            if getattr(had, "accumplan_recomputes", False):
+                raise ValueError("%s is checkpointed already (an apply_checkpointing handle holds it); remove that "
+                                 "handle first" % n)
             module.forward = _recomputing(module.forward)
             handle._wrapped.append((module, had))
             handle.names.append(n)
@@ -162,11 +166,8 @@ def _tensors(value):
 
 
 # Each block's forward in the costs window runs twice more at once, timed, and the fastest of the
-# three counts: a single timing wandered. resnet18's layer4 (8.4 M of its 11.2 M parameters) took
-# 7, 32 and 20 ms at 6 samples in three back-to-back instrumented steps on the CPU, while its
-# forward alone took 7 ms and recomputing it added 13 ms per microbatch to a real window; from the
-# one timing, plannings predicted the set checkpointing it 51% slower than none where it ran 13%
-# slower (tests/bench/CHECKPOINT.md before this).
+# three counts: one timing of an instrumented step wanders by several times on a busy CPU, and the
+# fastest is the forward a recompute repeats (tests/bench/CHECKPOINT.md measures the result).
 _REPLAYS = 2
 
 

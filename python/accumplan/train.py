@@ -165,8 +165,8 @@ def _stop_measuring(meter, st):
         return
     try:
         meter.sync()
-        st.peak_bytes = meter.peak()
-        st.reserved_peak_bytes = meter.reserved_peak()
+        if st is not None:  # a window that failed has no figures; the meter goes all the same
+            st.peak_bytes, st.reserved_peak_bytes = meter.peak(), meter.reserved_peak()
     finally:
         if isinstance(meter, CpuMeter):
             meter.close()
@@ -243,10 +243,10 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     warn_batch_dependent_once(w.inner)
     backend = TrainBackend(w, optimizer, lambda: _share_counts(w, normalization), scheduler)
     zero_grads(w.params, optimizer)
-    backend.meter = _start_measuring(w, optimizer, measure_memory)
     checkpointed = plan.apply_checkpointing(w.inner)  # the plan's checkpointing for this window only
     st = None
     try:
+        backend.meter = _start_measuring(w, optimizer, measure_memory)
         st = plan.run_window(backend, on_oom, oom_recovery=oom_recovery, max_grad_norm=max_grad_norm, packing=packing)
     finally:
         if checkpointed is not None:

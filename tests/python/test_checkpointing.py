@@ -294,9 +294,20 @@ class PlanCheckpointing(unittest.TestCase):
             bad["checkpoint"] = dict(self.plan(["layers.0"]).checkpoint, modules=["layers.9"])
             accumplan.load_plan(bad)
         other = nn.Sequential(nn.Linear(8, 2))
-        with self.assertRaisesRegex(ValueError, "checkpoint_candidates\\[0\\] is 'layers.0', not a submodule"):
+        with self.assertRaisesRegex(ValueError, r"^plan.checkpoint\['modules'\]\[0\] is 'layers.0', not a submodule"):
             plan.train_window(other, torch.optim.SGD(other.parameters(), lr=0.1), (torch.randn(8, 8),),
                               torch.randint(0, 2, (8,)))
+        # Applied twice: refused, so that removing the handles in any order unwraps every forward.
+        first = plan.apply_checkpointing(model)
+        with self.assertRaisesRegex(ValueError, r"^layers.0 is checkpointed already"):
+            plan.apply_checkpointing(model)
+        with self.assertRaisesRegex(ValueError, r"^layers.0 is checkpointed already"):
+            plan.train_window(model, torch.optim.SGD(model.parameters(), lr=0.1), (torch.randn(8, 8),),
+                              torch.randint(0, 2, (8,)), measure_memory=True)
+        first.remove()
+        self.assertNotIn("forward", model.layers[0].__dict__)
+        self.assertTrue(plan.train_window(model, torch.optim.SGD(model.parameters(), lr=0.1), (torch.randn(8, 8),),
+                                          torch.randint(0, 2, (8,)), measure_memory=True).stepped)
 
 
 class _Wide(nn.Module):
