@@ -83,7 +83,7 @@ class Plan:
         return plan
 
     def _start(self, core, version, source):
-        self._core, self._loop, self._doc = core, None, None
+        self._core, self._loop, self._doc, self._peak = core, None, None, None
         self.source = source
         self.schema_version = version or SCHEMA_VERSION
         self.replans = []
@@ -236,7 +236,9 @@ class Plan:
         flag_arg(optimizer_state_exists, "optimizer_state_exists")
         pairs = [(int_arg(b, "microbatches[%d][0]" % i, 1, MAX_COUNT), int_arg(t, "microbatches[%d][1]" % i, 1, INT32_MAX))
                  for i, (b, t) in enumerate(microbatches)]
-        return _core.PackedPeakPredictor(self._core).window_peak_bytes(pairs, optimizer_state_exists)
+        if self._peak is None:  # fitted from the profile once; a re-pack does not change the profile
+            self._peak = _core.PackedPeakPredictor(self._core)
+        return self._peak.window_peak_bytes(pairs, optimizer_state_exists)
 
     def packing_cost(self):
         """The step cost ``pack`` cuts the next window by: ``train_window``'s own fit over the packed
@@ -309,7 +311,7 @@ class Plan:
             self._core.repack_below(failing_tokens)
         except _core.InfeasibleError as e:
             raise oom_error(e) from None
-        self._doc = None
+        self._doc = None  # the note reads the new budget
         return self._replanned("out of memory at %d padded tokens: token budget lowered to %d padded tokens per "
                                "microbatch" % (failing_tokens, self.tokens["token_budget"]))
 
