@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import torch
 
+from . import _core
 from ._args import INT32_MAX, INT32_MIN, int_arg, lengths_arg, shown_value, tensor_arg
 
 
@@ -92,6 +93,11 @@ def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
     padded with ``ignore_index``, everything else with 0, so attention_mask is 0 at padding) and
     target is None (the labels are in the dict). This is the collate helper for ``plan.pack``'s
     microbatches: ``pad_sequences([examples[i] for i in group])``."""
+    return padded(sequences, targets, ignore_index, next_token, ("sequences", "targets"))
+
+
+def padded(sequences, targets, ignore_index, next_token, names):
+    """pad_sequences, its messages naming the arguments as ``names`` (the caller's two)."""
     ignore_index = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     if not isinstance(next_token, bool):
         raise TypeError("next_token must be True or False, not %s (%s)" % (type(next_token).__name__, shown_value(next_token)))
@@ -99,21 +105,22 @@ def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
         if targets is not None or next_token:
             raise ValueError("examples given as dicts carry their labels (\"labels\"): pass targets=None and "
                              "next_token=False")
-        return _pad_examples(sequences, ignore_index)
-    sequences = _vectors(sequences, "sequences", integer=True)
+        return _pad_examples(sequences, ignore_index, names[0])
+    sequences = _vectors(sequences, names[0], integer=True)
     n = len(sequences)
     if n == 0:
-        raise ValueError("sequences is empty: no sequences to pad")
+        raise ValueError("%s is empty: no sequences to pad" % names[0])
     lengths = torch.tensor([int(s.numel()) for s in sequences], dtype=torch.long)
     if int(lengths.min()) < 1:
-        raise ValueError("sequences[%d] is empty; every sequence needs at least one token" % int(lengths.argmin()))
+        raise ValueError("%s[%d] is empty; every sequence needs at least one token" % (names[0], int(lengths.argmin())))
     longest = int(lengths.max())
+    _check_padded_bytes(n, longest, 16 if targets is not None or next_token else 8)
     inputs = torch.zeros(n, longest, dtype=torch.long)
     for i, s in enumerate(sequences):
         inputs[i, :s.numel()] = s
     target = None
     if targets is not None:
-        targets = _vectors(targets, "targets", integer=False)
+        targets = _vectors(targets, names[1], integer=False)
         if len(targets) != n:
             raise ValueError("%d sequences but %d targets" % (n, len(targets)))
         dtype = targets[0].dtype
@@ -140,32 +147,41 @@ def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
     return inputs, target, lengths
 
 
-def _pad_examples(examples, ignore_index):
+def _check_padded_bytes(n, longest, bytes_per_position):
+    """Ragged data padded to n x longest held to the host-data limit before it is allocated."""
+    _core.check_host_data(n * longest * bytes_per_position, "%d sequences padded to the longest, %d tokens," % (
+        n, longest), "pass fewer sequences per window (plan.pack groups them by length) or cut the longest")
+
+
+def _pad_examples(examples, ignore_index, name):
     """Hugging Face examples (dicts of 1-D tensors, one length per example) padded into one dict."""
     keys = list(examples[0].keys())
     lengths = []
     for i, ex in enumerate(examples):
         if not isinstance(ex, Mapping):
-            raise TypeError("sequences[%d] is %s but sequences[0] is a dict; give every example as a dict"
-                            % (i, type(ex).__name__))
+            raise TypeError("%s[%d] is %s but %s[0] is a dict; give every example as a dict"
+                            % (name, i, type(ex).__name__, name))
         if list(ex.keys()) != keys:
-            raise ValueError("sequences[%d] has keys %s but sequences[0] has %s; give every example the same keys"
-                             % (i, list(ex.keys()), keys))
+            raise ValueError("%s[%d] has keys %s but %s[0] has %s; give every example the same keys"
+                             % (name, i, list(ex.keys()), name, keys))
         n = None
         for k in keys:
             t = ex[k]
             if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.is_complex():
-                raise TypeError("sequences[%d][%r] must be a 1-D tensor (one entry per token), not %s"
-                                % (i, k, "a tensor of shape %s" % list(t.shape) if isinstance(t, torch.Tensor)
+                raise TypeError("%s[%d][%r] must be a 1-D tensor (one entry per token), not %s"
+                                % (name, i, k, "a tensor of shape %s" % list(t.shape) if isinstance(t, torch.Tensor)
                                    else "%s (%s)" % (type(t).__name__, shown_value(t))))
+            tensor_arg(t, "%s[%d][%r]" % (name, i, k))
             if n is not None and t.numel() != n:
-                raise ValueError("sequences[%d][%r] has %d entries but sequences[%d][%r] has %d; every tensor of "
-                                 "an example has one entry per token" % (i, k, t.numel(), i, keys[0], n))
+                raise ValueError("%s[%d][%r] has %d entries but %s[%d][%r] has %d; every tensor of an example has "
+                                 "one entry per token" % (name, i, k, t.numel(), name, i, keys[0], n))
             n = t.numel()
-        if n < 1:
-            raise ValueError("sequences[%d] is empty; every sequence needs at least one token" % i)
+        if not n:
+            raise ValueError("%s[%d] is empty; every sequence needs at least one token%s"
+                             % (name, i, "" if keys else " (input_ids, labels, ...)"))
         lengths.append(n)
     longest = max(lengths)
+    _check_padded_bytes(len(examples), longest, sum(examples[0][k].element_size() for k in keys))
     inputs = {}
     for k in keys:
         t0 = examples[0][k]
@@ -173,8 +189,8 @@ def _pad_examples(examples, ignore_index):
         if not t0.is_floating_point() and t0.dtype != torch.bool:
             info = torch.iinfo(t0.dtype)
             if not info.min <= pad <= info.max:
-                raise ValueError("sequences[0][%r] is %s, which cannot hold the padding %d; convert it to int64"
-                                 % (k, t0.dtype, pad))
+                raise ValueError("%s[0][%r] is %s, which cannot hold the padding %d; convert it to int64"
+                                 % (name, k, t0.dtype, pad))
         out = torch.full((len(examples), longest), pad, dtype=t0.dtype)
         for i, ex in enumerate(examples):
             out[i, :lengths[i]] = ex[k]
@@ -211,17 +227,17 @@ def ragged_data(inputs, target, lengths, loss, ignore_index, packed=False):
     if isinstance(inputs[0], Mapping):
         if target is not None:
             raise ValueError("examples given as dicts carry their labels (\"labels\"): pass target=None")
-        padded, _, lens = pad_sequences(inputs, ignore_index=ignore_index)
-        return padded, None, lens.tolist()
+        examples, _, lens = padded(inputs, None, ignore_index, False, ("inputs", "target"))
+        return examples, None, lens.tolist()
     per_token = isinstance(target, (list, tuple))
     next_token = target is None and loss == "cross_entropy"
-    padded, tgt, lens = pad_sequences(inputs, target if per_token else None, ignore_index, next_token=next_token)
+    tokens, tgt, lens = padded(inputs, target if per_token else None, ignore_index, next_token, ("inputs", "target"))
     if not per_token and target is not None:
         tgt = target_arg(target)
         if tgt.shape[0] != len(inputs):
             raise ValueError("target has %d entries (dim 0) for %d sequences; give one target per sequence or a "
                              "list of per-token targets" % (tgt.shape[0], len(inputs)))
-    return (padded,), tgt, lens.tolist()
+    return (tokens,), tgt, lens.tolist()
 
 
 def _vectors(tensors, name, integer):
@@ -235,6 +251,7 @@ def _vectors(tensors, name, integer):
             raise TypeError("%s[%d] must be a 1-D tensor, not %s" % (
                 name, i, "a tensor of shape %s" % list(t.shape) if isinstance(t, torch.Tensor) else
                 "%s (%s)" % (type(t).__name__, shown_value(t))))
+        tensor_arg(t, "%s[%d]" % (name, i))
         if t.is_complex() or t.dtype == torch.bool or (integer and t.is_floating_point()):
             raise TypeError("%s[%d] is a %s tensor; %s" % (name, i, str(t.dtype).replace("torch.", ""),
                             "token ids are integers" if integer else "targets are integers or floats"))

@@ -6,7 +6,8 @@ blocks a plan may checkpoint: the longest run of consecutive same-class children
 or the module names given; and ``apply_checkpointing(model, names)``, which makes each named
 module recompute its forward during backward instead of keeping its activations
 (``torch.utils.checkpoint``, non-reentrant, the RNG state preserved so dropout draws the same
-numbers and the update is the same), returning a handle whose ``remove()`` puts every forward back.
+numbers, and the buffers its forward writes — BatchNorm's statistics — put back after the recompute,
+so the update and every buffer are the same), returning a handle whose ``remove()`` puts every forward back.
 ``block_costs(model, names, step, samples)`` measures what the planner needs of each block in one
 instrumented window (``step()``: one forward, loss and backward of ``samples`` samples): the bytes
 its forward saves for backward per sample, less its input and the parameters (what checkpointing
@@ -106,21 +107,45 @@ class Checkpointed:
         self.remove()
 
 
-def _recomputing(forward):
+_INTERRUPTED = []  # a KeyboardInterrupt raised in a recompute: autograd hands it on as a RuntimeError
+
+
+def interrupted_in_recompute():
+    """Whether a Ctrl-C landed in a recompute since the last call (which clears it)."""
+    return bool(_INTERRUPTED and not _INTERRUPTED.clear())
+
+
+def _recomputing(module, forward):
     @functools.wraps(forward)
     def call(*args, **kwargs):
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)  # nothing to save for a backward: no need to recompute
-        return torch_checkpoint.checkpoint(functools.partial(forward, **kwargs), *args, use_reentrant=False,
-                                           preserve_rng_state=True)
+        calls = []
+
+        def run(*a):
+            if not calls:
+                calls.append(1)
+                return forward(*a, **kwargs)
+            kept = [(b, b.detach().clone()) for b in module.buffers()]  # BatchNorm's statistics move once
+            try:
+                return forward(*a, **kwargs)
+            except KeyboardInterrupt:
+                _INTERRUPTED.append(True)
+                raise
+            finally:
+                with torch.no_grad():
+                    for b, k in kept:
+                        b.copy_(k)
+        return torch_checkpoint.checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True)
     call.accumplan_recomputes = True  # a second wrap of it is refused: removing in any order must unwrap
     return call
 
 
 def apply_checkpointing(model, names, arg="names"):
     """Wraps each module in ``names`` (``checkpoint_candidates``'s) so its forward is recomputed in
-    backward: non-reentrant ``torch.utils.checkpoint`` with the RNG state preserved, so a window
-    trained with it gives the same update as without. Returns a ``Checkpointed`` handle; its
+    backward: non-reentrant ``torch.utils.checkpoint`` with the RNG state preserved and the
+    buffers the forward wrote put back after the recompute, so a window trained with it gives the
+    same update and buffers as without. Returns a ``Checkpointed`` handle; its
     ``remove()`` restores the forwards. Under ``torch.no_grad`` the wrapped modules run as before."""
     handle = Checkpointed([])
     wrap_into(handle, model, names, arg)
@@ -140,7 +165,7 @@ def wrap_into(handle, model, names, arg="checkpoint_candidates"):
             if getattr(had, "accumplan_recomputes", False):
                 raise ValueError("%s is checkpointed already (an apply_checkpointing handle holds it); remove that "
                                  "handle first" % n)
-            module.forward = _recomputing(module.forward)
+            module.forward = _recomputing(module, module.forward)
             handle._wrapped.append((module, had))
             handle.names.append(n)
     except BaseException:

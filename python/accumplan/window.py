@@ -22,6 +22,7 @@ import torch.distributed as dist
 from . import _core
 from ._args import shown_value, warn_user
 from .batches import gather_packed, map_inputs, padding_mask, slice_samples
+from .checkpointing import interrupted_in_recompute
 from .distributed import all_reduce_gradients, all_reduce_ints, collective_device, group_world_size, is_ddp
 from .errors import PlanError
 from .losses import causal_shift, loss_sum, model_labels, model_output, takes_num_items, units_rule
@@ -112,6 +113,8 @@ def blamed(what, only=Exception):
     except only as e:  # noqa: BLE001 - out-of-memory and accumplan's own errors pass unchanged
         if is_oom(e) or isinstance(e, PlanError):
             raise
+        if interrupted_in_recompute():
+            raise KeyboardInterrupt from e
         asked = _core.failed_host_allocation_bytes(str(e))
         if asked is not None:
             raise PlanError(_core.host_out_of_memory(asked, "in " + what)) from e

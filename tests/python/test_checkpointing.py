@@ -22,7 +22,7 @@ import torch.nn as nn
 
 import accumplan
 from accumplan import _core
-from accumplan.checkpointing import apply_checkpointing, block_costs, checkpoint_candidates
+from accumplan.checkpointing import apply_checkpointing, block_costs, checkpoint_candidates, interrupted_in_recompute
 from accumplan.meters import CpuMeter, held_bytes
 from helpers import plan_doc
 
@@ -39,10 +39,10 @@ class Block(nn.Module):
 
 
 class Transformerish(nn.Module):
-    def __init__(self, layers=4):
+    def __init__(self, layers=4, block=Block):
         super().__init__()
         self.emb = nn.Linear(8, 16)
-        self.layers = nn.ModuleList([Block() for _ in range(layers)])
+        self.layers = nn.ModuleList([block() for _ in range(layers)])
         self.head = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
 
     def forward(self, x):
@@ -260,9 +260,9 @@ class PlanCheckpointing(unittest.TestCase):
                                                  "forward_seconds_per_sample": 0.001} for i in range(4)]}
         return accumplan.load_plan(doc)
 
-    def trained(self, modules):
+    def trained(self, modules, block=Block):
         torch.manual_seed(3)
-        model = Transformerish()
+        model = Transformerish(block=block)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         x, y = torch.randn(8, 8), torch.randint(0, 2, (8,))
         torch.manual_seed(4)  # the dropout masks
@@ -279,6 +279,27 @@ class PlanCheckpointing(unittest.TestCase):
         self.assertEqual([layer.calls for layer in checked.layers], [3, 6, 3, 6])
         self.assertEqual([layer.calls for layer in plain.layers], [3, 3, 3, 3])
         self.assertTrue(all("forward" not in layer.__dict__ for layer in checked.layers))  # removed after
+
+    def test_a_recomputed_batchnorm_leaves_every_buffer_as_the_window_without_checkpointing(self):
+        plain, _ = self.trained(None, _NormBlock)
+        checked, _ = self.trained(["layers.1", "layers.3"], _NormBlock)
+        self.assertEqual([layer.calls for layer in checked.layers], [3, 6, 3, 6])
+        buffers = dict(plain.named_buffers())
+        self.assertEqual(int(buffers["layers.1.bn.num_batches_tracked"]), 3)  # once per microbatch
+        for name, b in checked.named_buffers():
+            self.assertTrue(torch.allclose(b, buffers[name], rtol=0, atol=1e-6), name)
+        worst = max((a - b).abs().max().item() for a, b in zip(plain.parameters(), checked.parameters()))
+        self.assertLess(worst, 1e-6)
+
+    def test_ctrl_c_in_a_recompute_is_a_keyboard_interrupt_and_unwraps(self):
+        class Interrupted(Block):
+            def forward(self, x):
+                if self.calls == 1:  # its recompute in the first microbatch's backward
+                    raise KeyboardInterrupt
+                return super().forward(x)
+        with self.assertRaises(KeyboardInterrupt):
+            self.trained(["layers.1"], Interrupted)
+        self.assertFalse(interrupted_in_recompute())  # said once: a later error is not taken for it
 
     def test_apply_checkpointing_for_your_own_loop_and_refusals(self):
         model = Transformerish()

@@ -160,6 +160,29 @@ class UserCodeInAWindowIsOneLine(unittest.TestCase):
                 self.planned_with(lambda self, x: self.lin(x), pattern, loss_fn=loss_fn)
 
 
+class RaggedItemsNamed(unittest.TestCase):
+    def test_meta_sparse_and_empty_items_are_named_in_each_callers_words(self):
+        m = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
+        o = torch.optim.SGD(m.parameters(), lr=0.1)
+        small = plan(m, o, [torch.ones(n, dtype=torch.long) for n in (8, 6, 8, 5)], None, target_batch=4)
+        ok, meta = torch.ones(5, dtype=torch.long), torch.ones(3, dtype=torch.long, device="meta")
+        sparse = torch.ones(3, dtype=torch.long).to_sparse()
+        cases = [([meta, ok], None, r"\[0\] is on the meta device \(no data\); pass real tensors"),
+                 ([sparse, ok], None, r"\[0\] is a sparse_coo tensor; pass a dense one \(\.to_dense\(\)\)"),
+                 ([{}, {}], None, r"\[0\] is empty; every sequence needs at least one token \(input_ids"),
+                 ([{"input_ids": meta}, {"input_ids": ok}], None, r"\[0\]\['input_ids'\] is on the meta device"),
+                 ([ok[:3], ok], [sparse, ok], r"\[0\] is a sparse_coo tensor")]
+        for x, t, pattern in cases:
+            first = "targets" if t is not None else "sequences"
+            calls = [(first, lambda: accumplan.pad_sequences(x, t) if t is not None or isinstance(x[0], dict)
+                      else accumplan.pad_sequences(x, next_token=True)),
+                     ("target" if t is not None else "inputs", lambda: plan(m, o, x, t, target_batch=2)),
+                     ("target" if t is not None else "inputs", lambda: small.train_window(m, o, x, t))]
+            for name, call in calls:
+                with self.subTest(pattern, name=name), self.assertRaisesRegex(ValueError, "^" + name + pattern):
+                    call()
+
+
 class TrainWindowRefusesBeforeItSteps(unittest.TestCase):
     def test_bad_objects_leave_the_weights_as_they_were(self):
         p = a_plan()
@@ -197,6 +220,28 @@ class HostMemory(unittest.TestCase):
                                         r"would take .*\(ACCUMPLAN_MAX_HOST_DATA raises it\).*target_batch"):
                 plan(m, o, (torch.zeros(4, 16384),), torch.zeros(4, dtype=torch.long), target_batch=64,
                      memory_budget="1GiB")
+        finally:
+            del os.environ["ACCUMPLAN_MAX_HOST_DATA"]
+
+    def test_ragged_data_padded_past_the_host_data_limit_is_refused_before_it_is_allocated(self):
+        # 2,000 one-token sequences and one of 1,000 tokens: 2,001 x 1,000 positions padded, 32 MB.
+        seqs = [torch.ones(1, dtype=torch.long)] * 2000 + [torch.ones(1000, dtype=torch.long)]
+        examples = [{"input_ids": s, "labels": s} for s in seqs]
+        m = torch.nn.Sequential(torch.nn.Embedding(4, 4), torch.nn.Linear(4, 4))
+        o = torch.optim.SGD(m.parameters(), lr=0.1)
+        small = accumplan.plan(m, [torch.ones(n, dtype=torch.long) for n in (8, 6, 8, 5)], None, target_batch=4, optimizer=o,
+                               memory_budget="64MiB", progress=False)
+        calls = {"pad_sequences": lambda: accumplan.pad_sequences(seqs, next_token=True),
+                 "pad_sequences(examples)": lambda: accumplan.pad_sequences(examples),
+                 "plan": lambda: plan(m, o, seqs, None, target_batch=2),
+                 "train_window": lambda: small.train_window(m, o, seqs, None)}
+        os.environ["ACCUMPLAN_MAX_HOST_DATA"] = "1MiB"
+        try:
+            for name, call in calls.items():
+                with self.subTest(name), self.assertRaisesRegex(ValueError, r"^2001 sequences padded to the longest, "
+                                                                r"1000 tokens, would take .* more than the 1.0 MiB "
+                                                                r"allowed .*plan.pack groups them by length"):
+                    call()
         finally:
             del os.environ["ACCUMPLAN_MAX_HOST_DATA"]
 
