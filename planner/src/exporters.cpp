@@ -249,6 +249,11 @@ std::string eval_note(const Plan& plan, const std::string& where) {
          "beside the weights and optimizer state, forward only under no_grad): " + where;
 }
 
+// The export target chosen as the front end spells it: `--to NAME`, or Python's to="NAME".
+std::string to_target(const std::string& name) {
+  return front_end() == FrontEnd::Cli ? "--to " + name : "to=\"" + name + "\"";
+}
+
 // The plan's activation checkpointing (1.7), for a trainer that cannot say it: which modules, and
 // the wrapper that applies it. Without it the plan's microbatch does not fit its memory.
 std::string checkpoint_note(const PlanCheckpoint& cp) {
@@ -406,7 +411,7 @@ std::string accelerate_config_export(ExportContext& c) {
   s << "# accumplan export accelerate-config (accelerate launch --config_file THIS): " << W << " process(es), "
     << precision_name(t.amp, "float32", "bf16 autocast", "fp16 autocast") << ", on " << (t.cuda ? "GPUs" : "the CPU") << "\n"
     << "# gradient_accumulation_steps is not a key of this file: it goes to Accelerator(...) (--to accelerate)\n";
-  for (const std::string& n : c.notes) s << "# NOTE: " << n << "\n";
+  for (const std::string& n : c.notes) s << "# NOTE: " << one_line(n) << "\n";
   s << "compute_environment: LOCAL_MACHINE\n"
     << "debug: false\n"
     << "distributed_type: " << distributed << "\n"
@@ -444,8 +449,8 @@ std::string lightning_export(ExportContext& c) {
   std::ostringstream s;
   s << "# accumplan export lightning (LightningCLI --config): " << c.plan.target_batch << " samples per step = "
     << c.plan.world_size << " device(s) x " << split_text(c.k, c.u) << "\n";
-  for (const std::string& n : c.lossy) s << "# LOSSY: " << n << "\n";
-  for (const std::string& n : c.notes) s << "# NOTE: " << n << "\n";
+  for (const std::string& n : c.lossy) s << "# LOSSY: " << one_line(n) << "\n";
+  for (const std::string& n : c.notes) s << "# NOTE: " << one_line(n) << "\n";
   s << "trainer:\n"
     << "  accelerator: " << (t.cuda ? "gpu" : "cpu") << "\n"
     << "  devices: " << c.plan.world_size << "\n"
@@ -573,8 +578,8 @@ void check_exportable(const Plan& plan, const std::string& target, const ExportO
   if (plan.tokens && plan.tokens->target_tokens && target != "torchrun") {
     throw InputError("this plan's windows hold " + std::to_string(*plan.tokens->target_tokens) +
                      " valid tokens each (" + option_name("--target-tokens") + "), which " + target +
-                     " cannot express: it cuts windows by samples. Run the plan itself (accumplan run, `--to "
-                     "torchrun`, or the Python package's token_windows), or re-plan with " +
+                     " cannot express: it cuts windows by samples. Run the plan itself (accumplan run, " +
+                     to_target("torchrun") + ", or the Python package's token_windows), or re-plan with " +
                      option_name("--target-batch"));
   }
 }
@@ -739,7 +744,7 @@ std::string export_plan(const Plan& plan, const std::string& target, std::string
   if (note) note->clear();
   if (find_target(target)->write == nullptr) {  // torchrun
     if (plan.checkpoint) {
-      throw InputError("--to torchrun launches `accumplan run`, which cannot apply the plan's activation checkpointing "
+      throw InputError(to_target("torchrun") + " launches `accumplan run`, which cannot apply the plan's activation checkpointing "
                        "(a TorchScript model); export to a Python trainer (hf, lightning, accelerate, deepspeed) or "
                        "train with accumplan's plan.train_window");
     }
@@ -756,8 +761,8 @@ std::string export_plan(const Plan& plan, const std::string& target, std::string
   if (plan.checkpoint && target != "hf") c.notes.push_back(checkpoint_note(*plan.checkpoint));
   std::string text = find_target(target)->write(c);  // check_exportable refused an unknown target
   if (note) {
-    for (const std::string& n : c.lossy) *note += (note->empty() ? "" : "\n") + ("lossy: " + n);
-    for (const std::string& n : c.notes) *note += (note->empty() ? "" : "\n") + n;
+    for (const std::string& n : c.lossy) *note += (note->empty() ? "" : "\n") + ("lossy: " + one_line(n));
+    for (const std::string& n : c.notes) *note += (note->empty() ? "" : "\n") + one_line(n);
   }
   return text;
 }

@@ -133,6 +133,29 @@ TEST_CASE("Exporters: checkpointing in each trainer's terms, torchrun refused", 
   CHECK_THROWS_WITH(export_plan(plan, "torchrun", &note), Catch::Contains("cannot apply the plan's activation checkpointing"));
 }
 
+TEST_CASE("Exporters: plan text with control characters stays inside its comment and out of the note's lines",
+          "[export][checkpoint][errors]") {
+  Plan plan = plan_for(256, 2, 64);
+  PlanCheckpoint c;
+  const std::string evil = std::string("layers.1\nevil: true\x1b[2J") + '\0' + "x";
+  c.candidates = {{evil, 1e6, 1e-3}, {"layers.2", 1e6, 1e-3}};
+  c.modules = {evil};
+  c.rule = "rule\r\nrule_key: 1";
+  plan.checkpoint = c;
+  for (const char* to : {"lightning", "accelerate-config"}) {
+    INFO(to);
+    std::string note;
+    const std::string text = export_plan(plan, to, &note);
+    for (const std::string& out : {text, note}) {
+      CHECK(out.find("\nevil: true") == std::string::npos);
+      CHECK(out.find("\nrule_key") == std::string::npos);
+      CHECK(std::none_of(out.begin(), out.end(), [](char ch) { return (ch >= 0 && ch < 0x20 && ch != '\n') || ch == 0x7f; }));
+    }
+    CHECK(text.find("# NOTE: the plan trains with activation checkpointing (rule??rule_key: 1: layers.1?evil: true?[2J?x)") !=
+          std::string::npos);
+  }
+}
+
 TEST_CASE("Exporters: every listed target has its own writer, and an unlisted one is refused", "[export]") {
   // One table owns the names and the writers: a name added to the list cannot fall through to
   // another target's writer (an added name once exported Lightning silently).

@@ -310,6 +310,9 @@ class PlanCheckpointing(unittest.TestCase):
         self.assertNotIn("forward", model.layers[0].__dict__)
         self.assertIsNone(self.plan(None).apply_checkpointing(model))
         self.assertIsNone(self.plan(None).checkpoint)
+        with self.assertRaisesRegex(accumplan.PlanError, r'^to="torchrun" launches `accumplan run`, which cannot apply '
+                                                         r"[^-]*plan.train_window$"):
+            plan.export("torchrun")
         with self.assertRaisesRegex(ValueError, "layers.9"):
             bad = plan_doc([3, 3, 2])
             bad["checkpoint"] = dict(self.plan(["layers.0"]).checkpoint, modules=["layers.9"])

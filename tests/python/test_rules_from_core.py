@@ -4,7 +4,6 @@ microbatch a plan's memory line fits (MemoryModel::line_largest_fitting), the pe
 protocol (PersistentStep, the profiler's). Each test makes the C++ reader or model answer first
 and asserts that Python answers the same, or drives the C++ protocol accumplan.plan follows."""
 import copy
-import json
 import unittest
 
 from helpers import golden_doc, in_python_words, plan_doc
