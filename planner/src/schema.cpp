@@ -237,6 +237,20 @@ std::vector<Trial> trials_from(const JsonField& f) {
   return out;
 }
 
+// Trials that may only be of `kinds` (a section's own windows); SchemaError naming the first other.
+std::vector<Trial> trials_of_kinds(const JsonField& f, const std::set<std::string>& kinds, const std::string& what) {
+  std::vector<Trial> trials = trials_from(f);
+  for (size_t i = 0; i < trials.size(); ++i) {
+    if (!kinds.count(trials[i].kind)) {
+      std::string listed;
+      for (const std::string& k : kinds) listed += (listed.empty() ? "" : " or ") + k;
+      throw SchemaError(f.path() + "[" + std::to_string(i) + "].kind: '" + cut_for_message(trials[i].kind) +
+                        "' is not " + what + " (" + listed + ")");
+    }
+  }
+  return trials;
+}
+
 // The documented range of every number in a profile or plan (docs/plan-format.md), by the key
 // that holds it, wherever it sits (a plan's nested profile included); an array (microbatch_sizes,
 // residuals_bytes, weights) holds numbers of its key's range. Keys not listed are not numbers the
@@ -285,6 +299,7 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       // per_microbatch, per_token, per_token_squared: check_step_cost (kStepCostTermRanges).
       {"seconds", kSecondsRange},
       {"saved_bytes_per_sample", {0, kBytesMax, false, false}},  // 1.7 checkpoint
+      {"head_bytes_per_sample", {0, kBytesMax, false, false}},
       {"forward_seconds_per_sample", kSecondsRange},
       {"predicted_seconds_per_window", kSecondsRange},
   };
@@ -358,6 +373,8 @@ void check_ranges(const json& v, const std::string& path, const std::string& key
       }
     }
   } else if (v.is_number()) {
+    // The eval line's slope is held at 0 or above: eval memory never shrinks with the batch.
+    if (path == "$.eval.slope_bytes_per_sample") return check_number(v, path, kBytesRange);
     if (const NumberRange* r = range_of(key, in_hyperparameters)) check_number(v, path, *r);
   }
 }
@@ -465,7 +482,7 @@ Profile profile_body_from(const JsonField& root) {
     EvalProfile e;
     e.keep_outputs = f.boolean("keep_outputs");
     for (const JsonField& pt : f.at("points").items()) e.points.push_back({pt.i64("micro_batch"), pt.i64("peak_bytes")});
-    e.trials = trials_from(f.at("trials"));
+    e.trials = trials_of_kinds(f.at("trials"), {"eval"}, "an eval window");
     p.eval = e;
   }
   return p;
@@ -514,7 +531,7 @@ EvalPlan eval_from(const JsonField& f) {
   e.weights_bytes = r.i64("weights_bytes");
   e.optimizer_state_bytes = r.i64("optimizer_state_bytes");
   e.confirmed = f.boolean("confirmed");
-  e.trials = trials_from(f.at("trials"));
+  e.trials = trials_of_kinds(f.at("trials"), {"eval"}, "an eval window");
   if (e.confirmed && e.micro_batch == 0) {
     throw SchemaError("$.eval: confirmed is true but micro_batch is null; a confirmed eval batch has a size");
   }
@@ -561,18 +578,14 @@ PlanCheckpoint checkpoint_from(const JsonField& f) {
   for (const JsonField& b : f.at("candidates").items()) {
     c.candidates.push_back({b.str("name"), b.f64("saved_bytes_per_sample"), b.f64("forward_seconds_per_sample")});
   }
-  if (f.has("trials")) {
-    c.trials = trials_from(f.at("trials"));
-    for (size_t i = 0; i < c.trials.size(); ++i) {
-      if (c.trials[i].kind != "costs" && c.trials[i].kind != "confirm") {
-        throw SchemaError(f.path() + ".trials[" + std::to_string(i) + "].kind: '" + cut_for_message(c.trials[i].kind) +
-                          "' is not a checkpoint window (costs or confirm)");
-      }
-    }
-  }
+  if (f.has("trials")) c.trials = trials_of_kinds(f.at("trials"), {"costs", "confirm"}, "a checkpoint window");
   // Every checkpointed module is a measured candidate, once: a reader applies exactly these.
   std::set<std::string> names, used;
-  for (const BlockCost& b : c.candidates) names.insert(b.name);
+  for (const BlockCost& b : c.candidates) {
+    if (!names.insert(b.name).second) {
+      throw SchemaError(f.path() + ".candidates: '" + cut_for_message(b.name) + "' is named twice");
+    }
+  }
   for (const std::string& m : c.modules) {
     if (!names.count(m)) throw SchemaError(f.path() + ".modules: '" + cut_for_message(m) + "' is not one of the candidates");
     if (!used.insert(m).second) throw SchemaError(f.path() + ".modules: '" + cut_for_message(m) + "' is named twice");

@@ -377,7 +377,10 @@ std::optional<PeakLine> eval_line(const std::vector<std::pair<int64_t, int64_t>>
   if (sizes.size() < 2) return std::nullopt;
   const std::optional<std::vector<double>> c = detail::weighted_least_squares(rows, y, w, 2);
   if (!c) return std::nullopt;
-  return PeakLine{(*c)[0], (*c)[1], std::nullopt};
+  if ((*c)[1] >= 0) return PeakLine{(*c)[0], (*c)[1], std::nullopt};
+  // Peaks that fall with the batch are noise around a flat line: the highest, at every size.
+  const auto top = std::max_element(points.begin(), points.end(), [](auto& a, auto& b) { return a.second < b.second; });
+  return PeakLine{static_cast<double>(top->second), 0.0, std::nullopt};
 }
 
 }  // namespace

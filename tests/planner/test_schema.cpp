@@ -219,6 +219,24 @@ TEST_CASE("Schema: a checkpoint round-trips and names only its measured candidat
   json probe = doc;
   probe["checkpoint"]["trials"][0]["kind"] = "probe";
   CHECK_THROWS_WITH(plan_from_json(probe), Catch::Contains("checkpoint.trials[0].kind"));
+  json head = doc;
+  head["checkpoint"]["head_bytes_per_sample"] = -1;
+  CHECK_THROWS_WITH(plan_from_json(head), Catch::Contains("$.checkpoint.head_bytes_per_sample: -1 is out of range"));
+  json duplicate = doc;
+  duplicate["checkpoint"]["candidates"].push_back(duplicate["checkpoint"]["candidates"][0]);
+  CHECK_THROWS_WITH(plan_from_json(duplicate), Catch::Contains("$.checkpoint.candidates: 'blocks.0' is named twice"));
+  // The eval section: its line's slope is 0 or more, and its windows are eval windows.
+  REQUIRE(doc.contains("eval"));
+  json slope = doc;
+  slope["eval"]["slope_bytes_per_sample"] = -5.5;
+  CHECK_THROWS_WITH(plan_from_json(slope), Catch::Contains("$.eval.slope_bytes_per_sample: -5.5 is out of range"));
+  for (const char* where : {"eval", "profile"}) {
+    json kind = doc;
+    json& trials = std::string(where) == "eval" ? kind["eval"]["trials"] : kind["profile"]["eval"]["trials"];
+    REQUIRE(!trials.empty());
+    trials[0]["kind"] = "probe";
+    CHECK_THROWS_WITH(plan_from_json(kind), Catch::Contains("trials[0].kind: 'probe' is not an eval window (eval)"));
+  }
   json searched_with_it = doc;
   searched_with_it["checkpoint"].erase("trials");
   CHECK(plan_from_json(searched_with_it).checkpoint->trials.empty());

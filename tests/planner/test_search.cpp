@@ -393,6 +393,13 @@ TEST_CASE("Search: a profile's eval window at its two largest sizes gives a plan
   Profile none = p;
   none.eval.reset();
   CHECK_FALSE(eval_from_profile(make_plan(none, request_for(1024))).has_value());
+  // Eval peaks that fall with the batch (noise) give a flat line at the highest, never a negative slope.
+  Profile falling = p;
+  falling.eval->points = {{4, 5000000}, {8, 4900000}};
+  const std::optional<EvalPlan> flat = eval_from_profile(make_plan(falling, request_for(1024)));
+  REQUIRE(flat);
+  CHECK(flat->slope_bytes_per_sample == 0);
+  CHECK(flat->intercept_bytes == 5000000);
 }
 
 TEST_CASE("Search: a runner that does not evaluate gives no eval batch and runs no window", "[search][eval]") {
