@@ -3,7 +3,7 @@
 
 WHAT IT IS
   A generator of several hundred (>= 520) hostile cases, run against a built `accumplan` binary and
-  the Python package (python/accumplan), in 8 classes:
+  the Python package (python/accumplan), in 10 classes:
     1 outputs     --out/--report/--trace/--stats/--plan-out/--save/--json: missing or file-component
                   directories, onto a directory, '', trailing '/', two outputs on one file, an output
                   that is an input (also through ./, symlink, hard link), two outputs on stdout,
@@ -33,6 +33,13 @@ WHAT IT IS
                   memory) and on small legal plans (target batches 1-3, lr 0, bf16, hooks, tied
                   weights, reparametrisations) that must plan; messages must name the Python
                   argument, never a CLI option; a failed call leaves the weights as they were.
+   10 knobs       what the knobs added: checkpointing's arguments, TorchScript, a second wrap, a
+                  recomputed BatchNorm (its statistics must move once) and Ctrl-C in a recompute
+                  (KeyboardInterrupt); the eval batch's arguments; ragged items (meta, sparse, empty,
+                  float, mixed) and padding past the host-data limit; dict batches with flags and
+                  model losses that are not tensors; exports of plan text holding newlines, ESC and
+                  NUL (nothing may leave its comment; the CLI and Python); tampered checkpoint and
+                  eval fields, refused by both readers.
 
 WHAT IT IS NOT
   Not a test of plan quality, measurement accuracy or OOM recovery; not a fuzzer (every case is a
@@ -44,7 +51,7 @@ HOW TO RUN
   build/venv/bin/python scripts/hostile-campaign.py --bin /tmp/hostile-bin/accumplan \\
       [--only CLASS[,CLASS]] [--sample N] [--jobs N<=2] [--json out.json] [--timeout S] [--list]
   CLASS is a class name or number (outputs|1, one-line|2, host-data|3, storage|4, later|5,
-  non-utf8|6, report|7, python|8, python-plan|9). Needs a Python with torch (1.13 works) and the accumplan package
+  non-utf8|6, report|7, python|8, python-plan|9, knobs|10). Needs a Python with torch (1.13 works) and the accumplan package
   installed (build/venv, as scripts/test.sh makes it: `pip install --no-build-isolation .`) to craft the
   torch.save fixtures and run the Python cases. Children run with OMP_NUM_THREADS=1,
   ACCUMPLAN_MAX_HOST_DATA=1GiB (the documented host-data limit, set below the 4 GiB memory bound),
@@ -97,12 +104,14 @@ import xml.etree.ElementTree as ET
 import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLASSES = ["outputs", "one-line", "host-data", "storage", "later", "non-utf8", "report", "python", "python-plan"]
+CLASSES = ["outputs", "one-line", "host-data", "storage", "later", "non-utf8", "report", "python", "python-plan",
+           "knobs"]
 GiB = 1 << 30
 RSS_LIMIT = 4 * GiB
 CLI_OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 AS_LIMIT = 8 * GiB
 SEED = 20240601
+SAMPLE_PER_CLASS = 4  # --sample N draws N cases, then tops up every class to at least this many
 
 BIN = None      # set in main()
 FIX = None      # fixtures directory
@@ -1555,6 +1564,175 @@ def gen_python_plan():
 # running
 
 
+# --------------------------------------------------------------------------------------------------
+# class 10: the knobs (checkpointing, the evaluation batch, ragged data, the HF path, exports, plan
+# fields they added)
+
+GOLDEN_PLAN = os.path.join(ROOT, "tests", "golden", "plan.json")  # a plan with eval and checkpoint
+
+KNOB_HELPERS = PLAN_HELPERS + r"""
+GOLDEN = %r
+def golden():
+    with open(GOLDEN) as f:
+        return json.load(f)
+class Blk(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.bn, self.calls = torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), 0
+    def forward(self, x):
+        self.calls += 1
+        return torch.tanh(self.bn(self.fc(x))) + x
+class Net(torch.nn.Module):
+    def __init__(self, n=3):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Blk() for _ in range(n))
+        self.head = torch.nn.Linear(8, 10)
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+def net():
+    torch.manual_seed(0)
+    m = Net()
+    return m, torch.optim.SGD(m.parameters(), lr=0.1), torch.randn(8, 8), torch.randint(0, 10, (8,))
+from accumplan.checkpointing import apply_checkpointing
+def seqs(*lengths):
+    return [torch.ones(n, dtype=torch.long) for n in lengths]
+def tok():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
+    return m, torch.optim.SGD(m.parameters(), lr=0.1)
+""" % GOLDEN_PLAN
+
+
+def kp(name, code, expect="raise", names=(), allow=(), timeout=90):
+    add("knobs", name, py=KNOB_HELPERS + code, expect=expect, names=names, allow=allow, timeout=timeout)
+
+
+def golden_with(edit):
+    """The golden plan's bytes after ``edit(doc)``."""
+    with open(GOLDEN_PLAN) as f:
+        doc = json.load(f)
+    edit(doc)
+    return json.dumps(doc, indent=1).encode()
+
+
+def v_comment_kept(d, out):
+    """An export of plan text with control characters: none raw, and no line of it outside its comment."""
+    bad = _ctrl_free(out, "stdout")
+    if bad:
+        return bad
+    lines = out.decode("utf-8", "replace").splitlines()
+    return next(("a plan string escaped its comment: %r" % l for l in lines if l.startswith(("evil", "rule_key"))), None)
+
+
+TAMPERED = [  # (what, edit of the golden plan, a needle of the refusal)
+    ("checkpoint.head_bytes_per_sample -1", lambda d: d["checkpoint"].update(head_bytes_per_sample=-1), "head_bytes"),
+    ("checkpoint.candidates duplicated", lambda d: d["checkpoint"]["candidates"].append(d["checkpoint"]["candidates"][0]),
+     "candidates"),
+    ("checkpoint.modules []", lambda d: d["checkpoint"].update(modules=[]), "modules"),
+    ("checkpoint.modules a stranger", lambda d: d["checkpoint"].update(modules=["head"]), "modules"),
+    ("checkpoint.rule 5", lambda d: d["checkpoint"].update(rule=5), "rule"),
+    ("checkpoint.trials[0].kind probe", lambda d: d["checkpoint"]["trials"][0].update(kind="probe"), "kind"),
+    ("eval.slope_bytes_per_sample -1", lambda d: d["eval"].update(slope_bytes_per_sample=-1), "slope_bytes"),
+    ("eval.trials[0].kind probe", lambda d: d["eval"]["trials"][0].update(kind="probe"), "kind"),
+    ("profile.eval.trials[0].kind climb", lambda d: d["profile"]["eval"]["trials"][0].update(kind="climb"), "kind"),
+    ("eval.micro_batch 0", lambda d: d["eval"].update(micro_batch=0), "micro_batch"),
+    ("eval.micro_batch null but confirmed", lambda d: d["eval"].update(micro_batch=None, confirmed=True), "confirmed"),
+    ("eval.predicted_peak_bytes -5", lambda d: d["eval"].update(predicted_peak_bytes=-5), "predicted_peak_bytes"),
+    ("checkpoint.without.micro_batch 0", lambda d: d["checkpoint"]["without"].update(micro_batch=0), "micro_batch"),
+]
+
+
+def gen_knobs():
+    cls = "knobs"
+    # Checkpointing's arguments: named by their Python names before any window runs.
+    for desc, kw, nm in [("checkpointing='autoo'", "checkpointing='autoo'", ("checkpointing",)),
+                         ("checkpointing=[]", "checkpointing=[]", ("checkpointing",)),
+                         ("checkpointing=['nope']", "checkpointing=['nope']", ("checkpointing", "nope")),
+                         ("checkpointing=5", "checkpointing=5", ("checkpointing",)),
+                         ("checkpoint_candidates=[] with auto", "checkpointing='auto', checkpoint_candidates=[]",
+                          ("checkpoint_candidates",)),
+                         ("checkpoint_candidates twice", "checkpointing='auto', checkpoint_candidates=['blocks.0', "
+                          "'blocks.0']", ("checkpoint_candidates", "twice")),
+                         ("checkpoint_candidates without checkpointing", "checkpoint_candidates=['blocks.0']",
+                          ("checkpoint_candidates", "checkpointing"))]:
+        kp("plan " + desc, "m, o, x, y = net()\nkeeps_weights(m, lambda: P(m, o, (x,), y, %s))" % kw, names=nm)
+    kp("checkpointing a TorchScript model", "m, o, x, y = net()\nP(torch.jit.trace(m, (x,)), o, (x,), y, "
+       "checkpointing='auto')", names=("TorchScript",))
+    kp("apply_checkpointing twice", "m = net()[0]\nh = apply_checkpointing(m, ['blocks.0'])\n"
+       "apply_checkpointing(m, ['blocks.0'])", names=("blocks.0", "checkpointed already"))
+    kp("a recomputed BatchNorm moves its statistics once (ok)",
+       "outs = []\nfor wrap in (False, True):\n    m, o, x, y = net()\n    h = apply_checkpointing(m, "
+       "['blocks.0', 'blocks.2']) if wrap else None\n    torch.nn.functional.cross_entropy(m(x), y).backward()\n"
+       "    outs.append([b.clone() for b in m.buffers()])\n    h and h.remove()\n"
+       "assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*outs)), 'buffers moved twice'", expect="ok")
+    kp("Ctrl-C in a recompute is a KeyboardInterrupt (ok)",
+       "m, o, x, y = net()\nblk = m.blocks[1]\nfwd = blk.forward\ndef stop(*a):\n    if blk.calls == 1:\n"
+       "        raise KeyboardInterrupt\n    return fwd(*a)\nblk.forward = stop\nd = golden()\n"
+       "p = accumplan.load_plan(dict(plan().raw, checkpoint=dict(d['checkpoint'], modules=['blocks.1'], candidates="
+       "[dict(d['checkpoint']['candidates'][0], name='blocks.%d' % i) for i in range(3)])))\n"
+       "try:\n    p.train_window(m, o, (x,), y)\n    raise AssertionError('no interrupt')\nexcept KeyboardInterrupt:\n"
+       "    pass\nassert 'forward' not in m.blocks[0].__dict__", expect="ok")
+    # The evaluation batch.
+    for desc, code, nm in [("plan.eval_sizes(2**40)", "plan().eval_sizes(2**40)", ("samples",)),
+                           ("plan.eval_sizes(-1)", "plan().eval_sizes(-1)", ("samples",)),
+                           ("plan.eval_sizes('8')", "plan().eval_sizes('8')", ("samples",)),
+                           ("plan(eval=2)", "P(eval=2)", ("eval",)),
+                           ("evaluate(inputs='x')", "m, o = mlp()\nplan().evaluate(m, 'x', xy()[1])", ("inputs",)),
+                           ("evaluate a sparse target", "m, o = mlp()\nx, y = xy()\nplan().evaluate(m, (x,), "
+                            "y.to_sparse())", ("target", "sparse"))]:
+        kp(desc, code, names=nm)
+    # Ragged data: every item checked, padding held to the host-data limit (1 GiB here).
+    for desc, data, nm in [("a meta sequence", "[torch.ones(3, dtype=torch.long, device='meta')] + seqs(5)", ("meta",)),
+                           ("a sparse sequence", "[torch.ones(3, dtype=torch.long).to_sparse()] + seqs(5)", ("sparse",)),
+                           ("empty example dicts", "[{}, {}]", ("empty",)),
+                           ("an empty sequence", "[torch.ones(0, dtype=torch.long)] + seqs(5)", ("empty",)),
+                           ("a float sequence", "[torch.ones(3)] + seqs(5)", ("integers", "float")),
+                           ("dicts then a tensor", "[{'input_ids': torch.ones(3, dtype=torch.long)}, torch.ones(4, "
+                            "dtype=torch.long)]", ("dict",)),
+                           ("one long among many short", "seqs(*([1] * 20000 + [100000]))", ("padded", "host"))]:
+        kp("ragged plan: " + desc, "m, o = tok()\nkeeps_weights(m, lambda: P(m, o, %s, None, target_batch=2))" % data,
+           names=("inputs",) + nm)
+        kp("ragged train_window: " + desc, "m, o = tok()\np = P(m, o, seqs(8, 6, 8, 5), None, target_batch=4)\n"
+           "keeps_weights(m, lambda: p.train_window(m, o, %s, None))" % data, names=("inputs",) + nm)
+    kp("pad_sequences: one long among many short", "accumplan.pad_sequences(seqs(*([1] * 20000 + [100000])), "
+       "next_token=True)", names=("padded", "ACCUMPLAN_MAX_HOST_DATA"))
+    # The Hugging Face path: dict batches and the model's own loss.
+    kp("a dict batch with a flag plans (ok)",
+       "class HF(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+       "        self.lin = torch.nn.Linear(64, 10)\n    def forward(self, x, use_cache=True):\n"
+       "        assert use_cache is False\n        return self.lin(x)\nm = HF()\nx, y = xy()\n"
+       "P(m, torch.optim.SGD(m.parameters(), lr=0.1), {'x': x, 'use_cache': False}, y)", expect="ok")
+    for desc, ret in [("{'loss': 3}", "{'loss': 3}"), ("a dict without loss", "{'logits': self.lin(x)}"),
+                      ("None", "None")]:
+        kp("loss='model' and the model returns " + desc,
+           "m = Bad(lambda self, x: %s)\nP(m, torch.optim.SGD(m.parameters(), lr=0.1), (xy()[0],), None, loss='model')"
+           % ret, names=("loss",))
+    # Exports of plan text holding control characters, and the refusal in Python's words.
+    evil = "def evil_plan():\n    d = golden()\n    c = d['checkpoint']\n    c['rule'] = 'rule\\r\\nrule_key: 1\\x1b[2J'\n" \
+           "    c['candidates'][0]['name'] = c['modules'][0] = 'blocks.1\\nevil: true\\x00'\n" \
+           "    return accumplan.load_plan(d)\n"
+    for to in ("lightning", "accelerate-config", "hf", "deepspeed", "accelerate"):
+        kp("Plan.export(%r) of control characters (ok)" % to,
+           evil + "t = evil_plan().export(%r)\nassert not any(l.startswith(('evil', 'rule_key')) for l in "
+           "t.splitlines()), t\nassert not any(ord(ch) < 32 and ch not in '\\n\\t' for ch in t), 'raw control'" % to,
+           expect="ok")
+    kp("Plan.export('torchrun') of a checkpointed plan", "accumplan.load_plan(GOLDEN).export('torchrun')",
+       names=("torchrun",))
+    for to in ("lightning", "accelerate-config"):
+        def edit(d):
+            d["checkpoint"]["rule"] = "rule\r\nrule_key: 1\x1b[2J"
+            d["checkpoint"]["candidates"][0]["name"] = d["checkpoint"]["modules"][0] = "blocks.1\nevil: true\x00"
+        add(cls, "export --to %s of control characters (ok)" % to, export_cmd(plan="evil.json", to=to),
+            files={"evil.json": golden_with(edit)}, expect="ok", validate=v_comment_kept)
+    # Tampered plan fields: refused by both readers, naming the field.
+    for what, edit, needle in TAMPERED:
+        data = golden_with(edit)
+        add(cls, "export of a plan with " + what, export_cmd(plan="p.json"), files={"p.json": data}, names=(needle,))
+        kp("load_plan of a plan with " + what, "accumplan.load_plan(%r)" % json.loads(data), names=(needle,))
+
+
 def snapshot(d):
     snap = {}
     d = os.fsencode(d)
@@ -1871,7 +2049,8 @@ def main():
     ap.add_argument("--skip-bomb", action="store_true", help="do not build or run the 4.5 GiB zip-bomb cases")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--sample", type=int, metavar="N",
-                    help="run N of the cases, a fixed seeded choice (the test command's bounded subset)")
+                    help="run N of the cases, a fixed seeded choice topped up to %d of every class (the test "
+                         "command's bounded subset)" % SAMPLE_PER_CLASS)
     args = ap.parse_args()
     BIN = os.path.abspath(args.bin)
     if not os.access(BIN, os.X_OK):
@@ -1891,7 +2070,7 @@ def main():
         FIX = os.path.join(WORK, "fixtures")
     gens = {"outputs": gen_outputs, "one-line": gen_one_line, "host-data": gen_host_data,
             "storage": lambda: gen_storage(args.skip_bomb), "later": gen_later, "non-utf8": gen_non_utf8,
-            "report": gen_report, "python": gen_python, "python-plan": gen_python_plan}
+            "report": gen_report, "python": gen_python, "python-plan": gen_python_plan, "knobs": gen_knobs}
     if args.list and not os.path.isdir(FIX):
         raise SystemExit("--list needs the fixtures of a previous run in %s" % FIX)
     for cls in CLASSES:
@@ -1903,7 +2082,13 @@ def main():
     if args.sample is not None and args.sample < len(CASES):
         if args.sample < 1:
             raise SystemExit("--sample %d: give a positive number of cases" % args.sample)
-        CASES[:] = sorted(random.Random(SEED).sample(CASES, args.sample), key=lambda c: c.id)
+        rnd = random.Random(SEED)
+        chosen = rnd.sample(CASES, args.sample)
+        for cls in CLASSES:  # every class at least SAMPLE_PER_CLASS cases, drawn the same way
+            own = [c for c in CASES if c.cls == cls]
+            drawn = [c for c in chosen if c.cls == cls]
+            chosen += rnd.sample([c for c in own if c not in drawn], max(0, min(SAMPLE_PER_CLASS, len(own)) - len(drawn)))
+        CASES[:] = sorted(chosen, key=lambda c: c.id)
     if args.list:
         for c in CASES:
             print(c.id, c.expect, c.name)

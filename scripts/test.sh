@@ -138,9 +138,9 @@ stage python-tests
 ACCUMPLAN_BIN="$PWD/${BUILD_DIR:-build}/accumplan" OMP_NUM_THREADS=1 \
   "$venv/bin/python" tests/python/run_tests.py -j "${JOBS:-2}"
 
-# The hostile campaign (scripts/hostile-campaign.py: the error contract under hostile inputs, ~925
-# cases in 9 classes, about 10 minutes on 2 cores) on a bounded subset: 40 cases, a fixed seeded
-# choice across every class, against copies of the binaries (the campaign must not run a binary
+# The hostile campaign (scripts/hostile-campaign.py: the error contract under hostile inputs, ~995
+# cases in 10 classes, about 11 minutes on 2 cores) on a bounded subset: 40 cases, a fixed seeded
+# choice topped up to 4 of every class, against copies of the binaries (the campaign must not run a binary
 # being relinked). CAMPAIGN_SAMPLE=0 skips it; a larger number runs more.
 stage campaign
 campaign_sample="${CAMPAIGN_SAMPLE:-40}"

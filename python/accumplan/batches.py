@@ -149,8 +149,11 @@ def padded(sequences, targets, ignore_index, next_token, names):
 
 def _check_padded_bytes(n, longest, bytes_per_position):
     """Ragged data padded to n x longest held to the host-data limit before it is allocated."""
-    _core.check_host_data(n * longest * bytes_per_position, "%d sequences padded to the longest, %d tokens," % (
-        n, longest), "pass fewer sequences per window (plan.pack groups them by length) or cut the longest")
+    try:
+        _core.check_host_data(n * longest * bytes_per_position, "%d sequences padded to the longest, %d tokens," % (
+            n, longest), "pass fewer sequences per window (plan.pack groups them by length) or cut the longest")
+    except _core.InputError as e:
+        raise ValueError(str(e)) from None
 
 
 def _pad_examples(examples, ignore_index, name):
