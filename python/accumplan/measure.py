@@ -250,7 +250,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
          memory_budget=None, device=None, amp=None, max_grad_norm=None, world_size=1, headroom="auto",
          normalization="auto", ignore_index=-100, shift_labels=None, lengths=None, padding_mask=False,
          target_tokens=None, eval=True, eval_keep_outputs=False, checkpointing="off", checkpoint_candidates=None,
-         progress=None):
+         max_seq_len=None, progress=None):
     """The plan for training ``model`` with ``optimizer`` at an effective batch of ``target_batch``,
     measured by real windows of ``train_window``'s step on this module in this process.
 
@@ -267,8 +267,8 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     None (next-token targets for cross_entropy, as ``accumplan run --data`` reads ``[sequences,
     None]``); or a list of Hugging Face example dicts (loss="model"); or a padded batch with
     ``lengths=``. The C++ search measures windows of b sequences of exactly T tokens (the data's own
-    tokens repeated) over T up to the longest given, and plans the token budget by the CLI's token
-    model. padding_mask=True passes ``padding_mask(lengths, T)`` as one more forward argument
+    tokens repeated) over T up to max_seq_len (``--seq-len``; None: the longest given), and plans the
+    token budget by the CLI's token model. padding_mask=True passes ``padding_mask(lengths, T)`` as one more forward argument
     (``--padding-mask``; dict inputs carry their attention_mask instead). target_tokens, instead of
     target_batch: each update a window of consecutive sequences holding at least that many valid
     tokens (``--target-tokens``; ``plan.target_tokens``, ``token_windows``).
@@ -308,7 +308,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     device, cfg = _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, normalization,
                           ignore_index)
     cfg["lengths"], cfg["padding_mask"] = lengths, padding_mask
-    cfg["seq_range"] = (min(lengths), max(lengths)) if lengths is not None else None
+    cfg["seq_range"] = _seq_range(lengths, max_seq_len)
     cfg["shift_labels"] = causal_shift(model, shift_labels) if shift_labels is not None else None
     say = _say(progress)
     warn_batch_dependent(batch_dependent_layers(model))
@@ -346,6 +346,19 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     finally:
         guard.put_back()  # the wraps removed, the meter closed, the state restored, Ctrl-C held meanwhile
     return Plan._from_core(planned, "accumplan.plan(%s)" % type(model).__name__)
+
+
+def _seq_range(lengths, max_seq_len):
+    """(shortest, longest) sequence the (b, T) grid plans for: the data's, the longest up to max_seq_len."""
+    if lengths is None and max_seq_len is not None:
+        raise ValueError("max_seq_len=%s is for variable-length data: pass a list of sequences (or lengths=)"
+                         % shown_value(max_seq_len))
+    if lengths is None or max_seq_len is None:
+        return None if lengths is None else (min(lengths), max(lengths))
+    if int_arg(max_seq_len, "max_seq_len", 1, INT32_MAX) < max(lengths):
+        raise ValueError("max_seq_len=%d is shorter than the longest sequence given (%d tokens); pass at least that"
+                         % (max_seq_len, max(lengths)))
+    return min(lengths), max_seq_len
 
 
 def _request(target_batch, target_tokens, world_size, headroom, eval, eval_keep_outputs):

@@ -132,6 +132,26 @@ class RaggedPlan(unittest.TestCase):
             self.assertLess(abs(st.peak_bytes - st.predicted_peak_bytes) / st.predicted_peak_bytes, 0.10,
                             (st.peak_bytes, st.predicted_peak_bytes))
 
+    def test_max_seq_len_plans_for_sequences_longer_than_the_samples(self):
+        model = TinyDecoder()
+        seqs = sequences(24, 90, 3)  # the sample's longest: 90 tokens
+        p, opt = self.plan(model, seqs, None, memory_budget="3MiB", max_seq_len=128)
+        self.assertEqual(p.tokens["max_seq_len"], 128)
+        self.assertEqual(p.setup["seq_len"], "%d..128" % min(s.numel() for s in seqs))
+        self.assertTrue(any(t.get("seq_len") == 128 for t in p.profile["trials"]), "the grid measured at 128")
+        budget = p.memory["budget_bytes"]
+        for w in range(2):  # windows holding 128-token sequences: trained, not refused, within the budget
+            st = p.train_window(model, opt, sequences(24, 128, 20 + w), None, measure_memory=True)
+            self.assertEqual(st.oom_recoveries, 0)
+            self.assertLessEqual(st.peak_bytes, budget)
+        with self.assertRaisesRegex(ValueError, r"holds a sequence of 129 tokens, longer than the 128 tokens .* plan "
+                                                r"again with a longer max_seq_len$"):
+            p.train_window(model, opt, sequences(24, 129, 30), None)
+        with self.assertRaisesRegex(ValueError, r"^max_seq_len=64 is shorter than the longest sequence given \(90 tokens\)"):
+            self.plan(model, seqs, None, max_seq_len=64)
+        with self.assertRaisesRegex(ValueError, r"^max_seq_len=128 is for variable-length data"):
+            self.plan(model, (torch.ones(4, 8, dtype=torch.long),), torch.ones(4, 8, dtype=torch.long), max_seq_len=128)
+
     def test_a_padded_batch_with_lengths_plans_the_same_token_budget_as_the_list(self):
         seqs = sequences(16, 64, 3)
         p1, _ = self.plan(TinyDecoder(), seqs, None)
