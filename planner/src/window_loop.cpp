@@ -142,6 +142,7 @@ WindowStats WindowLoop::accumulate(WindowBackend& b, const WindowOptions& o, con
   const int W = b.world_size(), r = b.rank();
   const bool packed = plan_.tokens.has_value();
   WindowStats st;
+  st.optimizer_state_ready = b.optimizer_state_exists() || plan_.profile.persistent.optimizer_state_bytes == 0;
   // (a) This rank's share, counted before the collective; a share that cannot be counted reports
   // -1 in its slot and every rank throws after it, so none waits for a peer that left.
   ShareCounts share;

@@ -123,7 +123,8 @@ std::string stats_repr(const WindowStats& s) {
          ", microbatch_sizes=" + py::str(py::cast(s.microbatch_sizes)).cast<std::string>() +
          ", stepped=" + (s.stepped ? "True" : "False") + ", skipped=" + (s.skipped ? "True" : "False") +
          ", skip_reason=" + py::repr(py::str(s.skip_reason)).cast<std::string>() + ", grad_norm=" + opt(s.grad_norm) +
-         ", oom_recoveries=" + std::to_string(s.oom_recoveries) + ", normalization=" +
+         ", oom_recoveries=" + std::to_string(s.oom_recoveries) +
+         ", optimizer_state_ready=" + (s.optimizer_state_ready ? "True" : "False") + ", normalization=" +
          py::repr(py::str(s.normalization)).cast<std::string>() + ", peak_bytes=" + opt(s.peak_bytes) +
          ", predicted_peak_bytes=" + opt(s.predicted_peak_bytes) + ", seconds=" +
          py::str(py::float_(s.seconds)).cast<std::string>() + ")";
@@ -173,6 +174,7 @@ void bind_stats(py::module_& m) {
       .def_readwrite("loss", &WindowStats::loss)
       .def_readwrite("grad_norm", &WindowStats::grad_norm)
       .def_readwrite("stepped", &WindowStats::stepped)
+      .def_readwrite("optimizer_state_ready", &WindowStats::optimizer_state_ready)
       .def_readwrite("skipped", &WindowStats::skipped)
       .def_readwrite("skip_reason", &WindowStats::skip_reason)
       .def_readwrite("oom_recoveries", &WindowStats::oom_recoveries)

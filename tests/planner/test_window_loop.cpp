@@ -127,6 +127,22 @@ TEST_CASE("Window loop: a window runs the plan's microbatches in order, then one
   CHECK(loop.window_index() == 1);
 }
 
+TEST_CASE("Window loop: a window says whether the optimizer state existed before it", "[window-loop]") {
+  Plan plan = plan_with({8, 8});
+  plan.profile.persistent.optimizer_state_bytes = 4096;
+  WindowLoop loop(plan);
+  FakeBackend b;
+  WindowStats first = loop.accumulate(b, WindowOptions{});
+  CHECK_FALSE(first.optimizer_state_ready);  // its step creates the state: a lower peak than the steady ones
+  loop.apply(b, WindowOptions{}, first);
+  WindowStats second = loop.accumulate(b, WindowOptions{});
+  CHECK(second.optimizer_state_ready);
+  Plan stateless = plan_with({8, 8});  // an optimizer that keeps no state is steady from the first window
+  WindowLoop plain(stateless);
+  FakeBackend fresh;
+  CHECK(plain.accumulate(fresh, WindowOptions{}).optimizer_state_ready);
+}
+
 TEST_CASE("Window loop: an out-of-memory re-plans below the failing size and replays every sample once",
           "[window-loop]") {
   Plan plan = plan_with({6, 5, 5});

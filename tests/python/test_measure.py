@@ -128,6 +128,18 @@ class PlanTest(unittest.TestCase):
                               before, after):
             self.assertTrue(same(a, b), what)
 
+    def test_a_window_says_whether_the_optimizer_state_existed_before_it(self):
+        for opt in (torch.optim.AdamW, functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)):
+            model, ready = Net(), [False, True, True]  # the first step creates the state
+            optimizer = opt(model.parameters())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                plan = accumplan.plan(model, (self.x,), self.y, target_batch=64, optimizer=optimizer,
+                                      memory_budget=BUDGET, progress=False)
+                stats = [plan.train_window(model, optimizer, (self.x[:64],), self.y[:64]) for _ in range(3)]
+            self.assertEqual([s.optimizer_state_ready for s in stats], ready, opt)
+            self.assertIn("optimizer_state_ready=%s" % ready[0], repr(stats[0]))
+
     def test_no_budget_stays_installed(self):
         self.plan()
         big = torch.empty(2 * BUDGET, dtype=torch.uint8)  # past the budget: would raise if it were still enforced

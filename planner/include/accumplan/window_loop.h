@@ -112,6 +112,9 @@ struct WindowStats {
   bool skipped = false;                   // non-finite loss or gradient (or no units): no update
   std::string skip_reason;
   int64_t oom_recoveries = 0;             // out-of-memory events recovered from in this window
+  // The optimizer held its state before the window (or keeps none). False: this window's step
+  // creates it, so its peak is below the steady windows' by up to the state's bytes.
+  bool optimizer_state_ready = true;
   double loss_scale = 1;                  // fp16: the scale used through this window
   std::string normalization;              // what N counted: "samples" or "tokens"
   double seconds = 0;
