@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import torch
 
 from . import _core
-from ._args import INT32_MAX, INT32_MIN, int_arg, lengths_arg, shown_value, tensor_arg
+from ._args import INT32_MAX, INT32_MIN, flag_arg, int_arg, lengths_arg, shown_value, tensor_arg
 
 
 def as_inputs(inputs):
@@ -99,8 +99,7 @@ def pad_sequences(sequences, targets=None, ignore_index=-100, next_token=False):
 def padded(sequences, targets, ignore_index, next_token, names):
     """pad_sequences, its messages naming the arguments as ``names`` (the caller's two)."""
     ignore_index = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
-    if not isinstance(next_token, bool):
-        raise TypeError("next_token must be True or False, not %s (%s)" % (type(next_token).__name__, shown_value(next_token)))
+    flag_arg(next_token, "next_token")
     if isinstance(sequences, (list, tuple)) and sequences and isinstance(sequences[0], Mapping):
         if targets is not None or next_token:
             raise ValueError("examples given as dicts carry their labels (\"labels\"): pass targets=None and "

@@ -1,19 +1,10 @@
 """accumplan.checkpointing — which blocks of a model activation checkpointing can wrap, and the wrap.
 
-What it is: ``checkpoint_candidates(model, names=None)``, the
-blocks a plan may checkpoint: the longest run of consecutive same-class children of an
-``nn.ModuleList`` or ``nn.Sequential`` anywhere in the model (transformer layers, ResNet stages),
-or the module names given; and ``apply_checkpointing(model, names)``, which makes each named
-module recompute its forward during backward instead of keeping its activations
-(``torch.utils.checkpoint``, non-reentrant, the RNG state preserved so dropout draws the same
-numbers, and the buffers its forward writes — BatchNorm's statistics — put back after the recompute,
-so the update and every buffer are the same), returning a handle whose ``remove()`` puts every forward back.
-``block_costs(model, names, step, samples)`` measures what the planner needs of each block in one
-instrumented window (``step()``: one forward, loss and backward of ``samples`` samples): the bytes
-its forward saves for backward per sample, less its input and the parameters (what checkpointing
-it frees: ``saved_tensors_hooks`` see every tensor autograd keeps, counted once per storage), and
-its forward's seconds per sample (what recomputing it costs: the fastest of that forward and two
-more calls of it right after, on the same arguments).
+What it is: ``checkpoint_candidates`` (the blocks a plan may checkpoint: transformer layers,
+ResNet stages), ``apply_checkpointing`` (each named module recomputes its forward during backward
+instead of keeping its activations, with the same update and buffers; the handle's ``remove()``
+puts every forward back) and ``block_costs`` (from one instrumented window, what checkpointing
+each block frees and what recomputing it costs); their docstrings say how.
 What it is not: the choice of which blocks to checkpoint for a microbatch (the C++ planner's,
 accumplan/checkpoint.h, from these costs); and not for TorchScript modules, whose structure is fixed.
 """
@@ -25,15 +16,14 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint as torch_checkpoint
 
-from ._args import shown_value
+from ._args import module_arg, shown_value
 
 
 def _refuse_scripted(model, name="model"):
     if isinstance(model, torch.jit.ScriptModule):
         raise TypeError("%s is a TorchScript module: activation checkpointing wraps a Python nn.Module's blocks; "
                         "pass the module before torch.jit.script/trace" % name)
-    if not isinstance(model, nn.Module):
-        raise TypeError("%s must be a torch.nn.Module, not %s (%s)" % (name, type(model).__name__, shown_value(model)))
+    module_arg(model, name)
 
 
 def _longest_run(children):

@@ -77,15 +77,12 @@ def all_reduce_gradients(params, group=None, extra=None):
     Parameters without a gradient send zeros, so every rank sends the same list. ``extra`` (a
     float) rides along in the last bucket; the summed value is returned."""
     device = collective_device(group, params)
-    grads = []
+    by_dtype = {}
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        grads.append(p.grad)
+        by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
     tail = torch.tensor([0.0 if extra is None else float(extra)], dtype=torch.float64)
-    by_dtype = {}
-    for g in grads:
-        by_dtype.setdefault(g.dtype, []).append(g)
     buckets = []
     for dtype, gs in by_dtype.items():
         bucket, size = [], 0

@@ -129,27 +129,31 @@ def output_path(path, name):
     return real
 
 
-def write_atomically(path, text):
+def write_atomically(path, text, what):
     """``text`` into a temporary file beside ``path``, synced, renamed over it; the temporary file
-    is removed on any error. Keeps an existing file's mode, else the umask's."""
+    is removed on any error, an OSError raised as ValueError naming ``what`` ("the plan") and
+    ``path``. Keeps an existing file's mode, else the umask's."""
     import tempfile
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=os.path.dirname(path))
     try:
-        with os.fdopen(fd, "w") as f:
-            # mkstemp makes the file 0600; a plan is as readable as any file the user creates.
-            mask = os.umask(0)
-            os.umask(mask)
-            os.chmod(tmp, (os.stat(path).st_mode & 0o777) if os.path.exists(path) else (0o666 & ~mask))
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=os.path.dirname(path))
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            with os.fdopen(fd, "w") as f:
+                # mkstemp makes the file 0600; a plan is as readable as any file the user creates.
+                mask = os.umask(0)
+                os.umask(mask)
+                os.chmod(tmp, (os.stat(path).st_mode & 0o777) if os.path.exists(path) else (0o666 & ~mask))
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as e:
+        raise ValueError("cannot write %s to %s: %s" % (what, shown_value(path), e.strerror or e)) from None
     try:  # the rename itself survives a power loss once the directory is synced
         dfd = os.open(os.path.dirname(path), os.O_RDONLY)
         try:

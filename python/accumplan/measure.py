@@ -7,16 +7,12 @@ unscripted module, and the C++ search (``accumplan._core.search_plan``, the one 
 profile`` runs on its TorchScript executor) decides which windows run and plans from their peaks
 with the C++ solver. Memory is what this process's training allocates: on the CPU device the
 counting allocator (``accumplan._probes``, the C++ probe) installed for the duration of planning,
-its budget enforced as a GPU enforces its capacity; on CUDA the caching allocator's allocated peaks (its reserved peak is
-reported, not planned on: the allocator frees its cache and retries before it runs out, so the
-reserved bytes above the allocated ones are cache it keeps because the cap leaves room), the
-budget set as the process's memory fraction. Planning leaves nothing behind: parameters, buffers (BatchNorm statistics), gradients,
-the optimizer's state and hyperparameters, and the RNG state are put back, the probe and the
-budget removed, also when planning fails.
-
-Variable-length data (a list of sequences, or a padded batch with lengths=) is planned as the CLI
-plans a ragged ``--batch-file``: the C++ search's (b, T) grid over windows of b sequences of
-exactly T tokens, the token model, the token budget; the plan is the CLI's token plan.
+its budget enforced as a GPU enforces its capacity; on CUDA the caching allocator's allocated
+peaks (its reserved peak is reported, not planned on: the allocator frees its cache and retries
+before it runs out, so the reserved bytes above the allocated ones are cache it keeps because the
+cap leaves room), the budget set as the process's memory fraction. Planning leaves nothing
+behind (accumplan.snapshot; the probe and the budget removed), also when it fails. Variable-length
+data is planned as the CLI plans a ragged ``--batch-file`` (``plan``'s docstring says how).
 
 What it is not: a second search or planner (both are C++), nor a packer (the C++ one is asked
 through ``Plan.pack``).

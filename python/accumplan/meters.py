@@ -17,8 +17,7 @@ from . import _core
 
 
 class CpuMeter:
-    """The cpu-counting probe (C++), with the bytes that existed before it was installed (the
-    weights, an optimizer state already built) added to every figure, so a peak is the device's."""
+    """The cpu-counting probe (C++), the uncounted bytes added to every figure (see the module)."""
     probe_name = "cpu-counting"
     simulated = True
 
@@ -64,8 +63,7 @@ class CpuMeter:
 
 
 class CudaMeter:
-    """The CUDA caching allocator's statistics for one device (what the C++ cuda-caching-allocator
-    probe reads), its budget as the process's memory fraction."""
+    """The CUDA caching allocator's statistics for one device (what the C++ probe reads)."""
     probe_name = "cuda-caching-allocator"
     simulated = False
 
@@ -113,12 +111,8 @@ def held_bytes(model, optimizer=None):
     tensors += [p.grad for p in model.parameters() if p.grad is not None]
     if optimizer is not None:
         tensors += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    seen, total = set(), 0
-    for t in tensors:
-        if id(t) not in seen:  # tied weights count once
-            seen.add(id(t))
-            total += t.numel() * t.element_size()
-    return total
+    unique = {id(t): t for t in tensors}.values()  # tied weights count once
+    return sum(t.numel() * t.element_size() for t in unique)
 
 
 def meter_for(device, uncounted_bytes):

@@ -21,16 +21,13 @@ from .files import file_digest, file_sha256, json_text, output_path, write_atomi
 from .splits import (balanced_split, largest_divisor_at_most, pack_by_token_budget,  # noqa: F401 - re-exported
                      split_samples, token_windows)
 
-SCHEMA = "accumplan.plan"
 SCHEMA_VERSION = _core.SCHEMA_VERSION  # what the C++ writer writes
 
 
 # --- the plan ----------------------------------------------------------------------------------
 
 class Plan:
-    """A plan.json (schema ``accumplan.plan``, any 1.x version), read once and held by the C++
-    planner as its own object: what ``accumplan run --plan`` refuses, this refuses with the same
-    message, and every field below is read from that object.
+    """A plan.json (schema ``accumplan.plan``, any 1.x version), read and held as the module says.
 
     Attributes a trainer needs: ``target_batch``, ``world_size``, ``per_rank_batch``,
     ``microbatch_sizes``, ``weights``, ``micro_batch``, ``accumulation_steps``,
@@ -43,11 +40,10 @@ class Plan:
     evaluation batch, ``micro_batch``, ``predicted_peak_bytes``, ``keep_outputs``, ``resident``,
     ``confirmed``, ``trials``; None when not planned), ``checkpoint`` (schema 1.7: the modules trained
     with activation checkpointing, what each candidate frees and costs, the alternative without;
-    None without), ``schema_version``
-    (the file's), ``raw`` (the document as the C++ writer writes it). ``replans`` lists the
-    re-plans made after out-of-memory errors. The attributes follow the plan: change it with
-    ``replan_below`` / ``repack_below`` (or let ``train_window``'s window loop do it), not by
-    assigning them.
+    None without), ``schema_version`` (the file's), ``raw`` (the document as the C++ writer writes
+    it). ``replans`` lists the re-plans made after out-of-memory errors. The attributes follow the
+    plan: change it with ``replan_below`` / ``repack_below`` (or let ``train_window``'s window loop
+    do it), not by assigning them.
 
     The training methods (``split``, ``train_window``) need torch; see accumplan.train.
     """
@@ -95,14 +91,16 @@ class Plan:
             self._doc = self._core.to_dict()
         return self._doc
 
-    def _field(key):  # noqa: N805 - a property factory used in the class body only
-        return property(lambda self: self.raw[key])
+    def _field(key, optional=False):  # noqa: N805 - a property factory used in the class body only
+        """The document's field ``key``; an ``optional`` one absent or empty reads None."""
+        return property((lambda self: self.raw.get(key) or None) if optional else (lambda self: self.raw[key]))
 
     target_batch, world_size, per_rank_batch = _field("target_batch"), _field("world_size"), _field("per_rank_batch")
     microbatch_sizes, max_micro_batch = _field("microbatch_sizes"), _field("max_micro_batch")
     split_kind, multiple_of = _field("split"), _field("multiple_of")
     memory, fit, setup, model = _field("memory"), _field("fit"), _field("setup"), _field("model")
     device, profile, confirmed, reason = _field("device"), _field("profile"), _field("confirmed"), _field("reason")
+    tokens, eval, checkpoint = _field("tokens", True), _field("eval", True), _field("checkpoint", True)
     del _field
 
     margin_bytes = property(lambda self: self.memory.get("margin_bytes"))
@@ -110,34 +108,10 @@ class Plan:
     normalization = property(lambda self: self.setup.get("normalization", "auto"))
     ignore_index = property(lambda self: self.setup.get("ignore_index", -100))
     padding_mask = property(lambda self: bool(self.setup.get("padding_mask", False)))
-
-    @property
-    def tokens(self):
-        return self.raw.get("tokens") or None
-
-    @property
-    def target_tokens(self):
-        return self.tokens.get("target_tokens") if self.tokens else None
-
-    @property
-    def step_cost(self):
-        return (self.tokens.get("step_cost") or None) if self.tokens else None
-
-    @property
-    def eval(self):
-        return self.raw.get("eval") or None
-
-    @property
-    def checkpoint(self):
-        return self.raw.get("checkpoint") or None
-
-    @property
-    def micro_batch(self):
-        return self._core.micro_batch
-
-    @property
-    def accumulation_steps(self):
-        return len(self.microbatch_sizes)
+    target_tokens = property(lambda self: self.tokens.get("target_tokens") if self.tokens else None)
+    step_cost = property(lambda self: (self.tokens.get("step_cost") or None) if self.tokens else None)
+    micro_batch = property(lambda self: self._core.micro_batch)
+    accumulation_steps = property(lambda self: len(self.microbatch_sizes))
 
     @property
     def weights(self):
@@ -147,8 +121,7 @@ class Plan:
     def check_model(self, model_path, force=False):
         """Raises PlanError when the file's SHA-256 differs from the plan's ``model.sha256``
         (unless ``force``). Returns the file's hash."""
-        if not isinstance(force, bool):
-            raise TypeError("force must be True or False, not %s (%s)" % (type(force).__name__, shown_value(force)))
+        flag_arg(force, "force")
         digest = file_digest(model_path, "model")
         want = self.model.get("sha256")
         if want and digest != want and not force:
@@ -196,6 +169,11 @@ class Plan:
                                % (failing_micro_batch, self.per_rank_batch, ",".join(map(str, self.microbatch_sizes)),
                                   old, how))
 
+    def _need_tokens(self, instead):
+        """PlanError for a sample plan (no $.tokens), saying what to do ``instead``."""
+        if self.tokens is None:
+            raise PlanError("%s packs no tokens: it is a sample plan (no $.tokens); %s" % (self.source, instead))
+
     def _replanned(self, note):
         """After the core re-planned the plan in place: its fields read again, the note kept."""
         self._doc = None
@@ -210,9 +188,7 @@ class Plan:
         PlanError for a plan without a token budget, or a sequence longer than the plan's
         ``max_seq_len`` (the budget was planned for sequences up to it)."""
         packing = choice_arg(packing, "packing", _core.PACKINGS)
-        if self.tokens is None:
-            raise PlanError("%s packs no tokens: it is a sample plan (no $.tokens); split its windows by "
-                            "microbatch_sizes" % self.source)
+        self._need_tokens("split its windows by microbatch_sizes")
         lengths = lengths_arg(lengths, "lengths", minimum=1)
         longest = max(lengths, default=0)
         if longest > self.tokens["max_seq_len"]:
@@ -230,9 +206,7 @@ class Plan:
         ``accumplan run`` reports as packed_predicted_peak_bytes, by the same C++ rule
         (accumplan/token_model.h PackedPeakPredictor). None when the plan's profile holds too few
         (b, T) windows to fit the model (a hand-made plan)."""
-        if self.tokens is None:
-            raise PlanError("%s packs no tokens: it is a sample plan (no $.tokens); its predicted peak is "
-                            "memory['predicted_peak_bytes']" % self.source)
+        self._need_tokens("its predicted peak is memory['predicted_peak_bytes']")
         flag_arg(optimizer_state_exists, "optimizer_state_exists")
         pairs = [(int_arg(b, "microbatches[%d][0]" % i, 1, MAX_COUNT), int_arg(t, "microbatches[%d][1]" % i, 1, INT32_MAX))
                  for i, (b, t) in enumerate(microbatches)]
@@ -299,9 +273,7 @@ class Plan:
         ``longest_sequence`` (one sequence cannot be split)."""
         failing_tokens = int_arg(failing_tokens, "failing_tokens", 1, MAX_COUNT)
         longest_sequence = int_arg(longest_sequence, "longest_sequence", 1, MAX_COUNT)
-        if self.tokens is None:
-            raise PlanError("%s packs no tokens: it is a sample plan (no $.tokens); re-plan it with replan_below"
-                            % self.source)
+        self._need_tokens("re-plan it with replan_below")
         if min(self.tokens["token_budget"], failing_tokens - 1) < longest_sequence:
             raise OutOfMemoryAtOne(
                 "out of memory at %d padded tokens: a token budget below it cannot hold the window's longest "
@@ -327,11 +299,7 @@ class Plan:
         C++ CLI's outputs, ``path`` is checked first: ValueError naming it for an empty path, a
         directory, a FIFO, device or socket, or a missing or unwritable directory; an error while
         writing is a ValueError naming it too."""
-        path = output_path(path, "path")
-        try:
-            write_atomically(path, self._core.text())
-        except OSError as e:
-            raise ValueError("cannot write the plan to %s: %s" % (shown_value(path), e.strerror or e)) from None
+        write_atomically(output_path(path, "path"), self._core.text(), "the plan")
 
     def export(self, to, out=None, *, allow_slow=False, allow_lossy=False, lightning_datamodule=None,
                plan_path=None):
@@ -361,10 +329,7 @@ class Plan:
             raise plan_error(e) from None
         self.export_notes = notes.splitlines()
         if out is not None:
-            try:
-                write_atomically(out, text)
-            except OSError as e:
-                raise ValueError("cannot write the export to %s: %s" % (shown_value(out), e.strerror or e)) from None
+            write_atomically(out, text, "the export")
         return text
 
     def __repr__(self):

@@ -34,11 +34,9 @@ def tile(inputs, target, n, lengths=None, seq_len=None):
     ACCUMPLAN_MAX_HOST_DATA), so a huge target_batch of small samples is refused, not allocated."""
     first = count_samples(inputs, target)
     tensors = input_tensors(inputs) + ([target] if target is not None else [])
-    if seq_len is None:
-        per_sample = sum(nbytes(t) for t in tensors) // first
-    else:  # a sequence tensor [count, T0, ...] holds seq_len / T0 times its row per sample
-        per_sample = sum(nbytes(t) * (seq_len if t.dim() >= 2 else 1) // (t.shape[1] if t.dim() >= 2 else 1)
-                         for t in tensors) // first
+    # At seq_len a sequence tensor [count, T0, ...] holds seq_len / T0 times its row per sample.
+    per_sample = sum(nbytes(t) * seq_len // t.shape[1] if seq_len is not None and t.dim() >= 2 else nbytes(t)
+                     for t in tensors) // first
     try:
         _core.check_host_data(per_sample * n, "a window of %d samples tiled from inputs and target" % n,
                               "give a smaller target_batch or memory_budget")
@@ -81,6 +79,13 @@ class ModuleRunner(_core.WindowRunner):
         inputs, target = tile(self.inputs, self.target, n, c["lengths"], seq_len)
         return inputs, target, (None if seq_len is None else [seq_len] * n)
 
+    def held_data(self, n, seq_len=None):
+        """data(n, seq_len) made with no budget, and the bytes it holds: the data set's, outside the budget."""
+        self.meter.limit(None)
+        before = self.meter.current()
+        inputs, target, lengths = self.data(n, seq_len)
+        return inputs, target, lengths, self.meter.current() - before
+
     def window(self, inputs, target, n, lengths=None):
         """The Window of n samples (every window is this process's own: the plan is per rank)."""
         c = self.cfg
@@ -110,10 +115,7 @@ class ModuleRunner(_core.WindowRunner):
         one microbatch of n samples (forward, loss, backward) under the budget (lifted: none),
         without checkpointing. PlanError when it runs out of memory."""
         meter, costs, peaks, t0 = self.meter, [], [], time.perf_counter()
-        meter.limit(None)
-        before = meter.current()
-        inputs, target, lengths = self.data(n)
-        data = meter.current() - before
+        inputs, target, lengths, data = self.held_data(n)
 
         def window():
             w = self.window(inputs, target, n, lengths)
@@ -165,10 +167,7 @@ class ModuleRunner(_core.WindowRunner):
         included, its data excluded; an OOM is reported."""
         m, meter, t0 = _core.WindowMeasurement(), self.meter, time.perf_counter()
         n = sum(sizes)
-        meter.limit(None)
-        before = meter.current()
-        inputs, target, lengths = self.data(n, seq_len)  # the data set's, outside the budget
-        data = meter.current() - before
+        inputs, target, lengths, data = self.held_data(n, seq_len)
         peaks, reserved, seconds, started = [], [], [], []
 
         def before_microbatch(event):
@@ -213,10 +212,7 @@ class ModuleRunner(_core.WindowRunner):
         m, meter, t0 = _core.EvalMeasurement(), self.meter, time.perf_counter()
         n, limit = sum(sizes), self._limit(budget)
         zero_grads(trainable_parameters(self.model), self.optimizer)  # zero_grad(set_to_none=True)
-        meter.limit(None)
-        before = meter.current()
-        inputs, target, lengths = self.data(n, seq_len or None)
-        data = meter.current() - before
+        inputs, target, lengths, data = self.held_data(n, seq_len or None)
         peaks = []
 
         def read():

@@ -7,9 +7,8 @@ reassigns a buffer or registers a module is undone), their values, each module's
 flag, the gradients of the model's and the optimizer's parameters, the optimizer's state (each
 tensor with its own dtype and device: ``load_state_dict`` would cast a float64 moment or an int64
 step to the parameter's dtype) and hyperparameters, the RNGs (torch CPU and CUDA, Python's
-``random``, NumPy's when imported), grad mode and the default dtype. ``restore()`` puts them back.
-``RestoreGuard`` holds Ctrl-C while that happens and raises it after, so an interrupt cannot
-leave half of the state trained or the counting allocator installed.
+``random``, NumPy's when imported), grad mode and the default dtype. ``restore()`` puts them back,
+``RestoreGuard`` holding Ctrl-C meanwhile.
 
 What it is not: a checkpoint (it lives in this process only), nor a copy of the data.
 """

@@ -214,14 +214,14 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     it, and a packed window's ``WindowStats.predicted_peak_bytes`` is the plan's token model's
     prediction for what it packed. packing ("time" or "fill", as ``accumplan run --packing``): "time"
     cuts each window where ``plan.packing_cost()`` predicts the least time, a cost refitted on the
-    CPU from every packed microbatch this plan has timed (the plan's step cost until then);
-    "fill" fills each microbatch to the token budget. An out-of-memory lowers the budget below the failing
-    microbatch's padded tokens and replays. A
-    packed plan with ``tokens.target_tokens`` (schema 1.4) windows by valid tokens (``token_windows``
-    over ``valid_token_counts``): its window holds any number of samples, a rank's share too (under
-    torch.distributed a rank may hold none). Under torch.distributed a rank whose share is bad
-    (``lengths=`` missing or of the wrong count, mismatched tensors) reports it in the counts
-    all-reduce and every rank raises a ValueError naming it, instead of its peers hanging."""
+    CPU from every packed microbatch this plan has timed (the plan's step cost until then); "fill"
+    fills each microbatch to the token budget. An out-of-memory lowers the budget below the failing
+    microbatch's padded tokens and replays. A packed plan with ``tokens.target_tokens`` (schema 1.4)
+    windows by valid tokens (``token_windows`` over ``valid_token_counts``): its window holds any
+    number of samples, a rank's share too (under torch.distributed a rank may hold none). Under
+    torch.distributed a rank whose share is bad (``lengths=`` missing or of the wrong count,
+    mismatched tensors) reports it in the counts all-reduce and every rank raises a ValueError
+    naming it, instead of its peers hanging."""
     t0 = time.perf_counter()
     loss_kind = loss if loss is not None else plan.loss
     ii = plan.ignore_index if ignore_index is None else int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
@@ -270,13 +270,14 @@ def _checked_arguments(model, optimizer, inputs, target, scheduler, scaler, on_o
     callable_arg(on_oom, "on_oom", "a callable(note)")
     flag_arg(oom_recovery, "oom_recovery")
     flag_arg(measure_memory, "measure_memory", none_ok=True)
-    # A list of sequences is padded; a plan made for variable-length data takes any list as sequences
-    # (a window whose sequences happen to share one length included).
+    return _window_data(plan, inputs, target, lengths, loss_kind, ii)
+
+
+def _window_data(plan, inputs, target, lengths, loss_kind, ii):
+    """As _checked_arguments returns them; a plan made for variable-length data takes any list as sequences."""
     ragged = ragged_data(inputs, target, lengths, loss_kind, ii,
                          packed=plan.tokens is not None or bool(plan.setup.get("seq_len")))
-    if ragged is not None:
-        return ragged
-    return as_inputs(inputs), target_arg(target), None
+    return ragged if ragged is not None else (as_inputs(inputs), target_arg(target), None)
 
 
 def evaluate(plan, model, inputs, target=None, *, loss=None, loss_fn=None, autocast=None, normalization=None,
@@ -309,9 +310,7 @@ def evaluate(plan, model, inputs, target=None, *, loss=None, loss_fn=None, autoc
         optimizer_arg(optimizer)
     if loss_fn is None and loss_kind not in LOSSES:
         raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss_kind,))
-    ragged = ragged_data(inputs, target, lengths, loss_kind, ii,
-                         packed=plan.tokens is not None or bool(plan.setup.get("seq_len")))
-    inputs, target, lengths = ragged if ragged is not None else (as_inputs(inputs), target_arg(target), None)
+    inputs, target, lengths = _window_data(plan, inputs, target, lengths, loss_kind, ii)
     w = Window(plan, model, inputs, target, lengths, loss_kind, loss_fn, ii, autocast, None, None,
                shift_arg=causal_shift(model, shift_labels) if shift_labels is not None else None, local=True)
     w.packed = False  # an evaluation splits by count: plan.eval was measured at the longest sequences
@@ -339,6 +338,5 @@ def evaluate(plan, model, inputs, target=None, *, loss=None, loss_fn=None, autoc
 
 
 __all__ = ["is_oom", "resolve_normalization", "count_units", "model_output", "loss_sum", "split", "pad_sequences",
-           "model_labels", "causal_shift", "takes_num_items",
-           "padding_mask", "valid_token_counts",
-           "train_window", "evaluate", "all_reduce_gradients", "WindowStats", "EvalStats", "OutOfMemoryAtOne", "batch_dependent_layers"]
+           "model_labels", "causal_shift", "takes_num_items", "padding_mask", "valid_token_counts", "train_window",
+           "evaluate", "all_reduce_gradients", "WindowStats", "EvalStats", "OutOfMemoryAtOne", "batch_dependent_layers"]

@@ -3,8 +3,7 @@
 The window algorithm itself (the split, the counts every rank agrees on, the rounds, the re-plan
 and replay after an out-of-memory, clipping and the order of the update) is C++
 (accumplan/window_loop.h), the one ``accumplan run`` executes. This module supplies what only
-Python has: ``TrainBackend`` runs the user's forward, loss and backward of one microbatch and steps
-the user's optimizer; ``EvalBackend`` runs one evaluation microbatch. ``train_window``
+Python has, the torch sides ``TrainBackend`` and ``EvalBackend``: ``train_window``
 (accumplan.train) and ``accumplan.plan``'s measured windows (accumplan.measure) both drive them,
 so what is planned is what is trained. Public: ``is_oom``, ``batch_dependent_layers``
 (re-exported by accumplan). Internal to the package: ``Window``, ``TrainBackend``,
@@ -31,11 +30,10 @@ from .losses import causal_shift, loss_sum, model_labels, model_output, takes_nu
 def is_oom(error):
     """True for torch.cuda.OutOfMemoryError (PyTorch >= 1.13; torch.OutOfMemoryError in 2.x) and
     for any RuntimeError whose message says "out of memory" (older releases, other backends)."""
-    for name in ("OutOfMemoryError",):
-        for owner in (getattr(torch, "cuda", None), torch):
-            cls = getattr(owner, name, None) if owner is not None else None
-            if isinstance(cls, type) and isinstance(error, cls):
-                return True
+    for owner in (torch.cuda, torch):
+        cls = getattr(owner, "OutOfMemoryError", None)
+        if isinstance(cls, type) and isinstance(error, cls):
+            return True
     return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
 
 
