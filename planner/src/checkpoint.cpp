@@ -236,6 +236,40 @@ std::string trade_sentence(const PlanCheckpoint& c, int64_t micro_batch) {
 
 }  // namespace
 
+CheckpointChoiceRecord choice_record(const CheckpointModel& model, const std::vector<CheckpointChoice>& options,
+                                     const CheckpointSet& chosen) {
+  CheckpointChoiceRecord r;
+  for (const CheckpointChoice& c : options) {
+    CheckpointOption o{c.set.blocks.empty() ? "none" : c.set.rule, {}, c.micro_batch, c.accumulation_steps,
+                       c.predicted_peak_bytes, c.predicted_window_seconds};
+    for (size_t i : c.set.blocks) o.modules.push_back(model.blocks.at(i).name);
+    if (c.set.blocks == chosen.blocks) r.chosen = o.rule;
+    r.options.push_back(std::move(o));
+  }
+  r.decided_by = "the least predicted seconds per window when at least " +
+                 std::to_string(std::lround(100 * kTimingGainFraction)) +
+                 "% under the fitting set with the fewest checkpointed blocks; else that set";
+  return r;
+}
+
+std::string describe_choice(const CheckpointChoiceRecord& record) {
+  auto figures = [](const CheckpointOption& o) {
+    return o.rule + " (microbatch " + std::to_string(o.micro_batch) + " x " + std::to_string(o.accumulation_steps) +
+           ", peak " + format_bytes(o.predicted_peak_bytes) + ", " + format_seconds(o.predicted_seconds_per_window) +
+           " per window)";
+  };
+  const CheckpointOption* chosen = nullptr;
+  const CheckpointOption* next = nullptr;
+  for (const CheckpointOption& o : record.options) {
+    if (o.rule == record.chosen) chosen = &o;
+    else if (o.micro_batch > 0 && (!next || o.predicted_seconds_per_window < next->predicted_seconds_per_window)) next = &o;
+  }
+  std::string text = "checkpointing: " + (chosen ? figures(*chosen) : record.chosen) + ", of " +
+                     std::to_string(record.options.size()) + " sets";
+  text += "\n  next best: " + (next ? figures(*next) : std::string("no other set fits one sample"));
+  return text + "; the rule: " + record.decided_by;
+}
+
 Plan plan_with_checkpointing(const Plan& plan, const CheckpointModel& model, const CheckpointChoice& choice) {
   if (choice.set.blocks.empty()) return plan;
   if (choice.micro_batch < 1) throw InputError("a checkpoint choice holds at least one sample per microbatch");

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "accumplan/checkpoint.h"
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
 #include "accumplan/memory_model.h"
@@ -179,6 +180,18 @@ std::string render_report_html(const ReportInput& in) {
       const bool on = std::find(c.modules.begin(), c.modules.end(), b.name) != c.modules.end();
       h << table_row({b.name, format_bytes(static_cast<int64_t>(b.saved_bytes_per_sample)),
                       format_seconds(b.forward_seconds_per_sample), on ? "yes" : "no"});
+    }
+    h << "</table>\n";
+  }
+  if (in.plan && in.plan->checkpoint_choice) {  // 1.8: every set "auto" weighed, the chosen one marked
+    const CheckpointChoiceRecord& r = *in.plan->checkpoint_choice;
+    h << "<h2>Checkpoint sets considered</h2>\n<p>" << xml_escape(describe_choice(r)) << "</p>\n<table>\n"
+      << table_row({"set", "microbatch", "accumulation", "predicted peak", "predicted seconds per window", "chosen"}, "th");
+    for (const CheckpointOption& o : r.options) {
+      const bool fits = o.micro_batch > 0;
+      h << table_row({o.rule, fits ? std::to_string(o.micro_batch) : "none fits",
+                      fits ? std::to_string(o.accumulation_steps) : "-", fits ? format_bytes(o.predicted_peak_bytes) : "-",
+                      fits ? format_seconds(o.predicted_seconds_per_window) : "-", o.rule == r.chosen ? "yes" : ""});
     }
     h << "</table>\n";
   }

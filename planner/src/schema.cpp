@@ -594,6 +594,42 @@ PlanCheckpoint checkpoint_from(const JsonField& f) {
   return c;
 }
 
+// 1.8: what checkpointing="auto" weighed. micro_batch and accumulation_steps null: not one sample fits.
+ojson checkpoint_choice_json(const CheckpointChoiceRecord& r) {
+  ojson options = ojson::array();
+  for (const CheckpointOption& o : r.options) {
+    options.push_back(ojson{{"rule", o.rule},
+                            {"modules", o.modules},
+                            {"micro_batch", o.micro_batch > 0 ? ojson(o.micro_batch) : ojson(nullptr)},
+                            {"accumulation_steps", o.micro_batch > 0 ? ojson(o.accumulation_steps) : ojson(nullptr)},
+                            {"predicted_peak_bytes", o.predicted_peak_bytes},
+                            {"predicted_seconds_per_window", o.predicted_seconds_per_window}});
+  }
+  return ojson{{"options", options}, {"chosen", r.chosen}, {"decided_by", r.decided_by}};
+}
+
+CheckpointChoiceRecord checkpoint_choice_from(const JsonField& f) {
+  CheckpointChoiceRecord r;
+  std::set<std::string> rules;
+  for (const JsonField& o : f.at("options").items()) {
+    CheckpointOption c;
+    c.rule = o.str("rule");
+    for (const JsonField& n : o.at("modules").items()) c.modules.push_back(n.as_string());
+    c.micro_batch = o.opt_i64("micro_batch").value_or(0);
+    c.accumulation_steps = o.opt_i64("accumulation_steps").value_or(0);
+    c.predicted_peak_bytes = o.i64("predicted_peak_bytes");
+    c.predicted_seconds_per_window = o.f64("predicted_seconds_per_window");
+    if (!rules.insert(c.rule).second) throw SchemaError(o.path() + ".rule: '" + cut_for_message(c.rule) + "' is listed twice");
+    r.options.push_back(std::move(c));
+  }
+  r.chosen = f.str("chosen");
+  r.decided_by = f.str("decided_by");
+  if (!rules.count(r.chosen)) {
+    throw SchemaError(f.path() + ".chosen: '" + cut_for_message(r.chosen) + "' is not one of the options' rules");
+  }
+  return r;
+}
+
 ojson to_json(const Plan& p) {
   ojson j;
   j["schema"] = kPlanSchema;
@@ -662,6 +698,7 @@ ojson to_json(const Plan& p) {
   j["profile"] = profile_body_json(p.profile);
   if (p.eval) j["eval"] = eval_json(*p.eval);  // 1.7, only when planned
   if (p.checkpoint) j["checkpoint"] = checkpoint_json(*p.checkpoint);  // 1.7, only when chosen
+  if (p.checkpoint_choice) j["checkpoint_choice"] = checkpoint_choice_json(*p.checkpoint_choice);  // 1.8
   return j;
 }
 
@@ -828,6 +865,7 @@ Plan plan_from_json(const json& doc) {
   p.profile = plan_profile_from(root, p);
   if (root.has("eval")) p.eval = eval_from(root.at("eval"));  // 1.7
   if (root.has("checkpoint")) p.checkpoint = checkpoint_from(root.at("checkpoint"));  // 1.7
+  if (root.has("checkpoint_choice")) p.checkpoint_choice = checkpoint_choice_from(root.at("checkpoint_choice"));  // 1.8
   check_plan_window(p);
   return p;
 }

@@ -530,12 +530,20 @@ Plan Search::plan_checkpointing(const Plan& plan, std::vector<BlockCost> blocks,
   if (stated.checkpoint) stated.checkpoint->trials = {costs};
   const std::optional<CheckpointChoice> choice =
       choose ? choose_checkpointing(model, plan.per_rank_batch, plan.memory.usable_bytes) : std::nullopt;
+  // What the choice weighed, with the set the plan ends up training with.
+  auto recorded = [&](Plan p, const CheckpointSet& chosen) {
+    if (choose) {
+      p.checkpoint_choice =
+          choice_record(model, checkpoint_options(model, plan.per_rank_batch, plan.memory.usable_bytes), chosen);
+    }
+    return p;
+  };
   if (!choice || choice->set.blocks == applied.blocks) {
     if (choose) say("checkpointing: keeps " + (applied.blocks.empty() ? std::string("none") : applied.rule) +
                     ": no other of " + std::to_string(checkpoint_sets(model.blocks.size()).size()) +
                     " sets is predicted at least " + std::to_string(std::lround(100 * kTimingGainFraction)) +
                     "% faster per window");
-    return stated;
+    return recorded(stated, applied);
   }
   Plan p = plan_with_checkpointing(plan, model, *choice);
   p.checkpoint->trials = {costs};
@@ -554,7 +562,7 @@ Plan Search::plan_checkpointing(const Plan& plan, std::vector<BlockCost> blocks,
         " budget (predicted " + format_bytes(model.predicted_peak_bytes(choice->set, b)) + "), fits");
     p.confirmed = true;
     p.confirmed_peak_bytes = s.max_peak_bytes;
-    return p;
+    return recorded(p, choice->set);
   }
   const std::string failure = s.oom ? std::string("ran out of memory") : "peaked at " + format_bytes(s.max_peak_bytes);
   say(what + failure + "; the plan keeps " + (applied.blocks.empty() ? std::string("no checkpointing") : applied.rule));
@@ -563,7 +571,7 @@ Plan Search::plan_checkpointing(const Plan& plan, std::vector<BlockCost> blocks,
   back.reason = "Checkpointing " + choice->set.rule + " at microbatch " + std::to_string(b) + " was predicted to fit (" +
                 format_bytes(model.predicted_peak_bytes(choice->set, b)) + ") but its window " + failure + ". " +
                 back.reason;
-  return back;
+  return recorded(back, applied);
 }
 
 }  // namespace accumplan

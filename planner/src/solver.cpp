@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "accumplan/checked.h"
+#include "accumplan/checkpoint.h"
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
 #include "accumplan/step_time.h"
@@ -913,8 +914,8 @@ std::string describe_plan(const Plan& p) {
     << "]\n";
   std::snprintf(line, sizeof line, "  %-18s %12s\n", "budget", format_bytes(m.budget_bytes).c_str());
   s << line;
-  std::snprintf(line, sizeof line, "  %-18s %12s  (--headroom %s: %s; usable %s)\n", "margin",
-                format_bytes(m.margin_bytes).c_str(), m.margin.headroom.c_str(), describe_margin(m.margin).c_str(),
+  std::snprintf(line, sizeof line, "  %-18s %12s  (%s %s: %s; usable %s)\n", "margin",
+                format_bytes(m.margin_bytes).c_str(), option_name("--headroom").c_str(), m.margin.headroom.c_str(), describe_margin(m.margin).c_str(),
                 format_bytes(m.usable_bytes).c_str());
   s << line;
   auto row = [&](const char* name, int64_t bytes) {
@@ -955,6 +956,7 @@ std::string describe_plan(const Plan& p) {
   }
   if (p.eval) s << describe_eval(*p.eval, p.micro_batch);
   if (p.checkpoint) s << describe_checkpoint(*p.checkpoint, p);
+  if (p.checkpoint_choice) s << "  " << describe_choice(*p.checkpoint_choice) << "\n";
   if (!p.model.batch_dependent_layers.empty()) {
     s << "  warning: " << p.model.batch_dependent_layers.size()
       << " batch-dependent layer(s) (e.g. " << p.model.batch_dependent_layers.front()

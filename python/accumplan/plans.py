@@ -101,6 +101,7 @@ class Plan:
     memory, fit, setup, model = _field("memory"), _field("fit"), _field("setup"), _field("model")
     device, profile, confirmed, reason = _field("device"), _field("profile"), _field("confirmed"), _field("reason")
     tokens, eval, checkpoint = _field("tokens", True), _field("eval", True), _field("checkpoint", True)
+    checkpoint_choice = _field("checkpoint_choice", True)  # what checkpointing="auto" weighed
     del _field
 
     margin_bytes = property(lambda self: self.memory.get("margin_bytes"))
@@ -331,6 +332,9 @@ class Plan:
         if out is not None:
             write_atomically(out, text, "the export")
         return text
+
+    def __str__(self):
+        return self._core.describe()  # the CLI's summary: the split, the memory, the choices and why
 
     def __repr__(self):
         return ("Plan(target_batch=%d, world_size=%d, per_rank_batch=%d, microbatch_sizes=%s)"

@@ -88,6 +88,7 @@ void bind_plan_object(py::module_& m) {
       .def("to_dict", [](const Plan& p) { return python_of(to_json(p)); },
            "the document as the C++ writer writes it, as Python objects")
       .def("text", [](const Plan& p) { return to_json(p).dump(2) + "\n"; }, "the document's canonical JSON text")
+      .def("describe", &describe_plan, "the summary the CLI prints to stderr after planning")
       .def("copy", [](const Plan& p) { return std::make_shared<Plan>(p); })
       .def_static("for_window", &plan_for_window, py::arg("sizes"),
                   "a plan of one window of exactly these microbatch sizes (accumplan.plan's measured windows)")

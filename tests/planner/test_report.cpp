@@ -440,6 +440,21 @@ TEST_CASE("report: a checkpointed plan shows the trade, with and without, and ev
   CHECK(describe_plan(plan).find("checkpointing        every 2nd block (2 of 4 blocks)") != std::string::npos);
 }
 
+TEST_CASE("report: the checkpoint sets weighed are listed, the chosen one marked, with the next best and the rule",
+          "[report][checkpoint]") {
+  const Plan plan = read_plan_file(source_path("tests/golden/plan.json"));
+  REQUIRE(plan.checkpoint_choice);  // none, every 2nd block (chosen), all
+  const std::string html = render_report_html(report_input_from_plan(plan));
+  CHECK(html.find("<h2>Checkpoint sets considered</h2>") != std::string::npos);
+  CHECK(html.find("next best: none (microbatch 96 x 3") != std::string::npos);
+  CHECK(html.find("<td>every 2nd block</td><td>128</td><td>2</td>") != std::string::npos);
+  CHECK(html.find("<td>yes</td></tr>") != std::string::npos);
+  Plan none = plan;
+  none.checkpoint_choice.reset();
+  CHECK(render_report_html(report_input_from_plan(none)).find("Checkpoint sets considered") == std::string::npos);
+  check_both_formats(report_input_from_plan(plan));
+}
+
 TEST_CASE("report: a plan without an eval batch draws the training bar alone", "[report][eval]") {
   Plan plan = read_plan_file(source_path("tests/golden/plan.json"));
   REQUIRE(plan.eval);  // the golden plan has one: the case above checks both bars

@@ -54,6 +54,15 @@ Plan golden_plan() {
   c.trials = {Trial{"costs", 64, true, 900 * kGoldenMiB, 0.4, {64}, std::nullopt},
               Trial{"confirm", 64, true, 1100 * kGoldenMiB, 1.5, {64, 64}, std::nullopt}};
   plan.checkpoint = c;
+  // 1.8: what "auto" weighed: none, every 2nd, all; every 2nd chosen.
+  CheckpointChoiceRecord choice;
+  choice.options = {CheckpointOption{"none", {}, 96, 3, 1000 * kGoldenMiB, 6.25},
+                    CheckpointOption{"every 2nd block", {"blocks.1", "blocks.3"}, 128, 2, 1010 * kGoldenMiB, 6.5},
+                    CheckpointOption{"all", {"blocks.0", "blocks.1", "blocks.2", "blocks.3"}, 256, 1, 990 * kGoldenMiB, 7.0}};
+  choice.chosen = "every 2nd block";
+  choice.decided_by = "the least predicted seconds per window when at least 10% under the fitting set with the fewest "
+                      "checkpointed blocks; else that set";
+  plan.checkpoint_choice = choice;
   return plan;
 }
 
@@ -161,7 +170,7 @@ TEST_CASE("Schema: plan round-trips and matches its golden file", "[schema][gold
   const Plan plan = golden_plan();
   const auto once = to_json(plan);
   CHECK(once["schema"] == "accumplan.plan");
-  CHECK(once["schema_version"] == "1.7");
+  CHECK(once["schema_version"] == "1.8");
   const auto twice = to_json(plan_from_json(json::parse(once.dump())));
   CHECK(once == twice);
   check_golden("tests/golden/plan.json", once.dump(2) + "\n");
@@ -245,6 +254,35 @@ TEST_CASE("Schema: a checkpoint round-trips and names only its measured candidat
   CHECK_FALSE(json::parse(to_json(none).dump()).contains("checkpoint"));
 }
 
+TEST_CASE("Schema: the checkpoint choice lists every set weighed and names one of them as chosen (1.8)",
+          "[schema][checkpoint]") {
+  const Plan plan = golden_plan();
+  const Plan back = plan_from_json(json::parse(to_json(plan).dump()));
+  REQUIRE(back.checkpoint_choice);
+  CHECK(back.checkpoint_choice->options.size() == 3);
+  CHECK(back.checkpoint_choice->options[2].modules.size() == 4);
+  CHECK(back.checkpoint_choice->chosen == "every 2nd block");
+  json doc = json::parse(to_json(plan).dump());
+  json stranger = doc;
+  stranger["checkpoint_choice"]["chosen"] = "every 3rd block";
+  CHECK_THROWS_WITH(plan_from_json(stranger), Catch::Contains("$.checkpoint_choice.chosen: 'every 3rd block' is not one"));
+  json twice = doc;
+  twice["checkpoint_choice"]["options"].push_back(twice["checkpoint_choice"]["options"][0]);
+  CHECK_THROWS_WITH(plan_from_json(twice), Catch::Contains("options[3].rule: 'none' is listed twice"));
+  json unfit = doc;
+  unfit["checkpoint_choice"]["options"][0]["micro_batch"] = nullptr;  // not one sample fits without
+  unfit["checkpoint_choice"]["options"][0]["accumulation_steps"] = nullptr;
+  CHECK(plan_from_json(unfit).checkpoint_choice->options[0].micro_batch == 0);
+  json negative = doc;
+  negative["checkpoint_choice"]["options"][1]["predicted_seconds_per_window"] = -1;
+  CHECK_THROWS(plan_from_json(negative));
+  // The summary shows the chosen set and the best other, with the rule.
+  const std::string summary = describe_plan(plan);
+  CHECK(summary.find("checkpointing: every 2nd block (microbatch 128 x 2") != std::string::npos);
+  CHECK(summary.find("next best: none (microbatch 96 x 3") != std::string::npos);
+  CHECK(summary.find("the rule: the least predicted seconds per window") != std::string::npos);
+}
+
 TEST_CASE("Schema: run stats round-trip and match their golden file", "[schema][golden][run-stats]") {
   const auto once = to_json(golden_run());
   CHECK(once["schema"] == "accumplan.run_stats");
@@ -282,7 +320,7 @@ TEST_CASE("Schema: run stats whose window series disagrees with its window count
 
 TEST_CASE("Schema: a newer minor version is read, another major is refused", "[schema][version]") {
   json doc = json::parse(to_json(golden_plan()).dump());
-  doc["schema_version"] = "1.7";
+  doc["schema_version"] = "1.9";
   doc["a_field_from_the_future"] = 42;
   CHECK_NOTHROW(plan_from_json(doc));
   doc["schema_version"] = "2.0";
@@ -457,7 +495,7 @@ TEST_CASE("Schema: a 1.0 plan still reads, its flattened profile nested as 1.1 w
   CHECK(make_plan(old_plan.profile, r).microbatch_sizes == old_plan.microbatch_sizes);
   // Written again, it is a 1.7 plan with the profile nested.
   const json again = json::parse(to_json(old_plan).dump());
-  CHECK(again["schema_version"] == "1.7");
+  CHECK(again["schema_version"] == "1.8");
   CHECK(again.contains("profile"));
   CHECK_FALSE(again.contains("profile_points"));
 }

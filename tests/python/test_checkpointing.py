@@ -441,6 +441,18 @@ class PlanAuto(unittest.TestCase):
         self.assertTrue(auto.confirmed and c["trials"][1]["fit"])
         self.assertLess(c["predicted_seconds_per_window"], c["without"]["predicted_seconds_per_window"])
         self.assertLessEqual(len(auto_windows) - len(off_windows), 2, (off_windows, auto_windows))
+        # Every set weighed is in the plan, the chosen one named, and print(plan) shows it and the next best.
+        self.assertIsNone(off.checkpoint_choice)
+        choice = auto.checkpoint_choice
+        self.assertEqual([o["rule"] for o in choice["options"]][0], "none")
+        self.assertEqual(len(choice["options"]), 7)
+        self.assertEqual(choice["chosen"], c["rule"])
+        chosen = next(o for o in choice["options"] if o["rule"] == c["rule"])
+        self.assertEqual((chosen["micro_batch"], chosen["modules"]), (auto.micro_batch, c["modules"]))
+        self.assertIn("checkpointing: %s (microbatch %d x %d" % (c["rule"], auto.micro_batch, auto.accumulation_steps),
+                      str(auto))
+        self.assertIn("next best: ", str(auto))
+        self.assertIn("the rule: the least predicted seconds per window when at least 10%", str(auto))
         # The chosen checkpointing trains the same update as the same window without it (dropout on).
         plain_doc = dict(auto.raw)
         plain_doc.pop("checkpoint")
@@ -454,6 +466,17 @@ class PlanAuto(unittest.TestCase):
             trained.append(model)
         worst = max((a - b).abs().max().item() for a, b in zip(trained[0].parameters(), trained[1].parameters()))
         self.assertLess(worst, 1e-6)
+
+    def test_auto_keeping_none_still_shows_what_it_weighed(self):
+        model, opt, x, y = _setup()
+        plan = accumplan.plan(model, (x,), y, target_batch=32, optimizer=opt, memory_budget=64 * 2 ** 20,
+                              checkpointing="auto", progress=False, eval=False)
+        self.assertIsNone(plan.checkpoint)
+        choice = plan.checkpoint_choice
+        self.assertEqual(choice["chosen"], "none")
+        self.assertEqual(choice["options"][0]["micro_batch"], plan.micro_batch)
+        self.assertTrue(all(o["micro_batch"] == 32 for o in choice["options"]), choice)  # all fit whole
+        self.assertIn("checkpointing: none (microbatch 32 x 1", str(plan))
 
     def test_an_explicit_list_is_searched_with(self):
         model, opt, x, y = _setup()

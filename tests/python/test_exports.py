@@ -333,7 +333,7 @@ class OptimizerExports(unittest.TestCase):
         import accumplan
         for name, (model, opt, plan, path) in self.cases.items():
             back = accumplan.load_plan(path)
-            self.assertEqual(back.schema_version, "1.7")
+            self.assertEqual(back.schema_version, accumplan._core.SCHEMA_VERSION)
             self.assertEqual(back.setup, plan.setup, name)  # save -> load: the same setup, groups and flags
             groups = back.setup.get("param_groups", [back.setup])
             self.assertEqual(len(groups), len(opt.param_groups), name)

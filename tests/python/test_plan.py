@@ -23,7 +23,7 @@ class LoadPlan(unittest.TestCase):
             with open(path) as f:
                 doc = json.load(f)
             plan = accumplan.load_plan(path)
-            self.assertIn(plan.schema_version, ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7"))
+            self.assertIn(plan.schema_version, ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8"))
             self.assertEqual(plan.microbatch_sizes, doc["microbatch_sizes"])
             self.assertEqual((plan.micro_batch, plan.accumulation_steps), (doc["micro_batch"], doc["accumulation_steps"]))
             self.assertEqual(plan.weights, doc["weights"])  # n_i / T, recomputed here
@@ -49,7 +49,7 @@ class LoadPlan(unittest.TestCase):
         self.assertEqual(plan.largest_fitting(), doc["max_micro_batch"])  # from fit + memory, not the points
         # 1.1 stated a headroom fraction; the C++ reader turns it into the 1.2 bytes of the budget.
         self.assertEqual(plan.margin_bytes, round(doc["memory"]["headroom"] * doc["memory"]["budget_bytes"]))
-        doc["schema_version"] = "1.7"  # a later minor version: unknown fields are ignored
+        doc["schema_version"] = "1.9"  # a later minor version: unknown fields are ignored
         doc["something_new"] = {"x": 1}
         self.assertEqual(accumplan.load_plan(doc).microbatch_sizes, golden_doc()["microbatch_sizes"])
 

@@ -112,6 +112,14 @@ std::vector<CheckpointChoice> checkpoint_options(const CheckpointModel& model, i
 std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& model, int64_t per_rank_batch,
                                                      int64_t usable_bytes);
 
+// What the choice weighed, for the plan's checkpoint_choice: every option of checkpoint_options
+// (micro_batch 0 where not one sample fits), the chosen set's rule ("none" for none) and the rule.
+CheckpointChoiceRecord choice_record(const CheckpointModel& model, const std::vector<CheckpointChoice>& options,
+                                     const CheckpointSet& chosen);
+// The chosen option and the best other one that fits, with the rule, in two lines (no newline at
+// the end): what the summary, the report and Python's print(plan) show.
+std::string describe_choice(const CheckpointChoiceRecord& record);
+
 // The model of a solved plan: its fit's line (the steady peak), its profile's TimeModel (absent
 // without two timed sizes) and its largest measured optimizer-step peak, with the measured
 // candidate blocks. `applied`: the set the plan's windows ran with (none, or all when nothing

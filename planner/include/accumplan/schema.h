@@ -51,8 +51,8 @@ inline constexpr int kSchemaMajor = 1;
 // evaluation batch was planned (--no-eval, or a plan written before 1.7). A plan may also carry
 // `checkpoint`: the blocks it trains with activation checkpointing, which only the
 // Python module can apply (`accumplan run` refuses such a plan).
-inline constexpr int kSchemaMinor = 7;
-const std::string& schema_version_string();  // "1.7"
+inline constexpr int kSchemaMinor = 8;
+const std::string& schema_version_string();  // "1.8"
 
 struct DeviceInfo {
   std::string type = "cpu";  // "cpu" or "cuda"
@@ -318,6 +318,22 @@ struct PlanCheckpoint {
   std::vector<Trial> trials;
 };
 
+// 1.8: what checkpointing="auto" weighed: every set considered with its figures, the one chosen
+// ("none" when the plan keeps none) and the rule that decided, so a reader can judge the trade.
+struct CheckpointOption {
+  std::string rule;                        // "none", "every 2nd block", "all"
+  std::vector<std::string> modules;        // checkpointed by this set (none: empty)
+  int64_t micro_batch = 0;                 // the largest that fits; 0: not one sample fits
+  int64_t accumulation_steps = 0;
+  int64_t predicted_peak_bytes = 0;
+  double predicted_seconds_per_window = 0;
+};
+struct CheckpointChoiceRecord {
+  std::vector<CheckpointOption> options;   // in the order considered; the first is "none"
+  std::string chosen;                      // the rule of the option the plan trains with
+  std::string decided_by;                  // the rule that chose it, in words
+};
+
 struct Plan {
   int64_t target_batch = 0;
   int64_t world_size = 1;
@@ -344,6 +360,7 @@ struct Plan {
   Profile profile;                          // what the plan was solved from, confirmations included
   std::optional<EvalPlan> eval;             // 1.7: the evaluation batch (absent: not planned)
   std::optional<PlanCheckpoint> checkpoint; // 1.7: activation checkpointing (absent: none)
+  std::optional<CheckpointChoiceRecord> checkpoint_choice;  // 1.8: what "auto" weighed (absent: not asked)
 };
 
 // `accumplan run --stats` (planner/schemas/run_stats.schema.json): what a run did, one record per
