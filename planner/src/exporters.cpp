@@ -345,8 +345,12 @@ std::string hf_export(ExportContext& c) {
   args["use_cpu"] = !t.cuda;
   if (c.plan.checkpoint) {
     // Trainer's gradient_checkpointing calls the model's gradient_checkpointing_enable(), which a
-    // transformers model applies to every layer: the plan's set only when it is every candidate.
-    if (checkpoints_every_candidate(*c.plan.checkpoint)) {
+    // transformers model applies to every layer: the plan's set only when it is every candidate of
+    // a model that has it; any other model gets the blocks to wrap.
+    if (!c.plan.model.hf_gradient_checkpointing) {
+      c.notes.push_back(checkpoint_note(*c.plan.checkpoint) + "; Trainer's gradient_checkpointing works only on a "
+                        "transformers model (gradient_checkpointing_enable), which this one is not, so leave it off");
+    } else if (checkpoints_every_candidate(*c.plan.checkpoint)) {
       args["gradient_checkpointing"] = true;
       args["gradient_checkpointing_kwargs"] = ojson{{"use_reentrant", false}};
     } else {

@@ -49,10 +49,12 @@ DeviceInfo device_from(const JsonField& f) {
 }
 
 ojson model_json(const ModelInfo& m) {
-  return ojson{{"path", m.path},
-               {"sha256", m.sha256},
-               {"parameter_count", m.parameter_count},
-               {"batch_dependent_layers", m.batch_dependent_layers}};
+  ojson j{{"path", m.path},
+          {"sha256", m.sha256},
+          {"parameter_count", m.parameter_count},
+          {"batch_dependent_layers", m.batch_dependent_layers}};
+  if (m.hf_gradient_checkpointing) j["hf_gradient_checkpointing"] = true;  // 1.8, only when true
+  return j;
 }
 ModelInfo model_from(const JsonField& f) {
   ModelInfo m;
@@ -60,6 +62,7 @@ ModelInfo model_from(const JsonField& f) {
   m.sha256 = f.str("sha256");
   m.parameter_count = f.i64("parameter_count");
   m.batch_dependent_layers = f.strings("batch_dependent_layers");
+  if (f.has("hf_gradient_checkpointing")) m.hf_gradient_checkpointing = f.boolean("hf_gradient_checkpointing");
   return m;
 }
 

@@ -217,7 +217,9 @@ def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, tr
                    "total_bytes": budget if (budget is not None and meter.simulated) else meter.total_bytes},
         "model": {"path": "python:" + type(model).__name__, "sha256": "",
                   "parameter_count": sum(p.numel() for p in model.parameters()),
-                  "batch_dependent_layers": batch_dependent_layers(model)},
+                  "batch_dependent_layers": batch_dependent_layers(model),
+                  "hf_gradient_checkpointing": getattr(model, "supports_gradient_checkpointing", False) is True
+                  and callable(getattr(model, "gradient_checkpointing_enable", None))},
         "setup": dict(optimizer_setup, **{"amp": amp,
                   "max_grad_norm": cfg["max_grad_norm"], "loss": cfg["loss"], "normalization": _recorded_normalization(cfg),
                   "ignore_index": cfg["ignore_index"]}, **data_setup),

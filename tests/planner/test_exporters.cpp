@@ -122,6 +122,13 @@ TEST_CASE("Exporters: checkpointing in each trainer's terms, torchrun refused", 
   CHECK(note.find("activation checkpointing (every 2nd block: layers.1, layers.3)") != std::string::npos);
   CHECK(note.find("leave it off") != std::string::npos);
   plan.checkpoint->modules = {"layers.0", "layers.1", "layers.2", "layers.3"};
+  hf = json::parse(export_plan(plan, "hf", &note));  // every layer, of a model that is not a transformers one
+  CHECK_FALSE(hf["TrainingArguments"].contains("gradient_checkpointing"));
+  CHECK(note.find("plan.apply_checkpointing(model)") != std::string::npos);
+  CHECK(note.find("works only on a transformers model (gradient_checkpointing_enable), which this one is not") !=
+        std::string::npos);
+  CHECK(hf["accumplan"]["notes"].dump().find("plan.apply_checkpointing(model)") != std::string::npos);
+  plan.model.hf_gradient_checkpointing = true;
   hf = json::parse(export_plan(plan, "hf", &note));
   CHECK(hf["TrainingArguments"]["gradient_checkpointing"] == true);
   CHECK(hf["TrainingArguments"]["gradient_checkpointing_kwargs"] == json{{"use_reentrant", false}});

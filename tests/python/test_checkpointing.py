@@ -13,6 +13,7 @@ an explicit list is searched with; bad arguments are refused by their Python nam
 window runs.
 What it is not: the planner's model and choice by hand (tests/planner/test_checkpoint.cpp)."""
 import contextlib
+import json
 import math
 import time
 import unittest
@@ -300,6 +301,27 @@ class PlanCheckpointing(unittest.TestCase):
         with self.assertRaises(KeyboardInterrupt):
             self.trained(["layers.1"], Interrupted)
         self.assertFalse(interrupted_in_recompute())  # said once: a later error is not taken for it
+
+    def test_the_hf_export_sets_trainers_flag_only_for_a_transformers_model(self):
+        every = ["layers.%d" % i for i in range(4)]
+        text = json.loads(self.plan(every).export("hf"))  # a plain nn.Module: the blocks to wrap instead
+        self.assertNotIn("gradient_checkpointing", text["TrainingArguments"])
+        self.assertTrue(any("plan.apply_checkpointing(model)" in n for n in text["accumplan"]["notes"]))
+
+        class HfLike(Transformerish):
+            supports_gradient_checkpointing = True
+
+            def gradient_checkpointing_enable(self, **kwargs):
+                pass
+        for model, hf in ((Transformerish(), False), (HfLike(), True)):
+            planned = accumplan.plan(model, (torch.randn(8, 8),), torch.randint(0, 2, (8,)), target_batch=8,
+                                     optimizer=torch.optim.SGD(model.parameters(), lr=0.1), memory_budget="64MiB",
+                                     progress=False, eval=False)
+            self.assertEqual(planned.model.get("hf_gradient_checkpointing", False), hf)
+        doc = dict(self.plan(every).raw)
+        doc["model"] = dict(doc["model"], hf_gradient_checkpointing=True)
+        self.assertIs(json.loads(accumplan.load_plan(doc).export("hf"))["TrainingArguments"]["gradient_checkpointing"],
+                      True)
 
     def test_apply_checkpointing_for_your_own_loop_and_refusals(self):
         model = Transformerish()
