@@ -47,6 +47,7 @@
 #include "accumplan/units.h"
 #include "accumplan/window_loop.h"
 #include "bindings.h"
+#include "cli/commands.h"
 
 namespace py = pybind11;
 
@@ -397,6 +398,19 @@ void bind_arithmetic(py::module_& m) {
 }
 
 // The measurement search over a Python WindowRunner, and the checkpointing choice after it.
+// The executable's planner commands on `args` (argv without the program), worded for the command
+// line: the front end is the CLI's while they run.
+int command_line(const std::vector<std::string>& args) {
+  std::vector<std::string> all{"accumplan"};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : all) argv.push_back(a.data());
+  set_front_end(FrontEnd::Cli);
+  const int code = cli::run_command_line(static_cast<int>(argv.size()), argv.data(), nullptr);
+  set_front_end(FrontEnd::Python);
+  return code;
+}
+
 void bind_search(py::module_& m) {
   py::enum_<WindowBudget>(m, "WindowBudget")
       .value("ENFORCED", WindowBudget::Enforced)
@@ -462,6 +476,9 @@ void bind_search(py::module_& m) {
   m.def("search_plan", &search_plan, py::arg("runner"), py::arg("header"), py::arg("request"),
         py::arg("progress") = py::none(),
         "the plan JSON of the measurement search `accumplan profile` runs, on the runner's windows");
+  m.def("main", &command_line, py::arg("args"),
+        "`accumplan plan|export|report ARGS...` as the executable runs them (its code, options, messages and exit "
+        "codes): python -m accumplan");
 }
 
 }  // namespace

@@ -32,6 +32,12 @@ struct Command {
 // accumplan-device and the planner-only build run everything (in_process.cpp).
 void hand_over_device_commands(int argc, char** argv);
 
+// The command line, parsed and run: its exit code, every refusal one line on stderr.
+// `add_device_commands`: the root's job and the device commands (add_device_commands below);
+// nullptr: the planner's commands only (Python's `python -m accumplan`).
+using DeviceCommands = Command (*)(CLI::App& root, std::vector<Command>& commands);
+int run_command_line(int argc, char** argv, DeviceCommands add_device_commands);
+
 // `plan`, `export` and `report`: torch-free.
 void add_planner_commands(CLI::App& root, std::vector<Command>& commands);
 

@@ -1,4 +1,5 @@
-// cli/main.cpp — the `accumplan` executable: parse, dispatch, map errors to exit codes.
+// cli/main.cpp — the `accumplan` command line: parse, dispatch, map errors to exit codes (the
+// executables' entry.cpp and Python's `python -m accumplan` call run_command_line).
 //
 // Exit codes: 0 ok, 2 bad input or infeasible plan (accumplan::InputError and CLI parse errors),
 // 1 internal error. Error messages go to stderr as one line starting with "accumplan: error:".
@@ -96,12 +97,17 @@ int checked_stdout(int code) {
   return code;
 }
 
-}  // namespace
-}  // namespace accumplan::cli
+// Without the device commands (Python's `python -m accumplan`): the root has no job of its own.
+Command planner_only_root(CLI::App& app) {
+  return {&app, []() -> int {
+            throw InputError("this runs the planner's commands only: plan, export and report (measure and train with "
+                             "accumplan.plan and plan.train_window, or with the accumplan executable)");
+          }};
+}
 
-int main(int argc, char** argv) {
-  using namespace accumplan;
-  cli::hand_over_device_commands(argc, argv);  // returns only for a command this executable runs
+}  // namespace
+
+int run_command_line(int argc, char** argv, DeviceCommands add_device_commands) {
   CLI::App app{
       "accumplan: measure a PyTorch model on its device, plan the largest microbatch that fits and\n"
       "the gradient accumulation that reaches your effective batch, and run that plan with exact\n"
@@ -119,7 +125,7 @@ int main(int argc, char** argv) {
 
   std::vector<cli::Command> commands;
   cli::add_planner_commands(app, commands);
-  const cli::Command root_job = cli::add_device_commands(app, commands);
+  const cli::Command root_job = add_device_commands ? add_device_commands(app, commands) : planner_only_root(app);
   // --verbose, declared once here for the root and every command: an error's details (a model's
   // TorchScript traceback) under its one line.
   bool verbose = false;
@@ -186,3 +192,5 @@ int main(int argc, char** argv) {
     return kExitInternal;
   }
 }
+
+}  // namespace accumplan::cli
