@@ -48,9 +48,36 @@ WindowBudget Search::past_the_budget() const {
   return can_pass_budget() ? WindowBudget::Doubled : WindowBudget::Enforced;
 }
 
+namespace {
+
+double window_units(const std::vector<int64_t>& sizes, int64_t seq_len) {
+  double samples = 0;
+  for (int64_t b : sizes) samples += static_cast<double>(b);
+  return samples * static_cast<double>(std::max<int64_t>(1, seq_len));
+}
+
+}  // namespace
+
+void Search::count_pace(const std::vector<int64_t>& sizes, int64_t seq_len, double seconds) {
+  if (!(seconds > 0)) return;
+  paced_seconds_ += seconds;
+  paced_units_ += window_units(sizes, seq_len);
+}
+
+void Search::announce(const std::string& phase, const std::vector<int64_t>& sizes, int64_t seq_len,
+                      int more_at_most) const {
+  if (!(paced_units_ > 0)) return;
+  const double estimate = window_units(sizes, seq_len) * paced_seconds_ / paced_units_;
+  if (estimate < 1.0) return;  // a window under a second needs no announcing
+  say(phase + ": next window [" + join_sizes(sizes) + "]" + (seq_len > 0 ? " x T=" + std::to_string(seq_len) : "") +
+      ", about " + format_seconds(estimate) + " at the pace of the " + format_seconds(paced_seconds_) +
+      " of windows so far; at most " + std::to_string(std::max(0, more_at_most)) + " more after it");
+}
+
 WindowMeasurement Search::run(const std::vector<int64_t>& sizes, int64_t micro_batch, int64_t seq_len,
                               WindowBudget budget) {
   WindowMeasurement m = runner_.run_window(sizes, seq_len, budget);
+  if (!m.oom) count_pace(sizes, seq_len, m.seconds);
   m.sizes = sizes;
   m.micro_batch = micro_batch;
   if (m.oom) m.peak_bytes = m.max_peak_bytes = 0;
@@ -244,6 +271,7 @@ Plan Search::plan_and_confirm_tokens(Profile& profile, PlanRequest request) {
     if (plan.confirmed || windows >= kMaxWindows) return plan;
     const int64_t t = plan.tokens->max_seq_len;
     const int64_t b = std::max<int64_t>(1, plan.tokens->token_budget / t);
+    announce("confirm", {b, b}, t, kMaxWindows - windows - 1);
     const WindowMeasurement s = run({b, b}, b, t, past_the_budget());
     Trial trial{"confirm", b, s.fit, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes, std::nullopt};
     trial.seq_len = t;
@@ -311,8 +339,9 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
     // A simulated budget is raised to twice itself for the window (as for the tail probes): a
     // window over the budget is then measured, and the refit interpolates instead of bisecting
     // blind. lstm_classifier under 35 MiB: confirm 42 failed, the midpoint 29 fit, true max 40.
-    const WindowMeasurement s =
-        run(whole ? std::vector<int64_t>{next} : std::vector<int64_t>{next, next}, next, 0, past_the_budget());
+    const std::vector<int64_t> sizes = whole ? std::vector<int64_t>{next} : std::vector<int64_t>{next, next};
+    announce(kind, sizes, 0, kMaxWindows - windows - 1);
+    const WindowMeasurement s = run(sizes, next, 0, past_the_budget());
     ++windows;
     // Within the budget less the margin's parts a measured size keeps (make_plan's own rule).
     const int64_t kept = kept_margin(plan.memory.margin).bytes_at(plan.fit.slope_bytes_per_sample, next);
@@ -387,8 +416,10 @@ std::optional<PeakLine> eval_line(const std::vector<std::pair<int64_t, int64_t>>
 
 std::optional<EvalMeasurement> Search::run_eval(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget,
                                                 EvalPlan& e) {
+  announce("eval", sizes, seq_len, static_cast<int>(1 - e.trials.size()));  // at most two eval windows
   std::optional<EvalMeasurement> m = runner_.run_eval_window(sizes, seq_len, budget, e.keep_outputs);
   if (!m) return std::nullopt;
+  if (!m->oom) count_pace(sizes, seq_len, m->seconds);
   m->sizes = sizes;
   if (m->oom || m->peak_bytes.size() != sizes.size()) {
     m->oom = true;
@@ -552,7 +583,9 @@ Plan Search::plan_checkpointing(const Plan& plan, std::vector<BlockCost> blocks,
   // with gradients resident) cover every window of the plan; or the whole per-rank batch alone.
   const bool whole = p.accumulation_steps == 1;
   const int64_t b = whole ? p.micro_batch : p.max_micro_batch;
-  const WindowMeasurement s = run(whole ? std::vector<int64_t>{b} : std::vector<int64_t>{b, b}, b, 0, past_the_budget());
+  const std::vector<int64_t> sizes = whole ? std::vector<int64_t>{b} : std::vector<int64_t>{b, b};
+  announce("confirm checkpointing " + choice->set.rule, sizes, 0, 0);
+  const WindowMeasurement s = run(sizes, b, 0, past_the_budget());
   const int64_t kept = kept_margin(p.memory.margin).bytes_at(model.bytes_per_sample(choice->set), b);
   const bool ok = s.fit && s.max_peak_bytes + kept <= p.memory.budget_bytes;
   p.checkpoint->trials.push_back({"confirm", b, ok, s.oom ? 0 : s.max_peak_bytes, s.seconds, s.sizes, std::nullopt});

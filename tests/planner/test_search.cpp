@@ -18,6 +18,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/search.h"
+#include "accumplan/units.h"
 
 using namespace accumplan;
 
@@ -32,6 +33,7 @@ struct FakeDevice final : WindowRunner {
   std::vector<WindowBudget> limits;           // the limit each ran under
 
   int64_t floor = 0;  // a b-independent phase's peak (a gradient hook's copies): the peaks are at least this
+  double seconds_per_sample = 1e-3;
 
   int64_t first(int64_t b) const { return std::max(floor, weights + fixed + per_sample * b); }
   int64_t steady(int64_t b) const { return std::max(floor, weights + grads + fixed + per_sample * b); }
@@ -46,7 +48,7 @@ struct FakeDevice final : WindowRunner {
     m.peak_bytes = std::max(m.first_microbatch_peak_bytes, m.steady_peak_bytes);
     m.optimizer_step_peak_bytes = weights + grads;
     m.max_peak_bytes = m.peak_bytes;
-    m.step_seconds = 1e-3 * static_cast<double>(sizes.front());
+    m.step_seconds = seconds_per_sample * static_cast<double>(sizes.front());
     m.seconds = m.step_seconds * static_cast<double>(sizes.size());
     std::optional<int64_t> cap = budget;
     if (limit == WindowBudget::Doubled && cap) cap = 2 * *cap;
@@ -144,6 +146,34 @@ TEST_CASE("Search: probes 2 and 4 first, then plans a size a real window ran at 
   CHECK(trials.size() == d.windows.size());
   CHECK(std::count(d.limits.begin(), d.limits.end(), WindowBudget::Doubled) >= 1);
   CHECK(d.windows.size() <= 2 + 2 + 6);  // probes, at most two tail probes, at most six windows after
+}
+
+TEST_CASE("Search: a window of a second or more is announced with its estimate from the pace so far and the windows left",
+          "[search][progress]") {
+  FakeDevice d;
+  d.budget = 64 * kMiB;
+  d.seconds_per_sample = 0.05;  // probes of 2 and 4 take 0.2 and 0.4 s; a confirmation near 200 takes 20 s
+  std::vector<Trial> trials;
+  SearchSettings settings = settings_for(d, true, 1024);
+  std::vector<std::string> lines;
+  settings.progress = [&](const std::string& line) { lines.push_back(line); };
+  Search search(d, settings, trials);
+  Profile p = header(d);
+  search.profile(p);
+  p.trials = trials;
+  const size_t before = trials.size();
+  search.plan_and_confirm(p, request_for(1024));
+  REQUIRE(trials.size() > before);
+  const Trial& confirm = trials[before];
+  const std::string expected = "confirm: next window [" + std::to_string(confirm.micro_batch) + "," +
+                               std::to_string(confirm.micro_batch) + "], about " + format_seconds(confirm.seconds) +
+                               " at the pace of the ";
+  const auto at = std::find_if(lines.begin(), lines.end(), [&](const std::string& l) { return l.rfind(expected, 0) == 0; });
+  REQUIRE(at != lines.end());
+  CHECK(at->find("of windows so far; at most 5 more after it") != std::string::npos);
+  CHECK(std::next(at)->rfind("confirm b=" + std::to_string(confirm.micro_batch), 0) == 0);  // then the window's own line
+  // The probes themselves (under a second each) are not announced.
+  CHECK(std::none_of(lines.begin(), at, [](const std::string& l) { return l.find("next window") != std::string::npos; }));
 }
 
 TEST_CASE("Search: a peak flat at the first probes doubles them until it grows, or plans the flat target", "[search]") {

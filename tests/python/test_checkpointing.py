@@ -393,7 +393,8 @@ def _setup(pause=0.0, seed=0):
 
 def _windows(lines):
     """The real windows a plan's progress lines report (the choice's own line is not one)."""
-    return [line for line in lines if not line.startswith(("checkpointing:", "not one sample", "eval microbatch"))]
+    return [line for line in lines if not line.startswith(("checkpointing:", "not one sample", "eval microbatch"))
+            and ": next window [" not in line]  # a window's announcement, before its own line
 
 
 def _raised(plan, micro):
@@ -452,8 +453,8 @@ class PlanAuto(unittest.TestCase):
             model, opt, x, y = _setup(pause=0.4)
             lines = []
             runs[mode] = (accumplan.plan(model, (x,), y, target_batch=32, optimizer=opt, memory_budget=budget,
-                                         checkpointing=mode, progress=lines.append), _windows(lines))
-        (off, off_windows), (auto, auto_windows) = runs["off"], runs["auto"]
+                                         checkpointing=mode, progress=lines.append), _windows(lines), lines)
+        (off, off_windows, _), (auto, auto_windows, _) = runs["off"], runs["auto"]
         self.assertIsNone(off.checkpoint)
         c = auto.checkpoint
         self.assertIsNotNone(c, auto.reason)
@@ -463,6 +464,9 @@ class PlanAuto(unittest.TestCase):
         self.assertTrue(auto.confirmed and c["trials"][1]["fit"])
         self.assertLess(c["predicted_seconds_per_window"], c["without"]["predicted_seconds_per_window"])
         self.assertLessEqual(len(auto_windows) - len(off_windows), 2, (off_windows, auto_windows))
+        # A window of a second or more (the eval window's, 0.4 s a forward) is announced before it runs.
+        self.assertTrue(any(": next window [" in line and "at the pace of the" in line for line in runs["auto"][2]),
+                        runs["auto"][2])
         # Every set weighed is in the plan, the chosen one named, and print(plan) shows it and the next best.
         self.assertIsNone(off.checkpoint_choice)
         choice = auto.checkpoint_choice

@@ -164,12 +164,18 @@ class Search {
   void profile_tokens(Profile& p);
   Plan plan_and_confirm_tokens(Profile& profile, PlanRequest request);
   void say(const std::string& line) const;
+  // Before a window that the pace of the windows so far (seconds per sample-token) predicts at
+  // a second or more: its sizes, that estimate and how many more windows `phase` may run.
+  void announce(const std::string& phase, const std::vector<int64_t>& sizes, int64_t seq_len, int more_at_most) const;
+  void count_pace(const std::vector<int64_t>& sizes, int64_t seq_len, double seconds);
   std::optional<EvalMeasurement> run_eval(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget,
                                           EvalPlan& e);
 
   WindowRunner& runner_;
   SearchSettings settings_;
   std::vector<Trial>& trials_;
+  double paced_seconds_ = 0;  // the windows that finished: their seconds and samples x max(1, T)
+  double paced_units_ = 0;
 };
 
 }  // namespace accumplan
