@@ -2037,11 +2037,56 @@ def class_of(arg):
     return out
 
 
+def print_summary(results, only, wall, jobs):
+    """The table by class and every failing and skipped case; returns the failures."""
+    kinds_all = ["exit", "multi-line", "ctrl-char", "stdout", "file", "traceback", "signal", "hang", "memory",
+                 "unnamed", "cli-words", "bad-output", "wrong-exception", "no-error", "crash"]
+    used = [k for k in kinds_all if any(k in r["kinds"] for r in results)]
+    head = ["class", "cases", "pass", "skip", "fail"] + used
+    rows = []
+    for cls in only:
+        rs = [r for r in results if r["class"] == cls]
+        rows.append([cls, len(rs), sum(r["outcome"] == "pass" for r in rs), sum(r["outcome"] == "skipped" for r in rs),
+                     sum(r["outcome"] == "fail" for r in rs)] + [sum(k in r["kinds"] for r in rs) for k in used])
+    rows.append(["total"] + [sum(r[i] for r in rows) for i in range(1, len(head))])
+    w = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    print()
+    print("hostile campaign: %s, %d cases in %.0f s (--jobs %d)" % (BIN, len(results), wall, jobs))
+    print("  ".join(str(h).rjust(w[i]) if i else str(h).ljust(w[i]) for i, h in enumerate(head)))
+    for row in rows:
+        print("  ".join(str(x).rjust(w[i]) if i else str(x).ljust(w[i]) for i, x in enumerate(row)))
+    fails = [r for r in results if r["outcome"] == "fail"]
+    if fails:
+        print("\nfailures (%d):" % len(fails))
+        for r in fails:
+            print("- [%s] %s  {%s}  exit %s, %.1f s, %s MiB" % (r["id"], r["name"], ",".join(r["kinds"]), r.get("rc"),
+                                                               r.get("seconds", 0), r.get("rss_mib")))
+            print("    $ %s" % r["cmd"])
+            if r.get("detail"):
+                print("    detail: %s" % r["detail"][:300])
+            print("    stderr: %s" % ascii(r.get("stderr", "")[:200]))
+    skipped = [r for r in results if r["outcome"] == "skipped"]
+    if skipped:
+        print("\nskipped (%d): %s" % (len(skipped), "; ".join(sorted({r["detail"] for r in skipped}))))
+    return fails
+
+
+def sampled(cases, n):
+    """n of the cases, a seeded choice, topped up to SAMPLE_PER_CLASS of every class; in id order."""
+    rnd = random.Random(SEED)
+    chosen = rnd.sample(cases, n)
+    for cls in CLASSES:
+        own = [c for c in cases if c.cls == cls]
+        drawn = [c for c in chosen if c.cls == cls]
+        chosen += rnd.sample([c for c in own if c not in drawn], max(0, min(SAMPLE_PER_CLASS, len(own)) - len(drawn)))
+    return sorted(chosen, key=lambda c: c.id)
+
+
 def main():
     global BIN, FIX, WORK
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="the accumplan executable (a copy, not build/accumplan being relinked)")
-    ap.add_argument("--only", help="run only these classes (names or 1..9, comma-separated)")
+    ap.add_argument("--only", help="run only these classes (names or 1..10, comma-separated)")
     ap.add_argument("--jobs", type=int, default=2, help="cases in parallel (default 2)")
     ap.add_argument("--json", help="write every case's result here")
     ap.add_argument("--work", default="/tmp/hostile-campaign", help="scratch directory (recreated)")
@@ -2082,13 +2127,7 @@ def main():
     if args.sample is not None and args.sample < len(CASES):
         if args.sample < 1:
             raise SystemExit("--sample %d: give a positive number of cases" % args.sample)
-        rnd = random.Random(SEED)
-        chosen = rnd.sample(CASES, args.sample)
-        for cls in CLASSES:  # every class at least SAMPLE_PER_CLASS cases, drawn the same way
-            own = [c for c in CASES if c.cls == cls]
-            drawn = [c for c in chosen if c.cls == cls]
-            chosen += rnd.sample([c for c in own if c not in drawn], max(0, min(SAMPLE_PER_CLASS, len(own)) - len(drawn)))
-        CASES[:] = sorted(chosen, key=lambda c: c.id)
+        CASES[:] = sampled(CASES, args.sample)
     if args.list:
         for c in CASES:
             print(c.id, c.expect, c.name)
@@ -2116,35 +2155,7 @@ def main():
     if os.path.exists("/tmp/hostile-pwned"):
         extra.append("/tmp/hostile-pwned exists: a pickle's os.system ran")
 
-    kinds_all = ["exit", "multi-line", "ctrl-char", "stdout", "file", "traceback", "signal", "hang", "memory",
-                 "unnamed", "cli-words", "bad-output", "wrong-exception", "no-error", "crash"]
-    used = [k for k in kinds_all if any(k in r["kinds"] for r in results)]
-    head = ["class", "cases", "pass", "skip", "fail"] + used
-    rows = []
-    for cls in only:
-        rs = [r for r in results if r["class"] == cls]
-        rows.append([cls, len(rs), sum(r["outcome"] == "pass" for r in rs), sum(r["outcome"] == "skipped" for r in rs),
-                     sum(r["outcome"] == "fail" for r in rs)] + [sum(k in r["kinds"] for r in rs) for k in used])
-    rows.append(["total"] + [sum(r[i] for r in rows) for i in range(1, len(head))])
-    w = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    print()
-    print("hostile campaign: %s, %d cases in %.0f s (--jobs %d)" % (BIN, len(results), wall, args.jobs))
-    print("  ".join(str(h).rjust(w[i]) if i else str(h).ljust(w[i]) for i, h in enumerate(head)))
-    for row in rows:
-        print("  ".join(str(x).rjust(w[i]) if i else str(x).ljust(w[i]) for i, x in enumerate(row)))
-    fails = [r for r in results if r["outcome"] == "fail"]
-    if fails:
-        print("\nfailures (%d):" % len(fails))
-        for r in fails:
-            print("- [%s] %s  {%s}  exit %s, %.1f s, %s MiB" % (r["id"], r["name"], ",".join(r["kinds"]), r.get("rc"),
-                                                               r.get("seconds", 0), r.get("rss_mib")))
-            print("    $ %s" % r["cmd"])
-            if r.get("detail"):
-                print("    detail: %s" % r["detail"][:300])
-            print("    stderr: %s" % ascii(r.get("stderr", "")[:200]))
-    skipped = [r for r in results if r["outcome"] == "skipped"]
-    if skipped:
-        print("\nskipped (%d): %s" % (len(skipped), "; ".join(sorted({r["detail"] for r in skipped}))))
+    fails = print_summary(results, only, wall, args.jobs)
     for e in extra:
         print("CAMPAIGN FAILURE: " + e)
     if args.json:
