@@ -1641,6 +1641,9 @@ TAMPERED = [  # (what, edit of the golden plan, a needle of the refusal)
     ("eval.micro_batch null but confirmed", lambda d: d["eval"].update(micro_batch=None, confirmed=True), "confirmed"),
     ("eval.predicted_peak_bytes -5", lambda d: d["eval"].update(predicted_peak_bytes=-5), "predicted_peak_bytes"),
     ("checkpoint.without.micro_batch 0", lambda d: d["checkpoint"]["without"].update(micro_batch=0), "micro_batch"),
+    ("checkpoint_choice.chosen another option", lambda d: d["checkpoint_choice"].update(chosen="all"), "chosen"),
+    ("checkpoint_choice.options without none", lambda d: d["checkpoint_choice"]["options"].pop(0), "options"),
+    ("checkpoint_choice kept, checkpoint gone", lambda d: d.pop("checkpoint"), "chosen"),
 ]
 
 
@@ -1673,7 +1676,7 @@ def gen_knobs():
        "p = accumplan.load_plan(dict(plan().raw, checkpoint=dict(d['checkpoint'], modules=['blocks.1'], candidates="
        "[dict(d['checkpoint']['candidates'][0], name='blocks.%d' % i) for i in range(3)])))\n"
        "try:\n    p.train_window(m, o, (x,), y)\n    raise AssertionError('no interrupt')\nexcept KeyboardInterrupt:\n"
-       "    pass\nassert 'forward' not in m.blocks[0].__dict__", expect="ok")
+       "    pass\nassert 'forward' not in m.blocks[1].__dict__ or m.blocks[1].forward is stop", expect="ok")
     # The evaluation batch.
     for desc, code, nm in [("plan.eval_sizes(2**40)", "plan().eval_sizes(2**40)", ("samples",)),
                            ("plan.eval_sizes(-1)", "plan().eval_sizes(-1)", ("samples",)),
@@ -1711,7 +1714,8 @@ def gen_knobs():
            % ret, names=("loss",))
     # Exports of plan text holding control characters, and the refusal in Python's words.
     evil = "def evil_plan():\n    d = golden()\n    c = d['checkpoint']\n    c['rule'] = 'rule\\r\\nrule_key: 1\\x1b[2J'\n" \
-           "    c['candidates'][0]['name'] = c['modules'][0] = 'blocks.1\\nevil: true\\x00'\n" \
+           "    d['checkpoint_choice']['chosen'] = d['checkpoint_choice']['options'][1]['rule'] = c['rule']\n" \
+           "    c['candidates'][0]['name'] = c['modules'][0] = 'blocks.1\\nevil: true\\x00\\u2028evil: 2\\x85evil: 3'\n" \
            "    return accumplan.load_plan(d)\n"
     for to in ("lightning", "accelerate-config", "hf", "deepspeed", "accelerate"):
         kp("Plan.export(%r) of control characters (ok)" % to,
@@ -1722,8 +1726,9 @@ def gen_knobs():
        names=("torchrun",))
     for to in ("lightning", "accelerate-config"):
         def edit(d):
-            d["checkpoint"]["rule"] = "rule\r\nrule_key: 1\x1b[2J"
-            d["checkpoint"]["candidates"][0]["name"] = d["checkpoint"]["modules"][0] = "blocks.1\nevil: true\x00"
+            d["checkpoint"]["rule"] = d["checkpoint_choice"]["chosen"] = "rule\r\nrule_key: 1\x1b[2J"
+            d["checkpoint_choice"]["options"][1]["rule"] = d["checkpoint"]["rule"]
+            d["checkpoint"]["candidates"][0]["name"] = d["checkpoint"]["modules"][0] = "blocks.1\nevil: true\x00\u2028evil: 2"
         add(cls, "export --to %s of control characters (ok)" % to, export_cmd(plan="evil.json", to=to),
             files={"evil.json": golden_with(edit)}, expect="ok", validate=v_comment_kept)
     # Tampered plan fields: refused by both readers, naming the field.

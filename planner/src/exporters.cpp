@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -231,10 +232,24 @@ struct ExportContext {
 };
 
 // The "accumplan" object: provenance, notes, and (only when written anyway) what was lost.
+// Plan text for a YAML comment or a note line: one_line's rule, and the line breaks YAML also
+// ends a comment at (NEL, U+2028, U+2029) shown as '?' too.
+std::string comment_text(const std::string& text) {
+  std::string out = one_line(text);
+  for (const char* brk : {"\xC2\x85", "\xE2\x80\xA8", "\xE2\x80\xA9"}) {
+    for (size_t at = out.find(brk); at != std::string::npos; at = out.find(brk, at + 1)) out.replace(at, std::strlen(brk), "?");
+  }
+  return out;
+}
+
 ojson about_of(const ExportContext& c) {
   ojson about = c.about;
-  about["notes"] = c.notes;
-  if (!c.lossy.empty()) about["lossy"] = c.lossy;
+  about["notes"] = ojson::array();
+  for (const std::string& n : c.notes) about["notes"].push_back(comment_text(n));
+  if (!c.lossy.empty()) {
+    about["lossy"] = ojson::array();
+    for (const std::string& n : c.lossy) about["lossy"].push_back(comment_text(n));
+  }
   return about;
 }
 
@@ -347,12 +362,18 @@ std::string hf_export(ExportContext& c) {
     // Trainer's gradient_checkpointing calls the model's gradient_checkpointing_enable(), which a
     // transformers model applies to every layer: the plan's set only when it is every candidate of
     // a model that has it; any other model gets the blocks to wrap.
-    if (!c.plan.model.hf_gradient_checkpointing) {
+    const std::optional<bool> hf = c.plan.model.hf_gradient_checkpointing;
+    if (hf == false) {
       c.notes.push_back(checkpoint_note(*c.plan.checkpoint) + "; Trainer's gradient_checkpointing works only on a "
                         "transformers model (gradient_checkpointing_enable), which this one is not, so leave it off");
     } else if (checkpoints_every_candidate(*c.plan.checkpoint)) {
       args["gradient_checkpointing"] = true;
       args["gradient_checkpointing_kwargs"] = ojson{{"use_reentrant", false}};
+      if (!hf) {
+        c.notes.push_back("gradient_checkpointing works only on a transformers model (gradient_checkpointing_enable), "
+                          "and this plan does not record whether the model is one; if it is not, remove it and wrap "
+                          "the plan's modules (accumplan's plan.apply_checkpointing(model))");
+      }
     } else {
       c.notes.push_back(checkpoint_note(*c.plan.checkpoint) + "; Trainer's gradient_checkpointing would checkpoint "
                         "every layer, so leave it off and wrap these");
@@ -415,7 +436,7 @@ std::string accelerate_config_export(ExportContext& c) {
   s << "# accumplan export accelerate-config (accelerate launch --config_file THIS): " << W << " process(es), "
     << precision_name(t.amp, "float32", "bf16 autocast", "fp16 autocast") << ", on " << (t.cuda ? "GPUs" : "the CPU") << "\n"
     << "# gradient_accumulation_steps is not a key of this file: it goes to Accelerator(...) (--to accelerate)\n";
-  for (const std::string& n : c.notes) s << "# NOTE: " << one_line(n) << "\n";
+  for (const std::string& n : c.notes) s << "# NOTE: " << comment_text(n) << "\n";
   s << "compute_environment: LOCAL_MACHINE\n"
     << "debug: false\n"
     << "distributed_type: " << distributed << "\n"
@@ -453,8 +474,8 @@ std::string lightning_export(ExportContext& c) {
   std::ostringstream s;
   s << "# accumplan export lightning (LightningCLI --config): " << c.plan.target_batch << " samples per step = "
     << c.plan.world_size << " device(s) x " << split_text(c.k, c.u) << "\n";
-  for (const std::string& n : c.lossy) s << "# LOSSY: " << one_line(n) << "\n";
-  for (const std::string& n : c.notes) s << "# NOTE: " << one_line(n) << "\n";
+  for (const std::string& n : c.lossy) s << "# LOSSY: " << comment_text(n) << "\n";
+  for (const std::string& n : c.notes) s << "# NOTE: " << comment_text(n) << "\n";
   s << "trainer:\n"
     << "  accelerator: " << (t.cuda ? "gpu" : "cpu") << "\n"
     << "  devices: " << c.plan.world_size << "\n"
@@ -765,8 +786,8 @@ std::string export_plan(const Plan& plan, const std::string& target, std::string
   if (plan.checkpoint && target != "hf") c.notes.push_back(checkpoint_note(*plan.checkpoint));
   std::string text = find_target(target)->write(c);  // check_exportable refused an unknown target
   if (note) {
-    for (const std::string& n : c.lossy) *note += (note->empty() ? "" : "\n") + ("lossy: " + one_line(n));
-    for (const std::string& n : c.notes) *note += (note->empty() ? "" : "\n") + one_line(n);
+    for (const std::string& n : c.lossy) *note += (note->empty() ? "" : "\n") + ("lossy: " + comment_text(n));
+    for (const std::string& n : c.notes) *note += (note->empty() ? "" : "\n") + comment_text(n);
   }
   return text;
 }

@@ -53,7 +53,7 @@ ojson model_json(const ModelInfo& m) {
           {"sha256", m.sha256},
           {"parameter_count", m.parameter_count},
           {"batch_dependent_layers", m.batch_dependent_layers}};
-  if (m.hf_gradient_checkpointing) j["hf_gradient_checkpointing"] = true;  // 1.8, only when true
+  if (m.hf_gradient_checkpointing) j["hf_gradient_checkpointing"] = *m.hf_gradient_checkpointing;  // 1.8, when recorded
   return j;
 }
 ModelInfo model_from(const JsonField& f) {
@@ -376,8 +376,6 @@ void check_ranges(const json& v, const std::string& path, const std::string& key
       }
     }
   } else if (v.is_number()) {
-    // The eval line's slope is held at 0 or above: eval memory never shrinks with the batch.
-    if (path == "$.eval.slope_bytes_per_sample") return check_number(v, path, kBytesRange);
     if (const NumberRange* r = range_of(key, in_hyperparameters)) check_number(v, path, *r);
   }
 }
@@ -404,6 +402,15 @@ void check_header(const JsonField& root, const char* expected_schema) {
   }
   check_version(root, expected_schema);
   check_ranges(root.raw(), "$", "", false, 0);
+  // From 1.8 the eval line's slope is held at 0 or above (an older planner could write a falling line).
+  const std::string version = root.str("schema_version");  // 1.MINOR: check_version refused other majors
+  std::string minor = version.substr(version.find('.') + 1);
+  minor.erase(0, std::min(minor.find_first_not_of('0'), minor.size() - 1));
+  const bool held = minor.size() > 1 || minor[0] >= '8';
+  const json& doc = root.raw();
+  if (held && doc.contains("eval") && doc["eval"].is_object() && doc["eval"].contains("slope_bytes_per_sample")) {
+    check_number(doc["eval"]["slope_bytes_per_sample"], "$.eval.slope_bytes_per_sample", kBytesRange);
+  }
 }
 
 // `schema_version`: another major is refused, a newer minor accepted.
@@ -627,6 +634,9 @@ CheckpointChoiceRecord checkpoint_choice_from(const JsonField& f) {
   }
   r.chosen = f.str("chosen");
   r.decided_by = f.str("decided_by");
+  if (r.options.empty() || r.options.front().rule != "none" || !r.options.front().modules.empty()) {
+    throw SchemaError(f.path() + ".options[0]: the first option is 'none', checkpointing no module");
+  }
   if (!rules.count(r.chosen)) {
     throw SchemaError(f.path() + ".chosen: '" + cut_for_message(r.chosen) + "' is not one of the options' rules");
   }
@@ -868,7 +878,15 @@ Plan plan_from_json(const json& doc) {
   p.profile = plan_profile_from(root, p);
   if (root.has("eval")) p.eval = eval_from(root.at("eval"));  // 1.7
   if (root.has("checkpoint")) p.checkpoint = checkpoint_from(root.at("checkpoint"));  // 1.7
-  if (root.has("checkpoint_choice")) p.checkpoint_choice = checkpoint_choice_from(root.at("checkpoint_choice"));  // 1.8
+  if (root.has("checkpoint_choice")) {  // 1.8: the chosen set is the one the plan trains with
+    p.checkpoint_choice = checkpoint_choice_from(root.at("checkpoint_choice"));
+    const std::string trains = p.checkpoint ? p.checkpoint->rule : "none";
+    if (p.checkpoint_choice->chosen != trains) {
+      throw SchemaError("$.checkpoint_choice.chosen: '" + cut_for_message(p.checkpoint_choice->chosen) +
+                        "' but the plan trains with " + (p.checkpoint ? "checkpoint.rule '" + cut_for_message(trains) + "'"
+                                                                       : std::string("no checkpoint ('none')")));
+    }
+  }
   check_plan_window(p);
   return p;
 }

@@ -64,6 +64,13 @@ void Search::count_pace(const std::vector<int64_t>& sizes, int64_t seq_len, doub
   paced_units_ += window_units(sizes, seq_len);
 }
 
+void Search::count_pace(const Profile& profile) {
+  if (paced_units_ > 0) return;
+  for (const Trial& t : profile.trials) {
+    if (!t.window.empty()) count_pace(t.window, t.seq_len.value_or(0), t.seconds);
+  }
+}
+
 void Search::announce(const std::string& phase, const std::vector<int64_t>& sizes, int64_t seq_len,
                       int more_at_most) const {
   if (!(paced_units_ > 0)) return;
@@ -415,8 +422,8 @@ std::optional<PeakLine> eval_line(const std::vector<std::pair<int64_t, int64_t>>
 }  // namespace
 
 std::optional<EvalMeasurement> Search::run_eval(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget,
-                                                EvalPlan& e) {
-  announce("eval", sizes, seq_len, static_cast<int>(1 - e.trials.size()));  // at most two eval windows
+                                                EvalPlan& e, int more_at_most) {
+  announce("eval", sizes, seq_len, more_at_most);
   std::optional<EvalMeasurement> m = runner_.run_eval_window(sizes, seq_len, budget, e.keep_outputs);
   if (!m) return std::nullopt;
   if (!m->oom) count_pace(sizes, seq_len, m->seconds);
@@ -458,7 +465,7 @@ std::optional<EvalPlan> Search::plan_eval(const Plan& plan, bool keep_outputs) {
   auto keep = [&](const EvalMeasurement& s) {
     for (size_t i = each - 1; i < s.peak_bytes.size(); i += each) points.push_back({s.sizes[i], s.peak_bytes[i]});
   };
-  const std::optional<EvalMeasurement> first = run_eval(window_of({m, 2 * m}), seq_len, past_the_budget(), e);
+  const std::optional<EvalMeasurement> first = run_eval(window_of({m, 2 * m}), seq_len, past_the_budget(), e, 1);
   if (!first) return std::nullopt;
   keep(*first);
   std::optional<PeakLine> line = eval_line(points);
@@ -466,7 +473,7 @@ std::optional<EvalPlan> Search::plan_eval(const Plan& plan, bool keep_outputs) {
   // or, when the first window ran out of memory, the training microbatch itself.
   const int64_t b = first->oom ? m : (line ? line->largest_fitting(usable, kMaxEvalMultiple * m) : 0);
   if (b > 0 && (first->oom || (b != m && b != 2 * m))) {
-    const std::optional<EvalMeasurement> confirm = run_eval(window_of({b}), seq_len, WindowBudget::Enforced, e);
+    const std::optional<EvalMeasurement> confirm = run_eval(window_of({b}), seq_len, WindowBudget::Enforced, e, 0);
     if (confirm) keep(*confirm);
   }
   // The plan: the largest eval size a real microbatch ran at within the usable bytes.
@@ -503,7 +510,7 @@ void Search::profile_eval(Profile& p, bool keep_outputs) {
   std::vector<int64_t> window;
   for (int64_t b : sizes) window.insert(window.end(), each, b);
   const int64_t seq_len = settings_.seq_range ? settings_.seq_range->max : 0;
-  const std::optional<EvalMeasurement> m = run_eval(window, seq_len, past_the_budget(), e);
+  const std::optional<EvalMeasurement> m = run_eval(window, seq_len, past_the_budget(), e, 0);
   if (!m) return;
   EvalProfile ep;
   ep.keep_outputs = keep_outputs;
@@ -556,6 +563,7 @@ std::vector<std::string> module_names(const CheckpointModel& m, const Checkpoint
 
 Plan Search::plan_checkpointing(const Plan& plan, std::vector<BlockCost> blocks, double head_bytes_per_sample,
                                 const CheckpointSet& applied, bool choose, const Trial& costs) {
+  count_pace(plan.profile);  // a search of its own (Python's checkpoint step): the plan's windows set the pace
   const CheckpointModel model = checkpoint_model_of(plan, std::move(blocks), applied, head_bytes_per_sample);
   Plan stated = plan_stating_checkpointing(plan, model, applied);
   if (stated.checkpoint) stated.checkpoint->trials = {costs};

@@ -218,8 +218,7 @@ def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, tr
         "model": {"path": "python:" + type(model).__name__, "sha256": "",
                   "parameter_count": sum(p.numel() for p in model.parameters()),
                   "batch_dependent_layers": batch_dependent_layers(model),
-                  "hf_gradient_checkpointing": getattr(model, "supports_gradient_checkpointing", False) is True
-                  and callable(getattr(model, "gradient_checkpointing_enable", None))},
+                  "hf_gradient_checkpointing": _is_hf_checkpointable(getattr(model, "module", model))},
         "setup": dict(optimizer_setup, **{"amp": amp,
                   "max_grad_norm": cfg["max_grad_norm"], "loss": cfg["loss"], "normalization": _recorded_normalization(cfg),
                   "ignore_index": cfg["ignore_index"]}, **data_setup),
@@ -346,6 +345,12 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     return Plan._from_core(planned, "accumplan.plan(%s)" % type(model).__name__)
 
 
+def _is_hf_checkpointable(model):
+    """A transformers model whose gradient_checkpointing_enable() Trainer's gradient_checkpointing calls."""
+    return getattr(model, "supports_gradient_checkpointing", False) is True and \
+        callable(getattr(model, "gradient_checkpointing_enable", None))
+
+
 def _seq_range(lengths, max_seq_len):
     """(shortest, longest) sequence the (b, T) grid plans for: the data's, the longest up to max_seq_len."""
     if lengths is None and max_seq_len is not None:
@@ -353,10 +358,11 @@ def _seq_range(lengths, max_seq_len):
                          % shown_value(max_seq_len))
     if lengths is None or max_seq_len is None:
         return None if lengths is None else (min(lengths), max(lengths))
-    if int_arg(max_seq_len, "max_seq_len", 1, INT32_MAX) < max(lengths):
+    longest = int_arg(max_seq_len, "max_seq_len", 1, INT32_MAX)
+    if longest < max(lengths):
         raise ValueError("max_seq_len=%d is shorter than the longest sequence given (%d tokens); pass at least that"
-                         % (max_seq_len, max(lengths)))
-    return min(lengths), max_seq_len
+                         % (longest, max(lengths)))
+    return min(lengths), longest
 
 
 def _request(target_batch, target_tokens, world_size, headroom, eval, eval_keep_outputs):

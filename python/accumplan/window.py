@@ -106,6 +106,7 @@ def blamed(what, only=Exception):
     error's first line (the original chained as ``__cause__``), not torch's trace from deep inside.
     LibTorch's host allocator failing (a ulimit, the machine's memory) is the C++ core's
     host_out_of_memory line: no smaller microbatch fixes it."""
+    interrupted_in_recompute()  # a Ctrl-C noted before this block is not this block's
     try:
         yield
     except only as e:  # noqa: BLE001 - out-of-memory and accumplan's own errors pass unchanged

@@ -122,6 +122,10 @@ TEST_CASE("Exporters: checkpointing in each trainer's terms, torchrun refused", 
   CHECK(note.find("activation checkpointing (every 2nd block: layers.1, layers.3)") != std::string::npos);
   CHECK(note.find("leave it off") != std::string::npos);
   plan.checkpoint->modules = {"layers.0", "layers.1", "layers.2", "layers.3"};
+  hf = json::parse(export_plan(plan, "hf", &note));  // every layer, a model not recorded (a 1.7 plan): the flag, said
+  CHECK(hf["TrainingArguments"]["gradient_checkpointing"] == true);
+  CHECK(note.find("this plan does not record whether the model is one") != std::string::npos);
+  plan.model.hf_gradient_checkpointing = false;
   hf = json::parse(export_plan(plan, "hf", &note));  // every layer, of a model that is not a transformers one
   CHECK_FALSE(hf["TrainingArguments"].contains("gradient_checkpointing"));
   CHECK(note.find("plan.apply_checkpointing(model)") != std::string::npos);
@@ -144,7 +148,7 @@ TEST_CASE("Exporters: plan text with control characters stays inside its comment
           "[export][checkpoint][errors]") {
   Plan plan = plan_for(256, 2, 64);
   PlanCheckpoint c;
-  const std::string evil = std::string("layers.1\nevil: true\x1b[2J") + '\0' + "x";
+  const std::string evil = std::string("layers.1\nevil: true\x1b[2J") + '\0' + "x\xE2\x80\xA8" "evil: 2\xC2\x85" "evil: 3";
   c.candidates = {{evil, 1e6, 1e-3}, {"layers.2", 1e6, 1e-3}};
   c.modules = {evil};
   c.rule = "rule\r\nrule_key: 1";
@@ -157,8 +161,10 @@ TEST_CASE("Exporters: plan text with control characters stays inside its comment
       CHECK(out.find("\nevil: true") == std::string::npos);
       CHECK(out.find("\nrule_key") == std::string::npos);
       CHECK(std::none_of(out.begin(), out.end(), [](char ch) { return (ch >= 0 && ch < 0x20 && ch != '\n') || ch == 0x7f; }));
+      CHECK(out.find("\xE2\x80\xA8") == std::string::npos);  // YAML's other line breaks end a comment too
+      CHECK(out.find("\xC2\x85") == std::string::npos);
     }
-    CHECK(text.find("# NOTE: the plan trains with activation checkpointing (rule??rule_key: 1: layers.1?evil: true?[2J?x)") !=
+    CHECK(text.find("# NOTE: the plan trains with activation checkpointing (rule??rule_key: 1: layers.1?evil: true?[2J?x?evil: 2?evil: 3)") !=
           std::string::npos);
   }
 }

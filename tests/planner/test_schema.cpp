@@ -239,6 +239,8 @@ TEST_CASE("Schema: a checkpoint round-trips and names only its measured candidat
   json slope = doc;
   slope["eval"]["slope_bytes_per_sample"] = -5.5;
   CHECK_THROWS_WITH(plan_from_json(slope), Catch::Contains("$.eval.slope_bytes_per_sample: -5.5 is out of range"));
+  slope["schema_version"] = "1.7";  // an older planner could write a falling eval line: still read
+  CHECK(plan_from_json(slope).eval->slope_bytes_per_sample == -5.5);
   for (const char* where : {"eval", "profile"}) {
     json kind = doc;
     json& trials = std::string(where) == "eval" ? kind["eval"]["trials"] : kind["profile"]["eval"]["trials"];
@@ -273,6 +275,17 @@ TEST_CASE("Schema: the checkpoint choice lists every set weighed and names one o
   unfit["checkpoint_choice"]["options"][0]["micro_batch"] = nullptr;  // not one sample fits without
   unfit["checkpoint_choice"]["options"][0]["accumulation_steps"] = nullptr;
   CHECK(plan_from_json(unfit).checkpoint_choice->options[0].micro_batch == 0);
+  json other = doc;
+  other["checkpoint_choice"]["chosen"] = "all";  // an option, but not the set the plan trains with
+  CHECK_THROWS_WITH(plan_from_json(other), Catch::Contains("$.checkpoint_choice.chosen: 'all' but the plan trains with"));
+  json kept_none = doc;
+  kept_none.erase("checkpoint");  // no checkpoint: the choice must be none
+  CHECK_THROWS_WITH(plan_from_json(kept_none), Catch::Contains("but the plan trains with no checkpoint ('none')"));
+  kept_none["checkpoint_choice"]["chosen"] = "none";
+  CHECK(plan_from_json(kept_none).checkpoint_choice->chosen == "none");
+  json first = doc;
+  first["checkpoint_choice"]["options"].erase(0);
+  CHECK_THROWS_WITH(plan_from_json(first), Catch::Contains("options[0]: the first option is 'none'"));
   json negative = doc;
   negative["checkpoint_choice"]["options"][1]["predicted_seconds_per_window"] = -1;
   CHECK_THROWS(plan_from_json(negative));

@@ -298,13 +298,32 @@ class PlanCheckpointing(unittest.TestCase):
                 if self.calls == 1:  # its recompute in the first microbatch's backward
                     raise KeyboardInterrupt
                 return super().forward(x)
+        model = Transformerish(block=Interrupted)
         with self.assertRaises(KeyboardInterrupt):
-            self.trained(["layers.1"], Interrupted)
+            self.plan(["layers.1"]).train_window(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                                 (torch.randn(8, 8),), torch.randint(0, 2, (8,)))
+        self.assertTrue(all("forward" not in layer.__dict__ for layer in model.layers))  # unwrapped after
         self.assertFalse(interrupted_in_recompute())  # said once: a later error is not taken for it
+        # A Ctrl-C noted in a user's own loop (apply_checkpointing) is not taken for a later window's error.
+        for layer in model.layers:
+            layer.calls = 5  # none raises but layers.1's recompute below
+        with apply_checkpointing(model, ["layers.1"]):
+            model.layers[1].calls = 0  # its forward runs, its recompute raises
+            with self.assertRaises(RuntimeError):
+                model(torch.randn(8, 8)).sum().backward()  # autograd hands the interrupt on as RuntimeError
+        model.layers[1].calls = 5
+
+        def mismatched(out, y):
+            raise ValueError("shapes do not match")
+        with self.assertRaisesRegex(accumplan.PlanError, r"^loss_fn\(output, target\) failed: ValueError: shapes"):
+            self.plan(None).train_window(model, torch.optim.SGD(model.parameters(), lr=0.1), (torch.randn(8, 8),),
+                                         torch.randint(0, 2, (8,)), loss_fn=mismatched)
 
     def test_the_hf_export_sets_trainers_flag_only_for_a_transformers_model(self):
         every = ["layers.%d" % i for i in range(4)]
-        text = json.loads(self.plan(every).export("hf"))  # a plain nn.Module: the blocks to wrap instead
+        doc = dict(self.plan(every).raw)
+        doc["model"] = dict(doc["model"], hf_gradient_checkpointing=False)
+        text = json.loads(accumplan.load_plan(doc).export("hf"))  # a plain nn.Module: the blocks to wrap instead
         self.assertNotIn("gradient_checkpointing", text["TrainingArguments"])
         self.assertTrue(any("plan.apply_checkpointing(model)" in n for n in text["accumplan"]["notes"]))
 
@@ -482,6 +501,7 @@ class PlanAuto(unittest.TestCase):
         # The chosen checkpointing trains the same update as the same window without it (dropout on).
         plain_doc = dict(auto.raw)
         plain_doc.pop("checkpoint")
+        plain_doc.pop("checkpoint_choice")
         trained = []
         for plan in (auto, accumplan.load_plan(plain_doc)):
             model, opt, _, _ = _setup(pause=0.0, seed=5)

@@ -66,7 +66,9 @@ struct ModelInfo {
   std::string sha256;        // of the model file's bytes; the executor checks it
   int64_t parameter_count = 0;
   std::vector<std::string> batch_dependent_layers;  // e.g. "layer1.0.bn1 (BatchNorm2d)"
-  bool hf_gradient_checkpointing = false;  // 1.8: a transformers model (gradient_checkpointing_enable)
+  // 1.8, from accumplan.plan: whether the model is a transformers model (gradient_checkpointing_enable);
+  // nullopt: not recorded (the CLI's TorchScript models, older plans).
+  std::optional<bool> hf_gradient_checkpointing;
 };
 
 // 1.6: one parameter group of the optimizer: its values as Setup's lr, hyperparameters and flags

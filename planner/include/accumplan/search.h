@@ -168,8 +168,10 @@ class Search {
   // a second or more: its sizes, that estimate and how many more windows `phase` may run.
   void announce(const std::string& phase, const std::vector<int64_t>& sizes, int64_t seq_len, int more_at_most) const;
   void count_pace(const std::vector<int64_t>& sizes, int64_t seq_len, double seconds);
+  void count_pace(const Profile& profile);  // its timed windows, where this search has timed none
+  // `more_at_most`: the eval windows that may follow it (for announce).
   std::optional<EvalMeasurement> run_eval(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget,
-                                          EvalPlan& e);
+                                          EvalPlan& e, int more_at_most);
 
   WindowRunner& runner_;
   SearchSettings settings_;
