@@ -199,7 +199,7 @@ def _data(inputs, target, lengths, loss, loss_fn, ignore_index, padding_mask):
 
 def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trials):
     """The profile's header: what was measured, on what, for what."""
-    optimizer_setup = _setup_optimizer(optimizer)
+    optimizer_setup, inner = _setup_optimizer(optimizer), getattr(model, "module", model)  # inner: DDP's module
     tensors = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
     amp = {None: "none", torch.bfloat16: "bf16", torch.float16: "fp16"}[cfg["autocast"]]
     budget = cfg["budget"]
@@ -218,7 +218,8 @@ def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, tr
         "model": {"path": "python:" + type(model).__name__, "sha256": "",
                   "parameter_count": sum(p.numel() for p in model.parameters()),
                   "batch_dependent_layers": batch_dependent_layers(model),
-                  "hf_gradient_checkpointing": _is_hf_checkpointable(getattr(model, "module", model))},
+                  "hf_gradient_checkpointing": getattr(inner, "supports_gradient_checkpointing", False) is True
+                  and callable(getattr(inner, "gradient_checkpointing_enable", None))},  # Trainer's flag calls it
         "setup": dict(optimizer_setup, **{"amp": amp,
                   "max_grad_norm": cfg["max_grad_norm"], "loss": cfg["loss"], "normalization": _recorded_normalization(cfg),
                   "ignore_index": cfg["ignore_index"]}, **data_setup),
@@ -343,12 +344,6 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     finally:
         guard.put_back()  # the wraps removed, the meter closed, the state restored, Ctrl-C held meanwhile
     return Plan._from_core(planned, "accumplan.plan(%s)" % type(model).__name__)
-
-
-def _is_hf_checkpointable(model):
-    """A transformers model whose gradient_checkpointing_enable() Trainer's gradient_checkpointing calls."""
-    return getattr(model, "supports_gradient_checkpointing", False) is True and \
-        callable(getattr(model, "gradient_checkpointing_enable", None))
 
 
 def _seq_range(lengths, max_seq_len):

@@ -314,9 +314,7 @@ class Plan:
         section; ``plan_path``: the plan file the text names (default: where this plan was read, else
         plan.json). The notes the CLI prints to stderr are in ``self.export_notes`` afterwards."""
         to = choice_arg(to, "to", tuple(_core.EXPORT_TARGETS))
-        for value, name in ((allow_slow, "allow_slow"), (allow_lossy, "allow_lossy")):
-            if not isinstance(value, bool):
-                raise TypeError("%s must be True or False, not %s" % (name, shown_value(value)))
+        flag_arg(allow_slow, "allow_slow"), flag_arg(allow_lossy, "allow_lossy")
         if lightning_datamodule is not None and not isinstance(lightning_datamodule, str):
             raise TypeError("lightning_datamodule must be a class path string, not %s" % shown_value(lightning_datamodule))
         if plan_path is None:
