@@ -140,8 +140,12 @@ std::vector<CheckpointChoice> checkpoint_options(const CheckpointModel& model, i
 
 std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& model, int64_t per_rank_batch,
                                                      int64_t usable_bytes) {
+  return choose_checkpointing(checkpoint_options(model, per_rank_batch, usable_bytes));
+}
+
+std::optional<CheckpointChoice> choose_checkpointing(const std::vector<CheckpointChoice>& options) {
   std::optional<CheckpointChoice> fewest, fastest;
-  for (const CheckpointChoice& c : checkpoint_options(model, per_rank_batch, usable_bytes)) {
+  for (const CheckpointChoice& c : options) {
     if (c.micro_batch == 0) continue;
     if (!fewest || c.set.blocks.size() < fewest->set.blocks.size()) fewest = c;
     const bool faster = !fastest || c.predicted_window_seconds < fastest->predicted_window_seconds;

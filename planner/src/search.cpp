@@ -567,14 +567,12 @@ Plan Search::plan_checkpointing(const Plan& plan, std::vector<BlockCost> blocks,
   const CheckpointModel model = checkpoint_model_of(plan, std::move(blocks), applied, head_bytes_per_sample);
   Plan stated = plan_stating_checkpointing(plan, model, applied);
   if (stated.checkpoint) stated.checkpoint->trials = {costs};
-  const std::optional<CheckpointChoice> choice =
-      choose ? choose_checkpointing(model, plan.per_rank_batch, plan.memory.usable_bytes) : std::nullopt;
+  const std::vector<CheckpointChoice> options =
+      choose ? checkpoint_options(model, plan.per_rank_batch, plan.memory.usable_bytes) : std::vector<CheckpointChoice>{};
+  const std::optional<CheckpointChoice> choice = choose ? choose_checkpointing(options) : std::nullopt;
   // What the choice weighed, with the set the plan ends up training with.
   auto recorded = [&](Plan p, const CheckpointSet& chosen) {
-    if (choose) {
-      p.checkpoint_choice =
-          choice_record(model, checkpoint_options(model, plan.per_rank_batch, plan.memory.usable_bytes), chosen);
-    }
+    if (choose) p.checkpoint_choice = choice_record(model, options, chosen);
     return p;
   };
   if (!choice || choice->set.blocks == applied.blocks) {

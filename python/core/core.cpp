@@ -219,9 +219,10 @@ py::dict option_dict(const CheckpointChoice& c, const CheckpointModel& m) {
 // (every set's figures, the chosen one's index or None).
 std::pair<py::list, py::object> checkpoint_options_of(const py::dict& model, int64_t per_rank_batch, int64_t usable) {
   const CheckpointModel m = checkpoint_model(model);
+  const std::vector<CheckpointChoice> all = checkpoint_options(m, per_rank_batch, usable);
   py::list options;
-  for (const CheckpointChoice& c : checkpoint_options(m, per_rank_batch, usable)) options.append(option_dict(c, m));
-  const std::optional<CheckpointChoice> chosen = choose_checkpointing(m, per_rank_batch, usable);
+  for (const CheckpointChoice& c : all) options.append(option_dict(c, m));
+  const std::optional<CheckpointChoice> chosen = choose_checkpointing(all);
   py::object index = py::none();
   if (chosen) {
     const auto sets = checkpoint_sets(m.blocks.size());

@@ -111,6 +111,8 @@ std::vector<CheckpointChoice> checkpoint_options(const CheckpointModel& model, i
 // that set (equal times: fewer blocks); nullopt when no set fits one sample.
 std::optional<CheckpointChoice> choose_checkpointing(const CheckpointModel& model, int64_t per_rank_batch,
                                                      int64_t usable_bytes);
+// The same choice among options checkpoint_options already computed.
+std::optional<CheckpointChoice> choose_checkpointing(const std::vector<CheckpointChoice>& options);
 
 // What the choice weighed, for the plan's checkpoint_choice: every option of checkpoint_options
 // (micro_batch 0 where not one sample fits), the chosen set's rule ("none" for none) and the rule.
