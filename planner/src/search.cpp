@@ -266,9 +266,29 @@ void Search::profile_tokens(Profile& p) {
           " tokens; probing b=" + std::to_string(b) + " to check it there");
       record(measure(b, t_max), t_max, "probe");
     }
+    profile_short_sequences(p, *lengths.begin(), [&](int64_t b, int64_t t) { record(measure(b, t), t, "probe"); });
   } catch (const InputError&) {
     // Too few points for a fit: the planner says what is missing.
   }
+}
+
+// The short-length column: one window of short sequences holding the token budget's worth, the
+// shortest planned for or, when a window holds fewer sequences than that (max_probe_micro_batch),
+// the shortest whose window still fills the budget. The grid's lengths start at T_max / 4, and a
+// fit through them alone misses a window of only short sequences (their per-token memory is not
+// the long ones'); this window puts the fit's line through both ends of what packing forms.
+void Search::profile_short_sequences(const Profile& p, int64_t grid_shortest,
+                                     const std::function<void(int64_t, int64_t)>& probe) {
+  if (!settings_.budget_bytes) return;
+  const int64_t tokens = TokenMemoryModel::fit(p).token_budget(*settings_.budget_bytes, settings_.seq_range->max);
+  const int64_t most = settings_.max_probe_micro_batch > 0 ? settings_.max_probe_micro_batch : tokens;
+  if (most < 1) return;
+  const int64_t t_short = std::max({settings_.seq_range->min, (tokens + most - 1) / most, int64_t{1}});
+  const int64_t b = std::min(tokens / t_short, most);
+  if (t_short >= grid_shortest || b <= 2) return;  // the grid's b = 1, 2 already span it
+  say("short sequences: probing b=" + std::to_string(b) + " x T=" + std::to_string(t_short) +
+      ", the token budget's worth");
+  probe(b, t_short);
 }
 
 Plan Search::plan_and_confirm_tokens(Profile& profile, PlanRequest request) {

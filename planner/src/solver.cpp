@@ -738,11 +738,24 @@ std::optional<TokenStepCost> profile_step_cost(const Profile& profile) {
   }
   const std::optional<StepTimeFit> fit = fit_step_time(timed);
   if (!fit) return std::nullopt;
-  // A plan's cost may be all a trainer ever packs by (CUDA, Python's train_window): one that says
-  // a microbatch costs nothing would put every sequence in a microbatch of its own, so a cost
-  // without a per-microbatch time is left out and packing fills. `accumplan run` on the CPU
-  // refits from its own microbatches whatever the plan says.
-  const TokenStepCost cost = fit->cost();
+  // A plan's cost may be all a trainer ever packs by (CUDA): one that says a microbatch costs
+  // nothing would put every sequence in a microbatch of its own. So t0 is at least what the
+  // profile's windows took beyond their microbatches' steps, per microbatch (an upper bound: a
+  // point's step is its faster microbatch, and the optimizer step's share is in it), and a cost
+  // still without a per-microbatch time is left out (packing fills). A run on the CPU refits from
+  // its own microbatches and windows whatever the plan says.
+  std::vector<WindowTime> windows;
+  for (const Trial& t : profile.trials) {
+    if (!t.fit || !t.seq_len || t.window.empty()) continue;
+    for (const auto& p : profile.points) {
+      if (p.seq_len == t.seq_len && p.micro_batch == t.micro_batch && p.step_seconds) {
+        windows.push_back({t.seconds, *p.step_seconds * static_cast<double>(t.window.size()),
+                           static_cast<int64_t>(t.window.size())});
+        break;
+      }
+    }
+  }
+  const TokenStepCost cost = fit->with_microbatch_floor(microbatch_overhead_seconds(windows)).cost();
   if (cost.per_microbatch < 1) return std::nullopt;
   return cost;
 }

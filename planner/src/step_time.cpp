@@ -81,6 +81,21 @@ double StepTimeFit::predict_seconds(int64_t micro_batch, int64_t seq_len) const 
                  TimedMicrobatch{micro_batch, seq_len, 0});
 }
 
+StepTimeFit StepTimeFit::with_microbatch_floor(double seconds) const {
+  StepTimeFit f = *this;
+  if (std::isfinite(seconds)) f.per_microbatch_seconds = std::max(f.per_microbatch_seconds, seconds);
+  return f;
+}
+
+double microbatch_overhead_seconds(const std::vector<WindowTime>& windows) {
+  std::vector<double> over;
+  for (const WindowTime& w : windows) {
+    if (w.microbatches < 1 || !std::isfinite(w.seconds - w.step_seconds)) continue;
+    over.push_back(std::max(0.0, w.seconds - w.step_seconds) / static_cast<double>(w.microbatches));
+  }
+  return median(over);
+}
+
 TokenStepCost StepTimeFit::cost() const {
   // One unit for all three, so their ratios (what packing trades) survive the integers: a token's
   // time is 65536 units unless t0 or t2 would then pass its field's ceiling (a t1 tiny next to
@@ -177,13 +192,25 @@ std::optional<Packing> packing_named(const std::string& name) {
   return std::nullopt;
 }
 
-void PackingCost::observe_window(const std::vector<TimedMicrobatch>& microbatches) {
+void PackingCost::observe_window(const std::vector<TimedMicrobatch>& microbatches, std::optional<double> rounds_seconds) {
   for (const auto& t : microbatches) model_.observe(t);
-  if (!microbatches.empty()) model_.refit();
+  if (microbatches.empty()) return;
+  model_.refit();
+  if (!rounds_seconds) return;
+  double steps = 0;
+  for (const auto& t : microbatches) steps += t.seconds;
+  windows_.push_back({*rounds_seconds, steps, static_cast<int64_t>(microbatches.size())});
+  if (windows_.size() > kRecentWindows) windows_.pop_front();
+}
+
+double PackingCost::microbatch_floor_seconds() const {
+  if (!windows_.empty()) return microbatch_overhead_seconds(std::vector<WindowTime>(windows_.begin(), windows_.end()));
+  if (!plan_cost_ || !(plan_cost_->token_seconds > 0) || plan_cost_->per_token < 1) return 0;
+  return static_cast<double>(plan_cost_->per_microbatch) / static_cast<double>(plan_cost_->per_token) * plan_cost_->token_seconds;
 }
 
 std::optional<TokenStepCost> PackingCost::cost() const {
-  if (model_.fit()) return model_.fit()->cost();
+  if (model_.fit()) return model_.fit()->with_microbatch_floor(microbatch_floor_seconds()).cost();
   return plan_cost_;
 }
 

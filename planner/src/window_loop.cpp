@@ -119,6 +119,7 @@ struct WindowLoop::Attempt {
   std::string what;     // this rank's out-of-memory message, first line
   // Packed plans, this attempt's microbatches that ran; kept only if the attempt completes.
   double microbatch_seconds = 0;
+  double rounds_seconds = 0;  // the rounds' wall time, what runs between the microbatches included
   double predicted_seconds = 0;
   bool every_one_predicted = true;
   std::vector<TimedMicrobatch> timed;
@@ -307,6 +308,7 @@ int64_t WindowLoop::run_microbatch(WindowBackend& b, const WindowOptions& o, con
 WindowLoop::Attempt WindowLoop::run_rounds(WindowBackend& b, const WindowOptions& o, const Split& split,
                                            int64_t attempt, int64_t rounds, int64_t units) {
   Attempt out;
+  const auto t0 = Clock::now();
   const int W = b.world_size();
   int64_t start = 0;
   for (int64_t i = 0; i < rounds; ++i) {
@@ -338,6 +340,7 @@ WindowLoop::Attempt WindowLoop::run_rounds(WindowBackend& b, const WindowOptions
       break;
     }
   }
+  out.rounds_seconds = seconds_since(t0);
   return out;
 }
 
@@ -494,7 +497,7 @@ void WindowLoop::keep_times(const Attempt& a, WindowStats& st, bool device_times
     if (time_errors_.size() < kMaxTimeErrors) time_errors_.push_back(m);
   }
   // The next window is cut by the fit over every microbatch so far, this window's included.
-  packing_cost_.observe_window(a.timed);
+  packing_cost_.observe_window(a.timed, a.rounds_seconds);
 }
 
 std::optional<RunTimeModel> WindowLoop::time_model(Packing packing) const {

@@ -18,6 +18,8 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/search.h"
+#include "accumplan/tensor_spec.h"
+#include "accumplan/token_model.h"
 #include "accumplan/units.h"
 
 using namespace accumplan;
@@ -475,4 +477,86 @@ TEST_CASE("Search: a confirming eval window that fails leaves the largest measur
   CHECK(e->confirmed);
   REQUIRE(e->trials.size() == 2);
   CHECK_FALSE(e->trials[1].fit);
+}
+
+namespace {
+
+// Variable-length data: peak(b, T) = c0 + a0·b + a1·b·T + a2·b·T², a per-sequence part (a0) that
+// the grid's lengths (T_max / 4 and up) cannot tell from the per-token one.
+struct FakeTokenDevice final : WindowRunner {
+  int64_t c0 = 40 * kMiB, a0 = 16 * 1024, a1 = 4 * 1024, a2 = 8;
+  std::vector<std::pair<int64_t, int64_t>> windows;  // (b, T) of every window asked for
+  int64_t peak(int64_t b, int64_t t) const { return c0 + a0 * b + a1 * b * t + a2 * b * t * t; }
+
+  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget) override {
+    windows.push_back({sizes.front(), seq_len});
+    WindowMeasurement m;
+    m.sizes = sizes;
+    m.micro_batch = sizes.front();
+    m.peak_bytes = m.first_microbatch_peak_bytes = m.steady_peak_bytes = m.max_peak_bytes = peak(sizes.front(), seq_len);
+    m.optimizer_step_peak_bytes = c0;
+    m.step_seconds = 1e-6 * static_cast<double>(sizes.front() * seq_len);
+    m.seconds = 2 * m.step_seconds;
+    return m;
+  }
+  std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>&, int64_t, WindowBudget, bool) override {
+    return std::nullopt;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Search: variable lengths get one window of the shortest sequences at the token budget, which the fit then predicts",
+          "[search][token]") {
+  FakeTokenDevice d;
+  const int64_t budget = 512 * kMiB;
+  SearchSettings s;
+  s.budget_bytes = budget;
+  s.budget_is_simulated = true;
+  s.device_total_bytes = budget;
+  s.device_name = "fake device";
+  s.seq_range = parse_seq_len("16..1024");
+  std::vector<Trial> trials;
+  Search search(d, s, trials);
+  Profile p;
+  search.profile(p);
+  const auto short_window = std::find_if(d.windows.begin(), d.windows.end(), [](const auto& w) { return w.second == 16; });
+  REQUIRE(short_window != d.windows.end());
+  CHECK(short_window->first > 1000);  // about the token budget's worth: tens of thousands of tokens
+  const TokenMemoryModel model = TokenMemoryModel::fit(p);
+  const int64_t tokens = model.token_budget(budget, 1024);
+  for (int64_t t : {16, 32, 64, 256, 1024}) {
+    const int64_t b = tokens / t;
+    const double predicted = static_cast<double>(model.predict_peak_bytes(b, t)), measured = static_cast<double>(d.peak(b, t));
+    INFO("b = " << b << ", T = " << t << ": predicted " << predicted << ", measured " << measured);
+    // Both ends measured: within 2%. Between them the per-sequence part is spread over the
+    // tokens: over, never under, the peak.
+    if (t == 16 || t == 1024) CHECK(predicted == Approx(measured).epsilon(0.02));
+    else CHECK(predicted >= 0.98 * measured);
+  }
+  // Without the short window the same fit misses the short ones by far more.
+  Profile grid_only = p;
+  grid_only.points.erase(std::remove_if(grid_only.points.begin(), grid_only.points.end(),
+                                        [](const ProfilePoint& q) { return *q.seq_len == 16; }),
+                         grid_only.points.end());
+  const TokenMemoryModel without = TokenMemoryModel::fit(grid_only);
+  CHECK(static_cast<double>(without.predict_peak_bytes(tokens / 16, 16)) < 0.9 * static_cast<double>(d.peak(tokens / 16, 16)));
+
+  // A window of at most 256 sequences: the short window is the shortest length 256 of them fill.
+  FakeTokenDevice capped;
+  s.max_probe_micro_batch = 256;
+  std::vector<Trial> capped_trials;
+  Search capped_search(capped, s, capped_trials);
+  Profile q;
+  capped_search.profile(q);
+  const auto short_capped = std::find_if(capped.windows.begin(), capped.windows.end(),
+                                         [](const auto& w) { return w.second < 256; });
+  REQUIRE(short_capped != capped.windows.end());
+  const auto [b_short, t_short] = *short_capped;
+  CHECK(t_short > 16);
+  CHECK(b_short <= 256);
+  CHECK(256 * t_short >= tokens);                // 256 sequences of it fill the budget,
+  CHECK(256 * (t_short - 1) < tokens);           // of the shortest such length,
+  CHECK(b_short * t_short <= tokens);            // as many as the budget holds
+  CHECK((b_short + 1) * t_short > tokens);
 }

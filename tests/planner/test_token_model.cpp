@@ -460,6 +460,30 @@ TEST_CASE("Packing cost: the plan's until the run's own microbatches fit one, th
   CHECK_FALSE(PackingCost(std::nullopt).cost().has_value());  // no plan cost, no fit: packing fills
 }
 
+TEST_CASE("Packing cost: a run's fit with no per-microbatch time is floored by its windows' time between steps",
+          "[token][step-time]") {
+  const TokenStepCost plan_cost{3 * kStepCostPerToken, kStepCostPerToken, 0, 1e-6};
+  std::vector<TimedMicrobatch> window;
+  for (int64_t b : {1, 3}) {
+    for (int64_t t : {40, 200}) window.push_back({b, t, 1e-6 * double(b * t)});  // t0 = 0
+  }
+  double steps = 0;
+  for (const auto& m : window) steps += m.seconds;
+  PackingCost without_rounds(plan_cost);
+  without_rounds.observe_window(window);
+  REQUIRE(without_rounds.model().fit()->per_microbatch_seconds == Approx(0).margin(1e-12));
+  // No window timed whole: the plan's t0 (3 tokens' time) is the floor.
+  CHECK(without_rounds.cost()->per_microbatch == Approx(3.0 * kStepCostPerToken).epsilon(1e-3));
+  PackingCost run(plan_cost);
+  run.observe_window(window, steps + 4 * 20e-6);  // 20 µs beyond each step: 20 tokens' time
+  CHECK(run.microbatch_floor_seconds() == Approx(20e-6));
+  CHECK(run.cost()->per_microbatch == Approx(20.0 * kStepCostPerToken).epsilon(1e-3));
+  // One long and three short sequences: the short ones share a microbatch (320 padded tokens + 2
+  // microbatches of 20) rather than go alone (320 + 4 x 20) or join the long one (800 + 20).
+  CHECK(pack_by_token_budget({200, 40, 40, 40}, 1000, run.cost()).size() == 2);
+  CHECK(PackingCost(std::nullopt).microbatch_floor_seconds() == 0);
+}
+
 TEST_CASE("Packing: the names --packing and Python's packing= take", "[token][pack]") {
   CHECK(packing_names() == std::vector<std::string>{"time", "fill"});
   CHECK(packing_named("fill") == Packing::Fill);

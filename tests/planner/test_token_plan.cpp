@@ -240,3 +240,28 @@ TEST_CASE("Token plan: step times give the packing's step cost, kept in the plan
   for (auto& pt : p.points) pt.step_seconds = 1e-6 * static_cast<double>(pt.micro_batch * *pt.seq_len);
   CHECK_FALSE(make_plan(p, token_request(256, 612 * MiB)).tokens->step_cost.has_value());
 }
+
+TEST_CASE("Token plan: steps that fit with no per-microbatch time are floored by what the windows took beyond them",
+          "[token][solver][step-cost]") {
+  Profile p = token_profile();
+  for (auto& pt : p.points) pt.step_seconds = 1e-6 * static_cast<double>(pt.micro_batch * *pt.seq_len);
+  // Windows [b, b] that took 3 ms beyond their two steps (1.5 ms per microbatch), one 9 ms beyond
+  // (a slow outlier: the median keeps 1.5 ms), and one that ran out of memory (not counted).
+  auto window = [&](int64_t b, int64_t t, double beyond, bool fit) {
+    Trial tr{"probe", b, fit, fit ? 100 * MiB : 0, 2e-6 * static_cast<double>(b * t) + beyond, {b, b}, std::nullopt};
+    tr.seq_len = t;
+    p.trials.push_back(tr);
+  };
+  window(1, 64, 3e-3, true);
+  window(2, 256, 3e-3, true);
+  window(4, 1024, 9e-3, true);
+  window(8, 1024, 1.0, false);
+  const Plan plan = make_plan(p, token_request(256, 612 * MiB));
+  REQUIRE(plan.tokens->step_cost.has_value());
+  CHECK(plan.tokens->step_cost->per_microbatch == Approx(1500.0 * kStepCostPerToken).epsilon(1e-3));
+  // A t0 the steps show stays when it is larger than the windows' overhead.
+  for (auto& pt : p.points) pt.step_seconds = 0.004 + 1e-6 * static_cast<double>(pt.micro_batch * *pt.seq_len);
+  for (auto& tr : p.trials) tr.seconds += 0.008;
+  CHECK(make_plan(p, token_request(256, 612 * MiB)).tokens->step_cost->per_microbatch ==
+        Approx(4000.0 * kStepCostPerToken).epsilon(1e-3));
+}

@@ -9,7 +9,8 @@
 // the same sizes in the same order for the same peaks:
 //   profile()           windows of two microbatches of b for the probe sizes (2, 4), then, while
 //                       the fit predicts more than 4x the largest size measured, one at half that
-//                       prediction (at most two); variable-length data: the (b, T) grid
+//                       prediction (at most two); variable-length data: the (b, T) grid and
+//                       one window of the shortest length at the token budget's worth
 //   plan_and_confirm()  make_plan; a plan no real window covers is confirmed by a window at its
 //                       largest allowed size (bisecting below a failure), then climbs while the
 //                       refit predicts a larger size within the budget (at most two, six windows
@@ -162,6 +163,8 @@ class Search {
   void extend_linear_tail(Profile& p, int64_t largest_scheduled,
                           const std::function<void(const WindowMeasurement&)>& record);
   void profile_tokens(Profile& p);
+  // One window of the shortest sequences planned for, the token budget's worth (`probe(b, T)`).
+  void profile_short_sequences(const Profile& p, int64_t grid_shortest, const std::function<void(int64_t, int64_t)>& probe);
   Plan plan_and_confirm_tokens(Profile& profile, PlanRequest request);
   void say(const std::string& line) const;
   // Before a window that the pace of the windows so far (seconds per sample-token) predicts at

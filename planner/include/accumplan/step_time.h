@@ -24,6 +24,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "accumplan/schema.h"
@@ -46,6 +47,9 @@ struct StepTimeFit {
   double median_abs_error = 0;           // relative miss over the kept microbatches
 
   double predict_seconds(int64_t micro_batch, int64_t seq_len) const;
+  // t0 raised to at least `seconds`: what a microbatch costs beyond its forward and backward, timed
+  // around them, when the fit over the steps alone finds (almost) none.
+  StepTimeFit with_microbatch_floor(double seconds) const;
   // In the plan's integer units (per_token = kStepCostPerToken), token_seconds = t1: what
   // pack_by_token_budget minimises. Coefficients below a 65536th of a token's time round to 0.
   TokenStepCost cost() const;
@@ -54,6 +58,19 @@ struct StepTimeFit {
 // nullopt when the microbatches cannot say what a token costs: fewer than 4 of them at fewer than
 // 3 distinct shapes (b, L), a time that is not positive and finite, or no fit with t1 > 0.
 std::optional<StepTimeFit> fit_step_time(const std::vector<TimedMicrobatch>& microbatches);
+
+// A window timed whole beside its microbatches' own steps.
+struct WindowTime {
+  double seconds = 0;        // the window's wall time
+  double step_seconds = 0;   // the sum of its microbatches' forward + backward
+  int64_t microbatches = 0;
+};
+
+// The median over windows of what each took beyond its microbatches' steps, per microbatch; 0 when
+// none is given. The floor of a packing cost's t0: a fit over step times alone can find t0 = 0 and
+// then prices a microbatch of one sequence as free, though each microbatch also costs what runs
+// around its step (its gather, the hooks, the loop).
+double microbatch_overhead_seconds(const std::vector<WindowTime>& windows);
 
 // The seconds a plan's step cost predicts for one microbatch; nullopt when the cost has no
 // seconds (plans before 1.5, or a cost given by hand).
@@ -90,20 +107,28 @@ const std::string& packing_name(Packing packing);
 std::optional<Packing> packing_named(const std::string& name);
 
 // The cost a run cuts its next packed window by (packing by time): its own fit over the microbatches
-// it timed once one exists, else the plan's step cost (tokens.step_cost; none: packing fills).
+// it timed once one exists, else the plan's step cost (tokens.step_cost; none: packing fills). The
+// run's fit never prices a microbatch below what one took beyond its step in the run's own windows
+// (the median over recent ones), or, before any window was timed whole, below the plan's t0.
 // `accumplan run` (CPU) and Python's train_window (CPU) keep one per run and feed it every packed
 // microbatch's time; on CUDA nothing is observed (a queued step's wall time is not its device time).
 class PackingCost {
  public:
   explicit PackingCost(std::optional<TokenStepCost> plan_cost) : plan_cost_(std::move(plan_cost)) {}
-  // A window's timed microbatches, then one refit (as each window ends).
-  void observe_window(const std::vector<TimedMicrobatch>& microbatches);
+  static constexpr size_t kRecentWindows = 64;
+  // A window's timed microbatches, then one refit (as each window ends). `rounds_seconds`, when
+  // known, is the wall time of all its microbatches with what runs between them.
+  void observe_window(const std::vector<TimedMicrobatch>& microbatches, std::optional<double> rounds_seconds = std::nullopt);
   std::optional<TokenStepCost> cost() const;
   const StepTimeModel& model() const { return model_; }
+  // The per-microbatch floor the run's fit is held to (seconds).
+  double microbatch_floor_seconds() const;
 
  private:
   std::optional<TokenStepCost> plan_cost_;
   StepTimeModel model_;
+  std::deque<WindowTime> windows_;  // the most recent kRecentWindows timed whole
+
 };
 
 }  // namespace accumplan
