@@ -95,6 +95,12 @@ def plan(model, opt, x, y, **kw):
 
 
 class LeavesNothingBehind(unittest.TestCase):
+    def setUp(self):
+        # Ctrl-C as a terminal delivers it: a process started in the background (`cmd &`) inherits
+        # SIGINT ignored, and plan() rightly leaves an ignored SIGINT ignored.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.addCleanup(signal.signal, signal.SIGINT, previous)
+
     def assertSameState(self, before, after):
         for key in before:
             a, b = before[key], after[key]
