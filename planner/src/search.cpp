@@ -266,7 +266,9 @@ void Search::profile_tokens(Profile& p) {
           " tokens; probing b=" + std::to_string(b) + " to check it there");
       record(measure(b, t_max), t_max, "probe");
     }
-    profile_short_sequences(p, *lengths.begin(), [&](int64_t b, int64_t t) { record(measure(b, t), t, "probe"); });
+    const auto probe = [&](int64_t b, int64_t t) { record(measure(b, t), t, "probe"); };
+    profile_short_sequences(p, *lengths.begin(), probe);
+    profile_knees(p, probe);
   } catch (const InputError&) {
     // Too few points for a fit: the planner says what is missing.
   }
@@ -289,6 +291,32 @@ void Search::profile_short_sequences(const Profile& p, int64_t grid_shortest,
   say("short sequences: probing b=" + std::to_string(b) + " x T=" + std::to_string(t_short) +
       ", the token budget's worth");
   probe(b, t_short);
+}
+
+// Lengths between the measured ones: the peak is convex in T (the highest of its moments), so
+// between two columns it lies between their chord and the neighbouring segments reaching in;
+// where those differ by more than half a percent of the token budget's peak, two window sizes
+// at the middle length (a knee, where another moment becomes the highest, lies there). At most
+// six such lengths.
+void Search::profile_knees(Profile& p, const std::function<void(int64_t, int64_t)>& probe) {
+  constexpr double kFraction = 0.005;
+  constexpr int kMaxLengths = 6;
+  for (int n = 0; n < kMaxLengths; ++n) {
+    const TokenMemoryModel model = TokenMemoryModel::fit(p);
+    const int64_t t_max = settings_.seq_range->max;
+    const int64_t tokens = settings_.budget_bytes ? model.token_budget(*settings_.budget_bytes, t_max) : t_max;
+    const std::optional<int64_t> t = model.least_certain_length(std::max<int64_t>(tokens, 1), kFraction);
+    if (!t) return;
+    // A third and two thirds of the token budget: the peak is convex in b as well (a moment
+    // with a higher constant sets it for a few sequences), so the line is measured where
+    // microbatches near the budget take it.
+    const int64_t b1 = std::max<int64_t>(1, tokens / (3 * *t)), b2 = std::max(b1 + 1, 2 * tokens / (3 * *t));
+    say("between the measured lengths: probing T=" + std::to_string(*t) + " at b=" + std::to_string(b1) + ", " +
+        std::to_string(b2));
+    const size_t before = p.points.size();
+    for (int64_t b : {b1, b2}) probe(b, *t);
+    if (p.points.size() < before + 2) return;  // out of memory there: the chord stays
+  }
 }
 
 Plan Search::plan_and_confirm_tokens(Profile& profile, PlanRequest request) {

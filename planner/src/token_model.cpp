@@ -1,9 +1,11 @@
-// planner/src/token_model.cpp — peak(b, T) = c0 + a1·b·T + a2·b·T² and packing under it. See
-// accumplan/token_model.h.
+// planner/src/token_model.cpp — peak(b, T) from the measured lengths (or c0 + a1·b·T + a2·b·T²)
+// and packing under it. See accumplan/token_model.h.
 #include "accumplan/token_model.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <map>
 #include <numeric>
 #include <set>
 #include <string>
@@ -155,11 +157,99 @@ TokenMemoryModel TokenMemoryModel::fit(const std::vector<TokenPoint>& points) {
       m.fit_.rms_residual_bytes = quad.rms;
     }
   }
+  m.fit_columns(points);
   return m;
+}
+
+void TokenMemoryModel::fit_columns(const std::vector<TokenPoint>& points) {
+  // Of two windows at one length, a peak that did not grow with the sequences (within half a
+  // percent) is a moment that holds no activations (the gradients and a parameter-sized
+  // temporary): it bounds every prediction from below and teaches no column.
+  std::vector<bool> flat(points.size(), false);
+  for (size_t i = 0; i < points.size(); ++i) {
+    for (size_t j = 0; j < points.size(); ++j) {
+      if (points[j].seq_len == points[i].seq_len && points[j].micro_batch > points[i].micro_batch &&
+          static_cast<double>(points[j].peak_bytes) <= 1.005 * static_cast<double>(points[i].peak_bytes)) {
+        flat[i] = flat[j] = true;
+      }
+    }
+  }
+  std::map<int64_t, std::vector<std::pair<double, double>>> by_length;  // T -> (b, peak)
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (flat[i]) {
+      floor_bytes_ = std::max(floor_bytes_, static_cast<double>(points[i].peak_bytes));
+      continue;
+    }
+    by_length[points[i].seq_len].push_back(
+        {static_cast<double>(points[i].micro_batch), static_cast<double>(points[i].peak_bytes)});
+  }
+  std::vector<TokenColumn> lines;
+  for (const auto& [t, xy] : by_length) {
+    const bool two_sizes = std::any_of(xy.begin(), xy.end(), [&](const auto& q) { return q.first != xy.front().first; });
+    if (!two_sizes) continue;
+    const detail::Line l = detail::weighted_line(xy, [](double b) { return b; });
+    if (!(l.slope > 0)) return;  // a length whose peak does not grow with b: the fit decides
+    lines.push_back({t, l.intercept, l.slope});
+  }
+  if (lines.empty()) return;
+  std::vector<TokenColumn> all = lines;
+  for (const auto& [t, xy] : by_length) {
+    if (std::any_of(lines.begin(), lines.end(), [t = t](const TokenColumn& c) { return c.seq_len == t; })) continue;
+    const TokenColumn& near = *std::min_element(lines.begin(), lines.end(), [t = t](const auto& x, const auto& y) {
+      return std::llabs(x.seq_len - t) < std::llabs(y.seq_len - t);
+    });
+    double per_sequence = 0;  // the mean over its windows, above the neighbour's intercept
+    for (const auto& [b, peak] : xy) per_sequence += (peak - near.intercept_bytes) / b;
+    per_sequence /= static_cast<double>(xy.size());
+    if (!(per_sequence > 0)) return;
+    all.push_back({t, near.intercept_bytes, per_sequence});
+  }
+  std::sort(all.begin(), all.end(), [](const auto& x, const auto& y) { return x.seq_len < y.seq_len; });
+  if (all.size() >= 2) columns_ = std::move(all);
+}
+
+double TokenMemoryModel::segment_bytes(size_t i, double b, double t) const {
+  const TokenColumn& l = columns_[i];
+  const TokenColumn& r = columns_[i + 1];
+  const double tl = static_cast<double>(l.seq_len), tr = static_cast<double>(r.seq_len);
+  const double u = (t - tl) / (tr - tl);
+  const double per_token = l.bytes_per_sequence / tl + u * (r.bytes_per_sequence / tr - l.bytes_per_sequence / tl);
+  const double intercept = std::clamp(l.intercept_bytes + u * (r.intercept_bytes - l.intercept_bytes),
+                                      std::min(l.intercept_bytes, r.intercept_bytes),
+                                      std::max(l.intercept_bytes, r.intercept_bytes));
+  return intercept + b * t * std::max(per_token, 0.0);
+}
+
+std::optional<int64_t> TokenMemoryModel::least_certain_length(int64_t tokens, double fraction) const {
+  std::optional<int64_t> where;
+  double widest = fraction;
+  for (size_t i = 0; i + 1 < columns_.size(); ++i) {
+    // The geometric middle: a per-sequence cost curves the peak most at the short end.
+    const int64_t t = static_cast<int64_t>(
+        std::sqrt(static_cast<double>(columns_[i].seq_len) * static_cast<double>(columns_[i + 1].seq_len)));
+    if (t <= columns_[i].seq_len) continue;  // neighbours: nothing between them
+    const double b = static_cast<double>(std::max<int64_t>(1, tokens / t)), td = static_cast<double>(t);
+    const double chord = segment_bytes(i, b, td);
+    std::optional<double> floor;  // the neighbouring segments reach in from outside: below the peak
+    if (i > 0) floor = segment_bytes(i - 1, b, td);
+    if (i + 2 < columns_.size()) floor = std::max(floor.value_or(0.0), segment_bytes(i + 1, b, td));
+    if (!floor || !(chord > 0)) continue;
+    const double gap = (chord - *floor) / chord;
+    if (gap > widest) {
+      widest = gap;
+      where = t;
+    }
+  }
+  return where;
 }
 
 double TokenMemoryModel::predict_bytes(int64_t micro_batch, int64_t seq_len) const {
   const double b = static_cast<double>(micro_batch), t = static_cast<double>(seq_len);
+  if (!columns_.empty()) {
+    size_t i = 0;  // the interval holding T; the first or last one's line beyond the columns
+    while (i + 2 < columns_.size() && columns_[i + 1].seq_len < seq_len) ++i;
+    return std::max(floor_bytes_, segment_bytes(i, b, t));
+  }
   return fit_.intercept_bytes + fit_.bytes_per_token * b * t + fit_.bytes_per_token_squared * b * t * t;
 }
 
@@ -176,10 +266,9 @@ int64_t TokenMemoryModel::largest_micro_batch(int64_t seq_len, int64_t usable_by
   limit = std::min(std::max<int64_t>(limit, 0), kMaxSequences);
   auto fits = [&](int64_t b) { return predict_peak_bytes(b, seq_len) <= usable_bytes; };
   if (limit < 1 || seq_len < 1 || !fits(1)) return 0;
-  const double t = static_cast<double>(seq_len);
-  const double per_sequence = fit_.bytes_per_token * t + fit_.bytes_per_token_squared * t * t;
-  const double room = static_cast<double>(usable_bytes) - fit_.intercept_bytes;
-  return detail::settle_largest(std::floor(room / per_sequence), limit, fits);
+  const double per_sequence = predict_bytes(2, seq_len) - predict_bytes(1, seq_len);
+  const double room = static_cast<double>(usable_bytes) - predict_bytes(1, seq_len);
+  return detail::settle_largest(1.0 + std::floor(room / per_sequence), limit, fits);
 }
 
 int64_t TokenMemoryModel::longest_sequence(int64_t usable_bytes, int64_t limit) const {
@@ -197,20 +286,23 @@ int64_t TokenMemoryModel::token_budget(int64_t usable_bytes, int64_t max_seq_len
   checked_in_range(max_seq_len, 1, kMaxSeqLen, "the longest sequence");
   const int64_t per_sequence = largest_micro_batch(max_seq_len, usable_bytes);
   if (per_sequence < 1) return 0;
-  // c0 + B·(a1 + a2·T) <= usable at T = max_seq_len; b = B / T need not be whole, so the budget
-  // may exceed largest_micro_batch(T)·T by up to T − 1 tokens. Settled against the integer
-  // predictor at whole multiples of T: the budget never claims more than the model allows.
+  // At T = max_seq_len: b = B / T need not be whole, so the budget may exceed
+  // largest_micro_batch(T)·T by up to T − 1 tokens, as the room left above those whole sequences
+  // allows at the per-token cost of one more. Capped at 2^40 tokens like a microbatch's samples,
+  // so the cast stays inside int64.
   const double t = static_cast<double>(max_seq_len);
-  const double per_token = fit_.bytes_per_token + fit_.bytes_per_token_squared * t;
-  const double room = static_cast<double>(usable_bytes) - fit_.intercept_bytes;
-  const double cap = static_cast<double>(kMaxSequences);
-  double budget = std::floor(std::min(room / per_token, cap));
+  const double whole_bytes = predict_bytes(per_sequence, max_seq_len);
+  const double per_token = (predict_bytes(per_sequence + 1, max_seq_len) - whole_bytes) / t;
+  const double room = static_cast<double>(usable_bytes) - whole_bytes;
+  const double extra = per_token > 0 ? std::clamp(std::floor(room / per_token), 0.0, t - 1) : 0.0;
   const double whole = static_cast<double>(per_sequence) * t;
-  // The closed form is the real-valued bound; below the largest whole multiple means rounding
-  // went the wrong way, and more than one more sequence's worth would contradict the predictor.
-  // Capped at 2^40 tokens like a microbatch's samples, so the cast stays inside int64.
-  budget = std::min(std::max(whole, std::min(budget, whole + t - 1)), cap);
-  return static_cast<int64_t>(budget);
+  const int64_t budget = static_cast<int64_t>(std::min(whole + extra, static_cast<double>(kMaxSequences)));
+  // Shorter whole sequences may peak higher at the same tokens: the largest budget below that
+  // holds for every length (the worst peak grows with the budget).
+  auto fits = [&](int64_t tokens) { return worst_packed_peak_bytes(tokens, max_seq_len) <= usable_bytes; };
+  if (fits(budget)) return budget;
+  if (budget <= 1) return 0;
+  return detail::settle_largest(static_cast<double>(budget - 1), budget - 1, fits);
 }
 
 int64_t TokenMemoryModel::worst_packed_peak_bytes(int64_t token_budget, int64_t max_seq_len) const {

@@ -525,19 +525,19 @@ TEST_CASE("Search: variable lengths get one window of the shortest sequences at 
   CHECK(short_window->first > 1000);  // about the token budget's worth: tens of thousands of tokens
   const TokenMemoryModel model = TokenMemoryModel::fit(p);
   const int64_t tokens = model.token_budget(budget, 1024);
-  for (int64_t t : {16, 32, 64, 256, 1024}) {
+  for (int64_t t : {16, 24, 32, 48, 64, 100, 256, 700, 1024}) {
     const int64_t b = tokens / t;
     const double predicted = static_cast<double>(model.predict_peak_bytes(b, t)), measured = static_cast<double>(d.peak(b, t));
     INFO("b = " << b << ", T = " << t << ": predicted " << predicted << ", measured " << measured);
-    // Both ends measured: within 2%. Between them the per-sequence part is spread over the
-    // tokens: over, never under, the peak.
-    if (t == 16 || t == 1024) CHECK(predicted == Approx(measured).epsilon(0.02));
-    else CHECK(predicted >= 0.98 * measured);
+    // The per-sequence cost makes the peak at one token count convex in T: the lengths measured
+    // between the ends bring every chord within the search's half percent, never under.
+    CHECK(predicted >= measured);
+    CHECK(predicted <= 1.005 * measured);
   }
-  // Without the short window the same fit misses the short ones by far more.
+  // The grid's lengths alone (T_max / 4 and up) miss the short ones by far more.
   Profile grid_only = p;
   grid_only.points.erase(std::remove_if(grid_only.points.begin(), grid_only.points.end(),
-                                        [](const ProfilePoint& q) { return *q.seq_len == 16; }),
+                                        [](const ProfilePoint& q) { return *q.seq_len < 256; }),
                          grid_only.points.end());
   const TokenMemoryModel without = TokenMemoryModel::fit(grid_only);
   CHECK(static_cast<double>(without.predict_peak_bytes(tokens / 16, 16)) < 0.9 * static_cast<double>(d.peak(tokens / 16, 16)));

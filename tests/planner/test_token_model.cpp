@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
@@ -69,6 +70,77 @@ TEST_CASE("Token model: one sequence length cannot tell T^2 from T", "[token][fi
   const TokenMemoryModel m = TokenMemoryModel::fit(pts);
   CHECK_FALSE(m.summary().quadratic);
   CHECK(m.summary().bytes_per_token == Approx(static_cast<double>(MiB) / 128).epsilon(1e-9));
+}
+
+namespace {
+
+// A decoder's peak as measured: the higher of two moments, each c + b·T·(α + β·T) — the end of
+// forward (one T² copy per token) and a backward moment holding more T² copies — with the knee at
+// T = 448.5, and a moment with no activations at 9 MiB below them both.
+double two_moments(int64_t b, int64_t t) {
+  const double bt = static_cast<double>(b * t), td = static_cast<double>(t);
+  const double forward = 5.0 * MiB + bt * (25176.0 + 64.0 * td);
+  const double backward = 5.4 * MiB + bt * (10824.0 + 96.0 * td);
+  return std::max({forward, backward, 9.0 * MiB});
+}
+
+std::vector<TokenPoint> measured_at(const std::vector<std::pair<int64_t, int64_t>>& windows) {
+  std::vector<TokenPoint> pts;
+  for (const auto& [b, t] : windows) pts.push_back({b, t, static_cast<int64_t>(std::ceil(two_moments(b, t)))});
+  return pts;
+}
+
+}  // namespace
+
+TEST_CASE("Token model: a peak that is the higher of two moments is exact at every measured length, and above it between",
+          "[token][fit]") {
+  const std::vector<TokenPoint> pts = measured_at({{40, 16}, {80, 16}, {4, 128}, {8, 128}, {2, 256}, {4, 256},
+                                                   {2, 430}, {5, 430}, {2, 449}, {5, 449}, {1, 512}, {2, 512}});
+  const TokenMemoryModel m = TokenMemoryModel::fit(pts);
+  REQUIRE(m.columns().size() == 6);
+  double fit_worst = 0;
+  for (int64_t t : {16, 100, 128, 200, 256, 300, 430, 440, 449, 480, 512}) {
+    const int64_t b = std::max<int64_t>(1, 3300 / t);
+    const double truth = two_moments(b, t), predicted = static_cast<double>(m.predict_peak_bytes(b, t));
+    INFO("b=" << b << " T=" << t << ": predicted " << predicted << ", measured " << truth);
+    CHECK(predicted >= truth - 1.0);
+    CHECK(predicted <= 1.01 * truth);
+    const TokenFit& f = m.summary();
+    const double fitted = f.intercept_bytes + b * t * (f.bytes_per_token + f.bytes_per_token_squared * t);
+    fit_worst = std::max(fit_worst, std::fabs(fitted - truth) / truth);
+  }
+  for (const TokenPoint& p : pts) CHECK(std::fabs(m.predict_bytes(p.micro_batch, p.seq_len) - p.peak_bytes) <= 2.0);
+  // One c0 + a1·b·T + a2·b·T² through both moments misses by percents.
+  CHECK(fit_worst > 0.02);
+}
+
+TEST_CASE("Token model: the least certain length lies in the interval holding the knee, until it is narrow",
+          "[token][fit]") {
+  const TokenMemoryModel coarse = TokenMemoryModel::fit(measured_at({{4, 128}, {8, 128}, {2, 256}, {4, 256}, {1, 512}, {2, 512}}));
+  const std::optional<int64_t> t = coarse.least_certain_length(3300, 0.005);
+  REQUIRE(t);
+  CHECK(*t == 362);  // sqrt(256 · 512): the interval across T = 448.5
+  const TokenMemoryModel fine = TokenMemoryModel::fit(measured_at(
+      {{4, 128}, {8, 128}, {2, 256}, {4, 256}, {3, 362}, {6, 362}, {2, 430}, {5, 430}, {2, 449}, {5, 449}, {2, 479}, {4, 479}, {1, 512}, {2, 512}}));
+  const std::optional<int64_t> next = fine.least_certain_length(3300, 0.005);
+  INFO("next " << next.value_or(-1));
+  CHECK_FALSE(next);
+  // Too narrow to split: neighbouring lengths.
+  const TokenMemoryModel adjacent = TokenMemoryModel::fit(measured_at({{4, 448}, {8, 448}, {4, 449}, {8, 449}, {1, 450}, {2, 450}}));
+  CHECK_FALSE(adjacent.least_certain_length(3300, 0.0));
+}
+
+TEST_CASE("Token model: windows that peaked with no activations teach no length and bound every prediction from below",
+          "[token][fit]") {
+  // At 20 tokens, one sequence and two peak alike: the 9 MiB moment, not the activations; 165 of
+  // them (the token budget's worth, as the search's short column) are activations.
+  const TokenMemoryModel m =
+      TokenMemoryModel::fit(measured_at({{1, 20}, {2, 20}, {165, 20}, {4, 128}, {8, 128}, {1, 512}, {2, 512}}));
+  REQUIRE(two_moments(1, 20) == two_moments(2, 20));
+  REQUIRE(m.columns().front().seq_len == 20);  // from the window of 165 alone
+  CHECK(m.columns().front().intercept_bytes == m.columns()[1].intercept_bytes);
+  CHECK(m.predict_peak_bytes(1, 20) == static_cast<int64_t>(std::ceil(two_moments(1, 20))));
+  CHECK(m.predict_peak_bytes(100, 20) >= two_moments(100, 20) - 1.0);
 }
 
 TEST_CASE("Token model: too few token counts, or peaks that shrink, are refused", "[token][fit][errors]") {

@@ -1,18 +1,26 @@
 // accumplan/token_model.h — the memory of a microbatch of b sequences padded to T tokens, and the
 // packing of a window's sequences under it (variable-length sequences: the planner side).
 //
-// What it is: `TokenMemoryModel`, a weighted least-squares fit of
-//     peak(b, T) = c0 + a1·b·T + a2·b·T²        (c0 = persistent + a0; bytes)
-// to measured (b, T, peak) points. a1 is the per-token cost (activations of every layer); a2 the
-// per-token cost that grows with the sequence (attention scores without a fused kernel hold
-// b·heads·T² numbers). The quadratic term is kept only when it is positive and halves the largest
-// residual of the line in b·T; otherwise a2 = 0 and the model is the line. From the fit: the
-// largest number of sequences of length T that fit a usable budget, the longest sequence that fits
-// alone, the token budget (padded tokens per microbatch) that fits at the longest allowed length,
-// and `pack_by_token_budget`, which packs a window's sequences (longest first, each microbatch
-// padded to its own longest) under that budget at the least measured cost (`TokenStepCost`:
-// microbatches against padded tokens, fitted in accumplan/step_time.h), and `token_windows`, which cuts data into windows of a
-// number of valid tokens (--target-tokens).
+// What it is: `TokenMemoryModel`. A window's peak is the highest of the live bytes over its
+// moments, each c + b·T·(α + β·T) (saved activations per token, attention scores per token per T):
+// linear in b at one length, and at one token count b·T convex in T, with a knee where another
+// moment becomes the highest (a decoder's end of forward below T ≈ 450, a backward moment that
+// holds more T² copies above it). So the peak is predicted from the measured lengths
+// ("columns"): at each, the line c_T + b·s_T through its windows; between two neighbours, the
+// per-token cost s_T / T interpolated linearly in T (exact within one moment's range, above the
+// peak across a knee: a chord of a convex function); the prediction is the highest of those
+// segments, each extended over every length, so a segment of one moment is exact across the
+// other's columns. Where fewer than two lengths hold two window sizes, the weighted least-squares
+// fit of peak(b, T) = c0 + a1·b·T + a2·b·T² (always computed: its residuals size the plan's
+// margin; a2 kept only when positive and it halves the line's largest residual). From the
+// model: the largest number of sequences of length T that fit a usable budget, the longest
+// sequence that fits alone, the token budget (padded tokens per microbatch) that fits at the
+// longest allowed length, the length between two columns where the prediction is least certain
+// (where the search measures next), and `pack_by_token_budget`, which packs a window's sequences
+// (longest first, each microbatch padded to its own longest) under that budget at the least
+// measured cost (`TokenStepCost`: microbatches against padded tokens, fitted in
+// accumplan/step_time.h), and `token_windows`, which cuts data into windows of a number of valid
+// tokens (--target-tokens).
 // What it is not: a guarantee: like the sample model it is a prediction that a real window
 // confirms (the profiler, src/profiling/probe_runner.h). Nor torch-aware: the executor and the
 // Python reader call these with nothing but lengths, a budget and the plan's step cost.
@@ -32,6 +40,13 @@ struct TokenPoint {
   int64_t micro_batch = 0;
   int64_t seq_len = 0;
   int64_t peak_bytes = 0;
+};
+
+// One measured length: peak = intercept + b·bytes_per_sequence through its windows.
+struct TokenColumn {
+  int64_t seq_len = 0;
+  double intercept_bytes = 0;
+  double bytes_per_sequence = 0;
 };
 
 struct TokenFit {
@@ -55,6 +70,10 @@ class TokenMemoryModel {
   static TokenMemoryModel fit(const Profile& profile);
 
   const TokenFit& summary() const { return fit_; }
+  // The measured lengths the prediction interpolates, shortest first; empty when fewer than two
+  // (then the prediction is the least-squares fit). A length measured at one window size only
+  // (the short column) takes the intercept of the nearest length measured at two.
+  const std::vector<TokenColumn>& columns() const { return columns_; }
   double predict_bytes(int64_t micro_batch, int64_t seq_len) const;
   int64_t predict_peak_bytes(int64_t micro_batch, int64_t seq_len) const;  // rounded up
 
@@ -65,8 +84,9 @@ class TokenMemoryModel {
   int64_t longest_sequence(int64_t usable_bytes, int64_t limit = kMaxSeqLen) const;
   // The largest token budget B (padded tokens per microbatch) such that every microbatch of b
   // sequences padded to T <= max_seq_len with b·T <= B is predicted to fit usable_bytes: the
-  // peak c0 + b·T·(a1 + a2·T) grows with T at fixed b·T, so the bound is taken at max_seq_len
-  // (conservative for shorter sequences when a2 > 0). 0 when not even one max_seq_len sequence fits.
+  // bound at max_seq_len (b need not be whole there), lowered while a shorter length's whole
+  // sequences peak higher (worst_packed_peak_bytes: a per-sequence cost makes short sequences
+  // cost more per token). 0 when not even one max_seq_len sequence fits.
   int64_t token_budget(int64_t usable_bytes, int64_t max_seq_len) const;
   // The highest peak any microbatch packed under `token_budget` can reach with sequences of at most
   // max_seq_len tokens: b = floor(budget / L) sequences padded to L, over every L <= max_seq_len
@@ -82,11 +102,23 @@ class TokenMemoryModel {
   int64_t predict_microbatch_peak_bytes(int64_t micro_batch, int64_t seq_len, bool first_in_window,
                                         bool optimizer_state_exists) const;
 
+  // The length midway (geometrically) between two neighbouring columns where the prediction for `tokens` padded
+  // tokens of it is least certain, when the gap there between the chord and the longest-reaching
+  // neighbouring segments (a lower bound, the peak being convex in T) exceeds `fraction` of the
+  // prediction; nullopt when every interval is that certain or too narrow to split.
+  std::optional<int64_t> least_certain_length(int64_t tokens, double fraction) const;
+
   static constexpr int64_t kMaxSequences = int64_t{1} << 40;  // as MemoryModel::kMaxMicroBatch
   static constexpr int64_t kMaxSeqLen = int64_t{1} << 31;     // a tensor spec's dimension bound
 
  private:
+  // Segment i's prediction (columns i, i + 1) at (b, T), extended past its two lengths.
+  double segment_bytes(size_t i, double b, double t) const;
+  void fit_columns(const std::vector<TokenPoint>& points);
+
   TokenFit fit_;
+  std::vector<TokenColumn> columns_;
+  double floor_bytes_ = 0;  // a window that peaked with no activations: no prediction is lower
   int64_t gradients_bytes_ = 0;        // the profile's persistent gradients
   int64_t optimizer_state_bytes_ = 0;  // and optimizer state
 };
