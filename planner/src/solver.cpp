@@ -698,11 +698,12 @@ TokenSolution solve_token_budget(const Profile& profile, const PlanRequest& requ
   TokenSolution ts;
   // The margin, by the sample plans' rule (margin_model), on the activations of the worst
   // microbatch: per padded token at T_max.
-  ts.per_token = f.bytes_per_token + f.bytes_per_token_squared * static_cast<double>(t_max);
+  ts.per_token = (model.predict_bytes(2, t_max) - model.predict_bytes(1, t_max)) / static_cast<double>(t_max);
   const MarginModel mm = margin_model(request.headroom, f.max_abs_residual_bytes, ts.per_token);
   // c0 + (1 + fraction)·B·per_token + extra <= budget: B from the closed form, then the fraction's
   // bytes at that B, then the model's own settled budget under what is left.
-  const double room = static_cast<double>(budget - mm.predicted_extra()) - f.intercept_bytes;
+  const double intercept = model.predict_bytes(1, t_max) - ts.per_token * static_cast<double>(t_max);
+  const double room = static_cast<double>(budget - mm.predicted_extra()) - intercept;
   const double estimate = room > 0 ? std::floor(room / (ts.per_token * (1.0 + mm.fraction))) : 0.0;
   const int64_t estimate_tokens = static_cast<int64_t>(std::min(estimate, 1e15));
   ts.margin = mm.describe(estimate_tokens, false);
@@ -791,8 +792,10 @@ void fill_token_memory(Plan& plan, const Profile& profile, const TokenMemoryMode
   mem.weights_bytes = profile.persistent.weights_bytes;
   mem.gradients_bytes = profile.persistent.gradients_bytes;
   mem.optimizer_state_bytes = profile.persistent.optimizer_state_bytes;
-  mem.activation_fixed_bytes = ceil_bytes(f.intercept_bytes) - profile.persistent.total();
-  mem.activation_bytes_per_sample = ts.per_token * static_cast<double>(t_max);  // one sequence padded to T_max
+  // One sequence padded to T_max, and what the model holds without any at that length.
+  mem.activation_bytes_per_sample = ts.per_token * static_cast<double>(t_max);
+  mem.activation_fixed_bytes =
+      ceil_bytes(model.predict_bytes(1, t_max) - mem.activation_bytes_per_sample) - profile.persistent.total();
   plan.fit.target = "peak_bytes";
   plan.fit.intercept_bytes = f.intercept_bytes;
   plan.fit.slope_bytes_per_sample = mem.activation_bytes_per_sample;
@@ -801,8 +804,21 @@ void fill_token_memory(Plan& plan, const Profile& profile, const TokenMemoryMode
   plan.fit.rms_residual_bytes = f.rms_residual_bytes;
 }
 
+// How the peak was predicted: from the measured lengths, or the fit's formula.
+std::string token_peak_source(const TokenMemoryModel& model) {
+  const std::vector<TokenColumn>& c = model.columns();
+  if (!c.empty()) {
+    return "from the windows measured at " + std::to_string(c.size()) + " lengths, " + std::to_string(c.front().seq_len) +
+           ".." + std::to_string(c.back().seq_len) + " tokens";
+  }
+  const TokenFit& f = model.summary();
+  return format_bytes(static_cast<int64_t>(f.intercept_bytes)) + " + tokens x " +
+         format_bytes(static_cast<int64_t>(f.bytes_per_token)) +
+         (f.quadratic ? " + tokens x T x " + std::to_string(f.bytes_per_token_squared) + " bytes" : std::string());
+}
+
 // One paragraph: why a token plan packs as it does.
-std::string token_reason(const Plan& plan, const TokenFit& f, const PlanRequest& request) {
+std::string token_reason(const Plan& plan, const TokenMemoryModel& model, const PlanRequest& request) {
   const int64_t t_max = plan.tokens->max_seq_len, token_budget = plan.tokens->token_budget;
   const int64_t budget = plan.memory.budget_bytes, margin_bytes = plan.memory.margin_bytes;
   const int64_t T = plan.per_rank_batch, m_max = plan.max_micro_batch, B = plan.target_batch;
@@ -811,9 +827,8 @@ std::string token_reason(const Plan& plan, const TokenFit& f, const PlanRequest&
   std::ostringstream why;
   why << "Sequences of up to " << t_max << " tokens: a token budget of " << token_budget
       << " padded tokens per microbatch is predicted to fit the " << format_bytes(budget) << " budget less a margin of "
-      << format_bytes(margin_bytes) << " (peak " << format_bytes(mem.predicted_peak_bytes) << " = "
-      << format_bytes(static_cast<int64_t>(f.intercept_bytes)) << " + tokens x " << format_bytes(static_cast<int64_t>(f.bytes_per_token))
-      << (f.quadratic ? " + tokens x T x " + std::to_string(f.bytes_per_token_squared) + " bytes" : std::string()) << ")"
+      << format_bytes(margin_bytes) << " (peak " << format_bytes(mem.predicted_peak_bytes)
+      << (model.columns().empty() ? " = " : ", ") << token_peak_source(model) << ")"
       << "; each window is packed longest first under it, so short sequences share a microbatch"
       << (plan.tokens->step_cost
               ? ", cut where the measured step times predict the least time (a microbatch costs as much as " +
@@ -867,7 +882,7 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   plan.confirmed = ran != nullptr;
   if (ran) plan.confirmed_peak_bytes = ran->peak_bytes;
   fill_token_memory(plan, profile, model, ts, budget);
-  plan.reason = token_reason(plan, model.summary(), request);
+  plan.reason = token_reason(plan, model, request);
   copy_provenance(plan, profile);
   return plan;
 }

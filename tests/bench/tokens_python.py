@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""tokens_python.py — the token benchmark's two settings planned and trained from Python (issue 40).
+"""tokens_python.py — variable-length settings planned and trained from Python.
 
-What it does: for each setting of tests/bench/tokens_bench.py (`decoder`: a GPT-style decoder on
-log-normal lengths with next-token targets; `tagger`: a bidirectional tagger on bimodal lengths
-with per-token targets and a padding mask; the same models, lengths, data, budgets and windows), it
+What it does: for each setting (`decoder` and `tagger` of tests/bench/tokens_bench.py: a GPT-style
+decoder on log-normal lengths with next-token targets, a bidirectional tagger on bimodal lengths
+with per-token targets and a padding mask, the same models, lengths, data and budgets; `mixed`: a
+4-block decoder on 80% short (16..64) and 20% long (256..512) sequences under 200 MiB, planned on
+its first 64 sequences with max_seq_len=512), it
   1. plans the ragged data with `accumplan.plan` on the nn.Module (a list of 1-D token tensors) and,
      for comparison, with the CLI (`accumplan --batch-file`) on the module's TorchScript export;
-  2. trains the same windows from the same start in two variants, `--repeats` times round-robin
-     in this one process (so drift of the machine hits both alike):
-       packed  `plan.train_window` on each window's list of sequences (packed by the plan's C++
-               packer and step cost under its token budget);
+  2. trains the same windows from the same start in three variants, `--repeats` times round-robin
+     in this one process (so drift of the machine hits all alike):
+       packed  `plan.train_window` on each window's list of sequences (the default packing="time":
+               the plan's C++ packer and step cost under its token budget);
+       fill    the same with packing="fill" (each microbatch as full as the token budget allows);
        sorted  the same plan without its token budget: its sample split on each window's sequences
                sorted longest first, each microbatch cut to its own longest (Hugging Face's
                group_by_length), also `train_window`;
@@ -28,7 +31,7 @@ CLI's C++ executor (another code path than train_window).
 What it is not: a GPU benchmark (CPU throughput on 2 threads) nor a test (it asserts nothing; it
 prints the issue's targets beside the figures).
 
-    build/venv/bin/python tests/bench/tokens_python.py [--setting decoder|tagger|all] [--repeats 3]
+    build/venv/bin/python tests/bench/tokens_python.py [--setting decoder|tagger|mixed|all] [--repeats 3]
 """
 import argparse
 import copy
@@ -53,6 +56,15 @@ import accumplan  # noqa: E402
 
 MIB = 1024.0 * 1024.0
 TARGETS = {"packed_vs_sorted": 1.15, "peak_error": 0.01, "budget_vs_cli": 0.02, "update": 1e-6}
+VARIANTS = ("packed", "fill", "sorted")
+MIXED = {
+    "vocab": 1024, "context": 512, "budget": "200MiB", "padding_mask": False, "windows": 8, "batch": 64,
+    "sample": 64, "max_seq_len": 512,
+    "model": "CausalLM(vocab 1024, context 512, width 64, 4 layers, 4 heads), adamw",
+    "distribution": "mixed: 80% uniform 16..64, 20% uniform 256..512; planned on the first 64 with max_seq_len=512",
+    "targets": "next-token targets (causal attention; padding needs no mask)",
+}
+ALL = dict(SETTINGS, mixed=MIXED)
 
 
 def say(line):
@@ -65,9 +77,14 @@ def data(name, cfg, a):
     torch.manual_seed(0)
     n = a.windows * a.batch
     g = torch.Generator().manual_seed(2)
-    if name == "decoder":
-        model = CausalLM(cfg["vocab"], cfg["context"], width=64, layers=2, heads=4)
-        lengths = lengths_lognormal(n, 1, cfg["context"])
+    if name in ("decoder", "mixed"):
+        if name == "decoder":
+            model = CausalLM(cfg["vocab"], cfg["context"], width=64, layers=2, heads=4)
+            lengths = lengths_lognormal(n, 1, cfg["context"])
+        else:
+            model = CausalLM(cfg["vocab"], cfg["context"], width=64, layers=4, heads=4)
+            lengths = lengths_bimodal(n, 1, cfg["context"], short=(16, 64), long=(256, 512), p_long=0.2)
+            lengths[0], lengths[70] = 300, 512  # the sample need not hold max_seq_len; a later window does
         seqs = [torch.randint(0, cfg["vocab"], (l,), generator=g) for l in lengths]
         return model.train(), seqs, None
     model = TokenTagger(cfg["vocab"], cfg["context"], width=96, layers=3, heads=4, classes=cfg["classes"], pad=0)
@@ -110,6 +127,10 @@ def summary(windows):
             # them (measured_peak_bytes, packed_predicted_peak_bytes: the highest of each).
             "predicted_peak_bytes": max((w["predicted_peak_bytes"] or 0) for w in windows) or None,
             "window_peaks": [[w["peak_bytes"], w["predicted_peak_bytes"]] for w in windows],
+            # Every window after a run's first (the first runs before the optimizer's state exists
+            # and the step-time fit has microbatches of its own).
+            "later_peak_errors": [(w["predicted_peak_bytes"] - w["peak_bytes"]) / w["peak_bytes"]
+                                  for w in windows[1:] if w["predicted_peak_bytes"]],
             "oom_recoveries": sum(w["oom_recoveries"] for w in windows),
             "peak_errors": [(w["predicted_peak_bytes"] - w["peak_bytes"]) / w["peak_bytes"]
                             for w in windows if w["predicted_peak_bytes"]],
@@ -163,24 +184,59 @@ def same_windows(py_plan, cli):
     return {"%dx%d" % k: py[k] / c[k] for k in sorted(set(py) & set(c))}
 
 
+def short_windows(name, cfg, start, sample_seqs, sample_targets):
+    """Windows of only the setting's shortest sequences at the whole token budget (and at half
+    of it), each one microbatch, measured against the prediction: a plan of the same sample at a
+    batch large enough to hold that many sequences in one window."""
+    model = copy.deepcopy(start)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    plan = accumplan.plan(model, sample_seqs, sample_targets, target_batch=4096, optimizer=opt,
+                          memory_budget=cfg["budget"], device="cpu", padding_mask=cfg["padding_mask"],
+                          max_seq_len=cfg.get("max_seq_len"), progress=False)
+    tokens = plan.tokens["token_budget"]
+    g = torch.Generator().manual_seed(5)
+
+    def window(b, t):
+        x = [torch.randint(1, cfg["vocab"], (t,), generator=g) for _ in range(b)]
+        y = None if sample_targets is None else [torch.randint(0, cfg["classes"], (t,), generator=g) for _ in range(b)]
+        return plan.train_window(model, opt, x, y, measure_memory=True, packing="fill")
+
+    window(max(1, tokens // 128), 128)  # the optimizer's state exists from here on
+    shortest = min(s.numel() for s in sample_seqs)
+    rows = []
+    for t in (shortest, 2 * shortest):
+        for b in (tokens // t, tokens // (2 * t)):
+            st = window(b, t)
+            rows.append({"micro_batch": b, "seq_len": t, "peak_bytes": st.peak_bytes,
+                         "predicted_peak_bytes": st.predicted_peak_bytes, "microbatches": len(st.microbatch_sizes)})
+    say("%s: short windows: %s" % (name, ", ".join("%dx%d %+.2f%%" % (r["micro_batch"], r["seq_len"], 100 * (
+        r["predicted_peak_bytes"] - r["peak_bytes"]) / r["peak_bytes"]) for r in rows)))
+    return {"token_budget": tokens, "rows": rows}
+
+
 def bench_setting(name, a):
-    cfg = SETTINGS[name]
+    cfg = ALL[name]
+    a = argparse.Namespace(**dict(vars(a), windows=a.windows or cfg.get("windows", 12), batch=a.batch or cfg.get("batch", 32)))
     scratch = os.path.join(a.scratch, name)
     os.makedirs(scratch, exist_ok=True)
     start, seqs, targets = data(name, cfg, a)
     planning = copy.deepcopy(start)
+    sample = cfg.get("sample", len(seqs))
     t0 = time.time()
-    plan = accumplan.plan(planning, seqs, targets, target_batch=a.batch,
+    plan = accumplan.plan(planning, seqs[:sample], None if targets is None else targets[:sample], target_batch=a.batch,
                           optimizer=torch.optim.AdamW(planning.parameters(), lr=1e-3), memory_budget=cfg["budget"],
-                          device="cpu", padding_mask=cfg["padding_mask"], progress=False)
+                          device="cpu", padding_mask=cfg["padding_mask"], max_seq_len=cfg.get("max_seq_len"),
+                          progress=False)
     plan_seconds = time.time() - t0
     say("%s: planned in %.1f s: %s, token budget %s" % (name, plan_seconds, plan, plan.tokens["token_budget"]))
+    short = short_windows(name, cfg, start, seqs[:sample], None if targets is None else targets[:sample])
     sample_plan = accumplan.load_plan({k: v for k, v in plan.raw.items() if k != "tokens"})
-    runs = {"packed": [], "sorted": []}
+    runs = {v: [] for v in VARIANTS}
     for r in range(a.repeats):
-        for variant in ("packed", "sorted"):
-            windows, _ = train_run(plan if variant == "packed" else sample_plan, start, seqs, targets, a,
-                                   None if variant == "packed" else "sorted")
+        for variant in VARIANTS:
+            windows, _ = train_run(sample_plan if variant == "sorted" else plan, start, seqs, targets, a,
+                                   "sorted" if variant == "sorted" else None,
+                                   packing="fill" if variant == "fill" else "time")
             s = summary(windows)
             s["microbatches_per_window"] = [w["microbatches"] for w in windows]
             runs[variant].append(s)
@@ -191,6 +247,7 @@ def bench_setting(name, a):
     update = max(float((p.detach() - cli_params[k].detach()).abs().max()) for k, p in filled.named_parameters())
     med = {v: statistics.median(x["tokens_per_second"] for x in runs[v]) for v in runs}
     errors = [e for x in runs["packed"] for e in x["peak_errors"]]
+    later = {v: [e for x in runs[v] for e in x["later_peak_errors"]] for v in ("packed", "fill")}
     run_errors = [(x["predicted_peak_bytes"] - x["peak_bytes"]) / x["peak_bytes"] for x in runs["packed"]]
     return {
         "setting": name, "model": cfg["model"], "distribution": cfg["distribution"], "targets": cfg["targets"],
@@ -204,6 +261,11 @@ def bench_setting(name, a):
         "cli_predicted_peak_bytes": cli["memory"]["predicted_peak_bytes"],
         "budget_bytes": plan.memory["budget_bytes"],
         "median_tokens_per_second": med, "packed_vs_sorted": med["packed"] / med["sorted"],
+        "packed_vs_fill": med["packed"] / med["fill"],
+        "short_windows": short,
+        "later_peak_errors": later,
+        "over_budget_windows": {v: sum(p > plan.memory["budget_bytes"] for x in runs[v] for p, _ in x["window_peaks"])
+                                for v in runs},
         "packed_peak_error_max_abs": max(abs(e) for e in errors) if errors else None,
         "packed_run_peak_errors": run_errors,
         "packed_peak_errors": errors,
@@ -212,6 +274,17 @@ def bench_setting(name, a):
         "max_param_difference_vs_cli": update,
         "runs": runs,
     }
+
+
+def runs_of(s, variant):
+    return ", ".join("%.0f" % x["tokens_per_second"] for x in s["runs"][variant])
+
+
+def error_range(errors):
+    if not errors:
+        return "none predicted"
+    return "%d of %d within 1%%, from %+.2f%% to %+.2f%%" % (sum(abs(e) <= 0.01 for e in errors), len(errors),
+                                                           100 * min(errors), 100 * max(errors))
 
 
 def lines_of(s):
@@ -235,18 +308,21 @@ def lines_of(s):
         % (100 * (s["python_torchscript_token_budget"] - s["cli_token_budget"]) / s["cli_token_budget"]),
         "- token budget, Python on the nn.Module vs CLI on its export: %+.2f%%; the peaks each measured at the same "
         "(b x T) windows, Python's / the CLI's: %s (on the export from Python: %s)"
-        % (100 * budget_gap, ", ".join("%s %.3f" % kv for kv in s["peak_ratio_same_windows"].items()),
+        % (100 * budget_gap, ", ".join("%s %.3f" % kv for kv in s["peak_ratio_same_windows"].items()) or "none in common",
            ", ".join("%s %.3f" % kv for kv in s["torchscript_peak_ratio_same_windows"].items())),
-        "- valid tokens/s, median of %d: packed %.0f (%s), sorted %.0f (%s); packed / sorted **%.2f** (target >= %.2f)"
-        % (len(s["runs"]["packed"]), med["packed"],
-           ", ".join("%.0f" % x["tokens_per_second"] for x in s["runs"]["packed"]), med["sorted"],
-           ", ".join("%.0f" % x["tokens_per_second"] for x in s["runs"]["sorted"]), s["packed_vs_sorted"],
-           TARGETS["packed_vs_sorted"]),
-        "- microbatches per window: packed %.1f (first repeat, by window: %s; the first windows fill the budget "
-        "until the step-time fit has enough microbatches), sorted %.1f"
+        "- valid tokens/s, median of %d: packed (packing=\"time\", the default) %.0f (%s), fill %.0f (%s), sorted %.0f "
+        "(%s); packed / sorted **%.2f** (target >= %.2f), packed / fill **%.2f** (target >= 1)"
+        % (len(s["runs"]["packed"]), med["packed"], runs_of(s, "packed"), med["fill"], runs_of(s, "fill"),
+           med["sorted"], runs_of(s, "sorted"), s["packed_vs_sorted"], TARGETS["packed_vs_sorted"], s["packed_vs_fill"]),
+        "- microbatches per window: packed %.1f (first repeat, by window: %s), fill %.1f, sorted %.1f"
         % (s["runs"]["packed"][0]["mean_microbatches"],
            " ".join(map(str, s["runs"]["packed"][0]["microbatches_per_window"])),
-           s["runs"]["sorted"][0]["mean_microbatches"]),
+           s["runs"]["fill"][0]["mean_microbatches"], s["runs"]["sorted"][0]["mean_microbatches"]),
+        "- every window after each run's first, measured peak against the prediction for what was packed (target "
+        "within 1%%): packed %s; fill %s; windows over the %.1f MiB budget: packed %d, fill %d, sorted %d"
+        % (error_range(s["later_peak_errors"]["packed"]), error_range(s["later_peak_errors"]["fill"]),
+           s["budget_bytes"] / MIB, s["over_budget_windows"]["packed"], s["over_budget_windows"]["fill"],
+           s["over_budget_windows"]["sorted"]),
         "- each packed run's peak against the plan's prediction for what it packed (the highest of each over its "
         "windows, as `accumplan run` reports them; positive = conservative; target within 1%%): %s; highest peak "
         "%.1f MiB of the %.1f MiB budget; sorted's highest %.1f MiB"
@@ -257,8 +333,14 @@ def lines_of(s):
            100 * s["packed_peak_error_max_abs"], "; ".join(
                "%.1f MiB measured, %.1f predicted" % (m / MIB, p / MIB) for x in s["runs"]["packed"]
                for m, p in x["window_peaks"] if p and abs(p - m) > 0.01 * m)),
-        "- OOM recoveries: packed %d, sorted %d (target 0)" % (s["oom_recoveries"]["packed"],
-                                                             s["oom_recoveries"]["sorted"]),
+        "- windows of only the shortest sequences (one microbatch each, planned on the same sample at a batch that "
+        "holds them; token budget %d), measured peak against the prediction (target within 2%%): %s"
+        % (s["short_windows"]["token_budget"], ", ".join(
+            "%d x %d tokens %.1f MiB measured, %.1f predicted (%+.2f%%)"
+            % (r["micro_batch"], r["seq_len"], r["peak_bytes"] / MIB, r["predicted_peak_bytes"] / MIB,
+               100 * (r["predicted_peak_bytes"] - r["peak_bytes"]) / r["peak_bytes"]) for r in s["short_windows"]["rows"])),
+        "- OOM recoveries: packed %d, fill %d, sorted %d (target 0)"
+        % (s["oom_recoveries"]["packed"], s["oom_recoveries"]["fill"], s["oom_recoveries"]["sorted"]),
         "- `accumplan run --packing fill` of the Python plan on the TorchScript export against `train_window(..., "
         "packing=\"fill\")` on the nn.Module, same data and start, after all %d windows: largest parameter "
         "difference %.2e (target 1e-6)"
@@ -269,19 +351,19 @@ def lines_of(s):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--setting", choices=("decoder", "tagger", "all"), default="all")
+    ap.add_argument("--setting", choices=("decoder", "tagger", "mixed", "all"), default="all")
     ap.add_argument("--accumplan", default=os.path.join(ROOT, "build", "accumplan"))
     ap.add_argument("--scratch", default=os.path.join(ROOT, "build", "tokens-python"))
     ap.add_argument("--out", default=os.path.join(HERE, "tokens_python.json"))
     ap.add_argument("--md", default=os.path.join(HERE, "TOKENS_PYTHON.md"))
-    ap.add_argument("--windows", type=int, default=12)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--windows", type=int, help="windows per setting (default: the setting's, 12 or 8)")
+    ap.add_argument("--batch", type=int, help="sequences per window (default: the setting's, 32 or 64)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     t0 = time.time()
-    names = ("decoder", "tagger") if a.setting == "all" else (a.setting,)
+    names = ("mixed", "tagger", "decoder") if a.setting == "all" else (a.setting,)
     settings = [bench_setting(n, a) for n in names]
     command = " ".join(["build/venv/bin/python", "tests/bench/tokens_python.py"] + [shlex.quote(x) for x in sys.argv[1:]])
     out = {"schema": "accumplan.tokens_python", "schema_version": "1.0", "date": time.strftime("%Y-%m-%d"),
@@ -289,7 +371,7 @@ def main():
            "seconds": time.time() - t0, "settings": settings}
     write_json(out, a.out)
     lines = ["# Variable-length sequences planned and packed from Python", "",
-             "- date %s, torch %s, %d CPU threads, %d interleaved repeats of packed and sorted per setting in one "
+             "- date %s, torch %s, %d CPU threads, %d interleaved repeats of packed, fill and sorted per setting in one "
              "process; the whole run took %.0f min" % (out["date"], out["torch"], a.threads, a.repeats,
                                                        out["seconds"] / 60),
              "- reproduce: `%s` (after building `accumplan` and installing the package)" % command,
