@@ -295,8 +295,8 @@ void Search::profile_short_sequences(const Profile& p, int64_t grid_shortest,
 
 // Lengths between the measured ones: the peak is convex in T (the highest of its moments), so
 // between two columns it lies between their chord and the neighbouring segments reaching in;
-// where those differ by more than half a percent of the token budget's peak, two window sizes
-// at the middle length (a knee, where another moment becomes the highest, lies there). At most
+// where those differ by more than half a percent of the token budget's peak, windows at the
+// middle length (a knee, where another moment becomes the highest, lies there). At most
 // six such lengths.
 void Search::profile_knees(Profile& p, const std::function<void(int64_t, int64_t)>& probe) {
   constexpr double kFraction = 0.005;
@@ -310,12 +310,16 @@ void Search::profile_knees(Profile& p, const std::function<void(int64_t, int64_t
     // A third and two thirds of the token budget: the peak is convex in b as well (a moment
     // with a higher constant sets it for a few sequences), so the line is measured where
     // microbatches near the budget take it.
+    // And one sequence, where a moment with a higher constant may set the peak instead.
     const int64_t b1 = std::max<int64_t>(1, tokens / (3 * *t)), b2 = std::max(b1 + 1, 2 * tokens / (3 * *t));
-    say("between the measured lengths: probing T=" + std::to_string(*t) + " at b=" + std::to_string(b1) + ", " +
-        std::to_string(b2));
+    std::vector<int64_t> sizes{b1, b2};
+    if (b1 > 1) sizes.insert(sizes.begin(), 1);
+    std::string listed;
+    for (int64_t b : sizes) listed += (listed.empty() ? "" : ", ") + std::to_string(b);
+    say("between the measured lengths: probing T=" + std::to_string(*t) + " at b=" + listed);
     const size_t before = p.points.size();
-    for (int64_t b : {b1, b2}) probe(b, *t);
-    if (p.points.size() < before + 2) return;  // out of memory there: the chord stays
+    for (int64_t b : sizes) probe(b, *t);
+    if (p.points.size() < before + sizes.size()) return;  // out of memory there: the chord stays
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <set>
 #include <string>
@@ -66,13 +67,29 @@ TokenMemoryModel TokenMemoryModel::fit(const Profile& profile) {
   TokenMemoryModel model = fit(pts);
   model.gradients_bytes_ = profile.persistent.gradients_bytes;
   model.optimizer_state_bytes_ = profile.persistent.optimizer_state_bytes;
+  // A window's first microbatch from the same windows' first microbatches, where every one was
+  // recorded: its gradients appear during its backward, so the peak's moment decides how many
+  // are resident (a decoder's long sequences peak with 70% of them, its short ones with none).
+  std::vector<TokenPoint> first;
+  for (const auto& p : profile.points) {
+    if (p.seq_len && p.first_microbatch_peak_bytes) first.push_back({p.micro_batch, *p.seq_len, *p.first_microbatch_peak_bytes});
+  }
+  if (!model.columns_.empty() && first.size() == pts.size()) {
+    try {
+      auto f = std::make_shared<const TokenMemoryModel>(fit(first));
+      if (!f->columns_.empty()) model.first_microbatch_ = std::move(f);
+    } catch (const InputError&) {
+      // the steady windows' rule below
+    }
+  }
   return model;
 }
 
 int64_t TokenMemoryModel::predict_microbatch_peak_bytes(int64_t micro_batch, int64_t seq_len, bool first_in_window,
                                                         bool optimizer_state_exists) const {
-  int64_t peak = predict_peak_bytes(micro_batch, seq_len);
-  if (first_in_window) peak -= gradients_bytes_;
+  int64_t peak = first_in_window && first_microbatch_ ? first_microbatch_->predict_peak_bytes(micro_batch, seq_len)
+                                                     : predict_peak_bytes(micro_batch, seq_len);
+  if (first_in_window && !first_microbatch_) peak -= gradients_bytes_;
   if (!optimizer_state_exists) peak -= optimizer_state_bytes_;
   return peak;
 }
@@ -162,14 +179,16 @@ TokenMemoryModel TokenMemoryModel::fit(const std::vector<TokenPoint>& points) {
 }
 
 void TokenMemoryModel::fit_columns(const std::vector<TokenPoint>& points) {
-  // Of two windows at one length, a peak that did not grow with the sequences (within half a
-  // percent) is a moment that holds no activations (the gradients and a parameter-sized
-  // temporary): it bounds every prediction from below and teaches no column.
+  // Of two windows at one length, a peak that did not grow with the sequences (by less than 0.01%
+  // of what it would if it were all per-sequence) is a moment that holds no activations (the
+  // gradients and a parameter-sized temporary): it bounds every prediction from below and
+  // teaches no column.
   std::vector<bool> flat(points.size(), false);
   for (size_t i = 0; i < points.size(); ++i) {
     for (size_t j = 0; j < points.size(); ++j) {
-      if (points[j].seq_len == points[i].seq_len && points[j].micro_batch > points[i].micro_batch &&
-          static_cast<double>(points[j].peak_bytes) <= 1.005 * static_cast<double>(points[i].peak_bytes)) {
+      const double bi = static_cast<double>(points[i].micro_batch), bj = static_cast<double>(points[j].micro_batch);
+      const double yi = static_cast<double>(points[i].peak_bytes), yj = static_cast<double>(points[j].peak_bytes);
+      if (points[j].seq_len == points[i].seq_len && bj > bi && yj - yi <= 1e-4 * yi * (bj - bi) / bi) {
         flat[i] = flat[j] = true;
       }
     }
@@ -183,35 +202,58 @@ void TokenMemoryModel::fit_columns(const std::vector<TokenPoint>& points) {
     by_length[points[i].seq_len].push_back(
         {static_cast<double>(points[i].micro_batch), static_cast<double>(points[i].peak_bytes)});
   }
+  std::vector<TokenColumn> all;
+  for (auto& [t, xy] : by_length) {
+    std::map<double, std::pair<double, int>> by_size;  // b -> (sum of peaks, count): repeats averaged
+    for (const auto& [b, peak] : xy) {
+      by_size[b].first += peak;
+      by_size[b].second += 1;
+    }
+    TokenColumn c{t, {}, 0};
+    for (const auto& [b, sum] : by_size) c.peaks.push_back({b, sum.first / sum.second});
+    for (size_t j = 0; j + 1 < c.peaks.size(); ++j) {
+      if (!(c.peaks[j + 1].second > c.peaks[j].second)) {  // not growing with b: one least-squares line
+        const detail::Line l = detail::weighted_line(xy, [](double b) { return b; });
+        if (!(l.slope > 0)) return;  // the fit decides
+        c.peaks = {{c.peaks.front().first, l.intercept + l.slope * c.peaks.front().first},
+                   {c.peaks.back().first, l.intercept + l.slope * c.peaks.back().first}};
+        break;
+      }
+    }
+    all.push_back(std::move(c));
+  }
   std::vector<TokenColumn> lines;
-  for (const auto& [t, xy] : by_length) {
-    const bool two_sizes = std::any_of(xy.begin(), xy.end(), [&](const auto& q) { return q.first != xy.front().first; });
-    if (!two_sizes) continue;
-    const detail::Line l = detail::weighted_line(xy, [](double b) { return b; });
-    if (!(l.slope > 0)) return;  // a length whose peak does not grow with b: the fit decides
-    lines.push_back({t, l.intercept, l.slope});
+  for (const auto& c : all) {
+    if (c.peaks.size() >= 2) lines.push_back(c);
   }
   if (lines.empty()) return;
-  std::vector<TokenColumn> all = lines;
-  for (const auto& [t, xy] : by_length) {
-    if (std::any_of(lines.begin(), lines.end(), [t = t](const TokenColumn& c) { return c.seq_len == t; })) continue;
-    const TokenColumn& near = *std::min_element(lines.begin(), lines.end(), [t = t](const auto& x, const auto& y) {
+  for (auto& c : all) {
+    if (c.peaks.size() >= 2) continue;
+    const int64_t t = c.seq_len;
+    const TokenColumn& near = *std::min_element(lines.begin(), lines.end(), [t](const auto& x, const auto& y) {
       return std::llabs(x.seq_len - t) < std::llabs(y.seq_len - t);
     });
-    double per_sequence = 0;  // the mean over its windows, above the neighbour's intercept
-    for (const auto& [b, peak] : xy) per_sequence += (peak - near.intercept_bytes) / b;
-    per_sequence /= static_cast<double>(xy.size());
-    if (!(per_sequence > 0)) return;
-    all.push_back({t, near.intercept_bytes, per_sequence});
+    c.borrowed_intercept_bytes = near.line_at(c.peaks.front().first).intercept_bytes;
+    if (!(c.peaks.front().second > c.borrowed_intercept_bytes)) return;
   }
-  std::sort(all.begin(), all.end(), [](const auto& x, const auto& y) { return x.seq_len < y.seq_len; });
   if (all.size() >= 2) columns_ = std::move(all);
 }
 
+TokenLine TokenColumn::line_at(double micro_batch) const {
+  if (peaks.size() == 1) {
+    return {borrowed_intercept_bytes, (peaks.front().second - borrowed_intercept_bytes) / peaks.front().first};
+  }
+  size_t j = 0;
+  while (j + 2 < peaks.size() && peaks[j + 1].first < micro_batch) ++j;
+  const auto& [b0, y0] = peaks[j];
+  const auto& [b1, y1] = peaks[j + 1];
+  const double slope = (y1 - y0) / (b1 - b0);
+  return {y0 - slope * b0, slope};
+}
+
 double TokenMemoryModel::segment_bytes(size_t i, double b, double t) const {
-  const TokenColumn& l = columns_[i];
-  const TokenColumn& r = columns_[i + 1];
-  const double tl = static_cast<double>(l.seq_len), tr = static_cast<double>(r.seq_len);
+  const TokenLine l = columns_[i].line_at(b), r = columns_[i + 1].line_at(b);
+  const double tl = static_cast<double>(columns_[i].seq_len), tr = static_cast<double>(columns_[i + 1].seq_len);
   const double u = (t - tl) / (tr - tl);
   const double per_token = l.bytes_per_sequence / tl + u * (r.bytes_per_sequence / tr - l.bytes_per_sequence / tl);
   const double intercept = std::clamp(l.intercept_bytes + u * (r.intercept_bytes - l.intercept_bytes),

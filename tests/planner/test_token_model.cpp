@@ -76,12 +76,12 @@ namespace {
 
 // A decoder's peak as measured: the higher of two moments, each c + b·T·(α + β·T) — the end of
 // forward (one T² copy per token) and a backward moment holding more T² copies — with the knee at
-// T = 448.5, and a moment with no activations at 9 MiB below them both.
+// T = 448.5, and a moment with no activations at 6.5 MiB below them both.
 double two_moments(int64_t b, int64_t t) {
   const double bt = static_cast<double>(b * t), td = static_cast<double>(t);
   const double forward = 5.0 * MiB + bt * (25176.0 + 64.0 * td);
   const double backward = 5.4 * MiB + bt * (10824.0 + 96.0 * td);
-  return std::max({forward, backward, 9.0 * MiB});
+  return std::max({forward, backward, 6.5 * MiB});
 }
 
 std::vector<TokenPoint> measured_at(const std::vector<std::pair<int64_t, int64_t>>& windows) {
@@ -94,13 +94,18 @@ std::vector<TokenPoint> measured_at(const std::vector<std::pair<int64_t, int64_t
 
 TEST_CASE("Token model: a peak that is the higher of two moments is exact at every measured length, and above it between",
           "[token][fit]") {
-  const std::vector<TokenPoint> pts = measured_at({{40, 16}, {80, 16}, {4, 128}, {8, 128}, {2, 256}, {4, 256},
-                                                   {2, 430}, {5, 430}, {2, 449}, {5, 449}, {1, 512}, {2, 512}});
+  // Between the knee and 512, one sequence peaks in the backward moment and five in the forward one.
+  REQUIRE(two_moments(1, 430) > 5.4 * MiB + 430.0 * (10824.0 + 96.0 * 430) - 1);
+  REQUIRE(two_moments(5, 430) == Approx(5.0 * MiB + 5 * 430.0 * (25176.0 + 64.0 * 430)));
+  const std::vector<TokenPoint> pts =
+      measured_at({{40, 16}, {80, 16}, {4, 128}, {8, 128}, {2, 256}, {4, 256}, {1, 430}, {2, 430}, {5, 430},
+                   {1, 449}, {2, 449}, {5, 449}, {1, 512}, {2, 512}});
   const TokenMemoryModel m = TokenMemoryModel::fit(pts);
   REQUIRE(m.columns().size() == 6);
   double fit_worst = 0;
   for (int64_t t : {16, 100, 128, 200, 256, 300, 430, 440, 449, 480, 512}) {
-    const int64_t b = std::max<int64_t>(1, 3300 / t);
+    // The token budget's worth, and one sequence where the lengths around were measured at one.
+    for (int64_t b : {std::max<int64_t>(1, 3300 / t), t >= 256 ? int64_t{1} : std::max<int64_t>(1, 3300 / t)}) {
     const double truth = two_moments(b, t), predicted = static_cast<double>(m.predict_peak_bytes(b, t));
     INFO("b=" << b << " T=" << t << ": predicted " << predicted << ", measured " << truth);
     CHECK(predicted >= truth - 1.0);
@@ -108,6 +113,7 @@ TEST_CASE("Token model: a peak that is the higher of two moments is exact at eve
     const TokenFit& f = m.summary();
     const double fitted = f.intercept_bytes + b * t * (f.bytes_per_token + f.bytes_per_token_squared * t);
     fit_worst = std::max(fit_worst, std::fabs(fitted - truth) / truth);
+    }
   }
   for (const TokenPoint& p : pts) CHECK(std::fabs(m.predict_bytes(p.micro_batch, p.seq_len) - p.peak_bytes) <= 2.0);
   // One c0 + a1·b·T + a2·b·T² through both moments misses by percents.
@@ -132,13 +138,14 @@ TEST_CASE("Token model: the least certain length lies in the interval holding th
 
 TEST_CASE("Token model: windows that peaked with no activations teach no length and bound every prediction from below",
           "[token][fit]") {
-  // At 20 tokens, one sequence and two peak alike: the 9 MiB moment, not the activations; 165 of
+  // At 20 tokens, one sequence and two peak alike: the 6.5 MiB moment, not the activations; 165 of
   // them (the token budget's worth, as the search's short column) are activations.
   const TokenMemoryModel m =
       TokenMemoryModel::fit(measured_at({{1, 20}, {2, 20}, {165, 20}, {4, 128}, {8, 128}, {1, 512}, {2, 512}}));
   REQUIRE(two_moments(1, 20) == two_moments(2, 20));
-  REQUIRE(m.columns().front().seq_len == 20);  // from the window of 165 alone
-  CHECK(m.columns().front().intercept_bytes == m.columns()[1].intercept_bytes);
+  REQUIRE(m.columns().front().seq_len == 20);  // from the window of 165 alone, the intercept borrowed
+  CHECK(m.columns().front().peaks.size() == 1);
+  CHECK(m.columns().front().line_at(165).intercept_bytes == m.columns()[1].line_at(165).intercept_bytes);
   CHECK(m.predict_peak_bytes(1, 20) == static_cast<int64_t>(std::ceil(two_moments(1, 20))));
   CHECK(m.predict_peak_bytes(100, 20) >= two_moments(100, 20) - 1.0);
 }
@@ -484,6 +491,39 @@ TEST_CASE("Token model: a packed microbatch's peak leaves out the gradient first
   CHECK(m.predict_microbatch_peak_bytes(4, 128, true, false) == steady - 8 * MiB);
   // A fit from bare points knows no persistent parts.
   CHECK(TokenMemoryModel::fit(grid(100.0 * MiB, 4096, 48)).predict_microbatch_peak_bytes(4, 128, true, false) == steady);
+}
+
+TEST_CASE("Token model: a window's first microbatch is predicted from the profile's first microbatches, whose "
+          "resident gradients depend on the moment of the peak", "[token][predict]") {
+  // Steady windows peak as two_moments; their first microbatches lack all 1.4 MB of gradients in
+  // the forward moment and 0.4 MB of them in the backward one (the rest exist by then).
+  Profile profile;
+  profile.persistent.gradients_bytes = 1400000;
+  auto first_of = [](int64_t b, int64_t t) {
+    const double bt = static_cast<double>(b * t), td = static_cast<double>(t);
+    const double forward = 5.0 * MiB + bt * (25176.0 + 64.0 * td) - 1400000;
+    const double backward = 5.4 * MiB + bt * (10824.0 + 96.0 * td) - 400000;
+    return static_cast<int64_t>(std::ceil(std::max(forward, backward)));
+  };
+  for (const auto& [b, t] : std::vector<std::pair<int64_t, int64_t>>{{4, 128}, {8, 128}, {2, 256}, {4, 256},
+                                                                    {1, 449}, {2, 449}, {5, 449}, {1, 512}, {2, 512}}) {
+    ProfilePoint pt;
+    pt.micro_batch = b;
+    pt.seq_len = t;
+    pt.peak_bytes = static_cast<int64_t>(std::ceil(two_moments(b, t)));
+    pt.first_microbatch_peak_bytes = first_of(b, t);
+    profile.points.push_back(pt);
+  }
+  const TokenMemoryModel m = TokenMemoryModel::fit(profile);
+  for (const auto& [b, t] : std::vector<std::pair<int64_t, int64_t>>{{1, 512}, {1, 480}, {6, 512}, {8, 200}}) {
+    INFO("b=" << b << " T=" << t);
+    CHECK(m.predict_microbatch_peak_bytes(b, t, true, true) == Approx(first_of(b, t)).margin(2));
+    CHECK(m.predict_microbatch_peak_bytes(b, t, false, true) == Approx(two_moments(b, t)).margin(2));
+  }
+  // Without every first microbatch recorded: the steady peak less all the gradients.
+  profile.points.front().first_microbatch_peak_bytes.reset();
+  const TokenMemoryModel without = TokenMemoryModel::fit(profile);
+  CHECK(without.predict_microbatch_peak_bytes(1, 512, true, true) == without.predict_peak_bytes(1, 512) - 1400000);
 }
 
 TEST_CASE("Packed peak: a window's is its highest microbatch's or the profile's optimizer step, whichever is higher",

@@ -165,9 +165,9 @@ class Search {
   void profile_tokens(Profile& p);
   // One window of the shortest sequences planned for, the token budget's worth (`probe(b, T)`).
   void profile_short_sequences(const Profile& p, int64_t grid_shortest, const std::function<void(int64_t, int64_t)>& probe);
-  // Two windows (a third and two thirds of the token budget) at the middle of the interval between
-  // measured lengths where the token model is least certain, until every interval is within half
-  // a percent (at most six).
+  // Windows (one sequence, a third and two thirds of the token budget) at the middle of the
+  // interval between measured lengths where the token model is least certain, until every
+  // interval is within half a percent (at most six).
   void profile_knees(Profile& p, const std::function<void(int64_t, int64_t)>& probe);
   Plan plan_and_confirm_tokens(Profile& profile, PlanRequest request);
   void say(const std::string& line) const;

@@ -6,7 +6,7 @@
 // linear in b at one length, and at one token count b·T convex in T, with a knee where another
 // moment becomes the highest (a decoder's end of forward below T ≈ 450, a backward moment that
 // holds more T² copies above it). So the peak is predicted from the measured lengths
-// ("columns"): at each, the line c_T + b·s_T through its windows; between two neighbours, the
+// ("columns"): at each, the line c_T + b·s_T through its windows around b; between two neighbours, the
 // per-token cost s_T / T interpolated linearly in T (exact within one moment's range, above the
 // peak across a knee: a chord of a convex function); the prediction is the highest of those
 // segments, each extended over every length, so a segment of one moment is exact across the
@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -42,11 +43,21 @@ struct TokenPoint {
   int64_t peak_bytes = 0;
 };
 
-// One measured length: peak = intercept + b·bytes_per_sequence through its windows.
-struct TokenColumn {
-  int64_t seq_len = 0;
+// A line in b at one length: peak = intercept + b·bytes_per_sequence.
+struct TokenLine {
   double intercept_bytes = 0;
   double bytes_per_sequence = 0;
+};
+
+// One measured length: its windows' peaks by the number of sequences, joined by lines (the peak
+// is convex in b too: a moment with a higher constant sets it for a few sequences, another for
+// many). A length measured at one size only borrows the intercept of the nearest other.
+struct TokenColumn {
+  int64_t seq_len = 0;
+  std::vector<std::pair<double, double>> peaks;  // (b, bytes), b ascending; one entry when borrowed
+  double borrowed_intercept_bytes = 0;           // with one entry only
+  // The line through the two measured sizes around b (the first or last two beyond them).
+  TokenLine line_at(double micro_batch) const;
 };
 
 struct TokenFit {
@@ -97,8 +108,11 @@ class TokenMemoryModel {
   // steady microbatches (the gradient resident, the optimizer's state allocated): a window's first
   // microbatch runs with no gradient (it is set to none), and before the run's first optimizer
   // step the optimizer's state does not exist yet (LibTorch makes it in step()). On the token
-  // benchmark's decoder those are 1.2 MB and 2.4 MB of a 78 MB peak. Their bytes are the profile's
-  // persistent ones (fit(Profile)); a fit from bare points knows none and leaves them in.
+  // benchmark's decoder those are 1.2 MB and 2.4 MB of a 78 MB peak. The first microbatch's peak
+  // is predicted from the profile's first microbatches where every window recorded one (its
+  // gradients appear during its backward: how many are resident at the peak depends on the
+  // moment), else as the steady peak less the gradients; the state's bytes are the profile's
+  // persistent ones (fit(Profile)); a fit from bare points knows neither and leaves them in.
   int64_t predict_microbatch_peak_bytes(int64_t micro_batch, int64_t seq_len, bool first_in_window,
                                         bool optimizer_state_exists) const;
 
@@ -119,6 +133,7 @@ class TokenMemoryModel {
   TokenFit fit_;
   std::vector<TokenColumn> columns_;
   double floor_bytes_ = 0;  // a window that peaked with no activations: no prediction is lower
+  std::shared_ptr<const TokenMemoryModel> first_microbatch_;  // the windows' first microbatches, measured
   int64_t gradients_bytes_ = 0;        // the profile's persistent gradients
   int64_t optimizer_state_bytes_ = 0;  // and optimizer state
 };
