@@ -196,17 +196,17 @@ def short_windows(name, cfg, start, sample_seqs, sample_targets):
     tokens = plan.tokens["token_budget"]
     g = torch.Generator().manual_seed(5)
 
-    def window(b, t):
+    def one_window(b, t):
         x = [torch.randint(1, cfg["vocab"], (t,), generator=g) for _ in range(b)]
         y = None if sample_targets is None else [torch.randint(0, cfg["classes"], (t,), generator=g) for _ in range(b)]
         return plan.train_window(model, opt, x, y, measure_memory=True, packing="fill")
 
-    window(max(1, tokens // 128), 128)  # the optimizer's state exists from here on
+    one_window(max(1, tokens // 128), 128)  # the optimizer's state exists from here on
     shortest = min(s.numel() for s in sample_seqs)
     rows = []
     for t in (shortest, 2 * shortest):
         for b in (tokens // t, tokens // (2 * t)):
-            st = window(b, t)
+            st = one_window(b, t)
             rows.append({"micro_batch": b, "seq_len": t, "peak_bytes": st.peak_bytes,
                          "predicted_peak_bytes": st.predicted_peak_bytes, "microbatches": len(st.microbatch_sizes)})
     say("%s: short windows: %s" % (name, ", ".join("%dx%d %+.2f%%" % (r["micro_batch"], r["seq_len"], 100 * (
