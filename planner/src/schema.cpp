@@ -3,6 +3,7 @@
 #include "accumplan/schema.h"
 #include "accumplan/setup_rules.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -305,6 +306,8 @@ const NumberRange* range_of(const std::string& key, bool in_hyperparameters) {
       {"head_bytes_per_sample", {0, kBytesMax, false, false}},
       {"forward_seconds_per_sample", kSecondsRange},
       {"predicted_seconds_per_window", kSecondsRange},
+      {"measured_rank", {0, static_cast<double>(kMaxWorldSize - 1), false, false}},  // 1.9 sharding
+      {"unsharded_micro_batch", kSamplesRange},
   };
   if (in_hyperparameters) return &kRecordedHyperparameterRange;
   const auto it = exact.find(key);
@@ -452,6 +455,40 @@ namespace {
 
 // The profile's fields, without the document header: the body of profile.json and the nested
 // "profile" of a 1.1 plan.
+// 1.9: the optimizer state sharded over the ranks; unsharded_micro_batch only in plans.
+ojson sharding_json(const Sharding& s, bool in_plan) {
+  ojson j{{"optimizer", s.optimizer},
+          {"world_size", s.world_size},
+          {"per_rank_state_bytes", s.per_rank_state_bytes},
+          {"measured_rank", s.measured_rank}};
+  if (in_plan) j["unsharded_micro_batch"] = s.unsharded_micro_batch.value_or(0) > 0 ? ojson(*s.unsharded_micro_batch) : ojson(nullptr);
+  return j;
+}
+
+Sharding sharding_from(const JsonField& f, bool in_plan) {
+  Sharding s;
+  s.optimizer = f.boolean("optimizer");
+  if (!s.optimizer) throw SchemaError(f.path() + ".optimizer: false; a plan without sharding has no sharding field");
+  s.world_size = f.i64("world_size");
+  for (const JsonField& b : f.at("per_rank_state_bytes").items()) s.per_rank_state_bytes.push_back(b.as_int());
+  s.measured_rank = f.i64("measured_rank");
+  if (s.world_size < 2 || static_cast<int64_t>(s.per_rank_state_bytes.size()) != s.world_size) {
+    throw SchemaError(f.path() + ".per_rank_state_bytes: " + std::to_string(s.per_rank_state_bytes.size()) +
+                      " shares for world_size " + std::to_string(s.world_size) + " (at least 2 ranks, one share each)");
+  }
+  if (s.measured_rank < 0 || s.measured_rank >= s.world_size ||
+      *std::max_element(s.per_rank_state_bytes.begin(), s.per_rank_state_bytes.end()) !=
+          s.per_rank_state_bytes[static_cast<size_t>(s.measured_rank)]) {
+    throw SchemaError(f.path() + ".measured_rank: " + std::to_string(s.measured_rank) +
+                      " is not the rank of the largest share; the windows hold the largest");
+  }
+  if (in_plan) {
+    s.unsharded_micro_batch = f.opt_i64("unsharded_micro_batch").value_or(0);
+    if (*s.unsharded_micro_batch < 0) throw SchemaError(f.path() + ".unsharded_micro_batch: below 0");
+  }
+  return s;
+}
+
 ojson profile_body_json(const Profile& p) {
   ojson j;
   j["device"] = device_json(p.device);
@@ -470,6 +507,7 @@ ojson profile_body_json(const Profile& p) {
     for (const EvalPoint& e : p.eval->points) points.push_back(ojson{{"micro_batch", e.micro_batch}, {"peak_bytes", e.peak_bytes}});
     j["eval"] = ojson{{"keep_outputs", p.eval->keep_outputs}, {"points", points}, {"trials", trials_json(p.eval->trials)}};
   }
+  if (p.sharding) j["sharding"] = sharding_json(*p.sharding, false);  // 1.9
   return j;
 }
 
@@ -495,6 +533,7 @@ Profile profile_body_from(const JsonField& root) {
     e.trials = trials_of_kinds(f.at("trials"), {"eval"}, "an eval window");
     p.eval = e;
   }
+  if (root.has("sharding")) p.sharding = sharding_from(root.at("sharding"), false);  // 1.9
   return p;
 }
 
@@ -712,6 +751,7 @@ ojson to_json(const Plan& p) {
   if (p.eval) j["eval"] = eval_json(*p.eval);  // 1.7, only when planned
   if (p.checkpoint) j["checkpoint"] = checkpoint_json(*p.checkpoint);  // 1.7, only when chosen
   if (p.checkpoint_choice) j["checkpoint_choice"] = checkpoint_choice_json(*p.checkpoint_choice);  // 1.8
+  if (p.sharding) j["sharding"] = sharding_json(*p.sharding, true);  // 1.9, only when sharded
   return j;
 }
 
@@ -885,6 +925,13 @@ Plan plan_from_json(const json& doc) {
       throw SchemaError("$.checkpoint_choice.chosen: '" + cut_for_message(p.checkpoint_choice->chosen) +
                         "' but the plan trains with " + (p.checkpoint ? "checkpoint.rule '" + cut_for_message(trains) + "'"
                                                                        : std::string("no checkpoint ('none')")));
+    }
+  }
+  if (root.has("sharding")) {  // 1.9: for the plan's ranks
+    p.sharding = sharding_from(root.at("sharding"), true);
+    if (p.sharding->world_size != p.world_size) {
+      throw SchemaError("$.sharding.world_size: " + std::to_string(p.sharding->world_size) + " but the plan's world_size is " +
+                        std::to_string(p.world_size));
     }
   }
   check_plan_window(p);

@@ -1,5 +1,6 @@
 // solver.cpp — the planner's arithmetic. See solver.h and docs/architecture.md "What the planner solves".
 #include "accumplan/solver.h"
+#include "accumplan/sharding.h"
 #include "accumplan/units.h"
 
 #include <algorithm>
@@ -521,6 +522,7 @@ void copy_provenance(Plan& plan, const Profile& profile) {
   plan.setup = profile.setup;
   plan.libtorch_version = profile.libtorch_version;
   plan.profile = profile;
+  if (profile.sharding) state_sharding(plan);  // the windows held the largest state share
 }
 
 }  // namespace
@@ -985,6 +987,13 @@ std::string describe_plan(const Plan& p) {
   if (p.eval) s << describe_eval(*p.eval, p.micro_batch);
   if (p.checkpoint) s << describe_checkpoint(*p.checkpoint, p);
   if (p.checkpoint_choice) s << "  " << describe_choice(*p.checkpoint_choice) << "\n";
+  if (p.sharding) {
+    const Sharding& sh = *p.sharding;
+    s << "  sharding           optimizer state over " << sh.world_size << " ranks (ZeRO-1): largest share "
+      << format_bytes(sh.per_rank_state_bytes[static_cast<size_t>(sh.measured_rank)]) << " on rank " << sh.measured_rank
+      << ", " << format_bytes(freed_state_bytes(sh)) << " freed per rank; unsharded microbatch "
+      << (sh.unsharded_micro_batch.value_or(0) > 0 ? std::to_string(*sh.unsharded_micro_batch) : std::string("none")) << "\n";
+  }
   if (!p.model.batch_dependent_layers.empty()) {
     s << "  warning: " << p.model.batch_dependent_layers.size()
       << " batch-dependent layer(s) (e.g. " << p.model.batch_dependent_layers.front()

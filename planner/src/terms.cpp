@@ -14,7 +14,7 @@ std::atomic<FrontEnd> g_front_end{FrontEnd::Cli};
 const std::map<std::string, std::string>& python_names() {
   static const std::map<std::string, std::string> names = {
       {"--target-batch", "target_batch"},   {"--target-tokens", "target_tokens"},
-      {"--world-size", "world_size"},       {"--memory-budget", "memory_budget"},
+      {"--world-size", "world_size"},       {"--shard", "shard"},       {"--memory-budget", "memory_budget"},
       {"--headroom", "headroom"},           {"--optimizer", "optimizer"},
       {"--normalization", "normalization"}, {"--loss", "loss"},
       {"--amp", "amp"},                     {"--max-grad-norm", "max_grad_norm"},

@@ -33,6 +33,7 @@ from .losses import LOSSES, check_class_target, causal_shift, units_rule
 from .meters import meter_for
 from .plans import Plan
 from .runner import PERSISTENT_WINDOW, ModuleRunner, nbytes, persistent_memory, state_bytes
+from .sharding import header_record, measuring_optimizer, shard_arg, sharding_of, unsharded_view
 from .snapshot import RestoreGuard, TrainingState
 from .window import autocast_dtype, batch_dependent_layers, trainable_parameters, warn_batch_dependent
 
@@ -245,7 +246,7 @@ def _say(progress):
 
 
 def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cross_entropy", loss_fn=None,
-         memory_budget=None, device=None, amp=None, max_grad_norm=None, world_size=1, headroom="auto",
+         memory_budget=None, device=None, amp=None, max_grad_norm=None, world_size=1, shard=None, headroom="auto",
          normalization="auto", ignore_index=-100, shift_labels=None, lengths=None, padding_mask=False,
          target_tokens=None, eval=True, eval_keep_outputs=False, checkpointing="off", checkpoint_candidates=None,
          max_seq_len=None, progress=None):
@@ -285,6 +286,13 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     checkpoints exactly those modules in every window the search runs.
     checkpoint_candidates: the blocks "auto" chooses among (None: the longest run of same-class
     children of an nn.ModuleList or nn.Sequential, ``checkpoint_candidates(model)``).
+    shard: "off", "optimizer" or "auto" (None: "optimizer" for a torch.distributed.optim.ZeroRedundancyOptimizer,
+    whose world size is then the plan's, else "off"). "optimizer" plans the optimizer state sharded over world_size
+    ranks as ZeroRedundancyOptimizer partitions it (``plan.sharding``): the windows hold every weight and gradient
+    and the state of the rank with the largest share only (an optimizer of the same class over its parameters,
+    built here and dropped after), so each peak is that rank's; train it with a ZeroRedundancyOptimizer. "auto"
+    plans unsharded first and searches again sharded only when the state sharding frees lets a larger microbatch
+    fit (or when not one sample fits unsharded); the reason says which.
     progress: None prints one line per window to stderr, False is silent, a callable gets the lines.
     The plan's setup records the optimizer whole: every parameter group's lr and hyperparameters and
     its flags (nesterov, amsgrad, maximize, foreach, ...; docs/plan-format.md), so an export carries
@@ -295,10 +303,15 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     request = _request(target_batch, target_tokens, world_size, headroom, eval, eval_keep_outputs)
     module_arg(model, "model")
     optimizer_arg(optimizer, model)
-    _setup_optimizer(optimizer)
+    shard, request.world_size = shard_arg(shard, optimizer, request.world_size)
+    view = unsharded_view(optimizer)  # what the setup records: a ZeroRedundancyOptimizer's class and groups
+    _setup_optimizer(view)
     if not (progress is None or isinstance(progress, bool)):
         callable_arg(progress, "progress", "True, False or a callable(line)")
     inputs, target, lengths = _data(inputs, target, lengths, loss, loss_fn, ignore_index, padding_mask)
+    if shard == "auto" and not (isinstance(checkpointing, str) and checkpointing == "off"):
+        raise ValueError("shard='auto' with checkpointing=%s: plan one knob automatically at a time; pass "
+                         "shard='optimizer' or shard='off'" % shown_value(checkpointing))
     knob = _checkpointing_arg(model, checkpointing, checkpoint_candidates, lengths)
     if target_tokens is not None and lengths is None:
         raise ValueError("target_tokens=%d counts the tokens of variable-length data: pass a list of sequences (or a "
@@ -310,8 +323,10 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     cfg["shift_labels"] = causal_shift(model, shift_labels) if shift_labels is not None else None
     say = _say(progress)
     warn_batch_dependent(batch_dependent_layers(model))
+    sharding = sharding_of(view, request.world_size, device) if shard != "off" else None
+    measuring = measuring_optimizer(view, sharding) if shard == "optimizer" else optimizer
     weights = sum(nbytes(t) for t in list(model.parameters()) + list(model.buffers()))
-    state = state_bytes(optimizer)
+    state = state_bytes(measuring)
     guard = RestoreGuard()  # Ctrl-C from here on cannot cut the put-back below in half
     try:
         guard.protected(lambda: guard.hold(TrainingState(model, optimizer, device), meter_for(device, weights + state)))
@@ -323,20 +338,26 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
                                                                                          1, _core.MAX_BYTES))
             budget = _core.resolve_budget(text, total)
         cfg["budget"] = budget
-        runner = ModuleRunner(meter, model, optimizer, inputs, target, cfg)
+        runner = ModuleRunner(meter, model, measuring, inputs, target, cfg)
         guard.also_undo(runner.checkpointed.remove)  # nothing is wrapped before set_checkpointing
         request.budget_is_simulated = meter.simulated
 
         def search():
             if say:
-                say("measuring persistent memory on %s (one window of %d samples)" % (meter.device_name,
-                                                                                      PERSISTENT_WINDOW))
-            persistent, trials, over = persistent_memory(runner, meter, weights, state)
+                say("measuring persistent memory on %s (one window of %d samples%s)" % (
+                    meter.device_name, PERSISTENT_WINDOW, "" if runner.optimizer is optimizer else
+                    ", holding rank %d's optimizer state of %d" % (sharding["measured_rank"], request.world_size)))
+            persistent, trials, over = persistent_memory(runner, meter, weights, state_bytes(runner.optimizer))
             request.persistent_over_budget = over
-            header = _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trials)
+            header = _header(model, inputs, target, view, device, meter, cfg, persistent, trials)
+            if runner.optimizer is not optimizer:
+                header["sharding"] = header_record(sharding)
             return _core.search_plan(runner, json.dumps(header), request, say)
         restart = lambda: guard.protected(guard.snapshot.restore)  # noqa: E731 - the state before the first window
-        planned = search() if knob is None else _checkpointed_search(runner, search, restart, knob, request, say)
+        if shard == "auto":
+            planned = _auto_sharded_search(runner, search, restart, view, sharding, request.world_size, say)
+        else:
+            planned = search() if knob is None else _checkpointed_search(runner, search, restart, knob, request, say)
     except _core.InfeasibleError as e:
         raise oom_error(e) from None
     except _core.InputError as e:
@@ -344,6 +365,28 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     finally:
         guard.put_back()  # the wraps removed, the meter closed, the state restored, Ctrl-C held meanwhile
     return Plan._from_core(planned, "accumplan.plan(%s)" % type(model).__name__)
+
+
+def _auto_sharded_search(runner, search, restart, view, sharding, world_size, say):
+    """shard="auto": the unsharded search; when the core's sharding_gain says the freed state fits a
+    larger microbatch (or not one sample fit), again from the state before the first window with the
+    largest share's measuring optimizer. The reason says which."""
+    freed = sharding["freed_bytes"]
+    try:
+        unsharded = search()
+    except _core.InfeasibleError:
+        unsharded = None
+    if unsharded is not None and _core.sharding_gain(unsharded, freed) is None:
+        _core.note_auto_sharding(unsharded, world_size, freed, False)
+        return unsharded
+    if say:
+        say("sharding the optimizer state over %d ranks frees %d bytes per rank: searching again sharded"
+            % (world_size, freed))
+    restart()
+    runner.optimizer = measuring_optimizer(view, sharding)
+    planned = search()
+    _core.note_auto_sharding(planned, world_size, freed, True)
+    return planned
 
 
 def _seq_range(lengths, max_seq_len):

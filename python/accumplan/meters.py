@@ -14,6 +14,7 @@ What it is not: a probe (those are C++, profiler/), nor a judge of what fits (th
 import torch
 
 from . import _core
+from .sharding import local_state
 
 
 class CpuMeter:
@@ -110,7 +111,7 @@ def held_bytes(model, optimizer=None):
     tensors = list(model.parameters()) + list(model.buffers())
     tensors += [p.grad for p in model.parameters() if p.grad is not None]
     if optimizer is not None:
-        tensors += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        tensors += [v for s in local_state(optimizer).values() for v in s.values() if isinstance(v, torch.Tensor)]
     unique = {id(t): t for t in tensors}.values()  # tied weights count once
     return sum(t.numel() * t.element_size() for t in unique)
 

@@ -102,6 +102,7 @@ class Plan:
     device, profile, confirmed, reason = _field("device"), _field("profile"), _field("confirmed"), _field("reason")
     tokens, eval, checkpoint = _field("tokens", True), _field("eval", True), _field("checkpoint", True)
     checkpoint_choice = _field("checkpoint_choice", True)  # what checkpointing="auto" weighed
+    sharding = _field("sharding", True)  # 1.9: the optimizer state sharded over the ranks
     del _field
 
     margin_bytes = property(lambda self: self.memory.get("margin_bytes"))

@@ -37,6 +37,7 @@ from .errors import OutOfMemoryAtOne
 from .losses import (LOSSES, causal_shift, count_units, loss_sum, model_labels, model_output, resolve_normalization,
                      takes_num_items, units_rule)
 from .meters import CpuMeter, held_bytes, meter_for
+from .sharding import check_plan_and_optimizer
 from .window import (EvalBackend, EvalMode, EvalStats, TrainBackend, Window, batch_dependent_layers, is_oom,
                      trainable_parameters, warn_batch_dependent_once, zero_grads)
 
@@ -265,6 +266,7 @@ def _checked_arguments(model, optimizer, inputs, target, scheduler, scaler, on_o
     data (a list of sequences or of example dicts) padded, with its lengths."""
     module_arg(model, "model")
     optimizer_arg(optimizer)
+    check_plan_and_optimizer(plan, optimizer)  # a sharded plan's microbatch fits beside a share of the state only
     callable_arg(scheduler, "scheduler", "an LR scheduler (an object with step())", ("step",))
     callable_arg(scaler, "scaler", "a torch.cuda.amp.GradScaler", ("scale", "unscale_", "step", "update", "get_scale"))
     callable_arg(on_oom, "on_oom", "a callable(note)")

@@ -24,6 +24,7 @@ from .batches import gather_packed, map_inputs, padding_mask, slice_samples
 from .checkpointing import interrupted_in_recompute
 from .distributed import all_reduce_gradients, all_reduce_ints, collective_device, group_world_size, is_ddp
 from .errors import PlanError
+from .sharding import local_state
 from .losses import causal_shift, loss_sum, model_labels, model_output, takes_num_items, units_rule
 
 
@@ -404,7 +405,7 @@ class TrainBackend(_core.WindowBackend):
         zero_grads(self.w.params, self.optimizer)
 
     def optimizer_state_exists(self):
-        return bool(self.optimizer.state)
+        return bool(local_state(self.optimizer))
 
     def wall_time_is_device_time(self):
         return self.w.device.type == "cpu"

@@ -6,16 +6,21 @@
 // naming the term as Python's argument does (step_cost['per_token']); _core.PersistentStep, the profiler's protocol for the step
 // before the search (accumplan/persistent_step.h): which budget each attempt runs under, each
 // attempt's trial and its fit, whether persistent memory is over the budget, and the refusal when
-// it does not fit even without one (accumplan.plan's _persistent reports what it measured).
+// it does not fit even without one (accumplan.plan's _persistent reports what it measured);
+// the optimizer-state sharding rules (accumplan/sharding.h): ZeroRedundancyOptimizer's partition,
+// each rank's share, and what shard="auto" weighs.
 // What it is not: Python's type checks (accumplan/_args.py), which run before a call reaches here.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
 #include <optional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "accumplan/persistent_step.h"
+#include "accumplan/sharding.h"
 #include "accumplan/schema.h"
 
 namespace py = pybind11;
@@ -33,6 +38,39 @@ py::dict trial_dict(const Trial& t) {
   d["seconds"] = t.seconds;
   d["window"] = t.window;
   return d;
+}
+
+// The sharding of `group_numels` over `world_size` ranks, as the profile header states it, with
+// each parameter's rank (`partition`, group order) and what it frees on the largest share.
+py::dict sharding_dict(const std::vector<std::vector<int64_t>>& group_numels, int64_t world_size,
+                       int64_t state_bytes_one_element, int64_t state_bytes_two_elements) {
+  const StateLayout layout = state_layout(state_bytes_one_element, state_bytes_two_elements);
+  const Sharding s = shard_optimizer_state(group_numels, world_size, layout);
+  py::dict d;
+  d["optimizer"] = true;
+  d["world_size"] = s.world_size;
+  d["per_rank_state_bytes"] = s.per_rank_state_bytes;
+  d["measured_rank"] = s.measured_rank;
+  d["partition"] = zero_partition(group_numels, world_size);
+  d["freed_bytes"] = freed_state_bytes(s);
+  return d;
+}
+
+void bind_sharding(py::module_& m) {
+  m.def("shard_optimizer_state", &sharding_dict, py::arg("group_numels"), py::arg("world_size"),
+        py::arg("state_bytes_one_element"), py::arg("state_bytes_two_elements"),
+        "{optimizer, world_size, per_rank_state_bytes, measured_rank, partition, freed_bytes}: ZeroRedundancyOptimizer's "
+        "partition of the groups' parameters (each one's rank, group order), each rank's state share under the layout "
+        "one step showed on parameters of one and two elements, the largest share's rank and what sharding frees there");
+  m.def("sharding_gain", [](const Plan& unsharded, int64_t freed_bytes) { return sharding_gain(unsharded, freed_bytes); },
+        py::arg("unsharded"), py::arg("freed_bytes"),
+        "the microbatch the unsharded plan's line gives with freed_bytes freed when larger than its own; None: no gain");
+  m.def("note_auto_sharding",
+        [](Plan& plan, int64_t world_size, int64_t freed_bytes, bool sharded) {
+          plan.reason += auto_sharding_note(plan, world_size, freed_bytes, sharded);
+        },
+        py::arg("plan"), py::arg("world_size"), py::arg("freed_bytes"), py::arg("sharded"),
+        "appends to the plan's reason what shard='auto' decided");
 }
 
 }  // namespace
@@ -58,6 +96,7 @@ void bind_plan_rules(py::module_& m) {
              return trial_dict(s.out_of_memory(seconds, device_name));
            }, py::arg("seconds"), py::arg("device_name"),
            "the trial of an attempt that ran out of memory; InfeasibleError when it ran without a budget");
+  bind_sharding(m);
 }
 
 }  // namespace accumplan

@@ -155,6 +155,13 @@ Prepared prepare(const RunArgs& a, const std::string& command, const std::option
                      ", which needs the Python module: train it with accumplan's plan.train_window (or "
                      "plan.apply_checkpointing(model) in your own loop), or re-plan without checkpointing");
   }
+  if (p.plan.sharding) {
+    // Each rank's microbatch fits beside its share of the optimizer state only: with the whole
+    // state on every rank it would not fit the memory it was planned for.
+    throw InputError("--plan shards the optimizer state over " + std::to_string(p.plan.sharding->world_size) +
+                     " ranks, which accumplan run does not: train it from Python with a ZeroRedundancyOptimizer "
+                     "(plan.train_window), or re-plan without --shard");
+  }
   const int world = dist ? dist->world_size : 1;
   if (p.plan.world_size != world) {
     if (command == "run") {

@@ -23,8 +23,9 @@ def golden_doc():
 
 
 def plan_doc(sizes, world_size=1, split="balanced", multiple_of=None, loss="cross_entropy",
-             normalization="auto", version="1.1", usable_bytes=None, intercept=None, slope=None):
-    """A plan.json document for one window of `sizes` per rank (the golden plan's other fields)."""
+             normalization="auto", version="1.1", usable_bytes=None, intercept=None, slope=None, sharded=False):
+    """A plan.json document for one window of `sizes` per rank (the golden plan's other fields);
+    ``sharded``: its optimizer state sharded over the ranks (1.9), rank 0's share the largest."""
     d = golden_doc()
     d.pop("checkpoint", None)  # the golden plan checkpoints blocks.1 and blocks.3, which the test models lack
     d.pop("checkpoint_choice", None)  # and names that set as chosen
@@ -52,6 +53,10 @@ def plan_doc(sizes, world_size=1, split="balanced", multiple_of=None, loss="cros
         d["fit"]["intercept_bytes"] = intercept
     if slope is not None:
         d["fit"]["slope_bytes_per_sample"] = slope
+    if sharded:
+        d["sharding"] = {"optimizer": True, "world_size": world_size, "measured_rank": 0, "unsharded_micro_batch": None,
+                         "per_rank_state_bytes": [1000] + [900] * (world_size - 1)}
+        version = "1.9"
     return as_version(d, version)
 
 
@@ -181,21 +186,22 @@ class FailingAt(torch.nn.Module):
 DIST_TIMEOUT_S = 120  # watchdog: a hung collective fails the test instead of the suite
 
 
-def run_two_gloo_ranks(worker_script, out):
-    """Runs ``worker_script out`` as ranks 0 and 1 of a gloo group on 127.0.0.1 (one thread each);
-    returns (return codes, logs). A rank still running after DIST_TIMEOUT_S is killed and its
-    return code is None, so a hung collective fails the caller's test rather than the suite."""
+def run_two_gloo_ranks(worker_script, out, *args, world=2):
+    """Runs ``worker_script out args...`` as ranks 0 .. world-1 (two by default) of a gloo group on
+    127.0.0.1 (one thread each); returns (return codes, logs). A rank still running after
+    DIST_TIMEOUT_S is killed and its return code is None, so a hung collective fails the caller's
+    test rather than the suite."""
     import socket
     import subprocess
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, worker_script), out], cwd=HERE,
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, worker_script), out] + list(args), cwd=HERE,
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for r in range(2)]
-    logs, killed = ["", ""], [False, False]
+             for r in range(world)]
+    logs, killed = [""] * world, [False] * world
     try:
         for r, p in enumerate(procs):
             logs[r] = p.communicate(timeout=DIST_TIMEOUT_S)[0].decode(errors="replace")

@@ -51,8 +51,10 @@ inline constexpr int kSchemaMajor = 1;
 // evaluation batch was planned (--no-eval, or a plan written before 1.7). A plan may also carry
 // `checkpoint`: the blocks it trains with activation checkpointing, which only the
 // Python module can apply (`accumplan run` refuses such a plan).
-inline constexpr int kSchemaMinor = 8;
-const std::string& schema_version_string();  // "1.8"
+// 1.9: `sharding`, on a profile and a plan whose windows held one rank's share of the optimizer
+// state sharded over world_size ranks (ZeRO-1, accumplan/sharding.h). Absent: unsharded, as in 1.8.
+inline constexpr int kSchemaMinor = 9;
+const std::string& schema_version_string();  // "1.9"
 
 struct DeviceInfo {
   std::string type = "cpu";  // "cpu" or "cuda"
@@ -162,6 +164,18 @@ struct EvalProfile {
   std::vector<Trial> trials;  // kind "eval"
 };
 
+// 1.9: the optimizer state sharded over world_size ranks as ZeroRedundancyOptimizer partitions it
+// (accumplan/sharding.h). The windows held measured_rank's share, the largest.
+struct Sharding {
+  bool optimizer = true;                      // the optimizer state is sharded (the only kind planned)
+  int64_t world_size = 2;
+  std::vector<int64_t> per_rank_state_bytes;  // each rank's share of the state, rank order
+  int64_t measured_rank = 0;                  // whose share the windows held: the largest
+  // Plans only: the microbatch the plan's line gives with the whole state on every rank; 0: not
+  // one sample fits unsharded (JSON null).
+  std::optional<int64_t> unsharded_micro_batch;
+};
+
 struct Profile {
   DeviceInfo device;
   ModelInfo model;
@@ -173,6 +187,7 @@ struct Profile {
   std::vector<ProfilePoint> points;
   std::vector<Trial> trials;
   std::optional<EvalProfile> eval;          // 1.7, `accumplan profile` unless --no-eval
+  std::optional<Sharding> sharding;         // 1.9: the windows held one rank's share of the state
 };
 
 // What the plan keeps free below the budget (`--headroom`), in bytes, part by part.
@@ -364,6 +379,7 @@ struct Plan {
   std::optional<EvalPlan> eval;             // 1.7: the evaluation batch (absent: not planned)
   std::optional<PlanCheckpoint> checkpoint; // 1.7: activation checkpointing (absent: none)
   std::optional<CheckpointChoiceRecord> checkpoint_choice;  // 1.8: what "auto" weighed (absent: not asked)
+  std::optional<Sharding> sharding;         // 1.9: optimizer state sharded over the ranks (absent: not)
 };
 
 // `accumplan run --stats` (planner/schemas/run_stats.schema.json): what a run did, one record per

@@ -1,0 +1,64 @@
+// accumplan/sharding.h — optimizer state sharded over data-parallel ranks (ZeRO-1), the planner's rules.
+//
+// What it is: PyTorch ZeroRedundancyOptimizer's partition of the parameters over W ranks (each
+// parameter whole to one rank), each rank's share of the optimizer state under the state layout
+// one real optimizer step showed, and what a sharded profile and plan record. The windows of a
+// sharded plan run in one process that holds the whole weights and gradients but the optimizer
+// state of the rank with the largest share only, so every peak they measure is that rank's, the
+// worst; the other ranks hold less. A plan states the microbatch the same line gives without
+// sharding, and `shard="auto"` asks sharding_gain whether sharding is worth a search.
+// What it is not: a collective, an optimizer or a measurement (python/accumplan/measure.py holds
+// the measuring optimizer; a ZeroRedundancyOptimizer trains the plan); gradient and parameter
+// sharding (ZeRO-2/3, FSDP) are not planned here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "accumplan/schema.h"
+
+namespace accumplan {
+
+// One optimizer's state per parameter, read from the state tensors one step left on a parameter
+// of one element and on one of two elements of the model's dtype.
+struct StateLayout {
+  int64_t bytes_per_element = 0;    // state shaped like the parameter (Adam: two copies of it)
+  int64_t bytes_per_parameter = 0;  // state of a fixed size (torch's Adam step counter, a scalar tensor)
+};
+// InputError when the two do not make a layout (fewer bytes for two elements than for one).
+StateLayout state_layout(int64_t state_bytes_one_element, int64_t state_bytes_two_elements);
+
+// ZeroRedundancyOptimizer's partition: within each parameter group the largest parameter first
+// (equal sizes in their order), each to the rank with the fewest elements so far over all groups
+// (the lowest such rank). Each parameter's rank, in group order.
+std::vector<int64_t> zero_partition(const std::vector<std::vector<int64_t>>& group_numels, int64_t world_size);
+
+// Each rank's share of the state of `group_numels` under `layout`, partitioned by zero_partition,
+// and the rank whose share the windows hold: the largest (the lowest such rank). InputError for a
+// world size outside [2, 2^20] or no parameters.
+Sharding shard_optimizer_state(const std::vector<std::vector<int64_t>>& group_numels, int64_t world_size,
+                               const StateLayout& layout);
+
+// What sharding frees on the rank with the largest share: the whole state less that share.
+int64_t freed_state_bytes(const Sharding& sharding);
+
+// The largest microbatch (at most per_rank_batch) a plan's fitting line allows under its usable
+// bytes with `extra_bytes` more resident (negative: freed); 0 when not one sample fits.
+int64_t line_micro_batch(const Plan& plan, int64_t extra_bytes);
+
+// A plan made from a sharded profile: plan.sharding from the profile's, the unsharded
+// microbatch the same line gives with the whole state resident, and the reason's sentence.
+// InputError when the plan's world size is not the profile's sharding's.
+void state_sharding(Plan& plan);
+
+// shard="auto": the microbatch `unsharded`'s line gives with `freed_bytes` freed, when larger than
+// the largest it allows (max_micro_batch); nullopt: sharding gains nothing.
+std::optional<int64_t> sharding_gain(const Plan& unsharded, int64_t freed_bytes);
+
+// shard="auto" chose: the sentence appended to the reason of the plan it keeps. `sharded`: the
+// sharded plan, which sharding_gain predicted at `predicted`; otherwise the unsharded one.
+std::string auto_sharding_note(const Plan& plan, int64_t world_size, int64_t freed_bytes, bool sharded);
+
+}  // namespace accumplan

@@ -1,0 +1,118 @@
+// sharding.cpp — ZeroRedundancyOptimizer's partition, each rank's share of the optimizer state,
+// and what a sharded plan says (accumplan/sharding.h).
+#include "accumplan/sharding.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "accumplan/checked.h"
+#include "accumplan/errors.h"
+#include "accumplan/terms.h"
+#include "accumplan/units.h"
+
+namespace accumplan {
+
+StateLayout state_layout(int64_t state_bytes_one_element, int64_t state_bytes_two_elements) {
+  if (state_bytes_one_element < 0 || state_bytes_two_elements < state_bytes_one_element) {
+    throw InputError("the optimizer's state on parameters of one and two elements (" +
+                     std::to_string(state_bytes_one_element) + " and " + std::to_string(state_bytes_two_elements) +
+                     " bytes) does not grow with the parameter; its state cannot be sharded by size");
+  }
+  const int64_t per_element = state_bytes_two_elements - state_bytes_one_element;
+  return StateLayout{per_element, state_bytes_one_element - per_element};
+}
+
+std::vector<int64_t> zero_partition(const std::vector<std::vector<int64_t>>& group_numels, int64_t world_size) {
+  std::vector<int64_t> elements(static_cast<size_t>(world_size), 0);
+  std::vector<int64_t> ranks;
+  for (const auto& group : group_numels) {
+    std::vector<size_t> order(group.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return group[a] > group[b]; });
+    std::vector<int64_t> group_ranks(group.size());
+    for (size_t i : order) {
+      const auto fewest = std::min_element(elements.begin(), elements.end()) - elements.begin();
+      group_ranks[i] = fewest;
+      elements[static_cast<size_t>(fewest)] = checked_add(elements[static_cast<size_t>(fewest)], group[i], "parameter elements");
+    }
+    ranks.insert(ranks.end(), group_ranks.begin(), group_ranks.end());
+  }
+  return ranks;
+}
+
+Sharding shard_optimizer_state(const std::vector<std::vector<int64_t>>& group_numels, int64_t world_size,
+                               const StateLayout& layout) {
+  if (world_size < 2 || world_size > kMaxWorldSize) {
+    throw InputError(option_name("--world-size") + " " + std::to_string(world_size) +
+                     ": sharding the optimizer state needs 2 to " + std::to_string(kMaxWorldSize) + " ranks");
+  }
+  const std::vector<int64_t> ranks = zero_partition(group_numels, world_size);
+  if (ranks.empty()) throw InputError("the optimizer holds no parameters; there is no state to shard");
+  Sharding s;
+  s.world_size = world_size;
+  s.per_rank_state_bytes.assign(static_cast<size_t>(world_size), 0);
+  size_t i = 0;
+  for (const auto& group : group_numels) {
+    for (int64_t numel : group) {
+      const int64_t bytes = checked_add(checked_mul(numel, layout.bytes_per_element, "state bytes"), layout.bytes_per_parameter,
+                                        "state bytes");
+      int64_t& share = s.per_rank_state_bytes[static_cast<size_t>(ranks[i++])];
+      share = checked_add(share, bytes, "state bytes");
+    }
+  }
+  s.measured_rank = std::max_element(s.per_rank_state_bytes.begin(), s.per_rank_state_bytes.end()) - s.per_rank_state_bytes.begin();
+  return s;
+}
+
+int64_t freed_state_bytes(const Sharding& sharding) {
+  const int64_t whole = checked_sum(sharding.per_rank_state_bytes, "the optimizer state");
+  return whole - sharding.per_rank_state_bytes.at(static_cast<size_t>(sharding.measured_rank));
+}
+
+int64_t line_micro_batch(const Plan& plan, int64_t extra_bytes) {
+  const double room = static_cast<double>(plan.memory.usable_bytes) - plan.fit.intercept_bytes - static_cast<double>(extra_bytes);
+  if (room < plan.fit.slope_bytes_per_sample || room < 0) return 0;
+  if (plan.fit.slope_bytes_per_sample <= 0) return plan.per_rank_batch;
+  const double b = std::floor(room / plan.fit.slope_bytes_per_sample);
+  return b >= static_cast<double>(plan.per_rank_batch) ? plan.per_rank_batch : static_cast<int64_t>(b);
+}
+
+void state_sharding(Plan& plan) {
+  Sharding s = *plan.profile.sharding;
+  if (s.world_size != plan.world_size) {
+    throw InputError("the profile's windows held the largest optimizer-state share of " + std::to_string(s.world_size) +
+                     " ranks, but the plan is for " + std::to_string(plan.world_size) + "; plan with " +
+                     option_name("--world-size") + " " + std::to_string(s.world_size));
+  }
+  const int64_t freed = freed_state_bytes(s);
+  s.unsharded_micro_batch = line_micro_batch(plan, freed);
+  plan.sharding = s;
+  const int64_t share = s.per_rank_state_bytes[static_cast<size_t>(s.measured_rank)];
+  plan.reason += " The optimizer state is sharded over " + std::to_string(s.world_size) +
+                 " ranks as ZeroRedundancyOptimizer partitions it: the windows held rank " + std::to_string(s.measured_rank) +
+                 "'s share, the largest (" + format_bytes(share) + " of " + format_bytes(share + freed) + "), so " +
+                 format_bytes(freed) + " stays free on every rank; unsharded, the same line gives a microbatch of " +
+                 (*s.unsharded_micro_batch > 0 ? std::to_string(*s.unsharded_micro_batch) : std::string("none (not one sample fits)")) +
+                 ".";
+}
+
+std::optional<int64_t> sharding_gain(const Plan& unsharded, int64_t freed_bytes) {
+  const int64_t b = line_micro_batch(unsharded, -freed_bytes);
+  if (b > unsharded.max_micro_batch) return b;
+  return std::nullopt;
+}
+
+std::string auto_sharding_note(const Plan& plan, int64_t world_size, int64_t freed_bytes, bool sharded) {
+  const std::string shard = front_end() == FrontEnd::Python ? "shard='auto'" : "--shard auto";
+  if (sharded) {
+    return " " + shard + " sharded it: unsharded, the largest microbatch that fits is smaller (" +
+           std::to_string(plan.sharding ? plan.sharding->unsharded_micro_batch.value_or(0) : 0) + ").";
+  }
+  return " " + shard + " did not shard the optimizer state: over " + std::to_string(world_size) + " ranks it would free " +
+         format_bytes(freed_bytes) + " per rank, which the line says gives no larger microbatch than " +
+         std::to_string(plan.micro_batch) + ".";
+}
+
+}  // namespace accumplan

@@ -1,0 +1,169 @@
+// Optimizer state sharded over ranks (accumplan/sharding.h): ZeroRedundancyOptimizer's partition,
+// each rank's share, the sharded plan's record and reason, shard="auto"'s gain, the 1.9 fields'
+// round trip, golden file and reader refusals.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "accumplan/errors.h"
+#include "accumplan/json_io.h"
+#include "accumplan/schema.h"
+#include "accumplan/sharding.h"
+#include "accumplan/solver.h"
+#include "test_helpers.h"
+
+using namespace accumplan;
+using accumplan::test::source_path;
+using nlohmann::json;
+
+namespace {
+
+// The golden profile (resnet18, Adam: its state is 2 x the weights) measured as the rank of the
+// largest share of 4: its state is that share, and every peak holds it instead of the whole.
+Profile sharded_profile(int64_t world_size = 4) {
+  Profile p = read_profile_file(source_path("tests/golden/profile.json"));
+  const int64_t whole = p.persistent.optimizer_state_bytes;
+  // Four parameters of 40%, 30%, 20% and 10% of the elements (Adam: 8 bytes per element, no fixed part).
+  const int64_t elements = whole / 8;
+  const std::vector<std::vector<int64_t>> groups{{elements / 10, elements * 3 / 10, elements * 4 / 10,
+                                                  elements - elements / 10 - elements * 3 / 10 - elements * 4 / 10}};
+  Sharding s = shard_optimizer_state(groups, world_size, StateLayout{8, 0});
+  const int64_t freed = freed_state_bytes(s);
+  p.persistent.optimizer_state_bytes -= freed;
+  for (ProfilePoint& pt : p.points) {
+    pt.peak_bytes -= freed;
+    if (pt.first_microbatch_peak_bytes) *pt.first_microbatch_peak_bytes -= freed;
+    if (pt.optimizer_step_peak_bytes) *pt.optimizer_step_peak_bytes -= freed;
+  }
+  for (Trial& t : p.trials) t.peak_bytes = t.fit ? t.peak_bytes - freed : 0;
+  p.sharding = s;
+  return p;
+}
+
+Plan sharded_plan(int64_t world_size = 4) {
+  PlanRequest r;
+  r.target_batch = 4096;  // 1024 per rank of 4: memory bounds the microbatch
+  r.world_size = world_size;
+  return make_plan(sharded_profile(world_size), r);
+}
+
+std::string plan_error(const json& doc) {
+  try {
+    plan_from_json(doc);
+  } catch (const SchemaError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("Sharding: the partition is ZeroRedundancyOptimizer's, largest first to the rank with the fewest elements",
+          "[sharding]") {
+  // Sorted 30 (#1), 30 (#3), 20 (#2), 10 (#0): ranks 0, 1, 0, 1 in that order.
+  CHECK(zero_partition({{10, 30, 20, 30}}, 2) == std::vector<int64_t>{1, 0, 0, 1});
+  // The elements carry across groups: the second group's first parameter goes to the emptier rank 1.
+  CHECK(zero_partition({{50}, {5, 7}}, 2) == std::vector<int64_t>{0, 1, 1});
+  // More ranks than parameters: the later ranks hold nothing.
+  CHECK(zero_partition({{3, 2}}, 4) == std::vector<int64_t>{0, 1});
+}
+
+TEST_CASE("Sharding: each rank's share follows the layout, and the windows hold the largest", "[sharding]") {
+  const Sharding s = shard_optimizer_state({{10, 30, 20, 30}}, 2, StateLayout{8, 4});
+  // Rank 0 holds 30 + 20 elements in two parameters, rank 1 30 + 10.
+  CHECK(s.per_rank_state_bytes == std::vector<int64_t>{50 * 8 + 2 * 4, 40 * 8 + 2 * 4});
+  CHECK(s.measured_rank == 0);
+  CHECK(freed_state_bytes(s) == 40 * 8 + 8);
+  // Adam's layout from one step on parameters of one and two float32 elements with a scalar step.
+  const StateLayout adam = state_layout(4 + 4 + 4, 8 + 8 + 4);
+  CHECK(adam.bytes_per_element == 8);
+  CHECK(adam.bytes_per_parameter == 4);
+  CHECK_THROWS_AS(state_layout(20, 12), InputError);
+  CHECK_THROWS_WITH(shard_optimizer_state({{10}}, 1, adam), Catch::Contains("needs 2 to"));
+  CHECK_THROWS_WITH(shard_optimizer_state({{}}, 2, adam), Catch::Contains("no parameters"));
+}
+
+TEST_CASE("Sharding: a sharded plan states the shares, the unsharded microbatch its line gives, and why",
+          "[sharding]") {
+  const Plan plan = sharded_plan();
+  REQUIRE(plan.sharding);
+  const Sharding& s = *plan.sharding;
+  CHECK(s.world_size == 4);
+  const int64_t freed = freed_state_bytes(s);
+  REQUIRE(freed > 0);
+  CHECK(plan.memory.optimizer_state_bytes == s.per_rank_state_bytes[static_cast<size_t>(s.measured_rank)]);
+  // With the whole state resident the line fits fewer samples, by about what the state freed.
+  REQUIRE(s.unsharded_micro_batch);
+  CHECK(*s.unsharded_micro_batch == line_micro_batch(plan, freed));
+  CHECK(*s.unsharded_micro_batch < plan.max_micro_batch);
+  const double per_sample = plan.fit.slope_bytes_per_sample;
+  CHECK(std::abs(static_cast<double>(line_micro_batch(plan, 0) - *s.unsharded_micro_batch) -
+                 static_cast<double>(freed) / per_sample) <= 1.0);
+  CHECK_THAT(plan.reason, Catch::Contains("sharded over 4 ranks") && Catch::Contains("unsharded, the same line gives"));
+  CHECK_THAT(describe_plan(plan), Catch::Contains("sharding") && Catch::Contains("ZeRO-1"));
+  // A profile of 4 ranks' largest share planned for 2 ranks is refused, naming the fix.
+  PlanRequest r;
+  r.target_batch = 4096;
+  r.world_size = 2;
+  CHECK_THROWS_WITH(make_plan(sharded_profile(4), r), Catch::Contains("--world-size 4"));
+}
+
+TEST_CASE("Sharding: shard auto gains only when the freed state fits at least one more sample", "[sharding]") {
+  PlanRequest r;
+  r.target_batch = 1024;  // not reached in one microbatch: memory bounds it
+  const Plan unsharded = make_plan(read_profile_file(source_path("tests/golden/profile.json")), r);
+  const auto per_sample = static_cast<int64_t>(unsharded.fit.slope_bytes_per_sample);
+  REQUIRE(unsharded.micro_batch < unsharded.per_rank_batch);
+  CHECK_FALSE(sharding_gain(unsharded, 0));
+  const auto gain = sharding_gain(unsharded, 8 * per_sample);
+  REQUIRE(gain);
+  CHECK(*gain >= unsharded.max_micro_batch + 7);
+  CHECK(*gain <= line_micro_batch(unsharded, 0) + 8);
+  Plan noted = unsharded;
+  noted.reason += auto_sharding_note(noted, 4, 1000, false);
+  CHECK_THAT(noted.reason, Catch::Contains("did not shard") && Catch::Contains("no larger microbatch"));
+}
+
+TEST_CASE("Sharding: the 1.9 fields round-trip and match their golden file", "[sharding][schema][golden]") {
+  const Plan plan = sharded_plan();
+  const json once = to_json(plan);
+  CHECK(once["schema_version"] == "1.9");
+  CHECK(once["sharding"]["per_rank_state_bytes"].size() == 4);
+  CHECK(once["profile"]["sharding"].contains("unsharded_micro_batch") == false);
+  const json twice = to_json(plan_from_json(json::parse(once.dump())));
+  CHECK(once == twice);
+  const std::string path = source_path("tests/golden/plan-sharded.json");
+  if (std::getenv("ACCUMPLAN_UPDATE_GOLDEN")) write_text_atomic(path, once.dump(2) + "\n");
+  CHECK(read_text_file(path, "golden") == once.dump(2) + "\n");
+  // An unsharded plan writes none.
+  PlanRequest r;
+  r.target_batch = 256;
+  CHECK_FALSE(to_json(make_plan(read_profile_file(source_path("tests/golden/profile.json")), r)).contains("sharding"));
+}
+
+TEST_CASE("Sharding: the reader refuses shares that do not describe the plan's ranks", "[sharding][schema]") {
+  const json good = to_json(sharded_plan());
+  json doc = good;
+  doc["sharding"]["world_size"] = 2;
+  doc["sharding"]["per_rank_state_bytes"] = {10, 20};
+  doc["sharding"]["measured_rank"] = 1;
+  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.world_size: 2 but the plan's world_size is 4"));
+  doc = good;
+  doc["sharding"]["per_rank_state_bytes"].erase(0);
+  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.per_rank_state_bytes: 3 shares for world_size 4"));
+  doc = good;
+  doc["sharding"]["measured_rank"] = (good["sharding"]["measured_rank"].get<int>() + 1) % 4;
+  CHECK_THAT(plan_error(doc), Catch::Contains("is not the rank of the largest share"));
+  doc = good;
+  doc["sharding"]["optimizer"] = false;
+  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.optimizer: false"));
+  doc = good;
+  doc["sharding"]["per_rank_state_bytes"][0] = -1;
+  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.per_rank_state_bytes[0]"));
+  doc = good;
+  doc["sharding"]["unsharded_micro_batch"] = nullptr;  // not one sample fits unsharded
+  CHECK(plan_error(doc).empty());
+}

@@ -1,0 +1,80 @@
+"""Optimizer state sharded over ranks (ZeRO-1): plan(shard=) and its refusals, and two gloo ranks
+training a sharded plan with ZeroRedundancyOptimizer ending with the parameters one process gets
+from the same global windows (a loss per sample with an OOM on one rank, and a loss per token)."""
+import os
+import tempfile
+import unittest
+
+import torch
+
+from helpers import (DIST_TIMEOUT_S, Classifier, TinyLM, classifier_data, make_plan, params_of, run_two_gloo_ranks,
+                     token_data)
+
+import accumplan
+import sharding_worker as worker
+
+
+def reference(model, x, y):
+    """One process, one plan window per global window, AdamW as the worker's."""
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
+    plan = make_plan([4, 4])
+    for s in range(0, worker.SAMPLES, worker.TARGET):
+        plan.train_window(model, opt, (x[s:s + worker.TARGET],), y[s:s + worker.TARGET])
+    return params_of(model)
+
+
+class ShardArguments(unittest.TestCase):
+    def setUp(self):
+        self.model = Classifier()
+        self.x, self.y = classifier_data(8)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=0.01)
+
+    def plan(self, **kw):
+        return accumplan.plan(self.model, (self.x,), self.y, target_batch=8, optimizer=self.opt, progress=False,
+                              eval=False, **kw)
+
+    def test_a_sharded_plan_needs_two_ranks_and_names_shard(self):
+        with self.assertRaisesRegex(ValueError, r"shard='optimizer' .*world_size= of at least 2"):
+            self.plan(shard="optimizer")
+        with self.assertRaisesRegex(ValueError, r"shard"):
+            self.plan(shard="zero3", world_size=2)
+        with self.assertRaisesRegex(ValueError, r"shard='auto' with checkpointing"):
+            self.plan(shard="auto", world_size=2, checkpointing="auto")
+
+    def test_a_sharded_plan_holds_the_largest_share_and_leaves_the_optimizer_alone(self):
+        plan = self.plan(shard="optimizer", world_size=2)
+        s = plan.sharding
+        self.assertEqual(s["world_size"], 2)
+        self.assertEqual(max(s["per_rank_state_bytes"]), s["per_rank_state_bytes"][s["measured_rank"]])
+        # AdamW: two copies of each parameter and a step counter, shared out whole
+        weights = sum(p.numel() * 4 for p in self.model.parameters())
+        self.assertEqual(sum(s["per_rank_state_bytes"]), 2 * weights + 4 * len(list(self.model.parameters())))
+        self.assertIn("sharded over 2 ranks", plan.reason)
+        self.assertEqual(len(self.opt.state), 0)  # the measuring optimizer was a private one
+        again = accumplan.load_plan(plan.text() if hasattr(plan, "text") else plan.raw)
+        self.assertEqual(again.sharding, s)
+
+    def test_a_sharded_plan_refuses_an_optimizer_that_does_not_shard(self):
+        plan = make_plan([2, 2], world_size=2, sharded=True)
+        with self.assertRaisesRegex(ValueError, r"ZeroRedundancyOptimizer"):
+            plan.train_window(self.model, self.opt, (self.x[:4],), self.y[:4])
+
+
+class TwoShardedRanks(unittest.TestCase):
+    def test_two_gloo_ranks_with_zero_match_one_process(self):
+        want = {"samples": reference(Classifier(), *classifier_data(worker.SAMPLES)),
+                "tokens": reference(TinyLM(), *token_data(worker.SAMPLES))}
+        with tempfile.TemporaryDirectory() as out:
+            codes, logs = run_two_gloo_ranks("sharding_worker.py", out)
+            for r in range(2):
+                self.assertEqual(codes[r], 0, "rank %d failed (None: killed after %d s):\n%s"
+                                 % (r, DIST_TIMEOUT_S, logs[r]))
+            for way, params in want.items():
+                for r in range(2):
+                    got = torch.load(os.path.join(out, "rank%d-%s.pt" % (r, way)))
+                    for g, w in zip(got, params):
+                        torch.testing.assert_close(g, w, rtol=0, atol=1e-6, msg=lambda m: "%s rank %d: %s" % (way, r, m))
+
+
+if __name__ == "__main__":
+    unittest.main()
