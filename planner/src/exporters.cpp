@@ -282,6 +282,10 @@ std::string checkpoint_note(const PlanCheckpoint& cp) {
 // Every candidate checkpointed: what a model's own gradient_checkpointing_enable() does.
 bool checkpoints_every_candidate(const PlanCheckpoint& cp) { return cp.modules.size() == cp.candidates.size(); }
 
+// 1.9: the optimizer state sharded over the ranks is DeepSpeed's ZeRO stage 1 (each rank updates
+// and holds its partition's state); gradients and parameters stay whole on every rank, as planned.
+ojson zero_stage_1() { return ojson{{"stage", 1}}; }
+
 std::string deepspeed_export(ExportContext& c) {
   ojson j;
   j["train_batch_size"] = c.plan.target_batch;
@@ -298,6 +302,7 @@ std::string deepspeed_export(ExportContext& c) {
     params["adam_w_mode"] = name == "AdamW";
   }
   j["optimizer"] = ojson{{"type", name}, {"params", params}};
+  if (c.plan.sharding) j["zero_optimization"] = zero_stage_1();
   if (!c.t.cuda) c.notes.push_back("the plan was measured on the CPU device; DeepSpeed trains on GPUs, where the memory differs");
   const std::string loss = per_token_note(c.t, "DeepSpeed", "divides each microbatch's loss by gradient_accumulation_steps and averages gradients over ranks");
   if (!loss.empty()) c.notes.push_back(loss);
@@ -389,6 +394,13 @@ std::string hf_export(ExportContext& c) {
   }
   const auto [name, kwargs] = torch_optimizer(t);
   ojson j;
+  if (c.plan.sharding) {
+    // Trainer's DeepSpeed config: "auto" takes each value from TrainingArguments.
+    args["deepspeed"] = ojson{{"zero_optimization", zero_stage_1()},
+                              {"train_micro_batch_size_per_gpu", "auto"},
+                              {"gradient_accumulation_steps", "auto"},
+                              {"train_batch_size", "auto"}};
+  }
   j["TrainingArguments"] = args;
   j["optimizer"] = ojson{{"class", "torch.optim." + name}, {"kwargs", kwargs}};
   j["launch"] = torchrun_launch_line(c.plan.world_size);
@@ -403,6 +415,11 @@ std::string accelerate_export(ExportContext& c) {
   j["Accelerator"] = ojson{{"gradient_accumulation_steps", c.k},
                            {"mixed_precision", precision_name(t.amp, "no", "bf16", "fp16")},
                            {"cpu", !t.cuda}};
+  if (c.plan.sharding) {
+    j["DeepSpeedPlugin"] = ojson{{"zero_stage", 1}, {"gradient_accumulation_steps", c.k}};
+    c.notes.push_back("the optimizer state is sharded (ZeRO stage 1): pass Accelerator(deepspeed_plugin="
+                      "DeepSpeedPlugin(**cfg[\"DeepSpeedPlugin\"])), or launch with the accelerate-config export");
+  }
   j["DataLoader"] = ojson{{"batch_size", c.u}};
   if (eval_micro_batch(c.plan) > 0) {
     j["EvalDataLoader"] = ojson{{"batch_size", eval_micro_batch(c.plan)}};
@@ -431,15 +448,20 @@ std::string accelerate_export(ExportContext& c) {
 std::string accelerate_config_export(ExportContext& c) {
   const Training& t = c.t;
   const int64_t W = c.plan.world_size;
-  const std::string distributed = W == 1 ? "'NO'" : t.cuda ? "MULTI_GPU" : "MULTI_CPU";
+  const std::string distributed = c.plan.sharding ? "DEEPSPEED" : W == 1 ? "'NO'" : t.cuda ? "MULTI_GPU" : "MULTI_CPU";
   std::ostringstream s;
   s << "# accumplan export accelerate-config (accelerate launch --config_file THIS): " << W << " process(es), "
     << precision_name(t.amp, "float32", "bf16 autocast", "fp16 autocast") << ", on " << (t.cuda ? "GPUs" : "the CPU") << "\n"
     << "# gradient_accumulation_steps is not a key of this file: it goes to Accelerator(...) (--to accelerate)\n";
   for (const std::string& n : c.notes) s << "# NOTE: " << comment_text(n) << "\n";
   s << "compute_environment: LOCAL_MACHINE\n"
-    << "debug: false\n"
-    << "distributed_type: " << distributed << "\n"
+    << "debug: false\n";
+  if (c.plan.sharding) {
+    s << "deepspeed_config:\n"
+      << "  gradient_accumulation_steps: " << c.k << "\n"
+      << "  zero_stage: 1\n";
+  }
+  s << "distributed_type: " << distributed << "\n"
     << "machine_rank: 0\n"
     << "main_training_function: main\n"
     << "mixed_precision: " << precision_name(t.amp, "'no'", "bf16", "fp16") << "\n"
@@ -482,6 +504,7 @@ std::string lightning_export(ExportContext& c) {
     << "  num_nodes: 1\n"
     << "  precision: " << precision_name(t.amp, "32-true", "bf16-mixed", "16-mixed") << "\n"
     << "  accumulate_grad_batches: " << c.k << "\n";
+  if (c.plan.sharding) s << "  strategy: deepspeed_stage_1  # the optimizer state sharded over the devices, as planned\n";
   if (t.max_grad_norm) {
     s << "  gradient_clip_val: " << yaml_value(*t.max_grad_norm) << "\n"
       << "  gradient_clip_algorithm: norm\n";
@@ -772,6 +795,12 @@ std::string export_plan(const Plan& plan, const std::string& target, std::string
       throw InputError(to_target("torchrun") + " launches `accumplan run`, which cannot apply the plan's activation checkpointing "
                        "(a TorchScript model); export to a Python trainer (hf, lightning, accelerate, deepspeed) or "
                        "train with accumplan's plan.train_window");
+    }
+    if (plan.sharding) {
+      throw InputError(to_target("torchrun") + " launches `accumplan run`, which does not shard the optimizer state the plan "
+                       "is sharded over " + std::to_string(plan.sharding->world_size) + " ranks for; export to a Python trainer "
+                       "(deepspeed, lightning, accelerate, hf: ZeRO stage 1) or train with a ZeroRedundancyOptimizer "
+                       "and accumplan's plan.train_window");
     }
     check_torchrun_optimizer(plan);
     return torchrun_export(plan, options);

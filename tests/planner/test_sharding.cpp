@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "accumplan/errors.h"
+#include "accumplan/exporters.h"
 #include "accumplan/json_io.h"
 #include "accumplan/schema.h"
 #include "accumplan/sharding.h"
@@ -166,4 +167,25 @@ TEST_CASE("Sharding: the reader refuses shares that do not describe the plan's r
   doc = good;
   doc["sharding"]["unsharded_micro_batch"] = nullptr;  // not one sample fits unsharded
   CHECK(plan_error(doc).empty());
+}
+
+TEST_CASE("Sharding: every export carries ZeRO stage 1 in its trainer's terms; torchrun refuses naming it",
+          "[sharding][export]") {
+  const Plan plan = sharded_plan();
+  std::string note;
+  const ExportOptions options{"p.json", "accumplan", true};
+  CHECK(json::parse(export_plan(plan, "deepspeed", &note, options))["zero_optimization"]["stage"] == 1);
+  CHECK(json::parse(export_plan(plan, "hf", &note, options))["TrainingArguments"]["deepspeed"]["zero_optimization"]["stage"] == 1);
+  CHECK(json::parse(export_plan(plan, "accelerate", &note, options))["DeepSpeedPlugin"]["zero_stage"] == 1);
+  const std::string config = export_plan(plan, "accelerate-config", &note, options);
+  CHECK_THAT(config, Catch::Contains("distributed_type: DEEPSPEED") && Catch::Contains("  zero_stage: 1"));
+  CHECK_THAT(export_plan(plan, "lightning", &note, options), Catch::Contains("strategy: deepspeed_stage_1"));
+  CHECK_THROWS_WITH(export_plan(plan, "torchrun", &note, options),
+                    Catch::Contains("does not shard the optimizer state") && Catch::Contains("ZeroRedundancyOptimizer"));
+  // Unsharded, none of them says so.
+  PlanRequest r;
+  r.target_batch = 256;
+  const Plan whole = make_plan(read_profile_file(source_path("tests/golden/profile.json")), r);
+  CHECK_FALSE(json::parse(export_plan(whole, "deepspeed", &note, options)).contains("zero_optimization"));
+  CHECK_THAT(export_plan(whole, "lightning", &note, options), !Catch::Contains("deepspeed"));
 }
