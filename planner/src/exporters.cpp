@@ -543,6 +543,10 @@ std::string torchrun_export(const Plan& plan, const ExportOptions& options) {
   } else {
     s << ", microbatches [" << join_sizes(plan.microbatch_sizes) << "] per rank\n";
   }
+  if (plan.sharding) {
+    s << "# the optimizer state sharded over the " << W << " ranks (ZeRO-1): accumplan run steps each rank's share and "
+         "broadcasts it\n";
+  }
   s << "# add --data FILE and --steps N or --epochs E; on several nodes set --nnodes, --node_rank, "
        "--master_addr, --master_port\n"
     << "# --redirects=1 --tee=1: torchrun 1.13 under Python 3.11 (Debian 12) fails on their default 0; "
@@ -795,12 +799,6 @@ std::string export_plan(const Plan& plan, const std::string& target, std::string
       throw InputError(to_target("torchrun") + " launches `accumplan run`, which cannot apply the plan's activation checkpointing "
                        "(a TorchScript model); export to a Python trainer (hf, lightning, accelerate, deepspeed) or "
                        "train with accumplan's plan.train_window");
-    }
-    if (plan.sharding) {
-      throw InputError(to_target("torchrun") + " launches `accumplan run`, which does not shard the optimizer state the plan "
-                       "is sharded over " + std::to_string(plan.sharding->world_size) + " ranks for; export to a Python trainer "
-                       "(deepspeed, lightning, accelerate, hf: ZeRO stage 1) or train with a ZeroRedundancyOptimizer "
-                       "and accumplan's plan.train_window");
     }
     check_torchrun_optimizer(plan);
     return torchrun_export(plan, options);

@@ -48,6 +48,10 @@ Sharding shard_optimizer_state(const std::vector<std::vector<int64_t>>& group_nu
     throw InputError(option_name("--world-size") + " " + std::to_string(world_size) +
                      ": sharding the optimizer state needs 2 to " + std::to_string(kMaxWorldSize) + " ranks");
   }
+  if (layout.bytes_per_element == 0 && layout.bytes_per_parameter == 0) {
+    throw InputError("the optimizer keeps no state per parameter (plain SGD), so there is nothing to shard; plan with " +
+                     option_name("--shard") + " off");
+  }
   const std::vector<int64_t> ranks = zero_partition(group_numels, world_size);
   if (ranks.empty()) throw InputError("the optimizer holds no parameters; there is no state to shard");
   Sharding s;

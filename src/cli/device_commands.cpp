@@ -52,6 +52,7 @@ struct DeviceArgs {
   std::string normalization = "auto";
   int64_t ignore_index = -100;
   std::string optimizer = "sgd";
+  std::string shard = "off";  // --shard: off | optimizer (ZeRO-1 over --world-size ranks)
   double lr = 0;
   CLI::Option* lr_option = nullptr;
   CLI::Option* loss_option = nullptr;    // given '' is refused, not taken for the default
@@ -151,6 +152,11 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
   std::string names;
   for (const std::string& name : optimizer_names()) names += (names.empty() ? "" : " | ") + name;
   choice(app->add_option("--optimizer", a.optimizer, names))->capture_default_str()->group(opt_group);
+  choice(app->add_option("--shard", a.shard,
+                         "off | optimizer: the optimizer state sharded over --world-size ranks as torch's "
+                         "ZeroRedundancyOptimizer partitions it (ZeRO-1); the windows hold the largest rank's share"))
+      ->capture_default_str()
+      ->group(opt_group);
   a.lr_option = app->add_option("--lr", a.lr, "learning rate (" + defaults_help("lr") + ")")->group(opt_group);
   a.hyper_options = {
       app->add_option("--momentum", a.momentum, "momentum (" + defaults_help("momentum") + ")")->group(opt_group),
@@ -218,6 +224,16 @@ RunnerOptions runner_options(const DeviceArgs& a) {
   if (!defaults) check_model_file(a.model);
   s.loss = given(a.loss_option) ? a.loss : defaults ? defaults->loss : "cross_entropy";
   s.optimizer = a.optimizer;
+  if (a.shard != "off" && a.shard != "optimizer") {
+    throw InputError("--shard '" + cut_for_message(a.shard) + "': choose off or optimizer");
+  }
+  if (a.shard == "optimizer") {
+    if (a.plan.world_size < 2) {
+      throw InputError("--shard optimizer shards the optimizer state over the ranks: give --world-size of at least 2 "
+                       "(or --shard off)");
+    }
+    o.shard_world_size = a.plan.world_size;
+  }
   s.lr = a.lr_option->count() > 0 ? a.lr : optimizer_info(a.optimizer).default_lr;  // make_optimizer refuses lr < 0
   const char* names[] = {"momentum", "weight_decay", "beta1", "beta2", "eps", "alpha"};
   const double values[] = {a.momentum, a.weight_decay, a.beta1, a.beta2, a.eps, a.alpha};

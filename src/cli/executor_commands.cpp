@@ -37,6 +37,7 @@
 #include "accumplan/json_io.h"
 #include "accumplan/memory_probe.h"
 #include "accumplan/schema.h"
+#include "accumplan/sharding.h"
 #include "accumplan/tensor_spec.h"
 #include "accumplan/units.h"
 #include "cli/commands.h"
@@ -138,6 +139,24 @@ std::string device_of(const RunArgs& a, const Plan& plan, const std::optional<Di
   return "cpu";
 }
 
+// Each trainable parameter's rank under a sharded plan (ZeroRedundancyOptimizer's partition of one group).
+std::vector<int64_t> parameter_owners(const std::vector<at::Tensor>& params, int64_t world_size) {
+  std::vector<int64_t> numels;
+  for (const auto& t : params) numels.push_back(t.numel());
+  return zero_partition({numels}, world_size);
+}
+
+// The parameters this rank's optimizer holds: its own under sharding (`owners` not empty), else all.
+std::vector<at::Tensor> owned_parameters(const std::vector<at::Tensor>& params, const std::vector<int64_t>& owners,
+                                         int rank) {
+  if (owners.empty()) return params;
+  std::vector<at::Tensor> mine;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (owners[i] == rank) mine.push_back(params[i]);
+  }
+  return mine;
+}
+
 // Prepare for a group of `dist` (nullopt: one process; the plan must be for world size 1).
 Prepared prepare(const RunArgs& a, const std::string& command, const std::optional<DistEnv>& dist = std::nullopt) {
   if (a.plan.empty()) throw InputError("--plan is required: the plan.json written by `accumplan --model ...`");
@@ -154,13 +173,6 @@ Prepared prepare(const RunArgs& a, const std::string& command, const std::option
     throw InputError("--plan trains with activation checkpointing of " + cut_for_message(modules, 120) +
                      ", which needs the Python module: train it with accumplan's plan.train_window (or "
                      "plan.apply_checkpointing(model) in your own loop), or re-plan without checkpointing");
-  }
-  if (p.plan.sharding) {
-    // Each rank's microbatch fits beside its share of the optimizer state only: with the whole
-    // state on every rank it would not fit the memory it was planned for.
-    throw InputError("--plan shards the optimizer state over " + std::to_string(p.plan.sharding->world_size) +
-                     " ranks, which accumplan run does not: train it from Python with a ZeroRedundancyOptimizer "
-                     "(plan.train_window), or re-plan without --shard");
   }
   const int world = dist ? dist->world_size : 1;
   if (p.plan.world_size != world) {
@@ -478,8 +490,10 @@ int run_command(const RunArgs& a) {
   const bool lead = rank == 0;  // writes the human progress lines
   const Setup setup = run_setup(a, p.plan);
   const RunData d = load_run_data(a, p);
-  auto optimizer = make_optimizer(setup, trainable_parameters(p.model.module));
+  const std::vector<at::Tensor> params = trainable_parameters(p.model.module);
   ExecutorOptions eo = run_executor_options(a, p, setup, comm.get(), rank);
+  if (p.plan.sharding) eo.parameter_owners = parameter_owners(params, p.plan.world_size);
+  auto optimizer = make_optimizer(setup, owned_parameters(params, eo.parameter_owners, rank));
 
   auto windows = plan_windows(d.data, p.plan, p.loss.ignore_index);
   const size_t per_epoch = windows.size();

@@ -43,6 +43,9 @@ class LocalCommunicator final : public Communicator {
     return values;
   }
   void all_reduce_gradients(std::vector<at::Tensor>&) override { ++counts_.gradient_exchanges; }
+  void broadcast_from_owners(std::vector<at::Tensor>&, const std::vector<int64_t>&) override {
+    ++counts_.parameter_broadcasts;
+  }
 };
 
 // Joins the TCPStore rendezvous; rank 0 serves it. `timeout` bounds waiting for the other ranks
@@ -149,6 +152,30 @@ class C10dCommunicator final : public Communicator {
         const int64_t n = tensors[k].numel();
         tensors[k].copy_(flat[0].narrow(0, offset, n).view_as(tensors[k]));
         offset += n;
+      }
+    }
+  }
+
+  void broadcast_from_owners(std::vector<at::Tensor>& tensors, const std::vector<int64_t>& owners) override {
+    ++counts_.parameter_broadcasts;
+    for (int owner = 0; owner < env_.world_size; ++owner) {
+      std::map<at::ScalarType, std::vector<size_t>> by_dtype;  // every rank walks the same order
+      for (size_t k = 0; k < tensors.size(); ++k) {
+        if (owners.at(k) == owner) by_dtype[tensors[k].scalar_type()].push_back(k);
+      }
+      for (const auto& [dtype, ks] : by_dtype) {
+        std::vector<at::Tensor> parts;
+        for (size_t k : ks) parts.push_back(tensors[k].detach().reshape({-1}));
+        std::vector<at::Tensor> flat = {at::cat(parts)};
+        c10d::BroadcastOptions options;
+        options.rootRank = owner;
+        group_->broadcast(flat, options)->wait();
+        int64_t offset = 0;
+        for (size_t k : ks) {
+          const int64_t n = tensors[k].numel();
+          tensors[k].detach().copy_(flat[0].narrow(0, offset, n).view_as(tensors[k]));
+          offset += n;
+        }
       }
     }
   }

@@ -28,6 +28,7 @@ struct CollectiveCounts {
   int64_t counter_all_reduces = 0;   // integer counters (counts, OOM flags)
   int64_t gradient_exchanges = 0;    // calls of all_reduce_gradients (expected: one per window)
   int64_t tensor_all_reduces = 0;    // bucket collectives issued by those exchanges
+  int64_t parameter_broadcasts = 0;  // calls of broadcast_from_owners (sharded optimizer state: one per step)
 };
 
 class Communicator {
@@ -42,6 +43,9 @@ class Communicator {
   // Sums every tensor in place over all ranks; tensors are flattened into buckets of at most
   // `bucket_bytes` so a model with 200 parameters costs a few collectives, not 200.
   virtual void all_reduce_gradients(std::vector<at::Tensor>& tensors) = 0;
+  // Optimizer state sharded over the ranks (ZeRO-1): tensors[i] takes rank owners[i]'s values on
+  // every rank, each owner's tensors flattened into one broadcast (of one dtype).
+  virtual void broadcast_from_owners(std::vector<at::Tensor>& tensors, const std::vector<int64_t>& owners) = 0;
 
   const CollectiveCounts& counts() const { return counts_; }
 

@@ -218,6 +218,10 @@ class Executor::Backend : public WindowBackend {
   void optimizer_step(int64_t step) override {
     if (e_.options_.lr_schedule) set_learning_rate(e_.optimizer_, e_.options_.lr_schedule(step));
     e_.optimizer_.step();
+    // Sharded state: this rank stepped its own parameters; every rank takes each from its owner.
+    if (!e_.options_.parameter_owners.empty()) {
+      e_.options_.communicator->broadcast_from_owners(e_.params_, e_.options_.parameter_owners);
+    }
   }
 
   void after_update(bool stepped, const StepEvent& event) override {

@@ -80,6 +80,10 @@ struct ExecutorOptions {
   // plan's world_size must equal communicator->world_size() (InputError otherwise). With one,
   // only rank 0 writes plan_out.
   Communicator* communicator = nullptr;
+  // Optimizer state sharded over the communicator's ranks (ZeRO-1): each trainable parameter's
+  // owner (accumplan/sharding.h zero_partition). The optimizer then holds this rank's parameters
+  // only, and after each step every parameter takes its owner's values. Empty: not sharded.
+  std::vector<int64_t> parameter_owners;
   // Ragged data: pass the padding mask as one more forward argument (StepConfig::padding_mask).
   bool padding_mask = false;
   Packing packing = Packing::Time;       // packed plans only

@@ -17,6 +17,7 @@
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/persistent_step.h"
+#include "accumplan/sharding.h"
 #include "accumplan/tensor_spec.h"
 #include "executor/evaluate.h"
 #include "executor/executor.h"
@@ -364,6 +365,44 @@ WindowMeasurement ProbeRunner::window(const std::vector<int64_t>& sizes) {
   return m;  // judged against the budget by the search (Search::run)
 }
 
+namespace {
+
+// The state one step of `setup`'s optimizer leaves on a parameter of `elements` elements of
+// `like`'s dtype and device (its gradient all ones).
+int64_t state_after_one_step(const Setup& setup, const at::Tensor& like, int64_t elements) {
+  at::Tensor p = at::zeros({elements}, like.options().requires_grad(false));
+  p.set_requires_grad(true);
+  p.mutable_grad() = at::ones_like(p);
+  auto optimizer = make_optimizer(setup, {p});
+  optimizer->step();
+  return optimizer_state_bytes(*optimizer);
+}
+
+}  // namespace
+
+std::vector<at::Tensor> ProbeRunner::shard_held_parameters() {
+  if (options_.shard_world_size == 0) return params_;
+  std::vector<int64_t> numels;
+  for (const at::Tensor& t : params_) {
+    if (t.scalar_type() != params_.front().scalar_type()) {
+      throw InputError("--shard optimizer: the model's parameters are of more than one dtype; sharding is planned for one");
+    }
+    numels.push_back(t.numel());
+  }
+  const StateLayout layout = state_layout(state_after_one_step(options_.setup, params_.front(), 1),
+                                          state_after_one_step(options_.setup, params_.front(), 2));
+  sharding_ = shard_optimizer_state({numels}, options_.shard_world_size, layout);
+  const std::vector<int64_t> owners = zero_partition({numels}, options_.shard_world_size);
+  std::vector<at::Tensor> held;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (owners[i] == sharding_->measured_rank) held.push_back(params_[i]);
+  }
+  say("the optimizer state sharded over " + std::to_string(sharding_->world_size) + " ranks: the windows hold rank " +
+      std::to_string(sharding_->measured_rank) + "'s share, the largest (" + std::to_string(held.size()) + " of " +
+      std::to_string(params_.size()) + " parameters)");
+  return held;
+}
+
 void ProbeRunner::load_and_measure_persistent() {
   // Attempt 0 runs under the budget. If persistent memory alone does not fit, attempt 1 measures
   // it without the budget, so the error can give the breakdown instead of "out of memory": the
@@ -385,8 +424,9 @@ void ProbeRunner::load_and_measure_persistent() {
       // Adagrad allocates its state when constructed, Adam and momentum on the first step: the
       // state is the delta across both, less the gradients allocated in between. The step is
       // the executor's own window of kPersistentWindowSamples; its data's bytes are not counted (as in window()).
+      const std::vector<at::Tensor> held = shard_held_parameters();
       const int64_t before_optimizer = probe_.current_bytes();
-      optimizer_ = make_optimizer(options_.setup, params_);
+      optimizer_ = make_optimizer(options_.setup, held);
       const int64_t after_construct = probe_.current_bytes();
       probe_.reset_peak();
       const Batch data = window_data(kPersistentWindowSamples);
@@ -453,6 +493,7 @@ Profile ProbeRunner::profile(bool eval, bool keep_outputs) {
   p.probe = probe_.name();
   p.budget_bytes = budget_bytes_;
   p.persistent = persistent_;
+  p.sharding = sharding_;
 
   Search search(*this, search_settings(), trials_);
   search.profile(p);

@@ -66,6 +66,9 @@ struct RunnerOptions {
   std::vector<int64_t> probe_sizes = {2, 4};
   int64_t max_probe_micro_batch = 0;    // per-rank target: probes above it are skipped (0: none)
   uint64_t seed = 1234;                 // synthetic data
+  // The optimizer state sharded over this many ranks (ZeRO-1, accumplan/sharding.h): the optimizer
+  // holds the parameters of the largest share only, and the profile records the sharding. 0: not.
+  int64_t shard_world_size = 0;
   std::function<void(const std::string&)> progress;  // one line per real step, no trailing newline
 };
 
@@ -149,6 +152,8 @@ class ProbeRunner final : public WindowRunner {
   RunnerOptions options_;
   torch::Device device_;
   LoadedModel model_;
+  // The parameters the optimizer holds: all, or under RunnerOptions::shard_world_size the largest share's.
+  std::vector<at::Tensor> shard_held_parameters();
   std::vector<at::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LossConfig loss_;
@@ -159,6 +164,7 @@ class ProbeRunner final : public WindowRunner {
   std::optional<int64_t> budget_bytes_;
   bool persistent_over_budget_ = false;
   Persistent persistent_;
+  std::optional<Sharding> sharding_;  // RunnerOptions::shard_world_size: the largest share the optimizer holds
   int64_t declared_parameter_bytes_ = 0;
   int64_t declared_weight_bytes_ = 0;
   uint64_t next_seed_ = 0;

@@ -86,6 +86,49 @@ TEST_CASE("accumplan run on 2 processes: both ranks finish with identical parame
   CHECK(slurp(res.ranks[0].log).find("on 2 ranks") != std::string::npos);
 }
 
+TEST_CASE("accumplan run of a plan sharding Adam's state over 2 ranks: each rank steps its share, the parameters "
+          "equal the unsharded run's", "[dist][cli][sharding]") {
+  const std::string dir = scratch_dir("dist-shard-" + std::to_string(::getpid()));
+  auto plan_and_run = [&](const std::string& shard) {
+    const std::string plan = dir + "/plan-" + shard + ".json";
+    const CliResult made = run_cli({"--model", "builtin:mlp", "--target-batch", "16", "--world-size", "2", "--max-micro-batch",
+                                    "3", "--optimizer", "adam", "--shard", shard, "--device", "cpu", "--threads", "1",
+                                    "--no-eval", "--out", plan}, 120);
+    INFO(made.err);
+    REQUIRE(made.exit_code == 0);
+    const LaunchResult res =
+        launch_ranks({ACCUMPLAN_BIN, "run", "--plan", plan, "--model", "builtin:mlp", "--steps", "3", "--synthetic-samples",
+                      "40", "--threads", "1", "--dist-timeout", "20", "--save", dir + "/" + shard + "-{rank}.pt", "--stats",
+                      dir + "/" + shard + "-{rank}.json"},
+                     2, dir, {}, 60);
+    INFO("rank 0:\n" << slurp(res.ranks[0].log) << "\nrank 1:\n" << slurp(res.ranks[1].log));
+    REQUIRE_FALSE(res.timed_out);
+    REQUIRE(res.ranks[0].exit_code == 0);
+    REQUIRE(res.ranks[1].exit_code == 0);
+    return read_plan_file(plan);
+  };
+  const Plan sharded = plan_and_run("optimizer");
+  const Plan whole = plan_and_run("off");
+  REQUIRE(sharded.sharding);
+  CHECK_FALSE(whole.sharding);
+  REQUIRE(sharded.microbatch_sizes == whole.microbatch_sizes);
+  const Sharding& s = *sharded.sharding;
+  CHECK(s.per_rank_state_bytes[0] + s.per_rank_state_bytes[1] == whole.memory.optimizer_state_bytes);
+  // The windows held the largest share only.
+  CHECK(sharded.memory.optimizer_state_bytes == s.per_rank_state_bytes[static_cast<size_t>(s.measured_rank)]);
+  for (int r = 0; r < 2; ++r) {
+    const json st = json::parse(slurp(dir + "/optimizer-" + std::to_string(r) + ".json"));
+    CHECK(st["replicas_identical"] == true);
+    auto params = [&](const std::string& shard) {
+      torch::jit::Module m = torch::jit::load(dir + "/" + shard + "-" + std::to_string(r) + ".pt");
+      std::vector<at::Tensor> v;
+      for (const auto& p : m.parameters()) v.push_back(p.detach().clone());
+      return v;
+    };
+    CHECK(compare_tensors(params("optimizer"), params("off")).max_abs == 0.0);  // Adam steps each parameter alone
+  }
+}
+
 TEST_CASE("accumplan run refuses a 2-rank plan in one process, and a missing peer is an error within --dist-timeout",
           "[dist][cli][errors]") {
   const std::string dir = scratch_dir("dist-cli-errors-" + std::to_string(::getpid()));

@@ -51,7 +51,7 @@ class ShardArguments(unittest.TestCase):
         self.assertEqual(sum(s["per_rank_state_bytes"]), 2 * weights + 4 * len(list(self.model.parameters())))
         self.assertIn("sharded over 2 ranks", plan.reason)
         self.assertEqual(len(self.opt.state), 0)  # the measuring optimizer was a private one
-        again = accumplan.load_plan(plan.text() if hasattr(plan, "text") else plan.raw)
+        again = accumplan.load_plan(plan.to_dict())
         self.assertEqual(again.sharding, s)
 
     def test_a_sharded_plan_refuses_an_optimizer_that_does_not_shard(self):
