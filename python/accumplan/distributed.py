@@ -96,15 +96,21 @@ def all_reduce_gradients(params, group=None, extra=None):
         if bucket:
             buckets.append(bucket)
     for i, bucket in enumerate(buckets):
-        flat = torch.cat([g.reshape(-1).to(device) for g in bucket])
+        # One flat buffer per bucket, the last with the tail's slot: the bucket's bytes once, never
+        # a second copy to append the tail (the exchange is a window's highest moment when the
+        # gradients outweigh a microbatch's activations).
         last = i == len(buckets) - 1
+        flat = torch.empty(sum(g.numel() for g in bucket) + (1 if last else 0), dtype=bucket[0].dtype, device=device)
+        offset = 0
+        for g in bucket:
+            flat[offset:offset + g.numel()].copy_(g.reshape(-1))
+            offset += g.numel()
         if last:
-            flat = torch.cat([flat, tail.to(device=device, dtype=flat.dtype)])
+            flat[-1:].copy_(tail)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
         _IN_FLIGHT[:] = [flat] if i == 0 else _IN_FLIGHT + [flat]
         if last:
             tail = flat[-1:].to(torch.float64).cpu()
-            flat = flat[:-1]
         offset = 0
         for g in bucket:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
