@@ -1079,7 +1079,8 @@ ojson to_json(const RunRecord& r) {
   j["sharding"] = r.sharding;
   j["collectives"] = {{"counter_all_reduces", r.collectives.counter_all_reduces},
                       {"gradient_exchanges", r.collectives.gradient_exchanges},
-                      {"tensor_all_reduces", r.collectives.tensor_all_reduces}};
+                      {"tensor_all_reduces", r.collectives.tensor_all_reduces},
+                      {"parameter_broadcasts", r.collectives.parameter_broadcasts}};  // 1.9
   j["replicas_identical"] = r.replicas_identical;
   j["normalization"] = r.normalization;
   j["amp"] = r.amp;
@@ -1150,7 +1151,8 @@ RunRecord run_record_from_json(const json& doc) {
   if (root.has("sharding")) r.sharding = root.str("sharding");
   if (root.has("collectives")) {
     const JsonField c = root.at("collectives");
-    r.collectives = {c.i64("counter_all_reduces"), c.i64("gradient_exchanges"), c.i64("tensor_all_reduces")};
+    r.collectives = {c.i64("counter_all_reduces"), c.i64("gradient_exchanges"), c.i64("tensor_all_reduces"),
+                     c.opt_i64("parameter_broadcasts").value_or(0)};
   }
   if (root.has("replicas_identical")) r.replicas_identical = root.boolean("replicas_identical");
   if (root.has("normalization")) r.normalization = root.str("normalization");

@@ -108,7 +108,7 @@ def all_reduce_gradients(params, group=None, extra=None):
         if last:
             flat[-1:].copy_(tail)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-        _IN_FLIGHT[:] = [flat] if i == 0 else _IN_FLIGHT + [flat]
+        _IN_FLIGHT[:] = [flat]  # the previous bucket's collective has finished: it may go
         if last:
             tail = flat[-1:].to(torch.float64).cpu()
         offset = 0

@@ -188,7 +188,7 @@ RunRecord RunSession::record(RunRecord r, const Plan& final_plan, bool replicas_
   r.micro_batch = final_plan.micro_batch;
   r.accumulation_steps = final_plan.accumulation_steps;
   r.collectives = {training_collectives_.counter_all_reduces, training_collectives_.gradient_exchanges,
-                   training_collectives_.tensor_all_reduces};
+                   training_collectives_.tensor_all_reduces, training_collectives_.parameter_broadcasts};
   r.replicas_identical = replicas_identical;
   r.measured_peak_bytes = device_peak(t.peak_bytes);
   // Host data is never on the device, so nothing is subtracted from the reserved peak.

@@ -119,6 +119,8 @@ TEST_CASE("accumplan run of a plan sharding Adam's state over 2 ranks: each rank
   for (int r = 0; r < 2; ++r) {
     const json st = json::parse(slurp(dir + "/optimizer-" + std::to_string(r) + ".json"));
     CHECK(st["replicas_identical"] == true);
+    CHECK(st["collectives"]["parameter_broadcasts"] == 3);  // one after each of the 3 steps
+    CHECK(json::parse(slurp(dir + "/off-" + std::to_string(r) + ".json"))["collectives"]["parameter_broadcasts"] == 0);
     auto params = [&](const std::string& shard) {
       torch::jit::Module m = torch::jit::load(dir + "/" + shard + "-" + std::to_string(r) + ".pt");
       std::vector<at::Tensor> v;

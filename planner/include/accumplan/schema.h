@@ -423,6 +423,7 @@ struct RunCollectives {
   int64_t counter_all_reduces = 0;
   int64_t gradient_exchanges = 0;
   int64_t tensor_all_reduces = 0;
+  int64_t parameter_broadcasts = 0;  // 1.9: a sharded plan's steps (one broadcast from the owners each)
 };
 
 // What a run counted: the executor keeps these (ExecutorTotals), a run's stats record them.
