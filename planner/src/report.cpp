@@ -4,6 +4,7 @@
 // documents together: the SVG file, or the HTML page with the picture and its tables.
 // What it is not: the picture itself: report_draw.cpp draws it.
 #include "accumplan/report.h"
+#include "accumplan/sharding.h"
 
 #include <algorithm>
 #include <cctype>
@@ -192,6 +193,19 @@ std::string render_report_html(const ReportInput& in) {
       h << table_row({o.rule, fits ? std::to_string(o.micro_batch) : "none fits",
                       fits ? std::to_string(o.accumulation_steps) : "-", fits ? format_bytes(o.predicted_peak_bytes) : "-",
                       fits ? format_seconds(o.predicted_seconds_per_window) : "-", o.rule == r.chosen ? "yes" : ""});
+    }
+    h << "</table>\n";
+  }
+  if (in.plan && in.plan->sharding) {  // 1.9: each rank's share of the optimizer state
+    const Sharding& sh = *in.plan->sharding;
+    h << "<h2>Optimizer state sharded over " << sh.world_size << " ranks (ZeRO-1)</h2>\n<p>The windows held rank "
+      << sh.measured_rank << "'s share, the largest; " << format_bytes(freed_state_bytes(sh))
+      << " of the state stays free on it. Unsharded, the same line gives a microbatch of "
+      << (sh.unsharded_micro_batch.value_or(0) > 0 ? std::to_string(*sh.unsharded_micro_batch) : std::string("none"))
+      << " (predicted).</p>\n<table>\n" << table_row({"rank", "optimizer state", "the windows held it"}, "th");
+    for (size_t r = 0; r < sh.per_rank_state_bytes.size(); ++r) {
+      h << table_row({std::to_string(r), format_bytes(sh.per_rank_state_bytes[r]),
+                      static_cast<int64_t>(r) == sh.measured_rank ? "yes" : ""});
     }
     h << "</table>\n";
   }

@@ -13,11 +13,16 @@ state is twice its weights) that no test was tuned on:
            measure_memory=True)``: every rank's measured steady peak (windows 2 and 3, the state
            allocated; the counting allocator) against its predicted per-rank peak (the plan's
            prediction for its largest share, less what the rank's own share is smaller by);
-  1.1x+1   each rank then runs one window of a single microbatch of ceil(1.1 x the plan's) + 1
-           samples: its measured peak against the budget (it must not fit);
+  1.1x+1   each rank then runs one window of two microbatches of ceil(1.1 x the plan's largest) + 1
+           samples (the second with the gradients resident): its measured peak against the budget
+           (it must not fit);
+  truth    the largest b whose window [b, b] fits on every rank, bisected by real windows of the
+           ranks' own training (ZeroRedundancyOptimizer, then a plain AdamW with the whole state on
+           every rank): the true gain of sharding against the predicted one;
   exact    the final parameters of every rank against one process training the same global
-           windows with plain AdamW (max |difference|), for this loss per sample and for a
-           loss per token (a token model with ignored targets, its own plan);
+           windows as one microbatch each with plain AdamW (max |difference|), in float64 (float32's
+           summation order moves Adam's near-zero components; that figure is reported too), for
+           this loss per sample and for a loss per token (a token model with ignored targets);
   OOM      one rank (1) raises an out-of-memory error in its second forward: every rank
            re-plans (oom_recoveries), and the parameters still equal one process's.
 Truth for memory is the counting allocator's peak in each rank's own training; truth for the update

@@ -11,6 +11,7 @@
 #include "accumplan/errors.h"
 #include "accumplan/exporters.h"
 #include "accumplan/json_io.h"
+#include "accumplan/report.h"
 #include "accumplan/schema.h"
 #include "accumplan/sharding.h"
 #include "accumplan/solver.h"
@@ -188,4 +189,15 @@ TEST_CASE("Sharding: every export carries ZeRO stage 1 in its trainer's terms",
   const Plan whole = make_plan(read_profile_file(source_path("tests/golden/profile.json")), r);
   CHECK_FALSE(json::parse(export_plan(whole, "deepspeed", &note, options)).contains("zero_optimization"));
   CHECK_THAT(export_plan(whole, "lightning", &note, options), !Catch::Contains("deepspeed"));
+}
+
+TEST_CASE("Sharding: the report shows every rank's share and the one the windows held", "[sharding][report]") {
+  const Plan plan = sharded_plan();
+  const std::string html = render_report(report_input_from_plan(plan), "html");
+  CHECK_THAT(html, Catch::Contains("Optimizer state sharded over 4 ranks (ZeRO-1)"));
+  CHECK_THAT(html, Catch::Contains(format_bytes(plan.sharding->per_rank_state_bytes[3])));
+  PlanRequest r;
+  r.target_batch = 256;
+  const Plan whole = make_plan(read_profile_file(source_path("tests/golden/profile.json")), r);
+  CHECK_THAT(render_report(report_input_from_plan(whole), "html"), !Catch::Contains("sharded over"));
 }
