@@ -13,6 +13,14 @@
 #include "accumplan/units.h"
 
 namespace accumplan {
+namespace {
+
+// The shard option with a value, in the words of the front end: "--shard off", "shard='off'".
+std::string shard_words(const std::string& value) {
+  return front_end() == FrontEnd::Python ? "shard='" + value + "'" : "--shard " + value;
+}
+
+}  // namespace
 
 StateLayout state_layout(int64_t state_bytes_one_element, int64_t state_bytes_two_elements) {
   if (state_bytes_one_element < 0 || state_bytes_two_elements < state_bytes_one_element) {
@@ -50,7 +58,7 @@ Sharding shard_optimizer_state(const std::vector<std::vector<int64_t>>& group_nu
   }
   if (layout.bytes_per_element == 0 && layout.bytes_per_parameter == 0) {
     throw InputError("the optimizer keeps no state per parameter (plain SGD), so there is nothing to shard; plan with " +
-                     option_name("--shard") + " off");
+                     shard_words("off"));
   }
   const std::vector<int64_t> ranks = zero_partition(group_numels, world_size);
   if (ranks.empty()) throw InputError("the optimizer holds no parameters; there is no state to shard");
@@ -109,7 +117,7 @@ std::optional<int64_t> sharding_gain(const Plan& unsharded, int64_t freed_bytes)
 }
 
 std::string auto_sharding_note(const Plan& plan, int64_t world_size, int64_t freed_bytes, bool sharded) {
-  const std::string shard = front_end() == FrontEnd::Python ? "shard='auto'" : "--shard auto";
+  const std::string shard = shard_words("auto");
   if (sharded) {
     return " " + shard + " sharded it: unsharded, the largest microbatch that fits is smaller (" +
            std::to_string(plan.sharding ? plan.sharding->unsharded_micro_batch.value_or(0) : 0) + ").";

@@ -54,6 +54,28 @@ class ShardArguments(unittest.TestCase):
         again = accumplan.load_plan(plan.to_dict())
         self.assertEqual(again.sharding, s)
 
+    def test_plain_sgd_has_nothing_to_shard(self):
+        sgd = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        with self.assertRaisesRegex(ValueError, r"nothing to shard; plan with shard='off'"):
+            accumplan.plan(self.model, (self.x,), self.y, target_batch=8, optimizer=sgd, world_size=2,
+                           shard="optimizer", progress=False, eval=False)
+
+    def test_auto_does_not_shard_when_the_whole_window_already_fits(self):
+        plan = self.plan(shard="auto", world_size=2)
+        self.assertIsNone(plan.sharding)
+        self.assertIn("shard='auto' did not shard", plan.reason)
+
+    def test_auto_shards_when_the_freed_state_fits_a_larger_microbatch(self):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 512), torch.nn.Tanh(), torch.nn.Linear(512, 4))
+        x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+        common = dict(target_batch=1024, world_size=2, memory_budget=900 * 1024, progress=False, eval=False)
+        off = accumplan.plan(model, (x,), y, optimizer=torch.optim.AdamW(model.parameters()), shard="off", **common)
+        auto = accumplan.plan(model, (x,), y, optimizer=torch.optim.AdamW(model.parameters()), shard="auto", **common)
+        self.assertIsNotNone(auto.sharding)
+        self.assertGreater(auto.max_micro_batch, off.max_micro_batch)
+        self.assertIn("shard='auto' sharded it", auto.reason)
+
     def test_a_sharded_plan_refuses_an_optimizer_that_does_not_shard(self):
         plan = make_plan([2, 2], world_size=2, sharded=True)
         with self.assertRaisesRegex(ValueError, r"ZeroRedundancyOptimizer"):
