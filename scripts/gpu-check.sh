@@ -15,12 +15,13 @@
 #      into a scratch folder and packs it, since the tool brings back at most 8 files from $OUT:
 #        mkdir -p /tmp/gc; (OUT=/tmp/gc timeout -k 5 575 bash scripts/gpu-check.sh);
 #        tar czf $OUT/gpu-check.tar.gz -C /tmp/gc .; cp /tmp/gc/steps.log /tmp/gc/RESULTS-gpu.md $OUT/
-#   The folder holds 11 files: RESULTS-gpu.md, results-gpu.json, build.log, test.log, bench.log,
+#   The folder holds 14 files: RESULTS-gpu.md, results-gpu.json, build.log, test.log, bench.log,
 #   steps.log, the Python API's python.log and python-plan.json (accumplan.plan with
-#   device="cuda", judged by 3 windows of train_window), and activation checkpointing's grid:
-#   CHECKPOINT.md, checkpoint.json, checkpoint.log (and python-gdb.log, the C++ stack of a Python
-#   step that crashed). Copy RESULTS-gpu.md and CHECKPOINT.md (as
-#   CHECKPOINT-gpu.md) to tests/bench/ and commit them.
+#   device="cuda", judged by 3 windows of train_window), activation checkpointing's grid:
+#   CHECKPOINT.md, checkpoint.json, checkpoint.log, and the sharded optimizer state on 2 ranks:
+#   SHARDING.md, sharding.json, sharding.log (and python-gdb.log, the C++ stack of a Python
+#   step that crashed). Copy RESULTS-gpu.md, CHECKPOINT.md and SHARDING.md (as CHECKPOINT-gpu.md
+#   and SHARDING-gpu.md) to tests/bench/ and commit them.
 #   Sized for one 10-minute command: on the H200 (8 cores seen) configure took 5 s, the build of
 #   the binary and the probe tests 57 s, the tests 2 s, the Python package 32 s (2026-12-04);
 #   the benchmark gets the rest of 8 minutes (ROWS_UNTIL_S: fewer, for a lease with less left) and
@@ -205,6 +206,13 @@ if [ "$bench_only" -eq 0 ]; then
   if [ "$mode" = gpu ]; then ck_args=(--device cuda --models decoder,mlp); else ck_args=(--models tiny --target 16); fi
   step "checkpoint bench" "$out/checkpoint.log" env "PYTHONPATH=$pydir" timeout -s INT -k 15 150 \
     "$python" tests/bench/checkpoint_bench.py "${ck_args[@]}" --out "$out"
+  # The optimizer state sharded over 2 gloo ranks on the one device (ZeRO-1 with torch's
+  # ZeroRedundancyOptimizer; tests/bench/sharding_bench.py, SHARDING.md): every rank's steady peak
+  # against its prediction, the true gain of sharding, the updates against one process's. About
+  # two minutes on the GPU (a guess: it has not run there); the rehearsal's tiny tower, seconds.
+  if [ "$mode" = gpu ]; then sh_args=(--device cuda --worlds 2); else sh_args=(--worlds 2 --width 64 --budget 1MiB --per-rank 128); fi
+  step "sharding bench" "$out/sharding.log" env "PYTHONPATH=$pydir" timeout -s INT -k 15 180 \
+    "$python" tests/bench/sharding_bench.py "${sh_args[@]}" --out-dir "$out"
 fi
 
 bench_seconds="${BENCH_SECONDS:-}"
@@ -222,7 +230,8 @@ step "benchmark" "$out/bench.log" timeout -s INT -k 15 "$(( ${bench_seconds:-300
   "${bench_args[@]}"
 
 expected=(RESULTS-gpu.md results-gpu.json bench.log)
-[ "$bench_only" -eq 1 ] || expected+=(build.log test.log python.log python-plan.json CHECKPOINT.md checkpoint.json)
+[ "$bench_only" -eq 1 ] || expected+=(build.log test.log python.log python-plan.json CHECKPOINT.md checkpoint.json
+                                      SHARDING.md sharding.json)
 for f in "${expected[@]}"; do
   [ -s "$out/$f" ] || { echo "FAILED output $f missing or empty" | tee -a "$steps" >&2; failed=1; }
 done

@@ -28,8 +28,10 @@ state is twice its weights) that no test was tuned on:
 Truth for memory is the counting allocator's peak in each rank's own training; truth for the update
 is a plain single-process AdamW on the whole window. Writes tests/bench/SHARDING.md and sharding.json.
 What it is not: a test (it asserts nothing; it prints the targets), nor a GPU benchmark.
-Run: build/venv/bin/python tests/bench/sharding_bench.py
+Run: build/venv/bin/python tests/bench/sharding_bench.py [--device cuda] [--worlds 2,4] [--width 512]
+     [--budget 48MiB] [--per-rank 1024] [--out-dir tests/bench]
 """
+import argparse
 import datetime
 import json
 import math
@@ -46,21 +48,23 @@ import torch.distributed as dist
 HERE = os.path.dirname(os.path.abspath(__file__))
 import accumplan  # noqa: E402
 
-BUDGET = "48MiB"
-PER_RANK = 1024       # the per-rank window planned for: memory bounds the microbatch well below it
+# What a run measures (the arguments; the ranks read them from job.json): the device, the tower's
+# width, the budget and the per-rank window planned for (memory bounds the microbatch below it).
+CFG = {"device": "cpu", "width": 512, "budget": "48MiB", "per_rank": 1024}
 WINDOWS = 3
 LR = 1e-3
 
 
 class Tower(torch.nn.Module):
-    """float32[B,512] -> logits [B,16]: eight Linear(512,512) + LayerNorm + GELU blocks."""
+    """float32[B,W] -> logits [B,16]: eight Linear(W,W) + LayerNorm + GELU blocks (W: CFG's width)."""
 
     def __init__(self, seed=0):
         super().__init__()
         torch.manual_seed(seed)
-        self.blocks = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.LayerNorm(512),
+        w = CFG["width"]
+        self.blocks = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(w, w), torch.nn.LayerNorm(w),
                                                                 torch.nn.GELU()) for _ in range(8)])
-        self.head = torch.nn.Linear(512, 16)
+        self.head = torch.nn.Linear(w, 16)
 
     def forward(self, x):
         return self.head(self.blocks(x))
@@ -82,7 +86,7 @@ class TokenTower(torch.nn.Module):
 
 def sample_data(n, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, 512, generator=g), torch.randint(0, 16, (n,), generator=g)
+    return torch.randn(n, CFG["width"], generator=g), torch.randint(0, 16, (n,), generator=g)
 
 
 def token_data(n, t=12, seed=2):
@@ -153,19 +157,26 @@ def rank_main(out_dir):
     world = dist.get_world_size()
     with open(os.path.join(out_dir, "job.json")) as f:
         job = json.load(f)
+    CFG.update(job["cfg"])
+    dev = torch.device(CFG["device"])
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)  # every rank on the one device: each its own caching allocator
+    on = lambda *ts: tuple(t.to(dev) for t in ts)  # noqa: E731
+    save = lambda m, way: torch.save([p.detach().cpu() for p in m.parameters()],  # noqa: E731
+                                     os.path.join(out_dir, "rank%d-%s.pt" % (rank, way)))
     zero = lambda m: ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.AdamW,  # noqa: E731
                                              lr=LR, weight_decay=0.01)
     result = {"rank": rank}
     plan = accumplan.load_plan(job["plan"])
-    model = Tower()
+    model = Tower().to(dev)
     opt = zero(model)
-    x, y = sample_data(job["samples"])
+    x, y = on(*sample_data(job["samples"]))
     result["windows"] = []
     for xs, ys in windows(x, y, plan.target_batch, rank, world):
         st = plan.train_window(model, opt, (xs,), ys, measure_memory=True)
         result["windows"].append({"sizes": list(st.microbatch_sizes), "peak_bytes": st.peak_bytes,
                                   "predicted_peak_bytes": st.predicted_peak_bytes})
-    torch.save([p.detach() for p in model.parameters()], os.path.join(out_dir, "rank%d-float32.pt" % rank))
+    save(model, "float32")
     big = with_sizes(plan, [job["big"]] * 2)  # the second microbatch is a steady one: gradients resident
     st = big.train_window(model, opt, (x[:2 * job["big"]],), y[:2 * job["big"]], measure_memory=True,
                           oom_recovery=False)
@@ -173,26 +184,26 @@ def rank_main(out_dir):
     budget = plan.memory["budget_bytes"]
     result["true_sharded"] = largest_fitting(plan, model, opt, x, y, budget)
     whole = accumplan.load_plan(job["unsharded_plan"])
-    model = Tower()
+    model = Tower().to(dev)
     result["true_unsharded"] = largest_fitting(whole, model, adamw(model.parameters()), x, y, budget)
 
     # float64 from here: the update's exactness without float32's summation order in the way
-    model = Tower().double()
+    model = Tower().double().to(dev)
     opt = zero(model)
     for xs, ys in windows(x.double(), y, plan.target_batch, rank, world):
         plan.train_window(model, opt, (xs,), ys)
-    torch.save([p.detach() for p in model.parameters()], os.path.join(out_dir, "rank%d-samples.pt" % rank))
+    save(model, "samples")
 
     plan = with_sizes(accumplan.load_plan(job["token_plan"]), job["token_sizes"])
-    model = TokenTower().double()
+    model = TokenTower().double().to(dev)
     opt = zero(model)
-    x, y = token_data(job["token_samples"])
+    x, y = on(*token_data(job["token_samples"]))
     for xs, ys in windows(x, y, plan.target_batch, rank, world):
         plan.train_window(model, opt, (xs,), ys)
-    torch.save([p.detach() for p in model.parameters()], os.path.join(out_dir, "rank%d-tokens.pt" % rank))
+    save(model, "tokens")
 
     plan = accumplan.load_plan(job["plan"])
-    model = Tower().double()
+    model = Tower().double().to(dev)
     failing = rank == 1
     forward = model.forward
     calls = [0]
@@ -204,10 +215,10 @@ def rank_main(out_dir):
         return forward(inp)
     model.forward = flaky
     opt = zero(model)
-    x, y = sample_data(job["samples"])
+    x, y = on(*sample_data(job["samples"]))
     result["oom_recoveries"] = sum(plan.train_window(model, opt, (xs,), ys).oom_recoveries
                                    for xs, ys in windows(x.double(), y, plan.target_batch, rank, world))
-    torch.save([p.detach() for p in model.parameters()], os.path.join(out_dir, "rank%d-oom.pt" % rank))
+    save(model, "oom")
     with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
@@ -244,23 +255,24 @@ REF_PLAN = [None]
 def max_diff(out_dir, world, way, want):
     worst = 0.0
     for r in range(world):
-        got = torch.load(os.path.join(out_dir, "rank%d-%s.pt" % (r, way)))
+        got = torch.load(os.path.join(out_dir, "rank%d-%s.pt" % (r, way)), map_location="cpu")
         worst = max(worst, max(float((g - w).abs().max()) for g, w in zip(got, want)))
     return worst
 
 
 def bench(world):
     t0 = time.perf_counter()
-    x, y = sample_data(64)
-    common = dict(target_batch=world * PER_RANK, memory_budget=BUDGET, world_size=world, progress=False, eval=False)
-    model = Tower()
+    dev = torch.device(CFG["device"])
+    x, y = (t.to(dev) for t in sample_data(64))
+    common = dict(target_batch=world * CFG["per_rank"], memory_budget=CFG["budget"], world_size=world, progress=False,
+                  eval=False)
+    model = Tower().to(dev)
     unsharded = accumplan.plan(model, (x,), y, optimizer=adamw(model.parameters()), shard="off", **common)
     sharded = accumplan.plan(model, (x,), y, optimizer=adamw(model.parameters()), shard="optimizer", **common)
-    tx, ty = token_data(64)
-    token_model = TokenTower()
+    tx, ty = (t.to(dev) for t in token_data(64))
+    token_model = TokenTower().to(dev)
     token_plan = accumplan.plan(token_model, (tx,), ty, optimizer=adamw(token_model.parameters()), shard="optimizer",
-                                target_batch=world * 8, world_size=world, memory_budget=BUDGET, progress=False,
-                                eval=False)
+                                target_batch=world * 8, world_size=world, progress=False, eval=False)  # its windows are set
     s = sharded.sharding
     shares = s["per_rank_state_bytes"]
     freed = sum(shares) - shares[s["measured_rank"]]
@@ -270,7 +282,7 @@ def bench(world):
     token_samples = int(2.5 * world * sum(token_sizes))  # the last window short
     with tempfile.TemporaryDirectory() as out:
         with open(os.path.join(out, "job.json"), "w") as f:
-            json.dump({"plan": sharded.to_dict(), "unsharded_plan": unsharded.to_dict(), "token_plan": token_plan.to_dict(), "big": big,
+            json.dump({"cfg": CFG, "plan": sharded.to_dict(), "unsharded_plan": unsharded.to_dict(), "token_plan": token_plan.to_dict(), "big": big,
                        "samples": samples, "token_samples": token_samples, "token_sizes": token_sizes}, f)
         run_ranks(out, world)
         ranks = []
@@ -320,11 +332,13 @@ def mib(b):
 
 def report(results):
     out = ["# Optimizer state sharded over gloo ranks (ZeRO-1)", "",
-           "Generated by `build/venv/bin/python tests/bench/sharding_bench.py` (CPU, the counting allocator, "
-           "torch %s). Model: a tower of eight Linear(512,512) + LayerNorm + GELU blocks and a 16-class head "
-           "(2.1 M parameters), AdamW (its state is twice the weights), budget %s, %d samples per rank per "
+           "Generated by `build/venv/bin/python tests/bench/sharding_bench.py` (torch %s, device %s: %s). Model: a tower of eight Linear(%d,%d) + LayerNorm + GELU blocks and a 16-class "
+           "head (%d parameters), AdamW (its state is twice the weights), budget %s, %d samples per rank per "
            "window. Each rank trains with `torch.distributed.optim.ZeroRedundancyOptimizer(optimizer_class="
-           "torch.optim.AdamW)` and `plan.train_window(..., measure_memory=True)`." % (torch.__version__, BUDGET, PER_RANK), ""]
+           "torch.optim.AdamW)` (gloo) and `plan.train_window(..., measure_memory=True)`."
+           % (torch.__version__, CFG["device"], "the caching allocator's allocated peaks, every rank on the one GPU"
+              if CFG["device"].startswith("cuda") else "the counting allocator", CFG["width"], CFG["width"], sum(p.numel() for p in Tower().parameters()),
+              CFG["budget"], CFG["per_rank"]), ""]
     for r in results:
         u, s = r["unsharded"], r["sharded"]
         out += ["## %d ranks" % r["world_size"], "",
@@ -369,14 +383,23 @@ def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--rank-of":
         torch.set_num_threads(1)
         return rank_main(sys.argv[2])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: every rank on the one GPU, gloo")
+    ap.add_argument("--worlds", default="2,4", help="the world sizes, one row each")
+    ap.add_argument("--width", type=int, default=CFG["width"], help="the tower's width")
+    ap.add_argument("--budget", default=CFG["budget"])
+    ap.add_argument("--per-rank", type=int, default=CFG["per_rank"], help="the per-rank window planned for")
+    ap.add_argument("--out-dir", default=HERE, help="where SHARDING.md and sharding.json go")
+    a = ap.parse_args()
+    CFG.update(device=a.device, width=a.width, budget=a.budget, per_rank=a.per_rank)
     torch.set_num_threads(1)
     results = []
-    for world in (2, 4):
+    for world in (int(w) for w in a.worlds.split(",")):
         results.append(bench(world))
         print(json.dumps(results[-1])[:2000], file=sys.stderr, flush=True)
-    with open(os.path.join(HERE, "SHARDING.md"), "w") as f:
+    with open(os.path.join(a.out_dir, "SHARDING.md"), "w") as f:
         f.write(report(results))
-    with open(os.path.join(HERE, "sharding.json"), "w") as f:
+    with open(os.path.join(a.out_dir, "sharding.json"), "w") as f:
         json.dump(results, f, indent=1)
 
 
