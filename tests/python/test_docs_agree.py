@@ -23,7 +23,8 @@ OTHER_TOOLS = {  # options the docs show on other tools' command lines
     "accelerate launch / LightningCLI": {"--config_file", "--config"},
     "torchrun": {"--nnodes", "--nproc_per_node", "--node_rank", "--master_addr", "--master_port", "--no_python",
                  "--redirects", "--tee"},
-    "scripts/gpu-check.sh, tests/bench/checkpoint_bench.py": {"--rehearse", "--models"},
+    "scripts/gpu-check.sh, tests/bench/checkpoint_bench.py, tests/bench/sharding_bench.py": {"--rehearse", "--models",
+                                                                                            "--worlds"},
 }
 
 
