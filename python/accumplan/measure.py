@@ -380,8 +380,8 @@ def _auto_sharded_search(runner, search, restart, view, sharding, world_size, sa
         _core.note_auto_sharding(unsharded, world_size, freed, False)
         return unsharded
     if say:
-        say("sharding the optimizer state over %d ranks frees %.1f MiB per rank: searching again sharded"
-            % (world_size, freed / 2 ** 20))
+        say("sharding the optimizer state over %d ranks frees %d KiB per rank: searching again sharded"
+            % (world_size, freed // 1024))
     restart()
     runner.optimizer = measuring_optimizer(view, sharding)
     planned = search()
