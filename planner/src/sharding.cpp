@@ -9,6 +9,7 @@
 
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
+#include "accumplan/memory_model.h"
 #include "accumplan/terms.h"
 #include "accumplan/units.h"
 
@@ -51,7 +52,7 @@ std::vector<int64_t> zero_partition(const std::vector<std::vector<int64_t>>& gro
 }
 
 Sharding shard_optimizer_state(const std::vector<std::vector<int64_t>>& group_numels, int64_t world_size,
-                               const StateLayout& layout) {
+                               const StateLayout& layout, std::vector<int64_t>* partition) {
   if (world_size < 2 || world_size > kMaxWorldSize) {
     throw InputError(option_name("--world-size") + " " + std::to_string(world_size) +
                      ": sharding the optimizer state needs 2 to " + std::to_string(kMaxWorldSize) + " ranks");
@@ -62,6 +63,7 @@ Sharding shard_optimizer_state(const std::vector<std::vector<int64_t>>& group_nu
   }
   const std::vector<int64_t> ranks = zero_partition(group_numels, world_size);
   if (ranks.empty()) throw InputError("the optimizer holds no parameters; there is no state to shard");
+  if (partition) *partition = ranks;
   Sharding s;
   s.world_size = world_size;
   s.per_rank_state_bytes.assign(static_cast<size_t>(world_size), 0);
@@ -84,11 +86,8 @@ int64_t freed_state_bytes(const Sharding& sharding) {
 }
 
 int64_t line_micro_batch(const Plan& plan, int64_t extra_bytes) {
-  const double room = static_cast<double>(plan.memory.usable_bytes) - plan.fit.intercept_bytes - static_cast<double>(extra_bytes);
-  if (room < plan.fit.slope_bytes_per_sample || room < 0) return 0;
-  if (plan.fit.slope_bytes_per_sample <= 0) return plan.per_rank_batch;
-  const double b = std::floor(room / plan.fit.slope_bytes_per_sample);
-  return b >= static_cast<double>(plan.per_rank_batch) ? plan.per_rank_batch : static_cast<int64_t>(b);
+  const int64_t budget = checked_add(plan.memory.usable_bytes, -extra_bytes, "the usable bytes less the state");
+  return std::min(plan.per_rank_batch, MemoryModel::line_largest_fitting(plan.fit, budget));
 }
 
 void state_sharding(Plan& plan) {

@@ -45,13 +45,14 @@ py::dict trial_dict(const Trial& t) {
 py::dict sharding_dict(const std::vector<std::vector<int64_t>>& group_numels, int64_t world_size,
                        int64_t state_bytes_one_element, int64_t state_bytes_two_elements) {
   const StateLayout layout = state_layout(state_bytes_one_element, state_bytes_two_elements);
-  const Sharding s = shard_optimizer_state(group_numels, world_size, layout);
+  std::vector<int64_t> partition;
+  const Sharding s = shard_optimizer_state(group_numels, world_size, layout, &partition);
   py::dict d;
   d["optimizer"] = true;
   d["world_size"] = s.world_size;
   d["per_rank_state_bytes"] = s.per_rank_state_bytes;
   d["measured_rank"] = s.measured_rank;
-  d["partition"] = zero_partition(group_numels, world_size);
+  d["partition"] = partition;
   d["freed_bytes"] = freed_state_bytes(s);
   return d;
 }

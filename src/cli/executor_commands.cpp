@@ -37,7 +37,6 @@
 #include "accumplan/json_io.h"
 #include "accumplan/memory_probe.h"
 #include "accumplan/schema.h"
-#include "accumplan/sharding.h"
 #include "accumplan/tensor_spec.h"
 #include "accumplan/units.h"
 #include "cli/commands.h"
@@ -137,24 +136,6 @@ std::string device_of(const RunArgs& a, const Plan& plan, const std::optional<Di
     return "cuda:" + std::to_string(dist && dist->world_size > 1 ? dist->local_rank : plan.device.index);
   }
   return "cpu";
-}
-
-// Each trainable parameter's rank under a sharded plan (ZeroRedundancyOptimizer's partition of one group).
-std::vector<int64_t> parameter_owners(const std::vector<at::Tensor>& params, int64_t world_size) {
-  std::vector<int64_t> numels;
-  for (const auto& t : params) numels.push_back(t.numel());
-  return zero_partition({numels}, world_size);
-}
-
-// The parameters this rank's optimizer holds: its own under sharding (`owners` not empty), else all.
-std::vector<at::Tensor> owned_parameters(const std::vector<at::Tensor>& params, const std::vector<int64_t>& owners,
-                                         int rank) {
-  if (owners.empty()) return params;
-  std::vector<at::Tensor> mine;
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (owners[i] == rank) mine.push_back(params[i]);
-  }
-  return mine;
 }
 
 // Prepare for a group of `dist` (nullopt: one process; the plan must be for world size 1).
@@ -493,7 +474,7 @@ int run_command(const RunArgs& a) {
   const std::vector<at::Tensor> params = trainable_parameters(p.model.module);
   ExecutorOptions eo = run_executor_options(a, p, setup, comm.get(), rank);
   if (p.plan.sharding) eo.parameter_owners = parameter_owners(params, p.plan.world_size);
-  auto optimizer = make_optimizer(setup, owned_parameters(params, eo.parameter_owners, rank));
+  auto optimizer = make_optimizer(setup, eo.parameter_owners.empty() ? params : owned_parameters(params, eo.parameter_owners, rank));
 
   auto windows = plan_windows(d.data, p.plan, p.loss.ignore_index);
   const size_t per_epoch = windows.size();

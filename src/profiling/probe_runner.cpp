@@ -391,12 +391,9 @@ std::vector<at::Tensor> ProbeRunner::shard_held_parameters() {
   }
   const StateLayout layout = state_layout(state_after_one_step(options_.setup, params_.front(), 1),
                                           state_after_one_step(options_.setup, params_.front(), 2));
-  sharding_ = shard_optimizer_state({numels}, options_.shard_world_size, layout);
-  const std::vector<int64_t> owners = zero_partition({numels}, options_.shard_world_size);
-  std::vector<at::Tensor> held;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (owners[i] == sharding_->measured_rank) held.push_back(params_[i]);
-  }
+  std::vector<int64_t> owners;
+  sharding_ = shard_optimizer_state({numels}, options_.shard_world_size, layout, &owners);
+  const std::vector<at::Tensor> held = owned_parameters(params_, owners, sharding_->measured_rank);
   say("the optimizer state sharded over " + std::to_string(sharding_->world_size) + " ranks: the windows hold rank " +
       std::to_string(sharding_->measured_rank) + "'s share, the largest (" + std::to_string(held.size()) + " of " +
       std::to_string(params_.size()) + " parameters)");

@@ -1,6 +1,8 @@
 // runtime/optim.cpp — optimizer construction and state accounting. See optim.h.
 #include "runtime/optim.h"
 
+#include "accumplan/sharding.h"
+
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -125,6 +127,21 @@ void add_tensor(const at::Tensor& t, std::unordered_set<const void*>& seen, int6
   if (seen.insert(storage.unsafeGetStorageImpl()).second) bytes += static_cast<int64_t>(storage.nbytes());
 }
 }  // namespace
+
+std::vector<int64_t> parameter_owners(const std::vector<at::Tensor>& params, int64_t world_size) {
+  std::vector<int64_t> numels;
+  for (const at::Tensor& t : params) numels.push_back(t.numel());
+  return zero_partition({numels}, world_size);
+}
+
+std::vector<at::Tensor> owned_parameters(const std::vector<at::Tensor>& params, const std::vector<int64_t>& owners,
+                                         int64_t rank) {
+  std::vector<at::Tensor> mine;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (owners.at(i) == rank) mine.push_back(params[i]);
+  }
+  return mine;
+}
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
   using namespace torch::optim;

@@ -40,6 +40,12 @@ void check_grad_norm(double value, const std::string& option);
 // hyperparameter is its default in optimizer_defaults (accumplan/setup_rules.h).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Setup& setup, std::vector<at::Tensor> params);
 
+// The optimizer state sharded over ranks (ZeRO-1): each parameter's rank, ZeroRedundancyOptimizer's
+// partition of one group (accumplan/sharding.h zero_partition), and the parameters `rank` owns.
+std::vector<int64_t> parameter_owners(const std::vector<at::Tensor>& params, int64_t world_size);
+std::vector<at::Tensor> owned_parameters(const std::vector<at::Tensor>& params, const std::vector<int64_t>& owners,
+                                         int64_t rank);
+
 // Bytes of all tensors in the optimizer's per-parameter state (storage nbytes, counted once).
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 

@@ -35,17 +35,19 @@ StateLayout state_layout(int64_t state_bytes_one_element, int64_t state_bytes_tw
 // (the lowest such rank). Each parameter's rank, in group order.
 std::vector<int64_t> zero_partition(const std::vector<std::vector<int64_t>>& group_numels, int64_t world_size);
 
-// Each rank's share of the state of `group_numels` under `layout`, partitioned by zero_partition,
-// and the rank whose share the windows hold: the largest (the lowest such rank). InputError for a
-// world size outside [2, 2^20] or no parameters.
+// Each rank's share of the state of `group_numels` under `layout`, partitioned by zero_partition
+// (each parameter's rank into `partition` when given), and the rank whose share the windows hold:
+// the largest (the lowest such rank). InputError for a world size outside [2, 2^20], no
+// parameters, or a layout of no state.
 Sharding shard_optimizer_state(const std::vector<std::vector<int64_t>>& group_numels, int64_t world_size,
-                               const StateLayout& layout);
+                               const StateLayout& layout, std::vector<int64_t>* partition = nullptr);
 
 // What sharding frees on the rank with the largest share: the whole state less that share.
 int64_t freed_state_bytes(const Sharding& sharding);
 
 // The largest microbatch (at most per_rank_batch) a plan's fitting line allows under its usable
-// bytes with `extra_bytes` more resident (negative: freed); 0 when not one sample fits.
+// bytes with `extra_bytes` more resident (negative: freed), by MemoryModel::line_largest_fitting;
+// 0 when not one sample fits.
 int64_t line_micro_batch(const Plan& plan, int64_t extra_bytes);
 
 // A plan made from a sharded profile: plan.sharding from the profile's, the unsharded
