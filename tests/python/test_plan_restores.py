@@ -173,6 +173,25 @@ class LeavesNothingBehind(unittest.TestCase):
         self.assertIsNotNone(p.tokens)
         self.assertSameState(before, state_of(model, opt, extra))
 
+    def test_a_sharded_plan_leaves_everything_as_it_was_also_when_interrupted(self):
+        # shard= measures with an optimizer of its own over the largest share: the user's
+        # optimizer (a foreign parameter, state of other dtypes) and the model come back bitwise.
+        for shard in ("optimizer", "auto"):
+            with self.subTest(shard=shard):
+                model, opt, extra, x, y = setup()
+                before = state_of(model, opt, extra)
+                lines = []
+
+                def interrupt(line):
+                    lines.append(line)
+                    if len(lines) == 3:  # mid-search: a window has trained the model
+                        raise KeyboardInterrupt
+                with self.assertRaises(KeyboardInterrupt):
+                    plan(model, opt, x, y, world_size=2, shard=shard, progress=interrupt)
+                self.assertSameState(before, state_of(model, opt, extra))
+                plan(model, opt, x, y, world_size=2, shard=shard, progress=False)
+                self.assertSameState(before, state_of(model, opt, extra))
+
     def test_an_interrupt_inside_an_eval_window_restores_modes_and_grad_mode(self):
         # The eval windows run under no_grad with every module in eval mode: a Ctrl-C in
         # their forward must leave the training flags and grad mode as they were too.
