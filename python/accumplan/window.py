@@ -401,6 +401,12 @@ class TrainBackend(_core.WindowBackend):
         if stepped and self.scheduler is not None:
             self.scheduler.step()
 
+    def release_cached(self):
+        # Before the step that makes the optimizer's state: its tensors in fresh blocks of the
+        # caching allocator, not in those the window's activations left cached.
+        if self.w.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def drop_gradients(self):
         zero_grads(self.w.params, self.optimizer)
 

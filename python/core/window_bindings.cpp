@@ -66,6 +66,7 @@ class PyWindowBackend : public WindowBackend {
   void after_update(bool stepped, const StepEvent& event) override {
     PYBIND11_OVERRIDE(void, WindowBackend, after_update, stepped, event);
   }
+  void release_cached() override { PYBIND11_OVERRIDE(void, WindowBackend, release_cached); }
   void drop_gradients() override { PYBIND11_OVERRIDE_PURE(void, WindowBackend, drop_gradients); }
   bool optimizer_state_exists() const override { PYBIND11_OVERRIDE_PURE(bool, WindowBackend, optimizer_state_exists); }
   bool wall_time_is_device_time() const override {

@@ -177,6 +177,10 @@ class Executor::Backend : public WindowBackend {
     }
   }
 
+  void release_cached() override {
+    if (e_.options_.probe) e_.options_.probe->release_cached();
+  }
+
   // The window's one host read; the sum's device memory is freed with it.
   double loss_sum() override { return std::exchange(loss_total_, at::Tensor()).item<double>(); }
 

@@ -143,6 +143,21 @@ TEST_CASE("Window loop: a window says whether the optimizer state existed before
   CHECK(plain.accumulate(fresh, WindowOptions{}).optimizer_state_ready);
 }
 
+TEST_CASE("Window loop: the cache is released once, before the step that makes the optimizer's state", "[window-loop]") {
+  struct Caching : FakeBackend {
+    void release_cached() override { calls.push_back("release"); }
+  };
+  Plan plan = plan_with({8, 8});
+  WindowLoop loop(plan);
+  Caching b;
+  for (int window = 0; window < 2; ++window) {
+    WindowStats st = loop.accumulate(b, WindowOptions{});
+    loop.apply(b, WindowOptions{}, st);
+  }
+  CHECK(b.calls == std::vector<std::string>{"count", "begin", "mb8", "mb8", "release", "step0", "updated", "drop",
+                                            "count", "begin", "mb8", "mb8", "step1", "updated", "drop"});
+}
+
 TEST_CASE("Window loop: an out-of-memory re-plans below the failing size and replays every sample once",
           "[window-loop]") {
   Plan plan = plan_with({6, 5, 5});

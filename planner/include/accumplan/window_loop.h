@@ -196,6 +196,11 @@ class WindowBackend {
     (void)stepped;
     (void)event;
   }
+  // Before the step that makes the optimizer's state: cached blocks back to the device (CUDA:
+  // emptyCache), so the state lands in fresh segments instead of splitting those the first window's
+  // activations left cached, which every later window would then find fragmented. No-op where
+  // nothing is cached.
+  virtual void release_cached() {}
   virtual void drop_gradients() = 0;  // every gradient to none, after the update
   virtual bool optimizer_state_exists() const = 0;
   // True where a microbatch's wall time is its device time (the CPU), so it can be learnt from.
