@@ -345,14 +345,32 @@ Plan Search::plan_and_confirm_tokens(Profile& profile, PlanRequest request) {
   }
 }
 
+namespace {
+
+// Bisection stops when the largest size that ran is within this fraction of the line's largest.
+constexpr double kBisectGap = 0.03;
+
+// After a window failed: halfway between `fits`, the largest size that ran, and the line's largest
+// below the smallest failure (a caching allocator can refuse under its cap what the allocated line
+// allows, so only windows find the edge); 0 once `fits` is within kBisectGap of it.
+int64_t bisect_candidate(const Profile& profile, PlanRequest request, const Plan& plan, int64_t fits,
+                         std::optional<int64_t> user_bound) {
+  request.max_micro_batch = user_bound;
+  const int64_t upper = climb_candidate(profile, request, plan);
+  if (upper <= fits || static_cast<double>(fits) >= (1.0 - kBisectGap) * static_cast<double>(upper)) return 0;
+  return fits + (upper - fits + 1) / 2;
+}
+
+}  // namespace
+
 Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
   if (!request.budget.is_set() && settings_.budget_bytes) request.budget.bytes = settings_.budget_bytes;
   if (settings_.seq_range) return plan_and_confirm_tokens(profile, request);
   const std::optional<int64_t> user_bound = request.max_micro_batch;
   auto bounded = [&](int64_t b) { return user_bound ? std::min(*user_bound, b) : b; };
-  // Climbing runs at most two windows past the first confirmation and none after any window
-  // failed: the one promise is no OOM on the happy path, and each climb costs a window at the
-  // largest size. Six windows in all is the most any plan spends here.
+  // Climbing runs at most two windows past the first confirmation while none failed: each climb
+  // costs a window at the largest size. After a failure the windows bisect toward the line's
+  // largest instead. Six windows in all is the most any plan spends here.
   constexpr int kMaxClimbs = 2;
   constexpr int kMaxWindows = 6;
   int64_t fits = 0;                                     // largest [b, b] window that ran within budget
@@ -369,9 +387,13 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
     int64_t next = 0;
     std::string kind;
     if (plan.confirmed) {
-      if (failed || climbs >= kMaxClimbs || windows >= kMaxWindows) return plan;
-      next = climb_candidate(profile, request, plan);
-      if (next == 0) next = whole_batch_candidate(profile, request, plan);
+      if (windows >= kMaxWindows || (!failed && climbs >= kMaxClimbs)) return plan;
+      if (failed) {
+        next = bisect_candidate(profile, request, plan, fits, user_bound);
+      } else {
+        next = climb_candidate(profile, request, plan);
+        if (next == 0) next = whole_batch_candidate(profile, request, plan);
+      }
       if (next == 0) return plan;
       kind = "climb";
       ++climbs;
@@ -419,6 +441,7 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
           format_bytes(refit.predict_window_peak_bytes(whole ? std::vector<int64_t>{next} : std::vector<int64_t>{next, next})) +
           "), fits");
       if (!whole) fits = std::max(fits, next);
+      if (failed && kind == "climb") request.max_micro_batch = bounded(fits);  // the bound a failure set, raised
       continue;
     }
     say(kind + " b=" + std::to_string(next) + ": " +

@@ -13,8 +13,9 @@
 //                       one window of the shortest length at the token budget's worth
 //   plan_and_confirm()  make_plan; a plan no real window covers is confirmed by a window at its
 //                       largest allowed size (bisecting below a failure), then climbs while the
-//                       refit predicts a larger size within the budget (at most two, six windows
-//                       in all)
+//                       refit predicts a larger size within the budget (at most two while none
+//                       failed; after a failure, bisecting up toward the line's largest below it
+//                       until within 3%), six windows in all
 // Every window is recorded as a Trial, judged against the budget here (the one rule: finished,
 // and its highest peak within the budget).
 // What it is not: an executor, a memory probe or torch-aware: it never allocates a tensor.
