@@ -14,14 +14,14 @@
 #   2. the device tool's run with  carry: [".gpu-deps"],  timeout_s: 600, and a command that writes
 #      into a scratch folder and packs it, since the tool brings back at most 8 files from $OUT:
 #        mkdir -p /tmp/gc; (OUT=/tmp/gc timeout -k 5 575 bash scripts/gpu-check.sh);
-#        tar czf $OUT/gpu-check.tar.gz -C /tmp/gc .; cp /tmp/gc/steps.log /tmp/gc/RESULTS-gpu.md $OUT/
-#   The folder holds 14 files: RESULTS-gpu.md, results-gpu.json, build.log, test.log, bench.log,
+#        tar czf $OUT/gpu-check.tar.gz -C /tmp/gc .; cp /tmp/gc/steps.log /tmp/gc/RESULTS-gpu.md /tmp/gc/gpu-probes.json $OUT/
+#   The folder holds 15 files: RESULTS-gpu.md, results-gpu.json, gpu-probes.json, build.log, test.log, bench.log,
 #   steps.log, the Python API's python.log and python-plan.json (accumplan.plan with
 #   device="cuda", judged by 3 windows of train_window), activation checkpointing's grid:
 #   CHECKPOINT.md, checkpoint.json, checkpoint.log, and the sharded optimizer state on 2 ranks:
 #   SHARDING.md, sharding.json, sharding.log (and python-gdb.log, the C++ stack of a Python
-#   step that crashed). Copy RESULTS-gpu.md, CHECKPOINT.md and SHARDING.md (as CHECKPOINT-gpu.md
-#   and SHARDING-gpu.md) to tests/bench/ and commit them.
+#   step that crashed). Copy RESULTS-gpu.md, gpu-probes.json, CHECKPOINT.md and SHARDING.md (as
+#   CHECKPOINT-gpu.md and SHARDING-gpu.md) to tests/bench/ and commit them.
 #   Sized for one 10-minute command: on the H200 (8 cores seen) configure took 5 s, the build of
 #   the binary and the probe tests 57 s, the tests 2 s, the Python package 32 s (2026-12-04);
 #   the benchmark gets the rest of 8 minutes (ROWS_UNTIL_S: fewer, for a lease with less left) and
@@ -229,7 +229,14 @@ step "benchmark" "$out/bench.log" timeout -s INT -k 15 "$(( ${bench_seconds:-300
   --scratch "$build/bench-scratch" --out-json "$out/results-gpu.json" --out-md "$out/RESULTS-gpu.md" \
   "${bench_args[@]}"
 
-expected=(RESULTS-gpu.md results-gpu.json bench.log)
+# The run's probe sequences added to the set the planner's tests replay (tests/bench/gpu_probes.py):
+# copy the returned gpu-probes.json to tests/bench/ and commit it with RESULTS-gpu.md.
+probes_args=()
+[ "$mode" = rehearse ] && probes_args=(--rehearsal-ok)
+step "probe sequences" "$out/bench.log" "$python" tests/bench/gpu_probes.py "$out/results-gpu.json" \
+  --into "$out/gpu-probes.json" "${probes_args[@]}"
+
+expected=(RESULTS-gpu.md results-gpu.json bench.log gpu-probes.json)
 [ "$bench_only" -eq 1 ] || expected+=(build.log test.log python.log python-plan.json CHECKPOINT.md checkpoint.json
                                       SHARDING.md sharding.json)
 for f in "${expected[@]}"; do

@@ -487,6 +487,7 @@ def plan_summary(plan):
             "trials_not_fit": sum(1 for t in trials if t.get("fit") is False),
             "probe": prof.get("probe"), "plan_schema_version": plan.get("schema_version"),
             "reason": plan.get("reason"), "margin": mem.get("margin"),
+            "persistent": prof.get("persistent"),  # with the points: what tests/bench/gpu_probes.py replays
             # Each probe's allocated and reserved peaks: the first H200 run's plans kept a 5.2 GiB
             # margin, and the allocator part of it is the largest reserved-minus-allocated probe.
             "points": [{k: p.get(k) for k in ("micro_batch", "peak_bytes", "reserved_peak_bytes", "steady_peak_bytes",

@@ -25,6 +25,7 @@ OTHER_TOOLS = {  # options the docs show on other tools' command lines
                  "--redirects", "--tee"},
     "scripts/gpu-check.sh, tests/bench/checkpoint_bench.py, tests/bench/sharding_bench.py": {"--rehearse", "--models",
                                                                                             "--worlds"},
+    "tests/bench/gpu_probes.py": {"--rehearsal-ok", "--into", "--base"},
 }
 
 
