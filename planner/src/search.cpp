@@ -361,6 +361,15 @@ int64_t bisect_candidate(const Profile& profile, PlanRequest request, const Plan
   return fits + (upper - fits + 1) / 2;
 }
 
+// The next climbing window from a confirmed plan: toward the line's largest while no window
+// failed (else the whole batch as one microbatch), bisecting up after a failure; 0 for none.
+int64_t climb_size(const Profile& profile, const PlanRequest& request, const Plan& plan, bool failed, int64_t fits,
+                   std::optional<int64_t> user_bound) {
+  if (failed) return bisect_candidate(profile, request, plan, fits, user_bound);
+  const int64_t next = climb_candidate(profile, request, plan);
+  return next != 0 ? next : whole_batch_candidate(profile, request, plan);
+}
+
 }  // namespace
 
 Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
@@ -388,12 +397,7 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
     std::string kind;
     if (plan.confirmed) {
       if (windows >= kMaxWindows || (!failed && climbs >= kMaxClimbs)) return plan;
-      if (failed) {
-        next = bisect_candidate(profile, request, plan, fits, user_bound);
-      } else {
-        next = climb_candidate(profile, request, plan);
-        if (next == 0) next = whole_batch_candidate(profile, request, plan);
-      }
+      next = climb_size(profile, request, plan, failed, fits, user_bound);
       if (next == 0) return plan;
       kind = "climb";
       ++climbs;
