@@ -23,7 +23,8 @@
 //      longest sequence), or with recovery off, ExecutorOomError;
 //   5. the update, in this order: one gradient exchange (W > 1, the loss sum riding along); unscale
 //      once (fp16), skip on a non-finite loss or gradient; clip the combined gradient; the learning
-//      rate for the step, the optimizer step, the scaler's update, the scheduler — the last only
+//      rate for the step, the optimizer step (the first one, which makes the optimizer's state,
+//      after the device's cache is released), the scaler's update, the scheduler — the last only
 //      after a real step.
 // The evaluation loop (run_eval) is the same idea for forward-only microbatches: after an
 // out-of-memory the samples from the failing microbatch on run at half its size
