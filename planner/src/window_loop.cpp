@@ -464,7 +464,7 @@ void WindowLoop::apply(WindowBackend& b, const WindowOptions& o, WindowStats& st
     }
   } else {
     if (o.before_optimizer_step) o.before_optimizer_step(window_index_);
-    if (!b.optimizer_state_exists()) b.release_cached();
+    if (totals_.optimizer_steps == 0 && !b.optimizer_state_exists()) b.release_cached();  // once: the state's first step
     try {
       b.optimizer_step(totals_.optimizer_steps);
     } catch (const std::exception& e) {

@@ -156,6 +156,17 @@ TEST_CASE("Window loop: the cache is released once, before the step that makes t
   }
   CHECK(b.calls == std::vector<std::string>{"count", "begin", "mb8", "mb8", "release", "step0", "updated", "drop",
                                             "count", "begin", "mb8", "mb8", "step1", "updated", "drop"});
+  // An optimizer that keeps no state (plain SGD) still releases only once.
+  struct Stateless : Caching {
+    bool optimizer_state_exists() const override { return false; }
+  };
+  WindowLoop plain(plan);
+  Stateless s;
+  for (int window = 0; window < 3; ++window) {
+    WindowStats st = plain.accumulate(s, WindowOptions{});
+    plain.apply(s, WindowOptions{}, st);
+  }
+  CHECK(std::count(s.calls.begin(), s.calls.end(), "release") == 1);
 }
 
 TEST_CASE("Window loop: an out-of-memory re-plans below the failing size and replays every sample once",

@@ -197,10 +197,11 @@ class WindowBackend {
     (void)stepped;
     (void)event;
   }
-  // Before the step that makes the optimizer's state: cached blocks back to the device (CUDA:
-  // emptyCache), so the state lands in fresh segments instead of splitting those the first window's
-  // activations left cached, which every later window would then find fragmented. No-op where
-  // nothing is cached.
+  // Before the loop's first step, when the optimizer has no state yet: cached blocks back to the
+  // device (CUDA: emptyCache), so the state lands in fresh segments instead of splitting those the
+  // first window's activations left cached, which every later window would then find fragmented.
+  // Once per loop (an optimizer without state would otherwise empty the cache every step). No-op
+  // where nothing is cached.
   virtual void release_cached() {}
   virtual void drop_gradients() = 0;  // every gradient to none, after the update
   virtual bool optimizer_state_exists() const = 0;
