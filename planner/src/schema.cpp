@@ -1085,7 +1085,7 @@ ojson to_json(const RunRecord& r) {
   j["normalization"] = r.normalization;
   j["amp"] = r.amp;
   j["measured_peak_bytes"] = opt(r.measured_peak_bytes);
-  // On CUDA the plan predicts reserved bytes (the fit's target): this is the figure to compare.
+  // A caching allocator's reserved peak, reported beside the allocated one the plan predicts.
   // Absent where the probe has none.
   if (r.measured_reserved_peak_bytes) j["measured_reserved_peak_bytes"] = *r.measured_reserved_peak_bytes;
   j["predicted_peak_bytes"] = r.predicted_peak_bytes;
