@@ -94,6 +94,17 @@ def plan(model, opt, x, y, **kw):
     return accumplan.plan(model, (x,), y, target_batch=32, optimizer=opt, memory_budget="64MiB", **kw)
 
 
+def interrupt_at(n):
+    """A progress callback that raises KeyboardInterrupt at its n-th line, as Ctrl-C there would."""
+    lines = []
+
+    def progress(line):
+        lines.append(line)
+        if len(lines) == n:
+            raise KeyboardInterrupt
+    return progress
+
+
 class LeavesNothingBehind(unittest.TestCase):
     def setUp(self):
         # Ctrl-C as a terminal delivers it: a process started in the background (`cmd &`) inherits
@@ -146,28 +157,17 @@ class LeavesNothingBehind(unittest.TestCase):
     def test_an_interrupt_while_planning_restores_and_removes_the_probe(self):
         model, opt, extra, x, y = setup()
         before = state_of(model, opt, extra)
-        lines = []
-
-        def interrupt(line):
-            lines.append(line)
-            if len(lines) == 3:  # mid-search: a window has trained the model
-                raise KeyboardInterrupt
         with self.assertRaises(KeyboardInterrupt):
-            plan(model, opt, x, y, progress=interrupt)
+            plan(model, opt, x, y, progress=interrupt_at(3))  # mid-search: a window has trained the model
         self.assertSameState(before, state_of(model, opt, extra))
         plan(model, opt, x, y, progress=False)  # the counting allocator is gone: a second plan() works
 
     def test_variable_length_data_is_planned_and_everything_comes_back_also_when_interrupted(self):
         model, opt, extra, seqs, y = ragged_setup()
         before = state_of(model, opt, extra)
-        lines = []
-
-        def interrupt(line):
-            lines.append(line)
-            if len(lines) == 4:  # inside the (b, T) grid: windows have trained the model
-                raise KeyboardInterrupt
-        with self.assertRaises(KeyboardInterrupt):
-            accumplan.plan(model, seqs, y, target_batch=16, optimizer=opt, memory_budget="64MiB", progress=interrupt)
+        with self.assertRaises(KeyboardInterrupt):  # inside the (b, T) grid: windows have trained the model
+            accumplan.plan(model, seqs, y, target_batch=16, optimizer=opt, memory_budget="64MiB",
+                           progress=interrupt_at(4))
         self.assertSameState(before, state_of(model, opt, extra))
         p = accumplan.plan(model, seqs, y, target_batch=16, optimizer=opt, memory_budget="64MiB", progress=False)
         self.assertIsNotNone(p.tokens)
@@ -180,14 +180,8 @@ class LeavesNothingBehind(unittest.TestCase):
             with self.subTest(shard=shard):
                 model, opt, extra, x, y = setup()
                 before = state_of(model, opt, extra)
-                lines = []
-
-                def interrupt(line):
-                    lines.append(line)
-                    if len(lines) == 3:  # mid-search: a window has trained the model
-                        raise KeyboardInterrupt
-                with self.assertRaises(KeyboardInterrupt):
-                    plan(model, opt, x, y, world_size=2, shard=shard, progress=interrupt)
+                with self.assertRaises(KeyboardInterrupt):  # mid-search: a window has trained the model
+                    plan(model, opt, x, y, world_size=2, shard=shard, progress=interrupt_at(3))
                 self.assertSameState(before, state_of(model, opt, extra))
                 plan(model, opt, x, y, world_size=2, shard=shard, progress=False)
                 self.assertSameState(before, state_of(model, opt, extra))
