@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """examples/export_models.py — exports real architectures to TorchScript for accumplan.
 
 What it is: torchvision's resnet18, mobilenet_v3_small, squeezenet1_1 and vgg11 (random
@@ -10,8 +10,8 @@ reads (input specs, target, loss, optimizer, budgets). It also defines TokenTagg
 encoder tagger taking a padding mask, which tests/bench/tokens_bench.py exports itself (not here).
 What it is not: training code. Generated files are build outputs and are not committed.
 
-Run with Debian's Python: /usr/bin/python3 examples/export_models.py [--out DIR]
-(needs python3-torch and python3-torchvision; scripts/install-deps.sh python-torch installs them).
+Run with the Python of the torch environment (scripts/torch-env.sh makes it and prints its path):
+"$(bash scripts/torch-env.sh)" examples/export_models.py [--out DIR]
 """
 import argparse
 import json

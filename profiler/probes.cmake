@@ -35,7 +35,8 @@ add_library(accumplan_probes STATIC
 # Private: nothing outside the probes sees vendor headers (tests name the folder themselves).
 target_include_directories(accumplan_probes PRIVATE ${_probe_src})
 target_link_libraries(accumplan_probes PUBLIC
-  accumplan_probe_api accumplan_planner accumplan_memory_timeline ${TORCH_LIBRARIES})
+  accumplan_probe_api accumplan_planner accumplan_memory_timeline)
+accumplan_link_torch(accumplan_probes)
 target_compile_options(accumplan_probes PRIVATE -Wall -Wextra)
 
 if(ACCUMPLAN_HAS_CUDA)

@@ -31,8 +31,9 @@
 #   build the first left — only if sent at once: the machine goes back 30 s after a call, and the
 #   15-minute lease then holds about 3 minutes more.
 #
-# Rehearsal: bash scripts/gpu-check.sh --rehearse — the same sequence here, against Debian's
-# LibTorch 1.13 (CPU), with the CPU device and tiny sizes: it proves that .gpu-deps configures,
+# Rehearsal: bash scripts/gpu-check.sh --rehearse — the same sequence here, against the same
+# PyTorch 2.x (scripts/torch-env.sh: CUDA and CUPTI compiled, nothing run on a GPU), with the CPU
+# device and tiny sizes: it proves that .gpu-deps configures,
 # that the build, the tests and the benchmark run end to end and that every output is written;
 # only the CUDA steps are left for the GPU. CI runs it (scripts/test.sh) after the main build,
 # which it reuses (BUILD_DIR, default build/), so it costs no second build there.
@@ -84,35 +85,32 @@ if [ ! -f "$deps/MANIFEST" ]; then
   exit 2
 fi
 
+# One recipe with CI (scripts/torch-env.sh): the LibTorch of the Python that runs the check, CUDA,
+# CUPTI and NCCL required, the header-only packages from .gpu-deps first on the search path (the
+# GPU machine has no other copy and reaches no registry).
+# shellcheck source=scripts/torch-env.sh
+. scripts/torch-env.sh
+export ACCUMPLAN_EXTRA_PREFIX="$deps"
 if [ "$mode" = gpu ]; then
   python=python3
   build="${BUILD_DIR:-build-gpu}"
+  configured_dir="$build"
   jobs="$(nproc)"
   torch_prefix="$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
   nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
   cuda_root="${CUDA_HOME:-$(dirname "$(dirname "$nvcc")")}"
-  # PyTorch's package config enables CUDA itself (find_package(CUDAToolkit REQUIRED), nvcc's
-  # version must match the toolkit's), so the toolkit is named three ways; TORCH_CUDA_ARCH_LIST
-  # skips its GPU detection (9.0: H100/H200). CUDA ON: a LibTorch without CUDA fails here, in the
-  # first half minute, not after the build. CUPTI AUTO: the summary (steps.log) says if it was
-  # found; the benchmark then records the cupti probe as unavailable rather than stopping.
-  configure=(cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
-             "-DCMAKE_PREFIX_PATH=$deps;$torch_prefix" -DACCUMPLAN_WITH_TORCH=ON -DACCUMPLAN_WITH_CUDA=ON
-             -DACCUMPLAN_WITH_CUPTI=AUTO "-DCUDAToolkit_ROOT=$cuda_root" "-DCMAKE_CUDA_COMPILER=$nvcc"
-             -DTORCH_CUDA_ARCH_LIST=9.0 "-DPython3_EXECUTABLE=$(command -v "$python")")
   export CUDA_HOME="$cuda_root"
-  # The benchmark gets what is left of one 10-minute command (the build's time varies), 9 minutes
-  # in all less what the steps before it took, at least 2 minutes; BENCH_SECONDS overrides.
   bench_args=(--device cuda)
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
 else
-  python="${PYTHON:-/usr/bin/python3}"
+  # The rehearsal: CI's own torch environment and build (BUILD_DIR, configured by scripts/build.sh
+  # through the same recipe), and a scratch folder configured with .gpu-deps first, to check that
+  # every header-only package comes from there.
+  python="${PYTHON:-$(torch_env_python)}"
   build="${BUILD_DIR:-build}"
+  configured_dir=build-gpu-rehearse
   jobs="${JOBS:-2}"
-  # The rehearsal configures a scratch folder with .gpu-deps first on the search path and checks
-  # that every header-only package came from there: the GPU machine has no other copy.
-  configure=(cmake -S . -B build-gpu-rehearse -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$deps"
-             -DACCUMPLAN_WITH_CUPTI=OFF)
+  if [ ! -f "$build/CMakeCache.txt" ]; then torch_configure "$python" "$build" >/dev/null; fi
   # One budget: the plumbing is the same at the second, and CI pays for every second.
   bench_args=(--device cpu --rehearse --budgets 200MiB)
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
@@ -134,14 +132,13 @@ fi
   fi
 } >>"$steps"
 
-configured_dir="${configure[4]}"
 if [ "$bench_only" -eq 1 ]; then
   if [ ! -x "$build/accumplan" ]; then
     echo "gpu-check: --bench-only needs $build/accumplan from a first call on this machine; it is gone (a fresh machine)" >&2
     exit 2
   fi
   echo "# --bench-only: configure, build and tests skipped; $build/accumplan as it is" >>"$steps"
-elif step "configure" "$out/build.log" "${configure[@]}"; then
+elif step "configure" "$out/build.log" torch_configure "$python" "$configured_dir"; then
   for pkg in nlohmann_json CLI11 Catch2; do
     dir=$(grep "^${pkg}_DIR:" "$configured_dir/CMakeCache.txt" | cut -d= -f2-)
     case "$dir" in

@@ -3,8 +3,9 @@
 # Also builds and tests the planner-only configuration (no LibTorch) in build-planner-only/, so
 # the promise that the planner needs nothing but nlohmann/json stays checked, the same under
 # ASan + UBSan with clang in build-san/ plus a bounded fuzz run of the readers and parsers, and
-# runs the Python package's tests (python/accumplan, tests/python) with Debian's python3-torch,
-# against the accumplan just built.
+# runs the Python package's tests (python/accumplan, tests/python) against the accumplan just
+# built. Both builds and the Python package use PyTorch 2.x from PyPI (scripts/torch-env.sh), with
+# CUDA, CUPTI and NCCL compiled and linked; nothing runs on a GPU here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -122,16 +123,18 @@ if [ "$fuzz_scale" != 0 ]; then
   [ "$failed" -eq 0 ] || exit 1
 fi
 
-# Python: the package as a user installs it (README): a venv that sees Debian's python3-torch
-# (/usr/bin/python3; a pyenv python3 on PATH may not have it), `pip install --no-build-isolation .`
-# (setup.py builds the compiled core, accumplan._core, with CMake in build-python-<interpreter>/), then the
+# Python: the package as a user installs it (README): `pip install --no-build-isolation .` into
+# build/venv, a venv over the same PyTorch 2.x the C++ build used (scripts/torch-env.sh; setup.py
+# builds the compiled core, accumplan._core, with CMake in build-python-<interpreter>/), then the
 # tests against the INSTALLED package: tests/python never puts python/ on sys.path. --no-index:
-# nothing is downloaded; setuptools and torch are the system's.
+# nothing is downloaded here; torch, setuptools and wheel are the environment's.
 stage python-install
-python="${PYTHON:-/usr/bin/python3}"
+. scripts/torch-env.sh
+python="$(torch_env_python)"
 venv="${BUILD_DIR:-build}/venv"
-[ -x "$venv/bin/python" ] || "$python" -m venv --system-site-packages "$venv"
-"$venv/bin/python" -m pip install --no-build-isolation --no-index --no-deps --quiet .
+torch_overlay_venv "$python" "$venv"
+"$venv/bin/python" -c 'import sys, torch; print("test.sh: Python %s, torch %s (CUDA %s)" % (sys.version.split()[0], torch.__version__, torch.version.cuda))'
+"$venv/bin/python" -m pip install --no-build-isolation --no-index --no-deps --quiet --disable-pip-version-check .
 stage python-tests
 # Two modules at a time (tests/python/run_tests.py: one worker per core, each imports torch once);
 # `python -m unittest discover -s tests/python -t tests/python` runs the same tests in one process.
@@ -153,13 +156,11 @@ if [ "$campaign_sample" != 0 ]; then
     --sample "$campaign_sample" --jobs "${JOBS:-2}" --work "$PWD/${BUILD_DIR:-build}/campaign-work"
 fi
 
-# The GPU check's rehearsal: scripts/gpu-check.sh as the GPU machine will run it, here
-# against Debian's LibTorch on the CPU device with tiny sizes, reusing the build above. It proves
+# The GPU check's rehearsal: scripts/gpu-check.sh as the GPU machine will run it, here against
+# the same PyTorch 2.x on the CPU device with tiny sizes, reusing the build above. It proves
 # that .gpu-deps configures, and that the build, the probe tests and the benchmark run end to end
 # and write every output, so a 15-minute GPU lease is spent on the GPU. About 2 minutes.
-# The benchmark imports torchvision (resnet18, mobilenet_v3_small): Debian's python3-torchvision.
 stage gpu-rehearsal
-bash scripts/install-deps.sh python-torch
 bash scripts/gpu-prepare.sh
 OUT="$PWD/${BUILD_DIR:-build}/gpu-check-rehearsal" BUILD_DIR="${BUILD_DIR:-build}" PYTHON="$python" \
   bash scripts/gpu-check.sh --rehearse

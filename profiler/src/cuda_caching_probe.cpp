@@ -38,8 +38,8 @@ CudaCachingProbe::CudaCachingProbe(int device, std::optional<int64_t> budget_byt
     : device_(device) {
   const int count = cuda_shim::device_count();
   if (count == 0) {
-    throw InputError("no CUDA device is visible (no NVIDIA driver, or CUDA_VISIBLE_DEVICES is "
-                     "empty); use --device cpu");
+    throw InputError("cuda:" + std::to_string(device) + ": no CUDA device is visible (no NVIDIA driver, or "
+                     "CUDA_VISIBLE_DEVICES is empty); use --device cpu");
   }
   if (device < 0 || device >= count) {
     throw InputError("there is no CUDA device cuda:" + std::to_string(device) + ": this machine has " +

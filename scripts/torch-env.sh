@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# scripts/torch-env.sh — the one recipe for building accumplan against PyTorch 2.x, sourced by
+# scripts/build.sh (CI, the demo) and scripts/gpu-check.sh (the GPU machine and its rehearsal).
+#
+# What it is: three functions.
+#   torch_env_python         makes (once) and names the Python environment that holds the pinned
+#                            PyTorch from PyPI (scripts/torch-pins.txt), with its own LibTorch and
+#                            CUDA libraries. It lives outside the clone, in
+#                            ${ACCUMPLAN_TORCH_ENV_ROOT:-~/.cache/accumplan}/torch-env-<hash of the pins
+#                            and the interpreter>, so a fresh clone on a machine that has it installs
+#                            nothing; a changed pin makes a new one.
+#   torch_configure PY DIR [ARGS...]
+#                            configures DIR against the LibTorch of the interpreter PY, with CUDA,
+#                            CUPTI and NCCL required (the pip LibTorch is a CUDA build; nothing here
+#                            runs on a GPU, but everything compiles and links).
+#   torch_overlay_venv PY DIR
+#                            makes DIR a venv that sees PY's packages, for the accumplan package.
+# What it is not: an installer of Debian's packages (scripts/install-deps.sh) or of the accumplan
+# package itself (scripts/test.sh installs that into build/venv, over this environment).
+#
+# Run directly, it prints the environment's interpreter: "$(bash scripts/torch-env.sh)" -c 'import torch'.
+
+accumplan_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# The interpreter the environment is made from: Debian's, which has venv and the headers the
+# compiled core needs (python3-venv, python3-dev: scripts/install-deps.sh python-test).
+torch_env_python() {
+  local base="${ACCUMPLAN_BASE_PYTHON:-/usr/bin/python3}" pins="$accumplan_root/scripts/torch-pins.txt" key env
+  key=$({ cat "$pins"; "$base" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-12)
+  env="${ACCUMPLAN_TORCH_ENV_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/accumplan}/torch-env-$key"
+  # A complete environment has its stamp, written last; anything else under that name is a
+  # half-made one (an interrupted install) and is made again. flock: two builds at once make it once.
+  mkdir -p "$(dirname "$env")"
+  (
+    flock 9
+    if [ ! -f "$env/.complete" ]; then
+      echo "torch-env: installing $(grep -v '^#' "$pins" | tr '\n' ' ')into $env (about 2.6 GB from PyPI, once per machine)" >&2
+      rm -rf "$env"
+      "$base" -m venv "$env" >&2
+      "$env/bin/python" -m pip install --quiet --disable-pip-version-check -r "$pins" >&2
+      cp "$pins" "$env/.complete"
+    fi
+  ) 9>"$env.lock" || { echo "torch-env: could not make $env (see above)" >&2; return 1; }
+  echo "$env/bin/python"
+}
+
+# The CMake prefix of a Python's torch, and the toolkit it needs: PyTorch's own CMake package
+# calls find_package(CUDAToolkit) and checks that nvcc's version matches the toolkit's, so the
+# toolkit is named three ways; TORCH_CUDA_ARCH_LIST skips its search for a GPU (9.0: H100/H200).
+torch_configure() {
+  local py="$1" dir="$2" prefix nvcc cuda_root
+  shift 2
+  prefix="$("$py" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" || return 1
+  nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+  cuda_root="${CUDA_HOME:-$(dirname "$(dirname "$nvcc")")}"
+  cmake -S "$accumplan_root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    "-DCMAKE_PREFIX_PATH=${ACCUMPLAN_EXTRA_PREFIX:+$ACCUMPLAN_EXTRA_PREFIX;}$prefix" \
+    -DACCUMPLAN_WITH_TORCH=ON -DACCUMPLAN_WITH_CUDA=ON -DACCUMPLAN_WITH_CUPTI=ON \
+    "-DCUDAToolkit_ROOT=$cuda_root" "-DCMAKE_CUDA_COMPILER=$nvcc" -DTORCH_CUDA_ARCH_LIST=9.0 "$@"
+}
+
+# A venv of the clone's own (build/venv) over the environment: a .pth file in its site-packages
+# names the environment's, so torch, pip and setuptools come from there while what pip installs
+# (accumplan) lands in the clone's venv and never in the shared environment. Made again when it
+# is not over PY (a venv of an earlier layout, or over another environment).
+torch_overlay_venv() {
+  local py="$1" dir="$2" env_site site
+  env_site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || return 1
+  if ! grep -qxF "$env_site" "$dir"/lib/python3*/site-packages/accumplan-torch-env.pth 2>/dev/null; then
+    rm -rf "$dir"
+    "${ACCUMPLAN_BASE_PYTHON:-/usr/bin/python3}" -m venv --without-pip "$dir" || return 1
+    site="$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || return 1
+    echo "$env_site" >"$site/accumplan-torch-env.pth"
+  fi
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  set -euo pipefail
+  torch_env_python
+fi
