@@ -6,9 +6,10 @@
 #   torch_env_python         makes (once) and names the Python environment that holds the pinned
 #                            PyTorch from PyPI (scripts/torch-pins.txt), with its own LibTorch and
 #                            CUDA libraries. It lives outside the clone, in
-#                            ${ACCUMPLAN_TORCH_ENV_ROOT:-~/.cache/accumplan}/torch-env-<hash of the pins
-#                            and the interpreter>, so a fresh clone on a machine that has it installs
-#                            nothing; a changed pin makes a new one.
+#                            ${ACCUMPLAN_TORCH_ENV_ROOT:-~/.cache/accumplan}/torch-env-<hash of torch's
+#                            pins and the interpreter>, so a fresh clone on a machine that has it
+#                            installs nothing; a changed torch pin makes a new one, another changed
+#                            pin is installed into it.
 #   torch_configure PY DIR [ARGS...]
 #                            configures DIR against the LibTorch of the interpreter PY, with CUDA,
 #                            CUPTI and NCCL required (the pip LibTorch is a CUDA build; nothing here
@@ -26,10 +27,13 @@ accumplan_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # compiled core needs (python3-venv, python3-dev: scripts/install-deps.sh python-test).
 torch_env_python() {
   local base="${ACCUMPLAN_BASE_PYTHON:-/usr/bin/python3}" pins="$accumplan_root/scripts/torch-pins.txt" key env
-  key=$({ cat "$pins"; "$base" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-12)
+  # Named by torch's own pins and the interpreter only: the C++ build compiles against the folder's
+  # path, so a new tool pinned beside torch is installed into the same environment, not a new one.
+  key=$({ grep -E '^(torch|torchvision)==' "$pins"; "$base" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-12)
   env="${ACCUMPLAN_TORCH_ENV_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/accumplan}/torch-env-$key"
-  # A complete environment has its stamp, written last; anything else under that name is a
-  # half-made one (an interrupted install) and is made again. flock: two builds at once make it once.
+  # A complete environment has its stamp, a copy of the pins it holds, written last; a folder
+  # without one is a half-made environment (an interrupted install) and is made again, one whose
+  # stamp differs gets the pins installed again. flock: two builds at once make it once.
   mkdir -p "$(dirname "$env")"
   (
     flock 9
@@ -37,9 +41,13 @@ torch_env_python() {
       echo "torch-env: installing $(grep -v '^#' "$pins" | tr '\n' ' ')into $env (about 2.6 GB from PyPI, once per machine)" >&2
       rm -rf "$env"
       "$base" -m venv "$env" >&2
-      "$env/bin/python" -m pip install --quiet --disable-pip-version-check -r "$pins" >&2
-      cp "$pins" "$env/.complete"
+    elif cmp -s "$pins" "$env/.complete"; then
+      exit 0
+    else
+      echo "torch-env: the pins changed; installing them into $env" >&2
     fi
+    "$env/bin/python" -m pip install --quiet --disable-pip-version-check -r "$pins" >&2
+    cp "$pins" "$env/.complete"
   ) 9>"$env.lock" || { echo "torch-env: could not make $env (see above)" >&2; return 1; }
   echo "$env/bin/python"
 }

@@ -97,7 +97,7 @@ class Checkpointed:
         self.remove()
 
 
-_INTERRUPTED = []  # a KeyboardInterrupt raised in a recompute: autograd hands it on as a RuntimeError
+_INTERRUPTED = []  # a KeyboardInterrupt raised in a recompute: torch 1.13's autograd hands it on as a RuntimeError
 
 
 def interrupted_in_recompute():

@@ -110,6 +110,9 @@ def blamed(what, only=Exception):
     interrupted_in_recompute()  # a Ctrl-C noted before this block is not this block's
     try:
         yield
+    except KeyboardInterrupt:
+        interrupted_in_recompute()  # torch 2.x hands a recompute's Ctrl-C on as itself: noted and said
+        raise
     except only as e:  # noqa: BLE001 - out-of-memory and accumplan's own errors pass unchanged
         if is_oom(e) or isinstance(e, PlanError):
             raise

@@ -309,8 +309,9 @@ class PlanCheckpointing(unittest.TestCase):
             layer.calls = 5  # none raises but layers.1's recompute below
         with apply_checkpointing(model, ["layers.1"]):
             model.layers[1].calls = 0  # its forward runs, its recompute raises
-            with self.assertRaises(RuntimeError):
-                model(torch.randn(8, 8)).sum().backward()  # autograd hands the interrupt on as RuntimeError
+            # autograd hands the interrupt on as itself (torch 2.x) or as a RuntimeError (1.13)
+            with self.assertRaises((KeyboardInterrupt, RuntimeError)):
+                model(torch.randn(8, 8)).sum().backward()
         model.layers[1].calls = 5
 
         def mismatched(out, y):

@@ -226,14 +226,13 @@ class MemoryOfAWindow(unittest.TestCase):
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
         # The budget from what this machine measures (a CPU's kernels set the fixed cost): room for
-        # about 40 of the 96 samples, so the plan accumulates.
-        roomy = accumplan.plan(model, (x,), y, target_batch=96, optimizer=opt, memory_budget="1GiB", progress=False)
+        # about 40 samples a microbatch, well short of one window of 192, so the plan accumulates.
+        roomy = accumplan.plan(model, (x,), y, target_batch=192, optimizer=opt, memory_budget="1GiB", progress=False)
         m = roomy.memory
-        needed = (m["weights_bytes"] + m["gradients_bytes"] + m["optimizer_state_bytes"] + m["activation_fixed_bytes"]
+        budget = (m["weights_bytes"] + m["gradients_bytes"] + m["optimizer_state_bytes"] + m["activation_fixed_bytes"]
                   + 40 * m["activation_bytes_per_sample"])
-        plan = accumplan.plan(model, (x,), y, target_batch=96, optimizer=opt, memory_budget=int(1.05 * needed),
-                              progress=False)
-        X, Y = x.repeat(12, 1, 1, 1), y.repeat(12)  # one window of the plan's per-rank batch
+        plan = accumplan.plan(model, (x,), y, target_batch=192, optimizer=opt, memory_budget=int(budget), progress=False)
+        X, Y = x.repeat(24, 1, 1, 1), y.repeat(24)  # one window of the plan's per-rank batch
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # BatchNorm, warned about once per model
             peaks = [plan.train_window(model, opt, (X,), Y, measure_memory=True) for _ in range(3)]

@@ -28,8 +28,11 @@ RUNTIME = re.compile(r"^(_ZN?K?St|_ZSt|_ZT[VIS]N?K?St|__cxa_|__gxx_)")
 
 
 def defined_dynamic_symbols(path):
+    """The symbols a shared object offers other objects: defined, global or weak (nm's upper-case
+    types; a lower-case one is local and binds nothing outside)."""
     out = subprocess.run(["nm", "-D", "--defined-only", path], check=True, capture_output=True, text=True).stdout
-    return [line.split()[-1] for line in out.splitlines() if line.strip()]
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    return [row[-1] for row in rows if len(row) >= 2 and row[-2].isupper()]
 
 
 def runtime_symbols(path):
