@@ -40,8 +40,8 @@ def _check_interpreter():
         from setuptools.command import bdist_wheel  # noqa: F401 - setuptools >= 70.1 has its own
     except ImportError:
         sys.exit("accumplan: %s has no 'wheel' package (pip install --no-build-isolation uses this interpreter's "
-                 "own); make the venv with the interpreter that imports the system's torch, e.g. "
-                 "/usr/bin/python3 -m venv --system-site-packages .venv" % sys.executable)
+                 "own); install it there (python -m pip install wheel), or use the interpreter that has your torch "
+                 "and wheel" % sys.executable)
 
 
 _check_interpreter()
@@ -60,7 +60,7 @@ def _torch_args():
         include = cpp_extension.include_paths()[0]
     except Exception as e:  # noqa: BLE001 - a broken torch must not stop the planner's install
         _say("%s cannot import torch (%s): accumplan._probes is not built, so plans can be read but not made "
-             "or trained on the CPU; install with the interpreter that imports torch (/usr/bin/python3 on Debian)"
+             "or trained on the CPU; install with the interpreter that imports torch"
              % (sys.executable, e))
         return []
     if not os.path.exists(os.path.join(include, "c10", "core", "Allocator.h")):

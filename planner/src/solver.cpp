@@ -90,6 +90,12 @@ std::string breakdown(const MemoryModel& model, int64_t at_micro_batch) {
   s << "weights " << format_bytes(p.weights_bytes) << " + gradients " << format_bytes(p.gradients_bytes)
     << " + optimizer state " << format_bytes(p.optimizer_state_bytes) << " + activations at microbatch "
     << at_micro_batch << " " << format_bytes(peak - p.total()) << " = " << format_bytes(peak);
+  // Where a fixed activation cost lies: no smaller microbatch removes it.
+  const int64_t fixed = model.activation_fixed_bytes();
+  if (fixed > 0 && 2 * fixed > peak - p.total()) {
+    s << "; " << format_bytes(fixed) << " of those activations is fixed, whatever the microbatch: a transient of "
+      << "the step's kernels (on a CPU, oneDNN's convolution backward holds about the convolution weights' size)";
+  }
   return s.str();
 }
 

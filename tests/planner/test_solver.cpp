@@ -277,6 +277,9 @@ TEST_CASE("Solver: an infeasible budget shows the breakdown and the budget that 
   msg = error_of(p, request(64, 212 * MiB));
   CHECK(msg.find("the smallest microbatch needs weights 100.0 MiB + gradients 100.0 MiB + optimizer "
                  "state 0 B + activations at microbatch 1 15.0 MiB = 215.0 MiB") != std::string::npos);
+  // The fixed part, which no smaller microbatch removes, is named with where it lies.
+  CHECK(msg.find("10.0 MiB of those activations is fixed, whatever the microbatch") != std::string::npos);
+  CHECK(msg.find("oneDNN's convolution backward") != std::string::npos);
 }
 
 TEST_CASE("Solver: target batch must be at least 1", "[solver][errors]") {

@@ -7,6 +7,7 @@ import os
 import shlex
 import socket
 import subprocess
+import sys
 import tempfile
 import unittest
 import warnings
@@ -115,7 +116,7 @@ class SameAsAccumplanRun(unittest.TestCase):
 
     def test_the_exported_torchrun_line_trains_two_ranks_like_one_process(self):
         # `accumplan export --to torchrun` as pasted (plus --data/--steps/--save and a free port),
-        # launched by Debian's torchrun: 2 gloo ranks of accumplan run.
+        # launched by torchrun: 2 gloo ranks of accumplan run.
         with tempfile.TemporaryDirectory() as d:
             m, data, plan_path, out = (os.path.join(d, n) for n in ("m.pt", "data.pt", "plan.json", "out.pt"))
             torch.jit.save(torch.jit.script(Classifier()), m)
@@ -131,7 +132,11 @@ class SameAsAccumplanRun(unittest.TestCase):
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            argv = argv[:1] + ["--master_port=%d" % port] + argv[1:] + ["--data", data, "--steps", "2", "--save", out]
+            # `torchrun` is the launcher of the torch under test (python -m torch.distributed.run), not
+            # whichever one PATH finds first.
+            self.assertEqual(argv[0], "torchrun")
+            argv = [sys.executable, "-m", "torch.distributed.run", "--master_port=%d" % port] + argv[1:] + \
+                ["--data", data, "--steps", "2", "--save", out]
             p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180,
                                env=dict(os.environ, OMP_NUM_THREADS="1"))
             self.assertEqual(p.returncode, 0, p.stdout.decode())
