@@ -111,8 +111,10 @@ else
   configured_dir=build-gpu-rehearse
   jobs="${JOBS:-2}"
   if [ ! -f "$build/CMakeCache.txt" ]; then torch_configure "$python" "$build" >/dev/null; fi
-  # One budget: the plumbing is the same at the second, and CI pays for every second.
-  bench_args=(--device cpu --rehearse --budgets 200MiB)
+  # One budget: the plumbing is the same at the second, and CI pays for every second. Room above
+  # resnet18's Adam state (171 MiB) for a CPU's convolution workspace (up to the weights' size,
+  # 45 MiB with oneDNN on an AMD EPYC) and a few samples, whatever CPU CI has.
+  bench_args=(--device cpu --rehearse --budgets 320MiB)
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 fi
 

@@ -58,7 +58,9 @@ torch_env_python() {
 torch_configure() {
   local py="$1" dir="$2" prefix nvcc cuda_root
   shift 2
-  prefix="$("$py" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" || return 1
+  # The torch folder itself too: TorchConfig's find_library calls then find its lib/ before any
+  # LibTorch in the system's folders.
+  prefix="$("$py" -c 'import os, torch.utils; print(torch.utils.cmake_prefix_path + ";" + os.path.dirname(torch.__file__))')" || return 1
   nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
   cuda_root="${CUDA_HOME:-$(dirname "$(dirname "$nvcc")")}"
   cmake -S "$accumplan_root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
