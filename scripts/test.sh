@@ -174,7 +174,12 @@ for dir in "${BUILD_DIR:-build}" "$planner_dir"; do
   prefix="$(cd "$dir" && pwd)/install-test"
   rm -rf "$prefix" "$dir/consumer"
   cmake --install "$dir" --prefix "$prefix" >/dev/null
-  cmake -S examples/consumer -B "$dir/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  consumer_args=("-DCMAKE_PREFIX_PATH=$prefix")
+  if [ "$dir" != "$planner_dir" ]; then  # the LibTorch build's package finds the same torch
+    consumer_args="$(ACCUMPLAN_EXTRA_PREFIX="$prefix" torch_cmake_args "$python")"
+    mapfile -t consumer_args <<<"$consumer_args"
+  fi
+  cmake -S examples/consumer -B "$dir/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release "${consumer_args[@]}" >/dev/null
   cmake --build "$dir/consumer" -j "${JOBS:-2}"
   "$dir/consumer/consumer_planner" examples/profiles/builtin-convnet-cpu.profile.json >/dev/null
 done

@@ -2,7 +2,7 @@
 # scripts/torch-env.sh — the one recipe for building accumplan against PyTorch 2.x, sourced by
 # scripts/build.sh (CI, the demo) and scripts/gpu-check.sh (the GPU machine and its rehearsal).
 #
-# What it is: three functions.
+# What it is: four functions.
 #   torch_env_python         makes (once) and names the Python environment that holds the pinned
 #                            PyTorch from PyPI (scripts/torch-pins.txt), with its own LibTorch and
 #                            CUDA libraries. It lives outside the clone, in
@@ -10,6 +10,8 @@
 #                            pins and the interpreter>, so a fresh clone on a machine that has it
 #                            installs nothing; a changed torch pin makes a new one, another changed
 #                            pin is installed into it.
+#   torch_cmake_args PY      the CMake arguments that find PY's torch and the CUDA toolkit, one a
+#                            line (scripts/test.sh's consumer of the installed package uses them).
 #   torch_configure PY DIR [ARGS...]
 #                            configures DIR against the LibTorch of the interpreter PY, with CUDA,
 #                            CUPTI and NCCL required (the pip LibTorch is a CUDA build; nothing here
@@ -52,21 +54,27 @@ torch_env_python() {
   echo "$env/bin/python"
 }
 
-# The CMake prefix of a Python's torch, and the toolkit it needs: PyTorch's own CMake package
-# calls find_package(CUDAToolkit) and checks that nvcc's version matches the toolkit's, so the
-# toolkit is named three ways; TORCH_CUDA_ARCH_LIST skips its search for a GPU (9.0: H100/H200).
-torch_configure() {
-  local py="$1" dir="$2" prefix nvcc cuda_root
-  shift 2
-  # The torch folder itself too: TorchConfig's find_library calls then find its lib/ before any
-  # LibTorch in the system's folders.
+# The CMake arguments that find a Python's torch, one a line: its CMake package, and the torch
+# folder itself (TorchConfig's find_library calls then find its lib/ before any LibTorch in the
+# system's folders), after ACCUMPLAN_EXTRA_PREFIX if set; and the CUDA toolkit, which PyTorch's own
+# CMake package looks for (find_package(CUDAToolkit), nvcc's version must match the toolkit's), so
+# it is named three ways; TORCH_CUDA_ARCH_LIST skips its search for a GPU (9.0: H100/H200).
+torch_cmake_args() {
+  local py="$1" prefix nvcc
   prefix="$("$py" -c 'import os, torch.utils; print(torch.utils.cmake_prefix_path + ";" + os.path.dirname(torch.__file__))')" || return 1
   nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
-  cuda_root="${CUDA_HOME:-$(dirname "$(dirname "$nvcc")")}"
-  cmake -S "$accumplan_root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    "-DCMAKE_PREFIX_PATH=${ACCUMPLAN_EXTRA_PREFIX:+$ACCUMPLAN_EXTRA_PREFIX;}$prefix" \
-    -DACCUMPLAN_WITH_TORCH=ON -DACCUMPLAN_WITH_CUDA=ON -DACCUMPLAN_WITH_CUPTI=ON \
-    "-DCUDAToolkit_ROOT=$cuda_root" "-DCMAKE_CUDA_COMPILER=$nvcc" -DTORCH_CUDA_ARCH_LIST=9.0 "$@"
+  printf '%s\n' "-DCMAKE_PREFIX_PATH=${ACCUMPLAN_EXTRA_PREFIX:+$ACCUMPLAN_EXTRA_PREFIX;}$prefix" \
+    "-DCUDAToolkit_ROOT=${CUDA_HOME:-$(dirname "$(dirname "$nvcc")")}" "-DCMAKE_CUDA_COMPILER=$nvcc" -DTORCH_CUDA_ARCH_LIST=9.0
+}
+
+# Configures accumplan in DIR against PY's torch, with CUDA, CUPTI and NCCL required.
+torch_configure() {
+  local py="$1" dir="$2" args
+  shift 2
+  args="$(torch_cmake_args "$py")" || return 1
+  mapfile -t args <<<"$args"
+  cmake -S "$accumplan_root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${args[@]}" \
+    -DACCUMPLAN_WITH_TORCH=ON -DACCUMPLAN_WITH_CUDA=ON -DACCUMPLAN_WITH_CUPTI=ON "$@"
 }
 
 # A venv of the clone's own (build/venv) over the environment: a .pth file in its site-packages
