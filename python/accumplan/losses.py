@@ -22,6 +22,12 @@ from .errors import plan_error
 LOSSES = _core.LOSSES  # setup.loss's names
 
 
+
+def _at_least_float(t):
+    """``t`` in at least float32: half and bfloat16 go up, float32 and float64 stay (a float64 model's
+    loss keeps float64's precision)."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
 def resolve_normalization(name, loss, target):
     """'samples' or 'tokens'. 'auto' means tokens for cross-entropy over an integer target with
     more than one dimension ([B,T] targets of [B,T,C] logits), samples otherwise; a floating
@@ -157,7 +163,7 @@ def loss_sum(output, target, loss="cross_entropy", normalization="samples", igno
                 raise ValueError("tokens normalization needs a target of class indices; a floating target holds "
                                  "class probabilities per sample: use normalization='samples'")
             check_class_target(target, output.shape[-1] if output.dim() == 2 else -1, ignore_index, output.shape)
-            return -(target.float() * F.log_softmax(output.float(), dim=1)).sum()
+            return -(_at_least_float(target) * F.log_softmax(_at_least_float(output), dim=1)).sum()
         ok2 = output.dim() == 2 and target is not None and target.dim() == 1 and target.shape[0] == output.shape[0]
         ok3 = (output.dim() == 3 and target is not None and target.dim() == 2 and
                tuple(target.shape) == tuple(output.shape[:2]))
@@ -165,7 +171,7 @@ def loss_sum(output, target, loss="cross_entropy", normalization="samples", igno
             raise ValueError("cross_entropy needs logits [B,C] with target [B], or [B,T,C] with [B,T]; got output %s "
                              "and target %s" % (list(output.shape), None if target is None else list(target.shape)))
         check_class_target(target, output.shape[-1], ignore_index)
-        per = F.cross_entropy(output.reshape(-1, output.shape[-1]).float(), target.reshape(-1).long(),
+        per = F.cross_entropy(_at_least_float(output.reshape(-1, output.shape[-1])), target.reshape(-1).long(),
                               reduction="none", ignore_index=ignore_index).reshape(target.shape)
         if normalization == "tokens" or per.dim() == 1:
             return per.sum()
@@ -177,14 +183,14 @@ def loss_sum(output, target, loss="cross_entropy", normalization="samples", igno
                              % list(output.shape))
         if units is None:
             units = count_units(target, samples, normalization, ignore_index, shift_labels)
-        return output.reshape(()).float() * float(units)
+        return _at_least_float(output.reshape(())) * float(units)
     if normalization == "tokens":
         raise ValueError("tokens normalization applies to cross_entropy and a model's own loss, not %r" % (loss,))
     if loss == "mse":
         if target is None or output.shape != target.shape:
             raise ValueError("mse needs output and target of the same shape; got %s and %s"
                              % (list(output.shape), None if target is None else list(target.shape)))
-        return (output.float() - target.float()).pow(2).reshape(output.shape[0], -1).mean(1).sum()
+        return (_at_least_float(output) - _at_least_float(target)).pow(2).reshape(output.shape[0], -1).mean(1).sum()
     raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss,))
 
 

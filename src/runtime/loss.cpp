@@ -41,6 +41,13 @@ void check_cross_entropy_shapes(const at::Tensor& logits, const at::Tensor& targ
   }
 }
 
+// A loss is summed in at least float32: half and bfloat16 outputs go up to float32, float32 and
+// float64 stay as they are (a float64 model's loss and gradients keep float64's precision).
+at::Tensor at_least_float(const at::Tensor& t) {
+  const auto dtype = t.scalar_type();
+  return dtype == at::kFloat || dtype == at::kDouble ? t : t.to(at::kFloat);
+}
+
 // Cross-entropy per position. Returns the per-position losses with ignored positions zeroed, and
 // the valid mask, both shaped like target.
 std::pair<at::Tensor, at::Tensor> cross_entropy_positions(const at::Tensor& logits, const at::Tensor& target,
@@ -48,7 +55,7 @@ std::pair<at::Tensor, at::Tensor> cross_entropy_positions(const at::Tensor& logi
   check_cross_entropy_shapes(logits, target, config);
   const int64_t ignore_index = config.ignore_index;
   const int64_t C = logits.size(-1);
-  const at::Tensor flat_logits = logits.reshape({-1, C}).to(at::kFloat);
+  const at::Tensor flat_logits = at_least_float(logits.reshape({-1, C}));
   const at::Tensor flat_target = target.reshape({-1});
   // reduction none (0) keeps per-position losses; ignored positions come back as 0.
   at::Tensor per = at::cross_entropy_loss(flat_logits, flat_target, {}, at::Reduction::None, ignore_index);
@@ -71,7 +78,7 @@ LossSum probability_cross_entropy(const at::Tensor& logits, const at::Tensor& ta
                      "class probabilities per sample and is normalized by samples");
   }
   LossSum out;
-  out.sum = -(target.to(at::kFloat) * at::log_softmax(logits.to(at::kFloat), 1)).sum();
+  out.sum = -(at_least_float(target) * at::log_softmax(at_least_float(logits), 1)).sum();
   out.units = logits.size(0);
   return out;
 }
@@ -108,7 +115,7 @@ LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, int64_t sam
       // positions add 0), one fused op whose backward is cheaper than per-position losses + sum.
       check_cross_entropy_shapes(output, target, config);
       const int64_t C = output.size(-1);
-      out.sum = at::cross_entropy_loss(output.reshape({-1, C}).to(at::kFloat), target.reshape({-1}), {}, at::Reduction::Sum,
+      out.sum = at::cross_entropy_loss(at_least_float(output.reshape({-1, C})), target.reshape({-1}), {}, at::Reduction::Sum,
                                        config.ignore_index);
       if (config.normalization == Normalization::Samples) {
         out.units = target.size(0);
@@ -133,7 +140,7 @@ LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, int64_t sam
       throw InputError("mse needs output and target of the same shape; got output " + shape_of(output) +
                        " and target " + (target.defined() ? shape_of(target) : std::string("none")));
     }
-    const at::Tensor sq = (output.to(at::kFloat) - target.to(at::kFloat)).pow(2);
+    const at::Tensor sq = (at_least_float(output) - at_least_float(target)).pow(2);
     const int64_t B = output.size(0);
     out.sum = sq.reshape({B, -1}).mean(1).sum();
     out.units = B;
@@ -143,7 +150,7 @@ LossSum loss_sum(const at::Tensor& output, const at::Tensor& target, int64_t sam
     if (output.numel() != 1) {
       throw InputError("--loss model expects the model to return a scalar loss; it returned " + shape_of(output));
     }
-    out.sum = output.reshape({}).to(at::kFloat) * static_cast<double>(samples);
+    out.sum = at_least_float(output.reshape({})) * static_cast<double>(samples);
     out.units = samples;
     return out;
   }
