@@ -609,6 +609,9 @@ void check_exportable(const Plan& plan, const std::string& target, const ExportO
       }
     }
   };
+  if (options.binary.empty()) {
+    throw InputError("--binary '': name the accumplan the torchrun line launches, e.g. --binary accumplan");
+  }
   shell_safe(options.binary, "--binary");
   shell_safe(options.plan_path, "--plan");
   if (target == "torchrun") shell_safe(plan.model.path, "the plan's model.path");

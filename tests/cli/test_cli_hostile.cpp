@@ -140,6 +140,9 @@ TEST_CASE("CLI hostile: export refuses bad plans with one line naming the value"
   // A newline in a value printed into the torchrun line would start a second command.
   expect_refusal(out, {"export", "--plan", kPlan, "--to", "torchrun", "--binary", "accumplan\nrm -rf x", "--out", o},
                  "--binary 'accumplan?rm -rf x' holds a control character");
+  // An empty binary would make a torchrun line that launches nothing.
+  expect_refusal(out, {"export", "--plan", kPlan, "--to", "torchrun", "--binary", "", "--out", o},
+                 "--binary '': name the accumplan the torchrun line launches");
   // An option the command does not have, said as typed (CLI11 listed it back to front).
   expect_refusal(out, {"export", "--plan", kPlan, "--to", "deepspeed", "--split", "uniform", "--out", o},
                  "`accumplan export` does not take --split uniform");

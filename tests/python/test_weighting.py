@@ -99,6 +99,28 @@ class Weighting(unittest.TestCase):
                 self.assertEqual(sum(stats.microbatch_sizes), window)
                 self.assertAllClose(params_of(m), want)
 
+    def test_a_float64_model_trains_in_float64(self):
+        # The window's update equals PyTorch's own float64 full-batch step to 1e-12 (a loss summed in
+        # float32 misses by about 1e-8), for cross-entropy, mse and a model's own mean loss.
+        torch.manual_seed(5)
+        x = torch.randn(12, 6, dtype=torch.float64)
+        labels, values = torch.randint(0, 3, (12,)), torch.randn(12, 3, dtype=torch.float64)
+        mean_losses = {"cross_entropy": (labels, torch.nn.functional.cross_entropy),
+                       "mse": (values, torch.nn.functional.mse_loss)}
+        for loss, (y, mean_loss) in mean_losses.items():
+            torch.manual_seed(6)
+            model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
+            reference = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
+            reference.load_state_dict(model.state_dict())
+            before = params_of(model)
+            mean_loss(reference(x), y).backward()
+            torch.optim.SGD(reference.parameters(), lr=0.5).step()
+            make_plan([5, 4, 3]).train_window(model, torch.optim.SGD(model.parameters(), lr=0.5), (x,), y, loss=loss)
+            for b, g, w in zip(before, params_of(model), params_of(reference)):
+                self.assertEqual(g.dtype, torch.float64)
+                # The updates, not the parameters: a parameter's size would hide the update's error.
+                torch.testing.assert_close(g - b, w - b, rtol=1e-12, atol=0, msg=lambda m: "%s: %s" % (loss, m))
+
     def test_a_mean_loss_fn_is_refused_before_its_first_backward(self):
         # F.cross_entropy as everyone writes it returns a mean: weighting its microbatches as sums
         # would silently train with another gradient (0.039 away on this window).
@@ -124,6 +146,19 @@ class Weighting(unittest.TestCase):
         stats = plan.train_window(model, opt, (x,), y, loss_fn=loss_fn)
         self.assertTrue(stats.stepped)
         self.assertAllClose(params_of(model), want)
+
+    def test_a_sum_loss_fn_with_a_nan_loss_skips_the_step(self):
+        # Skipped as a built-in loss's NaN is, not refused as a mean.
+        model = Classifier()
+        x, y = classifier_data(12)
+        x[0, 0] = float("nan")
+        before = params_of(model)
+        loss_fn = functools.partial(torch.nn.functional.cross_entropy, reduction="sum")
+        stats = make_plan([5, 4, 3]).train_window(model, torch.optim.SGD(model.parameters(), lr=0.5), (x,), y,
+                                                  loss_fn=loss_fn)
+        self.assertFalse(stats.stepped)
+        for b, p in zip(before, params_of(model)):
+            self.assertTrue(torch.equal(b, p))
 
     def test_batch_dependent_layers_are_warned_about_once_per_model(self):
         class BnNet(torch.nn.Module):
