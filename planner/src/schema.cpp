@@ -508,6 +508,7 @@ ojson profile_body_json(const Profile& p) {
     j["eval"] = ojson{{"keep_outputs", p.eval->keep_outputs}, {"points", points}, {"trials", trials_json(p.eval->trials)}};
   }
   if (p.sharding) j["sharding"] = sharding_json(*p.sharding, false);  // 1.9
+  if (p.gradient_exchange) j["gradient_exchange"] = true;  // 1.10, only when the windows made it
   return j;
 }
 
@@ -534,6 +535,7 @@ Profile profile_body_from(const JsonField& root) {
     p.eval = e;
   }
   if (root.has("sharding")) p.sharding = sharding_from(root.at("sharding"), false);  // 1.9
+  p.gradient_exchange = root.has("gradient_exchange") && root.boolean("gradient_exchange");  // 1.10
   return p;
 }
 

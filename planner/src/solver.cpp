@@ -366,6 +366,15 @@ void check_request(const PlanRequest& request) {
 
 namespace {
 
+// A plan for two or more ranks predicts what each rank holds, the gradient exchange's buffers
+// included: only windows that made the exchange measured them.
+void check_exchange(const Profile& profile, const PlanRequest& request) {
+  if (request.world_size < 2 || profile.gradient_exchange) return;
+  const std::string ranks = option_name("--world-size") + " " + std::to_string(request.world_size);
+  throw InputError("the profile's windows did not make the gradient exchange a rank of " + ranks +
+                   " makes (its flat buffers lie on top of the gradients); profile again with " + ranks);
+}
+
 // The largest microbatch a sample plan may use, and how it was reached (for `reason`).
 struct SampleBound {
   int64_t m_line = 0;   // the fitted line plus the whole margin
@@ -536,6 +545,7 @@ void copy_provenance(Plan& plan, const Profile& profile) {
 Plan make_plan(const Profile& profile, const PlanRequest& request) {
   if (is_token_profile(profile)) return make_token_plan(profile, request);
   check_request(request);
+  check_exchange(profile, request);
   if (request.target_tokens) {
     throw InputError(option_name("--target-tokens") + " " + std::to_string(*request.target_tokens) +
                      " needs variable-length data (inputs with a sequence dimension T and " + option_name("--seq-len") +
@@ -859,6 +869,7 @@ std::string token_reason(const Plan& plan, const TokenMemoryModel& model, const 
 
 Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   check_request(request);
+  check_exchange(profile, request);
   const int64_t W = request.world_size;
   if (request.multiple_of || request.max_micro_batch || request.use_timing) {
     const std::string option =

@@ -205,7 +205,7 @@ WindowStats WindowLoop::accumulate(WindowBackend& b, const WindowOptions& o, con
   }
   st.microbatch_sizes = split.sizes;
   // The one host read of the window (W > 1: after the one gradient exchange, which carries it).
-  const double loss_sum = W > 1 ? b.exchange_gradients() : b.loss_sum();
+  const double loss_sum = b.exchanges() ? b.exchange_gradients() : b.loss_sum();
   st.loss = loss_sum / static_cast<double>(st.units);
   finish_gradient(b, st, o);  // on the global gradient: every rank decides skip and clip alike
   st.seconds = seconds_since(t0);

@@ -2,9 +2,10 @@
 all-reduces, and the one gradient exchange.
 
 Public: ``all_reduce_gradients`` (re-exported by accumplan). Internal to the package:
-``group_world_size``, ``is_ddp``, ``all_reduce_ints``, ``raise_if_a_rank_failed``,
-``collective_device``, ``on_rank``. No rule is decided here (the core's window loop decides): every rank
-reports, every rank reads the same sums and raises the same error.
+``REHEARSAL`` (the exchange made alone, for planning windows), ``group_world_size``, ``is_ddp``,
+``all_reduce_ints``, ``raise_if_a_rank_failed``, ``collective_device``, ``on_rank``. No rule is
+decided here (the core's window loop decides): every rank reports, every rank reads the same sums
+and raises the same error.
 """
 
 import torch
@@ -22,6 +23,15 @@ def group_world_size(group=None):
 
 def is_ddp(model):
     return isinstance(model, torch.nn.parallel.DistributedDataParallel)
+
+
+class _Rehearsal:
+    """The group of ``all_reduce_gradients`` in one process that makes a rank's exchange with no
+    peer: the same buckets and flat buffers on the parameters' device, no collective (accumplan.plan's
+    windows for W ranks hold what every rank's window holds)."""
+
+
+REHEARSAL = _Rehearsal()
 
 
 # The last collective's tensors, held until the next: a Python tensor whose last reference is
@@ -76,7 +86,8 @@ def all_reduce_gradients(params, group=None, extra=None):
     """ONE gradient exchange (flat buckets of at most 25 MiB, summed) over the process group.
     Parameters without a gradient send zeros, so every rank sends the same list. ``extra`` (a
     float) rides along in the last bucket; the summed value is returned."""
-    device = collective_device(group, params)
+    rehearse = group is REHEARSAL
+    device = (params[0].device if params else torch.device("cpu")) if rehearse else collective_device(group, params)
     by_dtype = {}
     for p in params:
         if p.grad is None:
@@ -107,15 +118,19 @@ def all_reduce_gradients(params, group=None, extra=None):
             offset += g.numel()
         if last:
             flat[-1:].copy_(tail)
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-        _IN_FLIGHT[:] = [flat]  # the previous bucket's collective has finished: it may go
+        if not rehearse:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+            _IN_FLIGHT[:] = [flat]  # the previous bucket's collective has finished: it may go
         if last:
-            tail = flat[-1:].to(torch.float64).cpu()
+            tail = flat[-1:].to(torch.float64, copy=True).cpu()
         offset = 0
         for g in bucket:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
-    if not buckets and extra is not None:
+        # The buffer's memory goes now, though the collective's work may still hold the tensor on
+        # the backend's thread (and _IN_FLIGHT holds it): otherwise it stays into the optimizer step.
+        flat.untyped_storage().resize_(0)
+    if not buckets and extra is not None and not rehearse:
         tail = tail.to(device)
         dist.all_reduce(tail, op=dist.ReduceOp.SUM, group=group)
         _IN_FLIGHT[:] = [tail]

@@ -338,6 +338,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
                                                                                          1, _core.MAX_BYTES))
             budget = _core.resolve_budget(text, total)
         cfg["budget"] = budget
+        cfg["exchange"] = request.world_size > 1  # every window makes a rank's gradient exchange
         runner = ModuleRunner(meter, model, measuring, inputs, target, cfg)
         guard.also_undo(runner.checkpointed.remove)  # nothing is wrapped before set_checkpointing
         request.budget_is_simulated = meter.simulated
@@ -352,6 +353,8 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
             header = _header(model, inputs, target, view, device, meter, cfg, persistent, trials)
             if runner.optimizer is not optimizer:
                 header["sharding"] = header_record(sharding)
+            if cfg["exchange"]:
+                header["gradient_exchange"] = True
             return _core.search_plan(runner, json.dumps(header), request, say)
         restart = lambda: guard.protected(guard.snapshot.restore)  # noqa: E731 - the state before the first window
         if shard == "auto":

@@ -92,6 +92,7 @@ class ModuleRunner(_core.WindowRunner):
         w = Window(None, self.model, inputs, target, lengths, c["loss"], c["loss_fn"], c["ignore_index"],
                    c["autocast"], None, None, shift_arg=c["shift_labels"], local=True)
         w.mask = c["padding_mask"]
+        w.rehearse = c.get("exchange", False)
         labels = w.set_units_rule(c["normalization"])
         w.units = max(1, count_units(labels, n, w.norm, w.ii, w.shift))
         return w
@@ -180,6 +181,7 @@ class ModuleRunner(_core.WindowRunner):
             seconds.append(time.perf_counter() - started[-1])
             peaks.append(meter.peak())
             reserved.append(meter.reserved_peak())
+            meter.reset_peak()
 
         def window():
             w = self.window(inputs, target, n, lengths)
@@ -190,10 +192,12 @@ class ModuleRunner(_core.WindowRunner):
                                     before_microbatch=before_microbatch, after_microbatch=after_microbatch)
             m.step_seconds = min(seconds)
             meter.sync()
+            exchange = meter.peak()  # between the last microbatch and the step: the gradient exchange, if made
+            reserved.append(meter.reserved_peak())
             meter.reset_peak()
             loop.apply(backend, stats)
             meter.sync()
-            m.optimizer_step_peak_bytes = meter.peak() - data
+            m.optimizer_step_peak_bytes = max(exchange, meter.peak()) - data
             m.peak_bytes = max(peaks) - data
             m.first_microbatch_peak_bytes = peaks[0] - data
             m.steady_peak_bytes = max(peaks[1:]) - data if len(peaks) > 1 else 0

@@ -22,7 +22,7 @@ from . import _core
 from ._args import shown_value, warn_user
 from .batches import gather_packed, map_inputs, padding_mask, slice_samples
 from .checkpointing import interrupted_in_recompute
-from .distributed import all_reduce_gradients, all_reduce_ints, collective_device, group_world_size, is_ddp
+from .distributed import REHEARSAL, all_reduce_gradients, all_reduce_ints, collective_device, group_world_size, is_ddp
 from .errors import PlanError
 from .sharding import local_state
 from .losses import causal_shift, loss_sum, model_labels, model_output, takes_num_items, units_rule
@@ -269,6 +269,7 @@ class Window:
         self.group = group
         self.world = group_world_size(group)
         self.distributed = self.world > 1 and not local  # local: this process's own window (accumplan.plan's)
+        self.rehearse = False  # accumplan.plan's windows for W ranks: a rank's exchange, with no peer
         self.inner = model.module if is_ddp(model) else model
         self.params = trainable_parameters(self.inner)
         if not self.params:
@@ -365,8 +366,12 @@ class TrainBackend(_core.WindowBackend):
     def loss_sum(self):
         return 0.0 if self.total is None else float(self.total)
 
+    def exchanges(self):
+        return self.w.distributed or self.w.rehearse
+
     def exchange_gradients(self):
-        return all_reduce_gradients(self.w.params, self.w.group, extra=self.loss_sum())
+        group = self.w.group if self.w.distributed else REHEARSAL
+        return all_reduce_gradients(self.w.params, group, extra=self.loss_sum())
 
     def has_scaler(self):
         return self.w.scaler is not None

@@ -55,6 +55,7 @@ class PyWindowBackend : public WindowBackend {
   void after_out_of_memory() override { PYBIND11_OVERRIDE_PURE(void, WindowBackend, after_out_of_memory); }
   double loss_sum() override { PYBIND11_OVERRIDE_PURE(double, WindowBackend, loss_sum); }
   double exchange_gradients() override { PYBIND11_OVERRIDE(double, WindowBackend, exchange_gradients); }
+  bool exchanges() const override { PYBIND11_OVERRIDE(bool, WindowBackend, exchanges); }
   bool has_scaler() const override { PYBIND11_OVERRIDE(bool, WindowBackend, has_scaler); }
   double loss_scale() const override { PYBIND11_OVERRIDE(double, WindowBackend, loss_scale); }
   bool unscale_finds_non_finite() override { PYBIND11_OVERRIDE(bool, WindowBackend, unscale_finds_non_finite); }

@@ -224,6 +224,7 @@ RunnerOptions runner_options(const DeviceArgs& a) {
   if (!defaults) check_model_file(a.model);
   s.loss = given(a.loss_option) ? a.loss : defaults ? defaults->loss : "cross_entropy";
   s.optimizer = a.optimizer;
+  o.world_size = a.plan.world_size;
   if (a.shard != "off" && a.shard != "optimizer") {
     throw InputError("--shard '" + cut_for_message(a.shard) + "': choose off or optimizer");
   }

@@ -2,7 +2,9 @@
 // communicator.h. Not the executor's use of them (executor.cpp).
 #include "dist/communicator.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <type_traits>
 #include <string>
@@ -46,6 +48,94 @@ class LocalCommunicator final : public Communicator {
   void broadcast_from_owners(std::vector<at::Tensor>&, const std::vector<int64_t>&) override {
     ++counts_.parameter_broadcasts;
   }
+};
+
+// A flat buffer's memory back to the allocator now, whoever still holds the tensor: a collective's
+// work object outlives wait() on the backend's worker thread, so the buffer would otherwise stay
+// into the optimizer step for as long as that thread takes to drop it.
+void release(at::Tensor& flat) { flat.storage().unsafeGetStorageImpl()->reset(); }
+
+// The exchange's buckets: tensors of one dtype, in order, up to bucket_bytes each, one flat buffer
+// and one collective per bucket (25 MiB buckets, DDP's default, make resnet18's 62 parameters, 45
+// MiB in float32, two collectives instead of 62), summed back into the tensors in place.
+void sum_in_buckets(std::vector<at::Tensor>& tensors, int64_t bucket_bytes,
+                    const std::function<void(std::vector<at::Tensor>&)>& all_reduce) {
+  size_t i = 0;
+  while (i < tensors.size()) {
+    std::vector<size_t> bucket;
+    int64_t bytes = 0;
+    const auto dtype = tensors[i].scalar_type();
+    while (i < tensors.size() && tensors[i].scalar_type() == dtype &&
+           (bucket.empty() || bytes + static_cast<int64_t>(tensors[i].nbytes()) <= bucket_bytes)) {
+      bytes += static_cast<int64_t>(tensors[i].nbytes());
+      bucket.push_back(i++);
+    }
+    std::vector<at::Tensor> flat_parts;
+    for (size_t k : bucket) flat_parts.push_back(tensors[k].reshape({-1}));
+    std::vector<at::Tensor> flat = {at::cat(flat_parts)};
+    flat_parts.clear();
+    all_reduce(flat);
+    int64_t offset = 0;
+    for (size_t k : bucket) {
+      const int64_t n = tensors[k].numel();
+      tensors[k].copy_(flat[0].narrow(0, offset, n).view_as(tensors[k]));
+      offset += n;
+    }
+    release(flat[0]);
+  }
+}
+
+// Each owner's tensors, by dtype, flattened into one buffer that `broadcast` sends from the owner;
+// every rank walks the same order and takes the values back.
+void broadcast_by_owner(std::vector<at::Tensor>& tensors, const std::vector<int64_t>& owners,
+                        const std::function<void(std::vector<at::Tensor>&, int64_t owner)>& broadcast) {
+  const int64_t last_owner = owners.empty() ? -1 : *std::max_element(owners.begin(), owners.end());
+  for (int64_t owner = 0; owner <= last_owner; ++owner) {
+    std::map<at::ScalarType, std::vector<size_t>> by_dtype;
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      if (owners.at(k) == owner) by_dtype[tensors[k].scalar_type()].push_back(k);
+    }
+    for (const auto& [dtype, ks] : by_dtype) {
+      std::vector<at::Tensor> parts;
+      for (size_t k : ks) parts.push_back(tensors[k].detach().reshape({-1}));
+      std::vector<at::Tensor> flat = {at::cat(parts)};
+      parts.clear();
+      broadcast(flat, owner);
+      int64_t offset = 0;
+      for (size_t k : ks) {
+        const int64_t n = tensors[k].numel();
+        tensors[k].detach().copy_(flat[0].narrow(0, offset, n).view_as(tensors[k]));
+        offset += n;
+      }
+      release(flat[0]);
+    }
+  }
+}
+
+// One process that makes a rank's exchange and broadcast with no peer: the same buckets and flat
+// buffers, no collective, so planning windows for W ranks hold what each rank will hold.
+class RehearsalCommunicator final : public Communicator {
+ public:
+  explicit RehearsalCommunicator(int64_t bucket_bytes) : bucket_bytes_(bucket_bytes) {}
+  std::string backend() const override { return "rehearsal"; }
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  bool exchanges() const override { return true; }
+  std::vector<int64_t> all_reduce_counters(const std::vector<int64_t>& values) override {
+    ++counts_.counter_all_reduces;
+    return values;
+  }
+  void all_reduce_gradients(std::vector<at::Tensor>& tensors) override {
+    ++counts_.gradient_exchanges;
+    sum_in_buckets(tensors, bucket_bytes_, [&](std::vector<at::Tensor>&) { ++counts_.tensor_all_reduces; });
+  }
+  void broadcast_from_owners(std::vector<at::Tensor>& tensors, const std::vector<int64_t>& owners) override {
+    ++counts_.parameter_broadcasts;
+    broadcast_by_owner(tensors, owners, [](std::vector<at::Tensor>&, int64_t) {});
+  }
+
+ private:
+  int64_t bucket_bytes_;
 };
 
 // Joins the TCPStore rendezvous; rank 0 serves it. `timeout` bounds waiting for the other ranks
@@ -129,55 +219,19 @@ class C10dCommunicator final : public Communicator {
 
   void all_reduce_gradients(std::vector<at::Tensor>& tensors) override {
     ++counts_.gradient_exchanges;
-    // Buckets of one dtype, in order, up to bucket_bytes_ each: one flat buffer and one
-    // collective per bucket. 25 MiB buckets (DDP's default) make resnet18's 62 parameters
-    // (45 MiB in float32) two collectives instead of 62.
-    size_t i = 0;
-    while (i < tensors.size()) {
-      std::vector<size_t> bucket;
-      int64_t bytes = 0;
-      const auto dtype = tensors[i].scalar_type();
-      while (i < tensors.size() && tensors[i].scalar_type() == dtype &&
-             (bucket.empty() || bytes + static_cast<int64_t>(tensors[i].nbytes()) <= bucket_bytes_)) {
-        bytes += static_cast<int64_t>(tensors[i].nbytes());
-        bucket.push_back(i++);
-      }
-      std::vector<at::Tensor> flat_parts;
-      for (size_t k : bucket) flat_parts.push_back(tensors[k].reshape({-1}));
-      std::vector<at::Tensor> flat = {at::cat(flat_parts)};
+    sum_in_buckets(tensors, bucket_bytes_, [&](std::vector<at::Tensor>& flat) {
       group_->allreduce(flat)->wait();
       ++counts_.tensor_all_reduces;
-      int64_t offset = 0;
-      for (size_t k : bucket) {
-        const int64_t n = tensors[k].numel();
-        tensors[k].copy_(flat[0].narrow(0, offset, n).view_as(tensors[k]));
-        offset += n;
-      }
-    }
+    });
   }
 
   void broadcast_from_owners(std::vector<at::Tensor>& tensors, const std::vector<int64_t>& owners) override {
     ++counts_.parameter_broadcasts;
-    for (int owner = 0; owner < env_.world_size; ++owner) {
-      std::map<at::ScalarType, std::vector<size_t>> by_dtype;  // every rank walks the same order
-      for (size_t k = 0; k < tensors.size(); ++k) {
-        if (owners.at(k) == owner) by_dtype[tensors[k].scalar_type()].push_back(k);
-      }
-      for (const auto& [dtype, ks] : by_dtype) {
-        std::vector<at::Tensor> parts;
-        for (size_t k : ks) parts.push_back(tensors[k].detach().reshape({-1}));
-        std::vector<at::Tensor> flat = {at::cat(parts)};
-        c10d::BroadcastOptions options;
-        options.rootRank = owner;
-        group_->broadcast(flat, options)->wait();
-        int64_t offset = 0;
-        for (size_t k : ks) {
-          const int64_t n = tensors[k].numel();
-          tensors[k].detach().copy_(flat[0].narrow(0, offset, n).view_as(tensors[k]));
-          offset += n;
-        }
-      }
-    }
+    broadcast_by_owner(tensors, owners, [&](std::vector<at::Tensor>& flat, int64_t owner) {
+      c10d::BroadcastOptions options;
+      options.rootRank = owner;
+      group_->broadcast(flat, options)->wait();
+    });
   }
 
  private:
@@ -236,6 +290,10 @@ std::optional<DistEnv> dist_env_from_environment() {
 }
 
 std::unique_ptr<Communicator> make_local_communicator() { return std::make_unique<LocalCommunicator>(); }
+
+std::unique_ptr<Communicator> make_rehearsal_communicator(int64_t bucket_bytes) {
+  return std::make_unique<RehearsalCommunicator>(bucket_bytes);
+}
 
 std::unique_ptr<Communicator> make_gloo_communicator(const DistEnv& env, std::chrono::milliseconds timeout,
                                                      int64_t bucket_bytes) {

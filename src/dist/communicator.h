@@ -4,7 +4,8 @@
 // collective — the window's samples and valid tokens before the first backward, and an OOM flag
 // at a fixed point per microbatch so every rank learns of any rank's OOM in the same place — and
 // (2) sum the gradients across ranks once per window, flattened into a few buckets rather than
-// one collective per parameter. Implementations: `local` (W = 1, no communication) and `gloo`
+// one collective per parameter. Implementations: `local` (W = 1, no communication), `rehearsal`
+// (W = 1 holding a rank's exchange buffers, for planning windows) and `gloo`
 // (PyTorch's c10d ProcessGroupGloo over a TCPStore rendezvous, configured by the variables
 // `torchrun --no_python` sets: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
 // Every collective is counted so tests can assert one gradient exchange per window.
@@ -37,6 +38,9 @@ class Communicator {
   virtual std::string backend() const = 0;  // "local" | "gloo" | "nccl"
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+  // Whether the executor sends its gradients through all_reduce_gradients: two or more ranks, or
+  // a rehearsal (make_rehearsal_communicator).
+  virtual bool exchanges() const { return world_size() > 1; }
 
   // Element-wise sum of `values` over all ranks, in one collective.
   virtual std::vector<int64_t> all_reduce_counters(const std::vector<int64_t>& values) = 0;
@@ -66,17 +70,25 @@ std::optional<DistEnv> dist_env_from_environment();
 
 std::unique_ptr<Communicator> make_local_communicator();
 
+// The gradient exchange's bucket: at most this many bytes per flat buffer (DDP's default).
+constexpr int64_t kGradientBucketBytes = 25 * 1024 * 1024;
+
+// One process that makes a rank's gradient exchange and parameter broadcast with no peer (world
+// size 1, exchanges() true): the same buckets and flat buffers, no collective. Planning windows
+// for W >= 2 ranks run with it, so what they measure holds what every rank's window holds.
+std::unique_ptr<Communicator> make_rehearsal_communicator(int64_t bucket_bytes = kGradientBucketBytes);
+
 // Joins the c10d group: TCPStore rendezvous (rank 0 serves on MASTER_ADDR:MASTER_PORT),
 // ProcessGroupGloo bound on THIS host's interface: GLOO_SOCKET_IFNAME if set, loopback when
 // MASTER_ADDR is loopback, else Gloo's default device (this host's name). `timeout` bounds every
 // collective and the rendezvous, so a peer that died turns into an error instead of a hang.
 // InputError when the rendezvous fails (naming MASTER_ADDR:MASTER_PORT). world_size 1: local.
 std::unique_ptr<Communicator> make_gloo_communicator(const DistEnv& env, std::chrono::milliseconds timeout,
-                                                     int64_t bucket_bytes = 25 * 1024 * 1024);
+                                                     int64_t bucket_bytes = kGradientBucketBytes);
 
 // The same on CUDA with ProcessGroupNCCL (counters and buckets on cuda:LOCAL_RANK). Compiled only
 // when this LibTorch has CUDA and NCCL (USE_C10D_NCCL); otherwise BackendNotBuiltError.
 std::unique_ptr<Communicator> make_nccl_communicator(const DistEnv& env, std::chrono::milliseconds timeout,
-                                                     int64_t bucket_bytes = 25 * 1024 * 1024);
+                                                     int64_t bucket_bytes = kGradientBucketBytes);
 
 }  // namespace accumplan

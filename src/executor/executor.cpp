@@ -128,6 +128,7 @@ class Executor::Backend : public WindowBackend {
 
   int world_size() const override { return e_.options_.communicator ? e_.options_.communicator->world_size() : 1; }
   int rank() const override { return e_.options_.communicator ? e_.options_.communicator->rank() : 0; }
+  bool exchanges() const override { return e_.options_.communicator && e_.options_.communicator->exchanges(); }
   std::vector<int64_t> sum_over_ranks(const std::vector<int64_t>& values) override {
     return e_.options_.communicator->all_reduce_counters(values);
   }

@@ -43,6 +43,7 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
   const ParsedDevice parsed = parse_device(options_.device);
   device_ = parsed.is_cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(parsed.index)) : torch::Device(torch::kCPU);
   next_seed_ = options_.seed;
+  if (options_.world_size >= 2) rehearsal_ = make_rehearsal_communicator();
   Setup& setup = options_.setup;
 
   // Everything a user can get wrong is checked before the first allocation on the device.
@@ -309,6 +310,8 @@ ExecutorOptions ProbeRunner::executor_options() {
   eo.padding_mask = options_.setup.padding_mask;
   eo.probe = &probe_;
   eo.log = [](const std::string&) {};
+  eo.communicator = rehearsal_.get();
+  if (rehearsal_ && sharding_) eo.parameter_owners = owners_;
   return eo;
 }
 
@@ -328,27 +331,29 @@ WindowMeasurement ProbeRunner::window(const std::vector<int64_t>& sizes) {
     peaks.push_back(probe_.peak_bytes());
     reserved = std::max(reserved, probe_.reserved_peak_bytes().value_or(0));
   };
-  eo.before_microbatch = [&](const MicrobatchEvent& e) {
+  eo.before_microbatch = [&](const MicrobatchEvent&) {
     sync();
-    if (e.index > 0) {
-      read_peak();
-      probe_.reset_peak();
-    }
     starts.push_back(Clock::now());
+  };
+  eo.after_microbatch = [&](const MicrobatchEvent&, bool) {
+    sync();
+    read_peak();
+    probe_.reset_peak();
   };
   m.oom = measured(sizes, [&](const Batch& data, int64_t data_bytes) {
     Executor executor(model_.module, *optimizer_, plan_for_window(sizes), eo);
     WindowStats st = executor.accumulate(data);
     sync();
     const auto end = Clock::now();
-    read_peak();
+    // Between the last microbatch and the step: the gradient exchange, where the windows make one.
+    const int64_t exchange_peak = probe_.peak_bytes();
     for (size_t i = 0; i < starts.size(); ++i) {
       const double s = std::chrono::duration<double>((i + 1 < starts.size() ? starts[i + 1] : end) - starts[i]).count();
       m.step_seconds = i == 0 ? s : std::min(m.step_seconds, s);
     }
     probe_.reset_peak();
     executor.apply(st);
-    m.optimizer_step_peak_bytes = probe_.peak_bytes() - data_bytes;
+    m.optimizer_step_peak_bytes = std::max(exchange_peak, probe_.peak_bytes()) - data_bytes;
     reserved = std::max(reserved, probe_.reserved_peak_bytes().value_or(0));
     m.peak_bytes = *std::max_element(peaks.begin(), peaks.end()) - data_bytes;
     m.first_microbatch_peak_bytes = peaks.front() - data_bytes;
@@ -391,9 +396,8 @@ std::vector<at::Tensor> ProbeRunner::shard_held_parameters() {
   }
   const StateLayout layout = state_layout(state_after_one_step(options_.setup, params_.front(), 1),
                                           state_after_one_step(options_.setup, params_.front(), 2));
-  std::vector<int64_t> owners;
-  sharding_ = shard_optimizer_state({numels}, options_.shard_world_size, layout, &owners);
-  const std::vector<at::Tensor> held = owned_parameters(params_, owners, sharding_->measured_rank);
+  sharding_ = shard_optimizer_state({numels}, options_.shard_world_size, layout, &owners_);
+  const std::vector<at::Tensor> held = owned_parameters(params_, owners_, sharding_->measured_rank);
   say("the optimizer state sharded over " + std::to_string(sharding_->world_size) + " ranks: the windows hold rank " +
       std::to_string(sharding_->measured_rank) + "'s share, the largest (" + std::to_string(held.size()) + " of " +
       std::to_string(params_.size()) + " parameters)");
@@ -491,6 +495,7 @@ Profile ProbeRunner::profile(bool eval, bool keep_outputs) {
   p.budget_bytes = budget_bytes_;
   p.persistent = persistent_;
   p.sharding = sharding_;
+  p.gradient_exchange = rehearsal_ != nullptr;
 
   Search search(*this, search_settings(), trials_);
   search.profile(p);

@@ -69,6 +69,10 @@ struct RunnerOptions {
   // The optimizer state sharded over this many ranks (ZeRO-1, accumplan/sharding.h): the optimizer
   // holds the parameters of the largest share only, and the profile records the sharding. 0: not.
   int64_t shard_world_size = 0;
+  // The ranks the plan is for: from 2 on, every window makes a rank's gradient exchange (and, with
+  // the state sharded, its parameter broadcast) through a rehearsal communicator, so the peaks
+  // measured hold the exchange's flat buffers as every rank's window will.
+  int64_t world_size = 1;
   std::function<void(const std::string&)> progress;  // one line per real step, no trailing newline
 };
 
@@ -165,6 +169,8 @@ class ProbeRunner final : public WindowRunner {
   bool persistent_over_budget_ = false;
   Persistent persistent_;
   std::optional<Sharding> sharding_;  // RunnerOptions::shard_world_size: the largest share the optimizer holds
+  std::vector<int64_t> owners_;        // with sharding_: each trainable parameter's owning rank
+  std::unique_ptr<Communicator> rehearsal_;  // RunnerOptions::world_size >= 2: the exchange every window makes
   int64_t declared_parameter_bytes_ = 0;
   int64_t declared_weight_bytes_ = 0;
   uint64_t next_seed_ = 0;

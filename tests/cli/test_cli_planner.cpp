@@ -28,13 +28,19 @@ TEST_CASE("CLI plan: writes plan JSON to stdout and a summary to stderr", "[cli]
 TEST_CASE("CLI plan: --out writes the file atomically and leaves no temp file", "[cli][plan]") {
   const std::string dir = scratch_dir("plan-out");
   const std::string out = dir + "/plan.json";
+  // The golden profile's windows made no gradient exchange: a plan for two ranks is refused, naming the fix.
+  const CliResult two = run_cli({"plan", "--profile", kProfile, "--target-batch", "512", "--memory-budget", "90%",
+                                 "--world-size", "2", "--out", out});
+  CHECK(two.exit_code == 2);
+  CHECK(two.err.find("profile again with --world-size 2") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(out));
   const CliResult r = run_cli({"plan", "--profile", kProfile, "--target-batch", "512", "--memory-budget",
-                               "90%", "--world-size", "2", "--out", out});
+                               "90%", "--out", out});
   REQUIRE(r.exit_code == 0);
   CHECK(r.out.empty());
   const json plan = json::parse(slurp(out));
-  CHECK(plan["world_size"] == 2);
-  CHECK(plan["per_rank_batch"] == 256);
+  CHECK(plan["world_size"] == 1);
+  CHECK(plan["per_rank_batch"] == 512);
   CHECK(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator{}) == 1);
 }
 

@@ -26,6 +26,7 @@ namespace {
 // m_max = `fits` samples exactly (1 MiB per sample, no headroom).
 Plan plan_for(int64_t target, int64_t world, int64_t fits, bool timed = false) {
   Profile p = accumplan::test::linear_profile(MiB, MiB, MiB);
+  p.gradient_exchange = world > 1;  // windows for W ranks make a rank's exchange
   if (timed) {  // 10 ms + 1 ms per sample: a microbatch's fixed cost is what many small ones pay for
     for (auto& pt : p.points) pt.step_seconds = 0.010 + 0.001 * static_cast<double>(pt.micro_batch);
   }

@@ -96,9 +96,13 @@ TEST_CASE("Solver: the whole batch fitting means no accumulation", "[solver]") {
 }
 
 TEST_CASE("Solver: world size divides the target batch, or the error names the nearest values", "[solver][errors]") {
-  const Profile p = linear_profile(MiB, MiB, MiB);
+  Profile p = linear_profile(MiB, MiB, MiB);
   PlanRequest r = request(256, budget_for(p, 30, MiB, MiB));
   r.world_size = 4;
+  // Windows that did not make a rank's gradient exchange cannot plan for ranks that will.
+  CHECK_THROWS_WITH(make_plan(p, r), Catch::Contains("did not make the gradient exchange") &&
+                                         Catch::EndsWith("profile again with --world-size 4"));
+  p.gradient_exchange = true;
   const Plan plan = make_plan(p, r);
   CHECK(plan.per_rank_batch == 64);
   CHECK(plan.microbatch_sizes == std::vector<int64_t>{22, 21, 21});

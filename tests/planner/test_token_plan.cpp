@@ -135,7 +135,8 @@ TEST_CASE("Token plan: what cannot be planned is refused with the fix", "[token]
 
 TEST_CASE("Token plan: --target-tokens sets the window at the longest length and is kept in the plan",
           "[token][solver][target-tokens]") {
-  const Profile p = token_profile();
+  Profile p = token_profile();
+  p.gradient_exchange = true;  // windows for two ranks
   PlanRequest r = token_request(0, 612 * MiB);
   r.target_tokens = 100000;
   r.world_size = 2;

@@ -21,6 +21,8 @@ BIN = os.environ.get("ACCUMPLAN_BIN") or next(
     (p for p in (os.path.join(ROOT, d, "accumplan") for d in ("build", "build-planner-only")) if os.access(p, os.X_OK)),
     os.path.join(ROOT, "build", "accumplan"))
 PROFILE = os.path.join(ROOT, "examples", "profiles", "builtin-convnet-cpu.profile.json")
+# Measured for two ranks (`accumplan profile --world-size 2`): its windows made a rank's gradient exchange.
+PROFILE_2_RANKS = os.path.join(ROOT, "examples", "profiles", "builtin-convnet-cpu-2-ranks.profile.json")
 
 # The names each trainer accepts, as facts read from its own source (none of these tools is in
 # Debian, so the field lists stand in for their config classes; the version or commit read is
@@ -105,11 +107,12 @@ class Exports(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.plans = {}
-        for name, args in (("uneven", ["--target-batch", "256", "--max-micro-batch", "60"]),  # 52,51,51,51,51
-                           ("w2", ["--target-batch", "256", "--world-size", "2", "--max-micro-batch", "48"]),
-                           ("p251", ["--target-batch", "251", "--max-micro-batch", "36"])):
+        for name, profile, args in (
+                ("uneven", PROFILE, ["--target-batch", "256", "--max-micro-batch", "60"]),  # 52,51,51,51,51
+                ("w2", PROFILE_2_RANKS, ["--target-batch", "256", "--world-size", "2", "--max-micro-batch", "48"]),
+                ("p251", PROFILE, ["--target-batch", "251", "--max-micro-batch", "36"])):
             path = os.path.join(cls.tmp.name, name + ".json")
-            accumplan("plan", "--profile", PROFILE, "--memory-budget", "1GiB", "--out", path, *args)
+            accumplan("plan", "--profile", profile, "--memory-budget", "1GiB", "--out", path, *args)
             cls.plans[name] = path
         cls.plans["bf16"] = bf16_adamw_clipped(cls.plans["w2"], os.path.join(cls.tmp.name, "bf16.json"))
         cls.plans["eval"] = with_eval_batch(cls.plans["w2"], os.path.join(cls.tmp.name, "eval.json"), 160)

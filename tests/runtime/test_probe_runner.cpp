@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <iostream>
+#include <tuple>
 #include <type_traits>
 
 #include "accumplan/errors.h"
@@ -249,4 +250,30 @@ TEST_CASE("bad setups are refused before anything runs", "[runner][errors]") {
   o.setup.inputs = {"float32[B,3]"};  // the MLP takes 64 features
   CHECK_THROWS_WITH(ProbeRunner(*probe, o), Catch::Contains("the model rejected inputs of shape [2,3]"));
   CHECK(probe->current_bytes() == 0);
+}
+
+TEST_CASE("windows for two ranks make a rank's gradient exchange: the peak after the microbatches holds its flat buffer",
+          "[runner][exchange]") {
+  const int64_t param_bytes = (64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10) * 4;  // one bucket holds them all
+  // One probe at a time: LibTorch has one CPU allocator slot.
+  auto measured = [](int64_t world_size) {
+    auto probe = cpu_probe();
+    RunnerOptions o = mlp_options("sgd");
+    o.world_size = world_size;
+    ProbeRunner runner(*probe, o);
+    const WindowMeasurement m = runner.measure(4);
+    return std::make_tuple(runner.persistent().total(), m, runner.profile().gradient_exchange);
+  };
+  const auto [resident, one, one_exchanged] = measured(1);  // SGD: weights and gradients, no state
+  // One process: the step of plain SGD adds no buffer of a gradient's size.
+  CHECK(one.optimizer_step_peak_bytes < resident + param_bytes / 2);
+  CHECK_FALSE(one_exchanged);
+
+  const auto [ranks_resident, two, two_exchanged] = measured(2);
+  CHECK(ranks_resident == resident);  // the exchange's buffer is gone once it is made
+  // Each rank's exchange flattens every gradient (and the loss sum) into one buffer beside them.
+  CHECK(two.optimizer_step_peak_bytes >= resident + param_bytes + 4);
+  CHECK(two.optimizer_step_peak_bytes <= resident + param_bytes + 1024);
+  CHECK(two.peak_bytes == one.peak_bytes);  // the microbatches themselves hold the same
+  CHECK(two_exchanged);
 }

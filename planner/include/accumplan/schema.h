@@ -53,8 +53,10 @@ inline constexpr int kSchemaMajor = 1;
 // Python module can apply (`accumplan run` refuses such a plan).
 // 1.9: `sharding`, on a profile and a plan whose windows held one rank's share of the optimizer
 // state sharded over world_size ranks (ZeRO-1, accumplan/sharding.h). Absent: unsharded, as in 1.8.
-inline constexpr int kSchemaMinor = 9;
-const std::string& schema_version_string();  // "1.9"
+// 1.10: `profile.gradient_exchange`, true when the windows made a rank's gradient exchange; a plan
+// for two or more ranks is made only from such a profile.
+inline constexpr int kSchemaMinor = 10;
+const std::string& schema_version_string();  // "1.10"
 
 struct DeviceInfo {
   std::string type = "cpu";  // "cpu" or "cuda"
@@ -130,7 +132,7 @@ struct ProfilePoint {
   int64_t peak_bytes = 0;                            // the microbatches' peak (steady state)
   std::optional<int64_t> first_microbatch_peak_bytes;  // the first one's: no gradient resident yet
   std::optional<int64_t> reserved_peak_bytes;        // caching allocators (CUDA) only
-  std::optional<int64_t> optimizer_step_peak_bytes;  // peak during optimizer.step()
+  std::optional<int64_t> optimizer_step_peak_bytes;  // peak after the microbatches: the exchange (1.10) and optimizer.step()
   std::optional<double> step_seconds;                // one microbatch forward+backward
   // 1.3, variable-length data: each of the micro_batch sequences is padded to seq_len tokens (a
   // point of the (b, T) grid, accumplan/token_model.h). Absent for fixed shapes.
@@ -188,6 +190,9 @@ struct Profile {
   std::vector<Trial> trials;
   std::optional<EvalProfile> eval;          // 1.7, `accumplan profile` unless --no-eval
   std::optional<Sharding> sharding;         // 1.9: the windows held one rank's share of the state
+  // 1.10: every window made a rank's gradient exchange (its flat buffers, as each of two or more
+  // ranks holds them); a plan for two or more ranks needs it.
+  bool gradient_exchange = false;
 };
 
 // What the plan keeps free below the budget (`--headroom`), in bytes, part by part.

@@ -44,7 +44,7 @@ struct WindowMeasurement {
   int64_t peak_bytes = 0;                // the microbatches' peak (0 after an OOM)
   int64_t first_microbatch_peak_bytes = 0; // the first microbatch's, no gradient resident yet
   int64_t steady_peak_bytes = 0;         // the later microbatches', gradients resident (0: k = 1)
-  int64_t optimizer_step_peak_bytes = 0; // peak during optimizer.step()
+  int64_t optimizer_step_peak_bytes = 0; // peak after the microbatches: the gradient exchange, if made, and optimizer.step()
   int64_t max_peak_bytes = 0;            // highest peak over the whole window
   std::optional<int64_t> reserved_peak_bytes;  // caching allocators only
   double step_seconds = 0;               // the faster microbatch, forward + backward

@@ -179,9 +179,12 @@ class WindowBackend {
   virtual void after_out_of_memory() = 0;
   // This rank's loss sum of the completed attempt (the window's one host read).
   virtual double loss_sum() = 0;
-  // W > 1 instead of loss_sum(): one exchange of every gradient (zeros where none) with this
-  // rank's loss sum riding along; returns the global loss sum.
+  // Where exchanges() instead of loss_sum(): one exchange of every gradient (zeros where none)
+  // with this rank's loss sum riding along; returns the global loss sum.
   virtual double exchange_gradients() { return loss_sum(); }
+  // Whether the window's gradients go through exchange_gradients(): on a rank of two or more, and
+  // in one process that rehearses a rank's exchange (planning windows for W ranks hold its buffers).
+  virtual bool exchanges() const { return world_size() > 1; }
 
   // The update. fp16: the scale used through the window, and unscaling once (true: a non-finite
   // gradient). Without a scaler: 1 and false.

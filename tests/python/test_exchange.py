@@ -1,0 +1,62 @@
+"""The gradient exchange planned: accumplan.plan for W ranks measures windows that make a rank's
+exchange (its flat buffers beside the gradients), and two gloo ranks training such a plan, whole and
+with a ZeroRedundancyOptimizer, peak at the prediction in every steady window, under the budget."""
+import json
+import os
+import tempfile
+import unittest
+
+import torch
+
+from helpers import DIST_TIMEOUT_S, run_two_gloo_ranks
+
+import accumplan
+import exchange_worker as worker
+
+
+def plan_for(world_size):
+    model = worker.wide_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
+    return accumplan.plan(model, (x,), y, target_batch=16, optimizer=opt, world_size=world_size,
+                          memory_budget=worker.BUDGET, progress=False, eval=False), model
+
+
+class RehearsedExchange(unittest.TestCase):
+    def test_windows_for_two_ranks_hold_the_exchange_buffer_after_the_microbatches(self):
+        two, model = plan_for(2)
+        one, _ = plan_for(1)
+        grads = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.assertTrue(two.profile.get("gradient_exchange"))
+        self.assertNotIn("gradient_exchange", one.profile)
+        for plan, holds in ((two, True), (one, False)):
+            per = plan.profile["persistent"]
+            resident = per["weights_bytes"] + per["gradients_bytes"] + per["optimizer_state_bytes"]
+            for point in plan.profile["points"]:
+                after = point["optimizer_step_peak_bytes"]
+                # AdamW's step holds less than a gradient's size beside the state; the exchange holds all of them.
+                self.assertEqual(after >= resident + grads, holds, (point, resident, grads))
+
+    def test_two_gloo_ranks_peak_at_the_prediction_in_every_steady_window(self):
+        with tempfile.TemporaryDirectory() as out:
+            codes, logs = run_two_gloo_ranks("exchange_worker.py", out)
+            for r in range(2):
+                self.assertEqual(codes[r], 0, "rank %d failed (None: killed after %d s):\n%s"
+                                 % (r, DIST_TIMEOUT_S, logs[r]))
+            for way in ("whole", "zero"):
+                for r in range(2):
+                    with open(os.path.join(out, "rank%d-%s.json" % (r, way))) as f:
+                        rec = json.load(f)
+                    self.assertTrue(rec["exchange"])
+                    self.assertEqual(rec["world_size"], 2)
+                    for i, w in enumerate(rec["windows"][1:], 1):  # the first window makes the state
+                        msg = "%s rank %d window %d: %s (plan %s)" % (way, r, i, w, rec["sizes"])
+                        self.assertEqual(w["oom"], 0, msg)
+                        self.assertLessEqual(w["peak"], worker.BUDGET, msg)
+                        self.assertLessEqual(w["peak"], w["predicted"] * 1.01, msg)
+                        if r == rec["measured_rank"]:
+                            self.assertGreaterEqual(w["peak"], w["predicted"] * 0.99, msg)
+
+
+if __name__ == "__main__":
+    unittest.main()
