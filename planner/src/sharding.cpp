@@ -51,33 +51,58 @@ std::vector<int64_t> zero_partition(const std::vector<std::vector<int64_t>>& gro
   return ranks;
 }
 
-Sharding shard_optimizer_state(const std::vector<std::vector<int64_t>>& group_numels, int64_t world_size,
-                               const StateLayout& layout, std::vector<int64_t>* partition) {
+namespace {
+
+void check_shard_world_size(int64_t world_size) {
   if (world_size < 2 || world_size > kMaxWorldSize) {
     throw InputError(option_name("--world-size") + " " + std::to_string(world_size) +
                      ": sharding the optimizer state needs 2 to " + std::to_string(kMaxWorldSize) + " ranks");
   }
+}
+
+}  // namespace
+
+Sharding shard_state(const std::vector<std::vector<int64_t>>& group_numels, const std::vector<int64_t>& state_bytes,
+                     int64_t world_size, std::vector<int64_t>* partition) {
+  check_shard_world_size(world_size);
+  const std::vector<int64_t> ranks = zero_partition(group_numels, world_size);
+  if (ranks.empty()) throw InputError("the optimizer holds no parameters; there is no state to shard");
+  if (state_bytes.size() != ranks.size()) {
+    throw InputError("the optimizer's state was given for " + std::to_string(state_bytes.size()) + " parameters, but its groups hold " +
+                     std::to_string(ranks.size()));
+  }
+  Sharding s;
+  s.world_size = world_size;
+  s.per_rank_state_bytes.assign(static_cast<size_t>(world_size), 0);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (state_bytes[i] < 0) throw InputError("a parameter's optimizer state of " + std::to_string(state_bytes[i]) + " bytes");
+    int64_t& share = s.per_rank_state_bytes[static_cast<size_t>(ranks[i])];
+    share = checked_add(share, state_bytes[i], "state bytes");
+  }
+  if (checked_sum(s.per_rank_state_bytes, "the optimizer state") == 0) {
+    throw InputError("one step of the optimizer leaves no state on any of its parameters (plain SGD, or parameters that "
+                     "get no gradient), so there is nothing to shard; plan with " + shard_words("off"));
+  }
+  if (partition) *partition = ranks;
+  s.measured_rank = std::max_element(s.per_rank_state_bytes.begin(), s.per_rank_state_bytes.end()) - s.per_rank_state_bytes.begin();
+  return s;
+}
+
+Sharding shard_optimizer_state(const std::vector<std::vector<int64_t>>& group_numels, int64_t world_size,
+                               const StateLayout& layout, std::vector<int64_t>* partition) {
+  check_shard_world_size(world_size);
   if (layout.bytes_per_element == 0 && layout.bytes_per_parameter == 0) {
     throw InputError("the optimizer keeps no state per parameter (plain SGD), so there is nothing to shard; plan with " +
                      shard_words("off"));
   }
-  const std::vector<int64_t> ranks = zero_partition(group_numels, world_size);
-  if (ranks.empty()) throw InputError("the optimizer holds no parameters; there is no state to shard");
-  if (partition) *partition = ranks;
-  Sharding s;
-  s.world_size = world_size;
-  s.per_rank_state_bytes.assign(static_cast<size_t>(world_size), 0);
-  size_t i = 0;
+  std::vector<int64_t> state_bytes;
   for (const auto& group : group_numels) {
     for (int64_t numel : group) {
-      const int64_t bytes = checked_add(checked_mul(numel, layout.bytes_per_element, "state bytes"), layout.bytes_per_parameter,
-                                        "state bytes");
-      int64_t& share = s.per_rank_state_bytes[static_cast<size_t>(ranks[i++])];
-      share = checked_add(share, bytes, "state bytes");
+      state_bytes.push_back(checked_add(checked_mul(numel, layout.bytes_per_element, "state bytes"), layout.bytes_per_parameter,
+                                        "state bytes"));
     }
   }
-  s.measured_rank = std::max_element(s.per_rank_state_bytes.begin(), s.per_rank_state_bytes.end()) - s.per_rank_state_bytes.begin();
-  return s;
+  return shard_state(group_numels, state_bytes, world_size, partition);
 }
 
 int64_t freed_state_bytes(const Sharding& sharding) {

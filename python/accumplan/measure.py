@@ -323,7 +323,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     cfg["shift_labels"] = causal_shift(model, shift_labels) if shift_labels is not None else None
     say = _say(progress)
     warn_batch_dependent(batch_dependent_layers(model))
-    sharding = sharding_of(view, request.world_size, device) if shard != "off" else None
+    sharding = sharding_of(view, model, request.world_size, device) if shard != "off" else None
     measuring = measuring_optimizer(view, sharding) if shard == "optimizer" else optimizer
     weights = sum(nbytes(t) for t in list(model.parameters()) + list(model.buffers()))
     state = state_bytes(measuring)

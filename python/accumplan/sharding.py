@@ -1,9 +1,9 @@
 """accumplan.sharding — optimizer state sharded over ranks (ZeRO-1) for accumplan.plan and train_window.
 
 What it is: a ``torch.distributed.optim.ZeroRedundancyOptimizer`` recognised (the state this
-process holds, the optimizer class and groups it shards); ``plan(shard=)`` checked; the state
-layout one real step of the user's optimizer class shows on parameters of one and two elements;
-and the measuring optimizer: the same class and groups over the parameters of the rank with the
+process holds, the optimizer class and groups it shards); ``plan(shard=)`` checked; the state one
+real step of the user's optimizer leaves on each parameter (its group's layout, none where no
+gradient comes); and the measuring optimizer: the same class and groups over the parameters of the rank with the
 largest share only, so each planning window holds exactly what that rank holds (every weight and
 gradient, its share of the state). What it is not: the partition, the shares or the choice of
 shard="auto" — the core's (``_core.shard_optimizer_state``, ``_core.sharding_gain``).
@@ -64,11 +64,12 @@ def shard_arg(shard, optimizer, world_size):
     return shard, world_size
 
 
-def state_layout(view, device):
-    """(state bytes after one step on a parameter of one element, of two): the view's class and
-    first group's settings on throwaway parameters of the model's dtype, gradient one."""
-    dtype = view.param_groups[0]["params"][0].dtype
-    settings = {k: v for k, v in view.param_groups[0].items() if k not in ("params", "initial_lr")}
+def state_layout(view, group, device):
+    """(bytes per element, bytes per parameter) of the state one step of the view's class with this
+    group's settings leaves, read on throwaway parameters of one and two elements of the group's
+    dtype, gradient one."""
+    dtype = group["params"][0].dtype
+    settings = {k: v for k, v in group.items() if k not in ("params", "initial_lr")}
     found = []
     for n in (1, 2):
         p = torch.zeros(n, dtype=dtype, device=device, requires_grad=True)
@@ -76,21 +77,39 @@ def state_layout(view, device):
         probe = view.__class__([dict(settings, params=[p])])
         probe.step()
         found.append(sum(v.numel() * v.element_size() for v in probe.state[p].values() if isinstance(v, torch.Tensor)))
+    try:
+        return _core.state_layout(*found)
+    except _core.InputError as e:
+        raise ValueError(str(e)) from None
+
+
+def state_bytes_per_parameter(view, model, device):
+    """The state one step of the view leaves on each of its parameters, group order: its group's
+    layout on a trainable parameter of the model, none on one that gets no gradient (frozen, or
+    not the model's)."""
+    trained = {id(p) for p in model.parameters() if p.requires_grad}
+    found = []
+    for group in view.param_groups:
+        if not group["params"]:
+            continue
+        per_element, per_parameter = state_layout(view, group, device)
+        found += [per_element * p.numel() + per_parameter if id(p) in trained else 0 for p in group["params"]]
     return found
 
 
-def sharding_of(view, world_size, device):
+def sharding_of(view, model, world_size, device):
     """The core's sharding of the view's groups over world_size ranks (partition, shares, the
-    largest share's rank, freed bytes). ValueError when its parameters differ in dtype."""
+    largest share's rank, freed bytes), each parameter's share from the state one step leaves on
+    it. ValueError when its parameters differ in dtype."""
     params = [p for g in view.param_groups for p in g["params"]]
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in params})
     if len(dtypes) > 1:
         raise ValueError("shard: the optimizer's parameters are of %s; sharding is planned for one dtype"
                          % " and ".join(dtypes))
-    one, two = state_layout(view, device)
+    state = state_bytes_per_parameter(view, model, device)
     try:
         return _core.shard_optimizer_state([[p.numel() for p in g["params"]] for g in view.param_groups],
-                                           world_size, one, two)
+                                           world_size, state)
     except _core.InputError as e:
         raise ValueError(str(e)) from None
 

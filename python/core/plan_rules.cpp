@@ -43,10 +43,9 @@ py::dict trial_dict(const Trial& t) {
 // The sharding of `group_numels` over `world_size` ranks, as the profile header states it, with
 // each parameter's rank (`partition`, group order) and what it frees on the largest share.
 py::dict sharding_dict(const std::vector<std::vector<int64_t>>& group_numels, int64_t world_size,
-                       int64_t state_bytes_one_element, int64_t state_bytes_two_elements) {
-  const StateLayout layout = state_layout(state_bytes_one_element, state_bytes_two_elements);
+                       const std::vector<int64_t>& state_bytes) {
   std::vector<int64_t> partition;
-  const Sharding s = shard_optimizer_state(group_numels, world_size, layout, &partition);
+  const Sharding s = shard_state(group_numels, state_bytes, world_size, &partition);
   py::dict d;
   d["optimizer"] = true;
   d["world_size"] = s.world_size;
@@ -58,11 +57,17 @@ py::dict sharding_dict(const std::vector<std::vector<int64_t>>& group_numels, in
 }
 
 void bind_sharding(py::module_& m) {
-  m.def("shard_optimizer_state", &sharding_dict, py::arg("group_numels"), py::arg("world_size"),
-        py::arg("state_bytes_one_element"), py::arg("state_bytes_two_elements"),
+  m.def("shard_optimizer_state", &sharding_dict, py::arg("group_numels"), py::arg("world_size"), py::arg("state_bytes"),
         "{optimizer, world_size, per_rank_state_bytes, measured_rank, partition, freed_bytes}: ZeroRedundancyOptimizer's "
-        "partition of the groups' parameters (each one's rank, group order), each rank's state share under the layout "
-        "one step showed on parameters of one and two elements, the largest share's rank and what sharding frees there");
+        "partition of the groups' parameters (each one's rank, group order), each rank's share of the state one step "
+        "leaves on each parameter (state_bytes, group order), the largest share's rank and what sharding frees there");
+  m.def("state_layout",
+        [](int64_t one, int64_t two) {
+          const StateLayout l = state_layout(one, two);
+          return std::make_pair(l.bytes_per_element, l.bytes_per_parameter);
+        },
+        py::arg("state_bytes_one_element"), py::arg("state_bytes_two_elements"),
+        "(bytes per element, bytes per parameter) of the state one step left on parameters of one and two elements");
   m.def("sharding_gain", [](const Plan& unsharded, int64_t freed_bytes) { return sharding_gain(unsharded, freed_bytes); },
         py::arg("unsharded"), py::arg("freed_bytes"),
         "the microbatch the unsharded plan's line gives with freed_bytes freed when larger than its own; None: no gain");

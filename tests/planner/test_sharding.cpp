@@ -90,6 +90,17 @@ TEST_CASE("Sharding: each rank's share follows the layout, and the windows hold 
   CHECK_THROWS_WITH(shard_optimizer_state({{10}}, 2, StateLayout{0, 0}), Catch::Contains("nothing to shard"));
 }
 
+TEST_CASE("Sharding: shares from each parameter's own state; one that gets no gradient holds none", "[sharding]") {
+  // Elements 10, 30, 20, 30: ranks 1, 0, 0, 1 (zero_partition). The 30 on rank 0 is frozen: no state.
+  const Sharding s = shard_state({{10, 30, 20, 30}}, {84, 0, 164, 244}, 2);
+  CHECK(s.per_rank_state_bytes == std::vector<int64_t>{164, 84 + 244});
+  CHECK(s.measured_rank == 1);  // by the layout alone rank 0 held the most
+  CHECK(shard_optimizer_state({{10, 30, 20, 30}}, 2, StateLayout{8, 4}).measured_rank == 0);
+  CHECK_THROWS_WITH(shard_state({{10, 30}}, {84}, 2), Catch::Contains("given for 1 parameters, but its groups hold 2"));
+  CHECK_THROWS_WITH(shard_state({{10, 30}}, {0, 0}, 2), Catch::Contains("nothing to shard"));
+  CHECK_THROWS_WITH(shard_state({{10, 30}}, {84, 244}, 1), Catch::Contains("needs 2 to"));
+}
+
 TEST_CASE("Sharding: a sharded plan states the shares, the unsharded microbatch its line gives, and why",
           "[sharding]") {
   const Plan plan = sharded_plan();

@@ -37,7 +37,8 @@ def check_partition(rank, world):
     model = TinyLM()
     opt = zero(model)
     mine = {id(p) for g in opt.optim.param_groups for p in g["params"]}
-    core = accumplan._core.shard_optimizer_state([[p.numel() for p in model.parameters()]], world, 12, 20)["partition"]
+    numels = [p.numel() for p in model.parameters()]
+    core = accumplan._core.shard_optimizer_state([numels], world, [8 * n + 4 for n in numels])["partition"]
     held = [i for i, p in enumerate(model.parameters()) if id(p) in mine]
     assert held == [i for i, r in enumerate(core) if r == rank], (held, core)
 

@@ -11,6 +11,7 @@ from helpers import (DIST_TIMEOUT_S, Classifier, TinyLM, classifier_data, make_p
                      token_data)
 
 import accumplan
+from accumplan.sharding import measuring_optimizer, sharding_of
 import sharding_worker as worker
 
 
@@ -96,6 +97,48 @@ class TwoShardedRanks(unittest.TestCase):
                     got = torch.load(os.path.join(out, "rank%d-%s.pt" % (r, way)))
                     for g, w in zip(got, params):
                         torch.testing.assert_close(g, w, rtol=0, atol=1e-6, msg=lambda m: "%s rank %d: %s" % (way, r, m))
+
+
+class ShareOfEachRank(unittest.TestCase):
+    """Each rank's share is the state a real step of the user's optimizer leaves on its parameters."""
+
+    def real_shares(self, model, make_optimizer, world_size):
+        view = make_optimizer(model)
+        sharding = sharding_of(view, model, world_size, torch.device("cpu"))
+        real = []
+        for r in range(world_size):
+            opt = measuring_optimizer(make_optimizer(model), dict(sharding, measured_rank=r))
+            model.zero_grad(set_to_none=True)
+            model(torch.randn(4, 64)).sum().backward()
+            opt.step()
+            real.append(sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                            if isinstance(v, torch.Tensor)))
+        return sharding, real
+
+    def check(self, model, make_optimizer, world_size=2):
+        sharding, real = self.real_shares(model, make_optimizer, world_size)
+        self.assertEqual(sharding["per_rank_state_bytes"], real)
+        self.assertEqual(sharding["measured_rank"], real.index(max(real)))
+
+    def test_a_frozen_layer_left_in_the_optimizer_holds_no_state(self):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 128), torch.nn.Linear(128, 10))
+        for p in model[1].parameters():
+            p.requires_grad_(False)
+        self.check(model, lambda m: torch.optim.AdamW(m.parameters(), lr=0.01))
+
+    def test_a_parameter_not_in_the_model_holds_no_state(self):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 10))
+        foreign = torch.nn.Parameter(torch.zeros(128, 128))
+        self.check(model, lambda m: torch.optim.Adam(list(m.parameters()) + [foreign], lr=0.01))
+
+    def test_groups_with_other_settings_hold_their_own_state(self):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 96), torch.nn.Linear(96, 10))
+        self.check(model, lambda m: torch.optim.Adam([{"params": m[0].parameters(), "amsgrad": True},
+                                                      {"params": list(m[1].parameters()) + list(m[2].parameters())}],
+                                                     lr=0.01), world_size=3)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,13 @@ std::vector<int64_t> zero_partition(const std::vector<std::vector<int64_t>>& gro
 Sharding shard_optimizer_state(const std::vector<std::vector<int64_t>>& group_numels, int64_t world_size,
                                const StateLayout& layout, std::vector<int64_t>* partition = nullptr);
 
+// Each rank's share of the state when parameter i (group order) holds state_bytes[i] after one
+// step (0 for one that gets no gradient, a frozen or foreign parameter), partitioned by
+// zero_partition, and the largest share's rank (the lowest such rank). InputError for a world size
+// outside [2, 2^20], no parameters, a count that is not the groups', or no state at all.
+Sharding shard_state(const std::vector<std::vector<int64_t>>& group_numels, const std::vector<int64_t>& state_bytes,
+                     int64_t world_size, std::vector<int64_t>* partition = nullptr);
+
 // What sharding frees on the rank with the largest share: the whole state less that share.
 int64_t freed_state_bytes(const Sharding& sharding);
 
