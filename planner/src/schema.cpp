@@ -476,11 +476,11 @@ Sharding sharding_from(const JsonField& f, bool in_plan) {
     throw SchemaError(f.path() + ".per_rank_state_bytes: " + std::to_string(s.per_rank_state_bytes.size()) +
                       " shares for world_size " + std::to_string(s.world_size) + " (at least 2 ranks, one share each)");
   }
-  if (s.measured_rank < 0 || s.measured_rank >= s.world_size ||
-      *std::max_element(s.per_rank_state_bytes.begin(), s.per_rank_state_bytes.end()) !=
-          s.per_rank_state_bytes[static_cast<size_t>(s.measured_rank)]) {
-    throw SchemaError(f.path() + ".measured_rank: " + std::to_string(s.measured_rank) +
-                      " is not the rank of the largest share; the windows hold the largest");
+  const int64_t largest = std::max_element(s.per_rank_state_bytes.begin(), s.per_rank_state_bytes.end()) -
+                          s.per_rank_state_bytes.begin();
+  if (s.measured_rank != largest) {
+    throw SchemaError(f.path() + ".measured_rank: " + std::to_string(s.measured_rank) + " is not rank " +
+                      std::to_string(largest) + ", the lowest rank of the largest share; the windows hold that one");
   }
   if (in_plan) {
     s.unsharded_micro_batch = f.opt_i64("unsharded_micro_batch").value_or(0);
@@ -934,6 +934,13 @@ Plan plan_from_json(const json& doc) {
     if (p.sharding->world_size != p.world_size) {
       throw SchemaError("$.sharding.world_size: " + std::to_string(p.sharding->world_size) + " but the plan's world_size is " +
                         std::to_string(p.world_size));
+    }
+    // The plan's peaks are the windows' of its profile: they must have held the same share.
+    const std::optional<Sharding>& held = p.profile.sharding;
+    if (!held || held->per_rank_state_bytes != p.sharding->per_rank_state_bytes || held->measured_rank != p.sharding->measured_rank) {
+      throw SchemaError(std::string("$.sharding: the plan shards the optimizer state, but ") +
+                        (held ? "$.profile.sharding holds other shares" : "$.profile.sharding is absent") +
+                        ": its windows did not hold the share it plans for; re-plan it");
     }
   }
   check_plan_window(p);

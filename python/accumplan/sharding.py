@@ -58,6 +58,10 @@ def shard_arg(shard, optimizer, world_size):
             raise ValueError("world_size=%d: the ZeroRedundancyOptimizer shards over %d ranks; pass world_size=%d "
                              "(or leave it out)" % (world_size, optimizer.world_size, optimizer.world_size))
         world_size = optimizer.world_size
+        if world_size < 2:
+            raise ValueError("optimizer: the ZeroRedundancyOptimizer shards over 1 rank, so it holds the whole state; "
+                             "plan in a process group of at least 2 ranks, or pass the optimizer it wraps (%s) with "
+                             "shard='off'" % optimizer.optim.__class__.__name__)
     if shard != "off" and world_size < 2:
         raise ValueError("shard=%r shards the optimizer state over the ranks: pass world_size= of at least 2, or "
                          "shard='off'" % shard)

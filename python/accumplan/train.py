@@ -232,6 +232,10 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     if world != plan.world_size and world > 1:
         raise ValueError("the plan is for world size %d but the process group has %d ranks; re-plan with "
                          "world_size=%d" % (plan.world_size, world, world))
+    if world != plan.world_size and group is not None and group_world_size() > 1:
+        raise ValueError("group: it holds %d rank%s but the plan is for %d (the default group has %d): pass the group "
+                         "of the plan's ranks, or leave group out" % (world, "" if world == 1 else "s", plan.world_size,
+                                                                     group_world_size()))
     if loss_fn is None and loss_kind not in LOSSES:
         raise ValueError("loss %r is unknown; use cross_entropy, mse, model, or pass loss_fn" % (loss_kind,))
     if loss_fn is None and loss_kind == "model" and target is not None and isinstance(inputs, dict):

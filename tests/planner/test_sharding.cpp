@@ -171,7 +171,17 @@ TEST_CASE("Sharding: the reader refuses shares that do not describe the plan's r
   CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.per_rank_state_bytes: 3 shares for world_size 4"));
   doc = good;
   doc["sharding"]["measured_rank"] = (good["sharding"]["measured_rank"].get<int>() + 1) % 4;
-  CHECK_THAT(plan_error(doc), Catch::Contains("is not the rank of the largest share"));
+  CHECK_THAT(plan_error(doc), Catch::Contains("the lowest rank of the largest share"));
+  doc = good;  // equal shares: the windows held rank 0's, the lowest
+  doc["sharding"]["per_rank_state_bytes"] = {5, 5, 5, 5};
+  doc["sharding"]["measured_rank"] = 1;
+  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.measured_rank: 1 is not rank 0"));
+  doc = good;  // a plan that shards over windows that held no share
+  doc["profile"].erase("sharding");
+  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding: the plan shards the optimizer state, but $.profile.sharding is absent"));
+  doc = good;
+  doc["profile"]["sharding"]["per_rank_state_bytes"][0] = doc["profile"]["sharding"]["per_rank_state_bytes"][0].get<int64_t>() + 1;
+  CHECK_THAT(plan_error(doc), Catch::Contains("$.profile.sharding holds other shares"));
   doc = good;
   doc["sharding"]["optimizer"] = false;
   CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.optimizer: false"));

@@ -1,7 +1,8 @@
 """One rank of test_exchange.py: joins a gloo group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
 plans a model whose gradients outweigh a microbatch's activations for the group's ranks (AdamW,
 whole or with its state in a ZeroRedundancyOptimizer), then trains four windows of that plan on
-its share and writes each window's measured and predicted peaks to OUT_DIR/rank{r}-{way}.json.
+its share and writes each window's measured and predicted peaks to OUT_DIR/rank{r}-{way}.json;
+then tries a window with group= a group of its own rank alone (OUT_DIR/rank{r}-alone.json).
 """
 import datetime
 import json
@@ -52,6 +53,15 @@ def main():
                   "measured_rank": plan.sharding["measured_rank"] if plan.sharding else 0}
         with open(os.path.join(out_dir, "rank%d-%s.json" % (rank, way)), "w") as f:
             json.dump(record, f)
+    # A group of this rank alone under a plan for the group's two ranks: refused, nothing exchanged.
+    alone = [dist.new_group([r]) for r in range(world)][rank]
+    try:
+        plan.train_window(model, opt, (x[:TARGET][rank::world],), y[:TARGET][rank::world], group=alone)
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    with open(os.path.join(out_dir, "rank%d-alone.json" % rank), "w") as f:
+        json.dump({"refused": refused}, f)
     dist.barrier()
     dist.destroy_process_group()
 

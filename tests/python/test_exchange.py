@@ -56,6 +56,10 @@ class RehearsedExchange(unittest.TestCase):
                         self.assertLessEqual(w["peak"], w["predicted"] * 1.01, msg)
                         if r == rec["measured_rank"]:
                             self.assertGreaterEqual(w["peak"], w["predicted"] * 0.99, msg)
+            for r in range(2):
+                with open(os.path.join(out, "rank%d-alone.json" % r)) as f:
+                    refused = json.load(f)["refused"]
+                self.assertRegex(refused or "", r"^group: it holds 1 rank but the plan is for 2 \(the default group has 2\)")
 
 
 if __name__ == "__main__":

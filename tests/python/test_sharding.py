@@ -42,6 +42,18 @@ class ShardArguments(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"shard='auto' with checkpointing"):
             self.plan(shard="auto", world_size=2, checkpointing="auto")
 
+    def test_a_zero_optimizer_over_one_rank_is_refused_with_a_way_out(self):
+        import torch.distributed as dist
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            zero = ZeroRedundancyOptimizer(self.model.parameters(), optimizer_class=torch.optim.AdamW, lr=0.01)
+            with self.assertRaisesRegex(ValueError, r"^optimizer: the ZeroRedundancyOptimizer shards over 1 rank.*"
+                                                    r"pass the optimizer it wraps \(AdamW\) with shard='off'$"):
+                accumplan.plan(self.model, (self.x,), self.y, target_batch=8, optimizer=zero, progress=False, eval=False)
+        finally:
+            dist.destroy_process_group()
+
     def test_a_sharded_plan_holds_the_largest_share_and_leaves_the_optimizer_alone(self):
         plan = self.plan(shard="optimizer", world_size=2)
         s = plan.sharding
