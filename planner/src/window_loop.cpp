@@ -9,6 +9,7 @@
 #include <numeric>
 #include <utility>
 
+#include "accumplan/errors.h"
 #include "accumplan/replan.h"
 #include "accumplan/solver.h"
 #include "accumplan/terms.h"
@@ -24,12 +25,6 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // "22,21,21"; long lists cut after 8 entries so a log line stays one readable line.
 std::string join(const std::vector<int64_t>& v) { return join_sizes(v, 8); }
 
-// The first line of an error: a TorchScript error runs to dozens of lines of traceback.
-std::string first_line(const std::string& s) {
-  const auto nl = s.find('\n');
-  return nl == std::string::npos ? s : s.substr(0, nl);
-}
-
 // After an agreement collective: `status[r]` is -1 when rank r hit an error that is not an
 // out-of-memory. The failing rank rethrows its own error; every other rank throws one naming it
 // (an InputError when the rank's share of the data was refused), so no rank waits for a
@@ -41,7 +36,7 @@ void throw_if_a_rank_failed(const std::vector<int64_t>& status, const std::excep
     if (local_error) std::rethrow_exception(local_error);
     const std::string text = "rank " + std::to_string(r) + " failed " + during + " (its own error says why); this rank stops with it";
     if (share_refused) throw InputError(text);
-    throw Error(text);
+    throw PeerError(text);
   }
 }
 

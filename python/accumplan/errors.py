@@ -17,6 +17,12 @@ class OutOfMemoryAtOne(RuntimeError):
     out-of-memory with recovery off, or during the optimizer step, which cannot be replayed)."""
 
 
+class PeerError(PlanError):
+    """Another rank of the plan's process group failed (its own error says why), or a collective
+    with the other ranks did: this rank stops with it, its model and optimizer as they were before
+    the window's update."""
+
+
 def plan_error(e):
     """The core's refusal as PlanError."""
     return PlanError(str(e))

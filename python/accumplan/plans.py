@@ -16,7 +16,7 @@ import os
 from . import _core
 from ._args import (INT32_MAX, MAX_COUNT, choice_arg, documented_arg, flag_arg, int_arg, lengths_arg, path_arg,
                     shown_value)
-from .errors import OutOfMemoryAtOne, PlanError, oom_error, plan_error  # noqa: F401 - re-exported
+from .errors import OutOfMemoryAtOne, PeerError, PlanError, oom_error, plan_error  # noqa: F401 - re-exported
 from .files import file_digest, file_sha256, json_text, output_path, write_atomically  # noqa: F401 - re-exported
 from .splits import (balanced_split, largest_divisor_at_most, pack_by_token_budget,  # noqa: F401 - re-exported
                      split_samples, token_windows)
@@ -265,6 +265,8 @@ class Plan:
             raise oom_error(e) from None
         except _core.InputError as e:  # the window's counts or sequences, refused by the loop
             raise plan_error(e) from None
+        except _core.PeerError as e:  # another rank failed: every rank stops alike
+            raise PeerError(str(e)) from None
         return stats
 
     def repack_below(self, failing_tokens, longest_sequence):

@@ -316,11 +316,13 @@ namespace accumplan {
 namespace {
 
 // The core's errors as Python exceptions: InputError is a ValueError; InfeasibleError and
-// ExecutorOomError (what the window loop cannot recover from) are InputErrors.
+// ExecutorOomError (what the window loop cannot recover from) are InputErrors; PeerError (another
+// rank failed) a RuntimeError.
 void bind_errors(py::module_& m) {
   static py::exception<InputError> input_error(m, "InputError", PyExc_ValueError);
   static py::exception<InfeasibleError> infeasible_error(m, "InfeasibleError", input_error.ptr());
   static py::exception<ExecutorOomError> executor_oom_error(m, "ExecutorOomError", infeasible_error.ptr());
+  static py::exception<PeerError> peer_error(m, "PeerError", PyExc_RuntimeError);
   // A message that echoes a non-UTF-8 path (load_plan(b'\xff\xfe.json')) is decoded with U+FFFD for
   // the bad bytes: pybind11's own conversion would fail and the error arrive with an empty message.
   static const auto raise_as = [](PyObject* type, const char* what) {
@@ -338,6 +340,8 @@ void bind_errors(py::module_& m) {
       raise_as(infeasible_error.ptr(), e.what());
     } catch (const InputError& e) {
       raise_as(input_error.ptr(), e.what());
+    } catch (const PeerError& e) {
+      raise_as(peer_error.ptr(), e.what());
     }
   });
 }

@@ -211,7 +211,7 @@ class C10dCommunicator final : public Communicator {
 
   std::vector<int64_t> all_reduce_counters(const std::vector<int64_t>& values) override {
     std::vector<at::Tensor> t = {at::tensor(values, at::kLong).to(device_)};
-    group_->allreduce(t)->wait();
+    with_peers("agreement", [&] { group_->allreduce(t)->wait(); });
     ++counts_.counter_all_reduces;
     const at::Tensor r = t[0].to(at::kCPU).contiguous();
     return std::vector<int64_t>(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + r.numel());
@@ -220,7 +220,7 @@ class C10dCommunicator final : public Communicator {
   void all_reduce_gradients(std::vector<at::Tensor>& tensors) override {
     ++counts_.gradient_exchanges;
     sum_in_buckets(tensors, bucket_bytes_, [&](std::vector<at::Tensor>& flat) {
-      group_->allreduce(flat)->wait();
+      with_peers("gradient exchange", [&] { group_->allreduce(flat)->wait(); });
       ++counts_.tensor_all_reduces;
     });
   }
@@ -230,11 +230,24 @@ class C10dCommunicator final : public Communicator {
     broadcast_by_owner(tensors, owners, [&](std::vector<at::Tensor>& flat, int64_t owner) {
       c10d::BroadcastOptions options;
       options.rootRank = owner;
-      group_->broadcast(flat, options)->wait();
+      with_peers("parameter broadcast", [&] { group_->broadcast(flat, options)->wait(); });
     });
   }
 
  private:
+  // A collective that failed with the group is a peer's failure, said in one line naming this rank.
+  template <typename F>
+  void with_peers(const char* what, F&& collective) {
+    try {
+      collective();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw PeerError("rank " + std::to_string(env_.rank) + ": the " + what + " with the other ranks failed, so a peer " +
+                      "exited or its connection dropped (its own log says why): " + first_line(e.what()));
+    }
+  }
+
   std::string backend_;
   DistEnv env_;
   int64_t bucket_bytes_;

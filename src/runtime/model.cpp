@@ -167,12 +167,6 @@ std::string serialize(const torch::jit::Module& m) {
   return out.str();
 }
 
-// The interesting line of a c10::Error: its first line, without the C++ backtrace.
-std::string first_line(const std::string& text) {
-  const auto nl = text.find('\n');
-  return nl == std::string::npos ? text : text.substr(0, nl);
-}
-
 void add_storage(const at::Tensor& t, std::unordered_set<const void*>& seen, int64_t& bytes) {
   if (!t.defined() || !t.has_storage()) return;
   if (seen.insert(t.storage().unsafeGetStorageImpl()).second) bytes += static_cast<int64_t>(t.storage().nbytes());

@@ -5,8 +5,8 @@
 // microbatches of at most 3: 3,3,2 or 2,2,2,2 — the planner may weigh measured step times), run for 3 windows over 40 synthetic samples (16, 16, then a short 8: 4 per
 // rank): both ranks exit 0, save bitwise identical parameters ({rank} in --save/--stats), count
 // every sample once globally, and exchange gradients once per window. Also the failures that must
-// be clear rather than hangs: a plan for 2 ranks run as one process, and a rank whose peer never
-// comes (bounded by --dist-timeout).
+// be clear rather than hangs: a plan for 2 ranks run as one process, a rank whose peer never
+// comes (bounded by --dist-timeout), and a rank whose peer is killed mid-run (one line, exit 1).
 // What it is not: the weighting proof (test_dist_executor.cpp compares against full-batch updates).
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -150,6 +150,20 @@ TEST_CASE("accumplan run refuses a 2-rank plan in one process, and a missing pee
     CHECK_FALSE(res.timed_out);
     CHECK(res.ranks[0].exit_code == 2);
     CHECK(log.find("could not join the process group") != std::string::npos);
+  }
+  SECTION("rank 1 is killed mid-run: rank 0 says so in one line, not as a bug") {
+    const std::string run = std::string(ACCUMPLAN_BIN) + " run --plan '" + plan +
+                            "' --model builtin:mlp --threads 1 --dist-timeout 20 --synthetic-samples 64 --steps 1000000";
+    const LaunchResult res = launch_ranks(
+        {"/bin/sh", "-c", "if [ \"$RANK\" = 1 ]; then exec timeout -s KILL 3 " + run + "; else exec " + run + "; fi"}, 2, dir,
+        {}, 60);
+    const std::string log = slurp(res.ranks[0].log);
+    INFO(log);
+    CHECK_FALSE(res.timed_out);
+    CHECK(res.ranks[0].exit_code == 1);
+    CHECK(log.find("accumplan: error: rank 0: the ") != std::string::npos);
+    CHECK(log.find(" with the other ranks failed, so a peer exited or its connection dropped") != std::string::npos);
+    CHECK(log.find("This is a bug") == std::string::npos);
   }
 }
 

@@ -1,6 +1,6 @@
 """One rank of test_dist_validation.py: joins a gloo group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
-hands rank 1 a bad share of a window in several ways, and records what each rank raised in
-OUT_DIR/rank{r}.json; then trains token windows (schema 1.4, target_tokens) whose shares exceed
+hands rank 1 a bad share of a window in several ways (and a forward that fails), and records what
+each rank raised in OUT_DIR/rank{r}.json; then trains token windows (schema 1.4, target_tokens) whose shares exceed
 the per-rank batch on rank 0 and are empty on rank 1, saving the parameters to OUT_DIR/rank{r}-tokens.pt.
 
 Not a test by itself: test_dist_validation.py launches two of these and checks the files. A rank
@@ -38,11 +38,24 @@ def token_plan(world_size):
     return packed_plan(2, 30, 15, target_tokens=TARGET_TOKENS, world_size=world_size)
 
 
-def outcome(fn):
+class FailingForward(torch.nn.Module):
+    """The model, whose forward raises on the rank where ``fails``."""
+
+    def __init__(self, model, fails):
+        super().__init__()
+        self.model, self.fails = model, fails
+
+    def forward(self, x):
+        if self.fails:
+            raise RuntimeError("this rank's forward failed")
+        return self.model(x)
+
+
+def outcome(fn, with_type=False):
     try:
         fn()
     except ValueError as e:
-        return str(e)
+        return "%s: %s" % (type(e).__name__, e) if with_type else str(e)
     except Exception as e:  # noqa: BLE001 - recorded, the test says what was wrong
         return "UNEXPECTED %s: %s" % (type(e).__name__, e)
     return "NO ERROR"
@@ -70,6 +83,8 @@ def main():
         model, opt, (tx[2:] if rank == 1 else tx[:2],), ty[2:] if rank == 1 else ty[:2]))
     got["split_mismatch"] = outcome(lambda: list(samples.split(
         (tx[:2],), ty[:1] if rank == 1 else ty[:2])))
+    failing = FailingForward(model, rank == 1)
+    got["forward_fails"] = outcome(lambda: samples.train_window(failing, opt, (tx[:2],), ty[:2]), with_type=True)
     with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
         json.dump(got, f, indent=1)
 

@@ -35,7 +35,11 @@ class BadShareOnOneRank(unittest.TestCase):
             "lengths_missing": (peer, r"^rank 1: this plan packs ragged data by tokens .*padded batch with lengths="),
             "samples_over_batch": (r"^rank 1 was handed 3 samples of a global window of 5, more than the plan's "
                                    r"per-rank batch 2",) * 2,
-            "split_mismatch": (r"^rank 1 failed while checking its share of the window \(its own error says why\)", r"^rank 1: target has 1 samples \(dim 0\) but inputs\[0\] has 2"),
+            "split_mismatch": (r"^rank 1 failed while checking its share of the window \(its own error says why\)",
+                               r"^rank 1: target has 1 samples \(dim 0\) but inputs\[0\] has 2"),
+            # Another rank's own failure: an accumplan.PeerError (a PlanError) here, the model's error there.
+            "forward_fails": (r"^PeerError: rank 1 failed .*\(its own error says why\); this rank stops with it",
+                              r"^PlanError: .*this rank's forward failed"),
         }
         for case, patterns in want.items():
             for r in range(2):

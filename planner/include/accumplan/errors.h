@@ -50,6 +50,12 @@ class InfeasibleError : public InputError {
   using InputError::InputError;
 };
 
+// A collective with the other ranks failed: a peer exited or the connection dropped. Not the
+// user's input, and not a bug: exit code 1, one line naming this rank.
+class PeerError : public Error {
+ public:
+  using Error::Error;
+};
 // A backend (CUDA, CUPTI, LibTorch) was asked for but not compiled in; the message says how to
 // reconfigure.
 class BackendNotBuiltError : public InputError {
@@ -75,6 +81,8 @@ inline std::string printable_prefix(const std::string& text, size_t n) {
 // A whole message on one line: control characters as '?', nothing cut. The CLI prints every
 // refusal through it, so a value a message echoes uncut still cannot break the line.
 inline std::string one_line(const std::string& text) { return printable_prefix(text, text.size()); }
+// The first line of an error's text: a TorchScript or c10 error runs on into a traceback.
+inline std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 inline std::string cut_for_message(const std::string& text, size_t max_chars = 80) {
   size_t n = text.size() <= max_chars ? text.size() : max_chars;
