@@ -228,6 +228,9 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     ii = plan.ignore_index if ignore_index is None else int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
     inputs, target, lengths = _checked_arguments(model, optimizer, inputs, target, scheduler, scaler, on_oom,
                                                  oom_recovery, measure_memory, lengths, loss_kind, ii, plan)
+    if group is not None and not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("group: torch.distributed is not initialized (was the process group destroyed?); "
+                         "initialize it, or leave group out")
     world = group_world_size(group)
     if world != plan.world_size and world > 1:
         raise ValueError("the plan is for world size %d but the process group has %d ranks; re-plan with "

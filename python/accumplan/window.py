@@ -35,7 +35,15 @@ def is_oom(error):
         cls = getattr(owner, "OutOfMemoryError", None)
         if isinstance(cls, type) and isinstance(error, cls):
             return True
-    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+    return isinstance(error, RuntimeError) and "out of memory" in (_message(error) or "").lower()
+
+
+def _message(error):
+    """str(error), or None for an exception whose __str__ raises."""
+    try:
+        return str(error)
+    except Exception:  # noqa: BLE001 - a broken __str__ is the user's; its type still names it
+        return None
 
 
 def trainable_parameters(model):
@@ -92,7 +100,8 @@ def _check_loss_fn_sums(loss_fn, out, target):
 
 
 def _first_line(error):
-    text = " ".join(str(error).split("\n")[0].split())
+    message = _message(error)
+    text = "(its message could not be read)" if message is None else " ".join(message.split("\n")[0].split())
     return type(error).__name__ + (": " + text if text else "")
 
 
@@ -120,7 +129,7 @@ def blamed(what, only=Exception):
             raise
         if interrupted_in_recompute():
             raise KeyboardInterrupt from e
-        asked = _core.failed_host_allocation_bytes(str(e))
+        asked = _core.failed_host_allocation_bytes(_message(e) or "")
         if asked is not None:
             raise PlanError(_core.host_out_of_memory(asked, "in " + what)) from e
         raise PlanError("%s failed: %s" % (what, _first_line(e))) from e
@@ -400,16 +409,18 @@ class TrainBackend(_core.WindowBackend):
                 p.grad.mul_(coefficient)
 
     def optimizer_step(self, step):
-        if self.w.scaler is not None:
-            self.w.scaler.step(self.optimizer)
-        else:
-            self.optimizer.step()
+        with blamed("the optimizer's step (%s)" % type(self.optimizer).__name__):
+            if self.w.scaler is not None:
+                self.w.scaler.step(self.optimizer)
+            else:
+                self.optimizer.step()
 
     def after_update(self, stepped, event):
         if self.w.scaler is not None:
             self.w.scaler.update()
         if stepped and self.scheduler is not None:
-            self.scheduler.step()
+            with blamed("the scheduler's step (%s)" % type(self.scheduler).__name__):
+                self.scheduler.step()
 
     def release_cached(self):
         # Before the step that makes the optimizer's state: its tensors in fresh blocks of the

@@ -31,10 +31,11 @@ class PythonDashM(unittest.TestCase):
                  ["report", PLAN, "--format", "svg", "--out", "-"],
                  ["plan", "--profile", PROFILE, "--target-batch", "64", "--memory-budget", "256MiB"],
                  ["plan", "--profile", PROFILE, "--target-batch", "0"],
+                 ["plan", "--profile", b"\xff\xfe.json", "--target-batch", "8"],  # a name that is not UTF-8
                  ["export", "--help"]]
         with tempfile.TemporaryDirectory() as d:
             for args in cases:
-                with self.subTest(" ".join(args[:2])):
+                with self.subTest(" ".join(map(os.fsdecode, args[:2]))):
                     ours = run([sys.executable, "-m", "accumplan"] + args, d)
                     theirs = run([BIN] + args, d)
                     self.assertEqual(ours, theirs)

@@ -125,6 +125,44 @@ class UserCodeInAWindowIsOneLine(unittest.TestCase):
             raise NotImplementedError("first\nsecond")
         self.planned_with(forward, r"failed: NotImplementedError: first$")
 
+    def test_an_error_whose_message_cannot_be_read_is_still_one_line(self):
+        class Unreadable(Exception):
+            def __str__(self):
+                raise RuntimeError("no message")
+
+        def forward(self, x):
+            raise Unreadable()
+        self.planned_with(forward, r"failed: Unreadable: \(its message could not be read\)$")
+
+    def test_the_optimizers_and_the_schedulers_own_errors_are_one_line(self):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Flatten(), torch.nn.Linear(8, 3))
+        x, y = torch.randint(0, 10, (8, 2)), torch.randint(0, 3, (8,))
+        adam = torch.optim.Adam(model.parameters(), lr=0.01)
+        with self.assertRaisesRegex(accumplan.PlanError, r"^the optimizer's step \(Adam\) failed: RuntimeError: "
+                                                         r"Adam does not support sparse gradients"):
+            accumplan.plan(model, (x,), y, target_batch=8, optimizer=adam, progress=False, eval=False)
+
+        class Broken:
+            def step(self):
+                raise KeyError("a scheduler's own bug")
+        m, o = mlp()
+        x, y = data()
+        with self.assertRaisesRegex(accumplan.PlanError, r"^the scheduler's step \(Broken\) failed: KeyError"):
+            a_plan().train_window(m, o, (x,), y, scheduler=Broken())
+
+    def test_a_group_after_the_process_group_was_destroyed_is_named(self):
+        import torch.distributed as dist
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        group = dist.group.WORLD
+        dist.destroy_process_group()
+        m, o = mlp()
+        x, y = data()
+        before = [p.detach().clone() for p in m.parameters()]
+        with self.assertRaisesRegex(ValueError, r"^group: torch.distributed is not initialized"):
+            a_plan().train_window(m, o, (x,), y, group=group)
+        self.assertTrue(all(torch.equal(b, p) for b, p in zip(before, m.parameters())))
+
     def test_a_model_loss_that_is_not_a_tensor_is_named(self):
         x, y = data()
         self.planned_with(lambda self, x: {"loss": 3},
