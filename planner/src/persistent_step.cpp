@@ -1,6 +1,9 @@
 // The persistent-memory step's protocol (accumplan/persistent_step.h).
 #include "accumplan/persistent_step.h"
 
+#include <cmath>
+#include <string>
+
 #include "accumplan/errors.h"
 #include "accumplan/search.h"
 #include "accumplan/units.h"
@@ -11,6 +14,14 @@ Trial PersistentStep::measured(int64_t peak_bytes, double seconds) const {
   // Judged against the budget also when the attempt ran without it: persistent memory over it.
   return Trial{"probe", kPersistentWindowSamples, !budget_bytes_ || peak_bytes <= *budget_bytes_, peak_bytes, seconds,
                {kPersistentWindowSamples}, std::nullopt};
+}
+
+void PersistentStep::check_loss(double loss) {
+  if (std::isfinite(loss)) return;
+  const std::string value = std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
+  throw InputError("the loss of the first window (" + std::to_string(kPersistentWindowSamples) + " samples) is " + value +
+                   ", so the optimizer cannot step and the memory training holds cannot be measured; check the data "
+                   "and the model's output for NaN or inf");
 }
 
 Trial PersistentStep::out_of_memory(double seconds, const std::string& device_name) {

@@ -266,6 +266,7 @@ def persistent_memory(runner, meter, weights_bytes, state_bytes):
             meter.reset_peak()
             meter.limit(limit, with_data - before)
             stats = loop.accumulate(backend, [n], oom_recovery=False, max_grad_norm=cfg["max_grad_norm"])
+            _core.PersistentStep.check_loss(stats.loss)
             grads.append(meter.current() - with_data)
             loop.apply(backend, stats)
             peak = meter.peak() - (with_data - before)

@@ -98,6 +98,8 @@ void bind_plan_rules(py::module_& m) {
       .def("measured", [](const PersistentStep& s, int64_t peak_bytes, double seconds) {
              return trial_dict(s.measured(peak_bytes, seconds));
            }, py::arg("peak_bytes"), py::arg("seconds"), "the trial of an attempt that ran, its fit judged")
+      .def_static("check_loss", &PersistentStep::check_loss, py::arg("loss"),
+                  "InputError when the first window's loss is not finite (the optimizer could not step)")
       .def("out_of_memory", [](PersistentStep& s, double seconds, const std::string& device_name) {
              return trial_dict(s.out_of_memory(seconds, device_name));
            }, py::arg("seconds"), py::arg("device_name"),

@@ -434,6 +434,7 @@ void ProbeRunner::load_and_measure_persistent() {
       const int64_t with_data = probe_.current_bytes();
       Executor executor(model_.module, *optimizer_, plan_for_window({kPersistentWindowSamples}), executor_options());
       WindowStats st = executor.accumulate(data);
+      PersistentStep::check_loss(st.loss);
       persistent_.gradients_bytes = probe_.current_bytes() - with_data;
       executor.apply(st);  // steps the optimizer, then sets the gradients to none
       persistent_.optimizer_state_bytes = (after_construct - before_optimizer) + (probe_.current_bytes() - with_data);

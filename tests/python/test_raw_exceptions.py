@@ -163,6 +163,14 @@ class UserCodeInAWindowIsOneLine(unittest.TestCase):
             a_plan().train_window(m, o, (x,), y, group=group)
         self.assertTrue(all(torch.equal(b, p) for b, p in zip(before, m.parameters())))
 
+    def test_a_model_whose_loss_is_nan_is_refused_not_planned(self):
+        m, o = mlp()
+        with torch.no_grad():
+            m[0].weight.fill_(float("nan"))
+        with self.assertRaisesRegex(accumplan.PlanError, r"^the loss of the first window \(2 samples\) is nan, so the "
+                                                         r"optimizer cannot step"):
+            plan(m, o)
+
     def test_a_model_loss_that_is_not_a_tensor_is_named(self):
         x, y = data()
         self.planned_with(lambda self, x: {"loss": 3},

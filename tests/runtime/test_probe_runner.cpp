@@ -250,6 +250,15 @@ TEST_CASE("bad setups are refused before anything runs", "[runner][errors]") {
   o.setup.inputs = {"float32[B,3]"};  // the MLP takes 64 features
   CHECK_THROWS_WITH(ProbeRunner(*probe, o), Catch::Contains("the model rejected inputs of shape [2,3]"));
   CHECK(probe->current_bytes() == 0);
+  // A model whose loss is NaN never steps its optimizer: nothing a plan must hold can be measured.
+  o = mlp_options("adam");
+  o.loader = [](const torch::Device&) {
+    LoadedModel m = make_test_mlp(64, 128, 10);
+    for (auto p : m.module.parameters()) p.detach().fill_(std::nan(""));
+    return m;
+  };
+  CHECK_THROWS_WITH(ProbeRunner(*probe, o), Catch::StartsWith("the loss of the first window (2 samples) is nan, so the "
+                                                              "optimizer cannot step"));
 }
 
 TEST_CASE("windows for two ranks make a rank's gradient exchange: the peak after the microbatches holds its flat buffer",

@@ -37,6 +37,9 @@ class PersistentStep {
   // budget and the next attempt runs without one (under the lifted cap); InfeasibleError naming
   // `device_name` (and the cap) when this attempt already ran without the budget, or had none.
   Trial out_of_memory(double seconds, const std::string& device_name);
+  // After the attempt's microbatches: InputError when the window's loss is not finite, for then the
+  // optimizer does not step, its state is never made, and no window measures what training holds.
+  static void check_loss(double loss);
   // Whether an attempt under the budget ran out of memory (the search's persistent_over_budget).
   bool over_budget() const { return over_budget_; }
 
