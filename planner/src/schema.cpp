@@ -471,6 +471,11 @@ Sharding sharding_from(const JsonField& f, bool in_plan) {
   if (!s.optimizer) throw SchemaError(f.path() + ".optimizer: false; a plan without sharding has no sharding field");
   s.world_size = f.i64("world_size");
   for (const JsonField& b : f.at("per_rank_state_bytes").items()) s.per_rank_state_bytes.push_back(b.as_int());
+  try {
+    checked_sum(s.per_rank_state_bytes, f.path() + ".per_rank_state_bytes: the whole state, the shares' sum");
+  } catch (const InputError& e) {
+    throw SchemaError(e.what());
+  }
   s.measured_rank = f.i64("measured_rank");
   if (s.world_size < 2 || static_cast<int64_t>(s.per_rank_state_bytes.size()) != s.world_size) {
     throw SchemaError(f.path() + ".per_rank_state_bytes: " + std::to_string(s.per_rank_state_bytes.size()) +

@@ -182,6 +182,15 @@ TEST_CASE("Sharding: the reader refuses shares that do not describe the plan's r
   doc = good;
   doc["profile"]["sharding"]["per_rank_state_bytes"][0] = doc["profile"]["sharding"]["per_rank_state_bytes"][0].get<int64_t>() + 1;
   CHECK_THAT(plan_error(doc), Catch::Contains("$.profile.sharding holds other shares"));
+  doc = good;  // shares in range whose sum is not: the message names where
+  doc["sharding"]["per_rank_state_bytes"] = {int64_t{1} << 50, int64_t{1} << 50, int64_t{1} << 50, int64_t{1} << 50};
+  doc["profile"]["sharding"]["per_rank_state_bytes"] = doc["sharding"]["per_rank_state_bytes"];
+  doc["profile"]["sharding"]["measured_rank"] = doc["sharding"]["measured_rank"] = 0;
+  CHECK(plan_error(doc).empty());
+  doc["sharding"]["world_size"] = doc["world_size"] = 1 << 14;
+  doc["sharding"]["per_rank_state_bytes"] = json::array();
+  for (int r = 0; r < (1 << 14); ++r) doc["sharding"]["per_rank_state_bytes"].push_back(int64_t{1} << 50);
+  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.per_rank_state_bytes: the whole state, the shares' sum"));
   doc = good;
   doc["sharding"]["optimizer"] = false;
   CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.optimizer: false"));
