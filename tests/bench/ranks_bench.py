@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""ranks_bench.py — plans for W ranks against `accumplan run` on W gloo processes, the machine loaded.
+
+What it is: for two models no test was tuned on (a wide MLP whose gradients outweigh a microbatch's
+activations, and torchvision's shufflenet_v2_x0_5 at 32x32), Adam, W = 2 and 4, the state sharded
+and not: `accumplan --model m.pt --world-size W` plans under one CPU budget, then `accumplan run`
+trains the plan on W gloo processes under the same budget, --runs times, with one process spinning
+on every core. The truth is each rank's steady windows (2 to 4) in its run statistics
+(`window_series[].peak_bytes`), against the plan's predicted peak; a run that ran out of memory or
+failed is counted. It prints one row per case and, with --write, regenerates tests/bench/RANKS.md:
+
+    build/venv/bin/python tests/bench/ranks_bench.py [--runs 3] [--write]
+
+What it is not: a unit test (tests/dist/test_dist_cli.cpp holds the rule on builtin:mlp).
+"""
+import argparse
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torchvision
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODELS = {  # name: (module, input spec, budget)
+    "wide_mlp": (lambda: torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256),
+                                             torch.nn.ReLU(), torch.nn.Linear(256, 10)), "float32[B,256]", "12MiB"),
+    "shufflenet": (lambda: torchvision.models.shufflenet_v2_x0_5(num_classes=10), "float32[B,3,32,32]", "48MiB"),
+}
+TARGET = 64
+STEPS = 4
+
+
+def spin():
+    while True:
+        pass
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(binary, plan, model, budget, world, d, run):
+    """Each rank's (exit code, stats or None) of one `accumplan run` on `world` gloo processes."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
+               OMP_NUM_THREADS="1")
+    stats = os.path.join(d, "stats-%d-{rank}.json" % run)
+    argv = [binary, "run", "--plan", plan, "--model", model, "--steps", str(STEPS), "--synthetic-samples",
+            str(TARGET * STEPS), "--threads", "1", "--dist-timeout", "60", "--memory-budget", budget, "--stats", stats]
+    procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE) for r in range(world)]
+    out = []
+    for r, p in enumerate(procs):
+        err = p.communicate(timeout=600)[1]
+        path = stats.replace("{rank}", str(r))
+        st = json.load(open(path)) if p.returncode == 0 and os.path.exists(path) else None
+        out.append((p.returncode, st, err.decode(errors="replace").strip().splitlines()[-1:] if p.returncode else []))
+    return out
+
+
+def case(binary, name, d, world, shard, runs):
+    make, spec, budget = MODELS[name]
+    model = os.path.join(d, name + ".pt")
+    if not os.path.exists(model):
+        torch.manual_seed(0)
+        torch.jit.save(torch.jit.script(make()), model)
+    plan = os.path.join(d, "%s-%d-%s.json" % (name, world, shard))
+    t0 = time.monotonic()
+    p = subprocess.run([binary, "--model", model, "--input", spec, "--target", "int64[B]:10", "--optimizer", "adam",
+                        "--target-batch", str(TARGET), "--world-size", str(world), "--shard", shard, "--memory-budget",
+                        budget, "--device", "cpu", "--threads", "1", "--no-eval", "--out", plan],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return {"case": (name, world, shard), "error": p.stderr.strip().splitlines()[-1]}
+    plan_s = time.monotonic() - t0
+    doc = json.load(open(plan))
+    measured = doc.get("sharding", {}).get("measured_rank", 0)
+    misses = {"measured": [], "others": []}
+    failed = []
+    for run in range(runs):
+        for r, (code, st, err) in enumerate(launch(binary, plan, model, budget, world, d, run)):
+            if st is None or st["oom_recoveries"]:
+                failed.append((run, r, code, err))
+                continue
+            for w in st["window_series"][1:]:
+                miss = (w["peak_bytes"] - st["predicted_peak_bytes"]) / st["predicted_peak_bytes"]
+                misses["measured" if r == measured else "others"].append(miss)
+    return {"case": (name, world, shard), "sizes": doc["microbatch_sizes"], "predicted": doc["memory"]["predicted_peak_bytes"],
+            "budget": budget, "plan_seconds": plan_s, "runs": runs, "failed": failed,
+            "measured": [min(misses["measured"], default=0), max(misses["measured"], default=0)],
+            "others": [min(misses["others"], default=0), max(misses["others"], default=0)] if misses["others"] else None}
+
+
+def row(c):
+    if "error" in c:
+        return "| %s | %d | %s | planning refused: %s ||||||" % (*c["case"], c["error"])
+    pct = lambda lo_hi: "%+.3f%% to %+.3f%%" % (100 * lo_hi[0], 100 * lo_hi[1])  # noqa: E731
+    return "| %s | %d | %s | %s | %s | %d | %s | %s | %d of %d |" % (
+        *c["case"], c["budget"], c["sizes"], c["predicted"], pct(c["measured"]),
+        pct(c["others"]) if c["others"] else "-", len(c["failed"]), c["runs"] * c["case"][1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--binary", default=os.path.join(ROOT, "build", "accumplan"))
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--write", action="store_true", help="regenerate tests/bench/RANKS.md")
+    a = ap.parse_args()
+    spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(os.cpu_count() or 1)]
+    for s in spinners:
+        s.start()
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            for name in MODELS:
+                for world in (2, 4):
+                    for shard in ("off", "optimizer"):
+                        c = case(a.binary, name, d, world, shard, a.runs)
+                        rows.append(row(c))
+                        print(rows[-1], file=sys.stderr, flush=True)
+    finally:
+        for s in spinners:
+            s.terminate()
+    table = ["| model | W | --shard | budget | plan | predicted peak | measured rank's steady windows | other ranks' "
+             "| rank runs out of memory or failed |", "|---|---|---|---|---|---|---|---|---|"] + rows
+    text = ("# Plans for W ranks against `accumplan run` on W gloo ranks, the machine loaded\n\n"
+            "`python tests/bench/ranks_bench.py --runs %d --write` (Adam, target batch %d, %d windows a run, one process "
+            "spinning on each of the %d cores). Each rank's steady windows (2 to %d) against the plan's predicted peak.\n\n"
+            % (a.runs, TARGET, STEPS, os.cpu_count() or 1, STEPS)) + "\n".join(table) + "\n"
+    print(text)
+    if a.write:
+        with open(os.path.join(ROOT, "tests", "bench", "RANKS.md"), "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
