@@ -479,8 +479,11 @@ void fill_sample_memory(Plan& plan, const Profile& profile, const MemoryModel& m
   mem.margin_bytes = mm.bytes_at(plan.micro_batch, plan.confirmed);
   mem.usable_bytes = budget - mem.margin_bytes;
   mem.predicted_peak_bytes = model.predict_window_peak_bytes(plan.microbatch_sizes);
-  // A plan never predicts less than a real run of its own window measured.
-  if (ran && ran->window == window_head(plan.microbatch_sizes)) {
+  // A plan never predicts less than a real run of its own window measured; a run of its whole
+  // window measured what every such window holds, so that is the prediction.
+  if (ran && ran->window == plan.microbatch_sizes) {
+    mem.predicted_peak_bytes = ran->peak_bytes;
+  } else if (ran && ran->window == window_head(plan.microbatch_sizes)) {
     mem.predicted_peak_bytes = std::max(mem.predicted_peak_bytes, ran->peak_bytes);
   }
   mem.weights_bytes = profile.persistent.weights_bytes;

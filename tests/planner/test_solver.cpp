@@ -470,8 +470,17 @@ TEST_CASE("Solver: a window covers a plan when its first and later microbatches 
   const Plan plan = make_plan(p, r);
   CHECK(plan.microbatch_sizes == std::vector<int64_t>{50, 50});
   CHECK(plan.confirmed);
-  // Its own window measured: the prediction is never below what it measured.
-  CHECK(plan.memory.predicted_peak_bytes >= at_50);
+  // Its own window measured: the prediction is what it measured, below the line or above it.
+  CHECK(plan.memory.predicted_peak_bytes == at_50);
+  p.trials.back().peak_bytes = at_50 - 3 * MiB;  // the line over-predicts a window that ran
+  CHECK(make_plan(p, r).memory.predicted_peak_bytes == at_50 - 3 * MiB);
+  // A window of the plan's head alone ([50, 50] of a plan [50, 50, 50]): never below what it measured.
+  r.target_batch = 150;
+  r.max_micro_batch = 50;
+  p.trials.back().peak_bytes = at_50 + 5 * MiB;
+  const Plan three = make_plan(p, r);
+  REQUIRE(three.microbatch_sizes == std::vector<int64_t>{50, 50, 50});
+  CHECK(three.memory.predicted_peak_bytes >= at_50 + 5 * MiB);
 }
 
 TEST_CASE("Solver: the climb goes to the largest size predicted within the budget less the kept margin", "[solver][confirm][margin]") {
