@@ -114,6 +114,7 @@ Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* no
     req.headroom = headroom_of(plan.memory.margin);
     if (unit > 1) req.multiple_of = unit;
     req.max_micro_batch = bound;
+    req.max_micro_batch_set_by = "the out-of-memory at microbatch " + std::to_string(failing_micro_batch) + " during training";
     req.split = plan.split;
     // The fewest microbatches under the bound, whatever the original plan weighed: the
     // profile's step times are a few probe steps old and noisy, and a recovery that also trades

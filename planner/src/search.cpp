@@ -356,6 +356,7 @@ constexpr double kBisectGap = 0.03;
 int64_t bisect_candidate(const Profile& profile, PlanRequest request, const Plan& plan, int64_t fits,
                          std::optional<int64_t> user_bound) {
   request.max_micro_batch = user_bound;
+  request.max_micro_batch_set_by.clear();
   const int64_t upper = climb_candidate(profile, request, plan);
   if (upper <= fits || static_cast<double>(fits) >= (1.0 - kBisectGap) * static_cast<double>(upper)) return 0;
   return fits + (upper - fits + 1) / 2;
@@ -376,7 +377,13 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
   if (!request.budget.is_set() && settings_.budget_bytes) request.budget.bytes = settings_.budget_bytes;
   if (settings_.seq_range) return plan_and_confirm_tokens(profile, request);
   const std::optional<int64_t> user_bound = request.max_micro_batch;
-  auto bounded = [&](int64_t b) { return user_bound ? std::min(*user_bound, b) : b; };
+  // The search's own bound on the plan (the user's when that is lower), and what set it.
+  auto bound_by = [&](int64_t b, const std::string& set_by) {
+    const bool users = user_bound && *user_bound <= b;
+    request.max_micro_batch = users ? *user_bound : b;
+    request.max_micro_batch_set_by = users ? std::string() : set_by;
+  };
+  const std::string largest_ran = "the largest window that ran within the budget";
   // Climbing runs at most two windows past the first confirmation while none failed: each climb
   // costs a window at the largest size. After a failure the windows bisect toward the line's
   // largest instead. Six windows in all is the most any plan spends here.
@@ -411,7 +418,7 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
                               settings_.device_name + " in " + std::to_string(windows) + " tries; raise " +
                               option_name("--memory-budget"));
       }
-      request.max_micro_batch = bounded(fits);
+      bound_by(fits, largest_ran);
       continue;
     } else {
       // The plan's largest allowed size: a window there covers every window of the plan.
@@ -445,7 +452,7 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
           format_bytes(refit.predict_window_peak_bytes(whole ? std::vector<int64_t>{next} : std::vector<int64_t>{next, next})) +
           "), fits");
       if (!whole) fits = std::max(fits, next);
-      if (failed && kind == "climb") request.max_micro_batch = bounded(fits);  // the bound a failure set, raised
+      if (failed && kind == "climb") bound_by(fits, largest_ran);  // the bound a failure set, raised
       continue;
     }
     say(kind + " b=" + std::to_string(next) + ": " +
@@ -465,7 +472,8 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
     int64_t bound = kind == "climb" ? fits
                     : measured_point || fits >= fails ? next - 1
                                                       : fits + (fails - fits) / 2;
-    request.max_micro_batch = bounded(std::max<int64_t>(1, std::min(bound, next - 1)));
+    bound_by(std::max<int64_t>(1, std::min(bound, next - 1)),
+             kind == "climb" ? largest_ran : "a window of " + std::to_string(next) + " that did not fit the budget");
   }
 }
 

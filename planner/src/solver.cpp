@@ -510,7 +510,8 @@ std::string sample_reason(const Plan& plan, const SampleBound& sb, const Evidenc
         << " of " << format_bytes(mem.usable_bytes) << " usable), so no accumulation is needed";
   } else {
     if (sb.user_bound) {
-      why << "--max-micro-batch bounds the microbatch at " << sb.m_max << " (memory alone would allow " << sb.m_fit << ")";
+      why << (request.max_micro_batch_set_by.empty() ? std::string("--max-micro-batch") : request.max_micro_batch_set_by)
+          << " bounds the microbatch at " << sb.m_max << " (memory alone would allow " << sb.m_fit << ")";
     } else if (sb.m_fit > T) {
       why << "Microbatches are capped at " << sb.m_max;
     } else if (ev.measured_max >= sb.m_fit && ev.measured_max > sb.m_line) {

@@ -470,6 +470,13 @@ TEST_CASE("Solver: a window covers a plan when its first and later microbatches 
   const Plan plan = make_plan(p, r);
   CHECK(plan.microbatch_sizes == std::vector<int64_t>{50, 50});
   CHECK(plan.confirmed);
+  // Bounded by a window the search ran, not by the user: the reason says which.
+  PlanRequest bounded = r;
+  bounded.max_micro_batch = 40;
+  CHECK_THAT(make_plan(p, bounded).reason, Catch::StartsWith("--max-micro-batch bounds the microbatch at 40"));
+  bounded.max_micro_batch_set_by = "a window of 45 that did not fit the budget";
+  CHECK_THAT(make_plan(p, bounded).reason,
+             Catch::StartsWith("a window of 45 that did not fit the budget bounds the microbatch at 40"));
   // Its own window measured: the prediction is what it measured, below the line or above it.
   CHECK(plan.memory.predicted_peak_bytes == at_50);
   p.trials.back().peak_bytes = at_50 - 3 * MiB;  // the line over-predicts a window that ran

@@ -73,7 +73,10 @@ struct PlanRequest {
   BudgetSpec budget;                      // unset: the profile device's total bytes
   HeadroomSpec headroom;                  // the margin kept free below the budget
   std::optional<int64_t> multiple_of;     // every microbatch a multiple of this
-  std::optional<int64_t> max_micro_batch; // user bound, e.g. from a failed step
+  std::optional<int64_t> max_micro_batch; // the largest microbatch allowed
+  // What set max_micro_batch, as the plan's reason says it ("a window of 709 that did not fit the
+  // budget"); empty: the user (--max-micro-batch).
+  std::string max_micro_batch_set_by;
   std::string split = "balanced";         // balanced | uniform
   bool use_timing = false;                // opt-in: may pick a larger k when predicted >= 10% faster
   // Variable-length data: the longest sequence to plan the token budget for (default: the
