@@ -24,6 +24,7 @@ def main():
     assert st.normalization == "tokens" and st.microbatch_sizes == [3, 2], st
     torch.save(params_of(model), os.path.join(out_dir, "rank%d.pt" % rank))
     torch.save(st.units, os.path.join(out_dir, "rank%d-units.pt" % rank))
+    dist.barrier()  # both ranks done before either tears the group down: a teardown racing the peer's can abort
     dist.destroy_process_group()
 
 

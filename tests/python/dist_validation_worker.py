@@ -100,6 +100,7 @@ def main():
         assert stats.stepped and stats.samples == count, stats
         shares.append(stats.local_samples)
     torch.save({"params": params_of(model), "shares": shares}, os.path.join(out_dir, "rank%d-tokens.pt" % rank))
+    dist.barrier()  # both ranks done before either tears the group down: a teardown racing the peer's can abort
     dist.destroy_process_group()
 
 

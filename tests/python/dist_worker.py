@@ -59,6 +59,7 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
     torch.save(params_of(ddp.module), os.path.join(out_dir, "rank%d-split.pt" % rank))
+    dist.barrier()  # both ranks done before either tears the group down: a teardown racing the peer's can abort
     dist.destroy_process_group()
 
 

@@ -70,6 +70,7 @@ def main():
     torch.save(params_of(model), os.path.join(out_dir, "rank%d-tokens.pt" % rank))
     with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
         json.dump({"units": units}, f)
+    dist.barrier()  # both ranks done before either tears the group down: a teardown racing the peer's can abort
     dist.destroy_process_group()
 
 
