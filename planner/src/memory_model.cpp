@@ -221,14 +221,18 @@ std::optional<int64_t> MemoryModel::predict_first_microbatch_peak_bytes(int64_t 
 }
 
 int64_t MemoryModel::predict_window_peak_bytes(const std::vector<int64_t>& sizes) const {
-  if (sizes.empty()) throw InternalError("predict_window_peak_bytes of an empty window");
+  return std::max(predict_microbatches_peak_bytes(sizes), optimizer_step_peak_bytes_);
+}
+
+int64_t MemoryModel::predict_microbatches_peak_bytes(const std::vector<int64_t>& sizes) const {
+  if (sizes.empty()) throw InternalError("predict_microbatches_peak_bytes of an empty window");
   // The first microbatch with no gradient resident, every later one with the window's gradients
   // resident: for 10,9,9,... that is max(first(10), steady(9)), which on builtin:tinylm is one
   // sample's activations (5% of its peak) below steady(10).
   const int64_t first = predict_first_microbatch_peak_bytes(sizes.front()).value_or(predict_peak_bytes(sizes.front()));
   int64_t peak = first;
   if (sizes.size() > 1) peak = std::max(peak, predict_peak_bytes(*std::max_element(sizes.begin() + 1, sizes.end())));
-  return std::max(peak, optimizer_step_peak_bytes_);
+  return peak;
 }
 
 bool MemoryModel::fits_in_one_microbatch(int64_t micro_batch, int64_t usable_bytes) const {

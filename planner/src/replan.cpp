@@ -145,6 +145,10 @@ Plan replan_below(const Plan& plan, int64_t failing_micro_batch, std::string* no
     set_window(next, split_samples(plan.per_rank_batch, bound, plan.split == "uniform" ? "uniform" : "balanced", unit), bound,
                unit);
     if (const auto peak = resplit_peak_bytes(plan, next.microbatch_sizes)) next.memory.predicted_peak_bytes = *peak;
+    if (next.sharding) {
+      // A smaller window: no rank peaks above the new prediction, none above what it would have.
+      for (int64_t& p : next.sharding->per_rank_peak_bytes) p = std::min(p, next.memory.predicted_peak_bytes);
+    }
     how << "re-split " << plan.per_rank_batch << " samples under max_micro_batch " << bound;
   }
   if (unit == 1 && plan.multiple_of.value_or(1) != 1) next.multiple_of.reset();

@@ -462,7 +462,30 @@ ojson sharding_json(const Sharding& s, bool in_plan) {
           {"per_rank_state_bytes", s.per_rank_state_bytes},
           {"measured_rank", s.measured_rank}};
   if (in_plan) j["unsharded_micro_batch"] = s.unsharded_micro_batch.value_or(0) > 0 ? ojson(*s.unsharded_micro_batch) : ojson(nullptr);
+  if (!s.other_ranks.empty()) {
+    ojson others = ojson::array();
+    for (const RankStepPeak& r : s.other_ranks) {
+      others.push_back(ojson{{"rank", r.rank}, {"optimizer_step_peak_bytes", r.optimizer_step_peak_bytes}, {"seconds", r.seconds}});
+    }
+    j["other_ranks"] = others;
+  }
+  if (in_plan && !s.per_rank_peak_bytes.empty()) j["per_rank_peak_bytes"] = s.per_rank_peak_bytes;
   return j;
+}
+
+// 1.11: each other share's measured rank, ascending, none the measured one.
+std::vector<RankStepPeak> other_ranks_from(const JsonField& f, const Sharding& s) {
+  std::vector<RankStepPeak> out;
+  if (!f.has("other_ranks")) return out;
+  for (const JsonField& r : f.at("other_ranks").items()) {
+    RankStepPeak p{r.i64("rank"), r.i64("optimizer_step_peak_bytes"), r.f64("seconds")};
+    if (p.rank < 0 || p.rank >= s.world_size || p.rank == s.measured_rank || (!out.empty() && p.rank <= out.back().rank)) {
+      throw SchemaError(r.path() + ".rank: " + std::to_string(p.rank) + " is not a rank in [0, " + std::to_string(s.world_size) +
+                        ") above the one before and other than measured_rank " + std::to_string(s.measured_rank));
+    }
+    out.push_back(p);
+  }
+  return out;
 }
 
 Sharding sharding_from(const JsonField& f, bool in_plan) {
@@ -487,9 +510,17 @@ Sharding sharding_from(const JsonField& f, bool in_plan) {
     throw SchemaError(f.path() + ".measured_rank: " + std::to_string(s.measured_rank) + " is not rank " +
                       std::to_string(largest) + ", the lowest rank of the largest share; the windows hold that one");
   }
+  s.other_ranks = other_ranks_from(f, s);
   if (in_plan) {
     s.unsharded_micro_batch = f.opt_i64("unsharded_micro_batch").value_or(0);
     if (*s.unsharded_micro_batch < 0) throw SchemaError(f.path() + ".unsharded_micro_batch: below 0");
+    if (f.has("per_rank_peak_bytes")) {
+      for (const JsonField& b : f.at("per_rank_peak_bytes").items()) s.per_rank_peak_bytes.push_back(b.as_int());
+      if (static_cast<int64_t>(s.per_rank_peak_bytes.size()) != s.world_size) {
+        throw SchemaError(f.path() + ".per_rank_peak_bytes: " + std::to_string(s.per_rank_peak_bytes.size()) +
+                          " peaks for world_size " + std::to_string(s.world_size) + " (one per rank)");
+      }
+    }
   }
   return s;
 }

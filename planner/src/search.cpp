@@ -12,6 +12,7 @@
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
 #include "accumplan/memory_model.h"
+#include "accumplan/sharding.h"
 #include "accumplan/terms.h"
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
@@ -97,8 +98,27 @@ WindowMeasurement Search::run(const std::vector<int64_t>& sizes, int64_t micro_b
 void Search::profile(Profile& p) {
   if (settings_.seq_range) {
     profile_tokens(p);
-    return;
+  } else {
+    profile_samples(p);
   }
+  profile_other_ranks(p);
+}
+
+void Search::profile_other_ranks(Profile& p) {
+  if (!p.sharding) return;
+  const int64_t seq_len = settings_.seq_range ? settings_.seq_range->min : 0;
+  for (const int64_t rank : ranks_to_measure(*p.sharding)) {
+    const std::optional<WindowMeasurement> m = runner_.run_rank_window(rank, {kPersistentWindowSamples}, seq_len, WindowBudget::Lifted);
+    if (!m) return;  // no other share held: per_rank_peaks takes the largest share's step for each
+    if (m->oom) continue;
+    p.sharding->other_ranks.push_back({rank, m->optimizer_step_peak_bytes, m->seconds});
+    say("rank " + std::to_string(rank) + "'s share of the optimizer state (" +
+        format_bytes(p.sharding->per_rank_state_bytes[static_cast<size_t>(rank)]) + "): optimizer step peak " +
+        format_bytes(m->optimizer_step_peak_bytes));
+  }
+}
+
+void Search::profile_samples(Profile& p) {
   std::set<int64_t> sizes;
   for (int64_t b : settings_.probe_sizes) {
     if (b < 1) throw InputError("probe sizes must be at least 1, got " + std::to_string(b));

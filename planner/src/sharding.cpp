@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <numeric>
 #include <string>
 
@@ -115,7 +117,36 @@ int64_t line_micro_batch(const Plan& plan, int64_t extra_bytes) {
   return std::min(plan.per_rank_batch, MemoryModel::line_largest_fitting(plan.fit, budget));
 }
 
-void state_sharding(Plan& plan) {
+std::vector<int64_t> ranks_to_measure(const Sharding& sharding) {
+  const std::vector<int64_t>& shares = sharding.per_rank_state_bytes;
+  const int64_t measured = shares.at(static_cast<size_t>(sharding.measured_rank));
+  std::map<int64_t, int64_t, std::greater<>> lowest_of;  // share -> its lowest rank, largest share first
+  for (size_t r = 0; r < shares.size(); ++r) {
+    if (shares[r] != measured) lowest_of.emplace(shares[r], static_cast<int64_t>(r));
+  }
+  std::vector<int64_t> ranks;
+  for (const auto& [share, rank] : lowest_of) {
+    if (ranks.size() == kMaxOtherRanksMeasured) break;
+    ranks.push_back(rank);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
+}
+
+std::vector<int64_t> per_rank_peaks(const Sharding& sharding, int64_t microbatches_peak_bytes, int64_t step_peak_bytes) {
+  const std::vector<int64_t>& shares = sharding.per_rank_state_bytes;
+  const int64_t measured = shares.at(static_cast<size_t>(sharding.measured_rank));
+  std::map<int64_t, int64_t> step_of = {{measured, step_peak_bytes}};  // share -> its measured step peak
+  for (const RankStepPeak& r : sharding.other_ranks) step_of[shares.at(static_cast<size_t>(r.rank))] = r.optimizer_step_peak_bytes;
+  std::vector<int64_t> peaks;
+  for (const int64_t share : shares) {
+    const int64_t step = step_of.lower_bound(share)->second;  // the smallest measured share at least this one
+    peaks.push_back(std::max(microbatches_peak_bytes - (measured - share), step));
+  }
+  return peaks;
+}
+
+void state_sharding(Plan& plan, int64_t microbatches_peak_bytes, int64_t step_peak_bytes) {
   Sharding s = *plan.profile.sharding;
   if (s.world_size != plan.world_size) {
     throw InputError("the profile's windows held the largest optimizer-state share of " + std::to_string(s.world_size) +
@@ -124,6 +155,13 @@ void state_sharding(Plan& plan) {
   }
   const int64_t freed = freed_state_bytes(s);
   s.unsharded_micro_batch = line_micro_batch(plan, freed);
+  s.per_rank_peak_bytes = per_rank_peaks(s, microbatches_peak_bytes, step_peak_bytes);
+  const int64_t largest = s.per_rank_state_bytes[static_cast<size_t>(s.measured_rank)];
+  for (size_t r = 0; r < s.per_rank_peak_bytes.size(); ++r) {
+    // The plan's prediction is the largest share's: its own ranks peak at it, no rank above it.
+    int64_t& peak = s.per_rank_peak_bytes[r];
+    peak = s.per_rank_state_bytes[r] == largest ? plan.memory.predicted_peak_bytes : std::min(peak, plan.memory.predicted_peak_bytes);
+  }
   plan.sharding = s;
   const int64_t share = s.per_rank_state_bytes[static_cast<size_t>(s.measured_rank)];
   plan.reason += " The optimizer state is sharded over " + std::to_string(s.world_size) +
@@ -132,6 +170,20 @@ void state_sharding(Plan& plan) {
                  format_bytes(freed) + " stays free on every rank; unsharded, the same line gives a microbatch of " +
                  (*s.unsharded_micro_batch > 0 ? std::to_string(*s.unsharded_micro_batch) : std::string("none (not one sample fits)")) +
                  ".";
+  const auto [low, high] = std::minmax_element(s.per_rank_peak_bytes.begin(), s.per_rank_peak_bytes.end());
+  if (*low < *high) {
+    plan.reason += " The ranks' peaks are predicted from " + format_bytes(*low) + " to " + format_bytes(*high) + " (" +
+                   (s.other_ranks.empty() ? std::string("no other share's optimizer step measured, each taken as the largest's")
+                                          : std::to_string(s.other_ranks.size()) + " other share(s)' optimizer step measured") +
+                   ").";
+  }
+}
+
+int64_t predicted_peak_of_rank(const Plan& plan, int64_t rank) {
+  if (!plan.sharding || rank < 0 || rank >= static_cast<int64_t>(plan.sharding->per_rank_peak_bytes.size())) {
+    return plan.memory.predicted_peak_bytes;
+  }
+  return plan.sharding->per_rank_peak_bytes[static_cast<size_t>(rank)];
 }
 
 std::optional<int64_t> sharding_gain(const Plan& unsharded, int64_t freed_bytes) {

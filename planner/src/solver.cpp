@@ -534,14 +534,35 @@ std::string sample_reason(const Plan& plan, const SampleBound& sb, const Evidenc
   return why.str();
 }
 
-// What a plan records of the profile it was solved from.
-void copy_provenance(Plan& plan, const Profile& profile) {
+// The highest peak after the microbatches (exchange and optimizer step) the profile's windows measured.
+int64_t profile_step_peak(const Profile& profile) {
+  int64_t peak = 0;
+  for (const auto& p : profile.points) peak = std::max(peak, p.optimizer_step_peak_bytes.value_or(0));
+  return peak;
+}
+
+// What a plan records of the profile it was solved from. `microbatches_peak_bytes`: the plan's
+// window's peak before its optimizer step, on the rank the windows held.
+void copy_provenance(Plan& plan, const Profile& profile, int64_t microbatches_peak_bytes) {
   plan.device = profile.device;
   plan.model = profile.model;
   plan.setup = profile.setup;
   plan.libtorch_version = profile.libtorch_version;
   plan.profile = profile;
-  if (profile.sharding) state_sharding(plan);  // the windows held the largest state share
+  // The windows held the largest state share; the other ranks hold less.
+  if (profile.sharding) state_sharding(plan, microbatches_peak_bytes, profile_step_peak(profile));
+}
+
+// A sample plan's microbatches' peak (its optimizer step's not included), by the rule
+// fill_sample_memory predicts the whole window by: a real run of the window, or of its head,
+// measured it where its peak lay above the step's.
+int64_t microbatches_peak(const Plan& plan, const MemoryModel& model, const Trial* ran) {
+  const int64_t line = model.predict_microbatches_peak_bytes(plan.microbatch_sizes);
+  if (!ran) return line;
+  const bool step_set_it = ran->peak_bytes <= model.optimizer_step_peak_bytes();
+  if (ran->window == plan.microbatch_sizes) return step_set_it ? std::min(line, ran->peak_bytes) : ran->peak_bytes;
+  if (ran->window == window_head(plan.microbatch_sizes) && !step_set_it) return std::max(line, ran->peak_bytes);
+  return line;
 }
 
 }  // namespace
@@ -580,7 +601,7 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   fill_sample_memory(plan, profile, model, mm, budget, ran);
   if (time) plan.timing = Timing{time->window_seconds(sizes), time->predict_seconds(plan.micro_batch)};
   plan.reason = sample_reason(plan, sb, ev, mm, k_min, timing_note, request);
-  copy_provenance(plan, profile);
+  copy_provenance(plan, profile, microbatches_peak(plan, model, ran));
   return plan;
 }
 
@@ -906,7 +927,7 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   if (ran) plan.confirmed_peak_bytes = ran->peak_bytes;
   fill_token_memory(plan, profile, model, ts, budget);
   plan.reason = token_reason(plan, model, request);
-  copy_provenance(plan, profile);
+  copy_provenance(plan, profile, plan.memory.predicted_peak_bytes);  // the whole window's: no less than its microbatches'
   return plan;
 }
 

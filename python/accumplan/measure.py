@@ -340,6 +340,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
         cfg["budget"] = budget
         cfg["exchange"] = request.world_size > 1  # every window makes a rank's gradient exchange
         runner = ModuleRunner(meter, model, measuring, inputs, target, cfg)
+        runner.shares = (view, sharding) if sharding else None
         guard.also_undo(runner.checkpointed.remove)  # nothing is wrapped before set_checkpointing
         request.budget_is_simulated = meter.simulated
 

@@ -18,6 +18,7 @@ from .batches import count_samples, input_tensors, map_inputs
 from .checkpointing import Checkpointed, block_costs, wrap_into
 from .errors import plan_error
 from .losses import count_units
+from .sharding import measuring_optimizer
 from .window import EvalBackend, EvalMode, TrainBackend, Window, is_oom, trainable_parameters, zero_grads
 
 # The persistent step's window, the C++ profiler's too (two samples: BatchNorm in training mode
@@ -72,6 +73,7 @@ class ModuleRunner(_core.WindowRunner):
         self.inputs, self.target, self.cfg = inputs, target, cfg
         self.budget = cfg["budget"]
         self.checkpointed = Checkpointed([])  # set_checkpointing's wrap; plan() removes it before returning
+        self.shares = None  # sharded state: (the optimizer's unsharded view, the core's sharding), for run_rank_window
 
     def data(self, n, seq_len=None):
         """A window's n samples (ragged data: each of exactly seq_len tokens) and their lengths."""
@@ -161,6 +163,28 @@ class ModuleRunner(_core.WindowRunner):
         if seq_len and self.cfg["lengths"] is None:
             raise plan_error("the search asked for sequences of %d tokens, but the data has fixed shapes" % seq_len)
         return self.measure(list(sizes), self._limit(budget), seq_len or None)
+
+    def run_rank_window(self, rank, sizes, seq_len, budget):
+        """Sharded state: a window whose optimizer holds rank `rank`'s share instead of the largest,
+        after one that lets it allocate that share's state; its peaks less the largest share's state,
+        resident meanwhile. None when the windows hold no share."""
+        if self.shares is None:
+            return None
+        view, sharding = self.shares
+        largest, held = self.optimizer, state_bytes(self.optimizer)
+        self.optimizer = measuring_optimizer(view, dict(sharding, measured_rank=rank))
+        try:
+            first = self.run_window(sizes, seq_len, budget)
+            m = first if first.oom else self.run_window(sizes, seq_len, budget)
+        finally:
+            self.optimizer = largest  # the rank's optimizer and its state dropped
+        if m is not first:
+            m.seconds += first.seconds
+            for k in ("peak_bytes", "first_microbatch_peak_bytes", "optimizer_step_peak_bytes", "max_peak_bytes"):
+                setattr(m, k, getattr(m, k) - held)
+            if m.steady_peak_bytes:
+                m.steady_peak_bytes -= held
+        return m
 
     def measure(self, sizes, limit, seq_len=None):
         """One window of these microbatch sizes (ragged data: sequences of exactly seq_len tokens)

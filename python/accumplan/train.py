@@ -260,8 +260,8 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
         if checkpointed is not None:
             checkpointed.remove()
         _stop_measuring(backend.meter, st)
-    if st.predicted_peak_bytes is None and not w.packed:
-        st.predicted_peak_bytes = plan.memory.get("predicted_peak_bytes")
+    if st.predicted_peak_bytes is None and not w.packed:  # this rank's: a sharded plan's ranks differ
+        st.predicted_peak_bytes = _core.predicted_peak_of_rank(plan._core, dist.get_rank(group) if world > 1 else 0)
     st.seconds = time.perf_counter() - t0
     return st
 

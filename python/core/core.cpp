@@ -75,6 +75,11 @@ class PyWindowRunner : public WindowRunner {
                                                  bool keep_outputs) override {
     PYBIND11_OVERRIDE(std::optional<EvalMeasurement>, WindowRunner, run_eval_window, sizes, seq_len, budget, keep_outputs);
   }
+  // Optional in Python: accumplan/runner.py holds another rank's share where the windows shard.
+  std::optional<WindowMeasurement> run_rank_window(int64_t rank, const std::vector<int64_t>& sizes, int64_t seq_len,
+                                                   WindowBudget budget) override {
+    PYBIND11_OVERRIDE(std::optional<WindowMeasurement>, WindowRunner, run_rank_window, rank, sizes, seq_len, budget);
+  }
   // accumplan/measure.py wraps the named modules (accumplan.checkpointing.apply_checkpointing).
   void set_checkpointing(const std::vector<std::string>& modules) override {
     PYBIND11_OVERRIDE(void, WindowRunner, set_checkpointing, modules);
@@ -446,6 +451,8 @@ void bind_search(py::module_& m) {
       .def("run_window", &WindowRunner::run_window, py::arg("sizes"), py::arg("seq_len"), py::arg("budget"))
       .def("run_eval_window", &WindowRunner::run_eval_window, py::arg("sizes"), py::arg("seq_len"), py::arg("budget"),
            py::arg("keep_outputs"))
+      .def("run_rank_window", &WindowRunner::run_rank_window, py::arg("rank"), py::arg("sizes"), py::arg("seq_len"),
+           py::arg("budget"))
       .def("set_checkpointing", &WindowRunner::set_checkpointing, py::arg("modules"));
   py::class_<SearchRequest>(m, "SearchRequest")
       .def(py::init<>())

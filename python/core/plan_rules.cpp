@@ -68,6 +68,8 @@ void bind_sharding(py::module_& m) {
         },
         py::arg("state_bytes_one_element"), py::arg("state_bytes_two_elements"),
         "(bytes per element, bytes per parameter) of the state one step left on parameters of one and two elements");
+  m.def("predicted_peak_of_rank", &predicted_peak_of_rank, py::arg("plan"), py::arg("rank"),
+        "the peak the plan predicts on this rank: a sharded plan's per_rank_peak_bytes, otherwise memory.predicted_peak_bytes");
   m.def("sharding_gain", [](const Plan& unsharded, int64_t freed_bytes) { return sharding_gain(unsharded, freed_bytes); },
         py::arg("unsharded"), py::arg("freed_bytes"),
         "the microbatch the unsharded plan's line gives with freed_bytes freed when larger than its own; None: no gain");

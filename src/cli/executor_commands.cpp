@@ -37,6 +37,7 @@
 #include "accumplan/json_io.h"
 #include "accumplan/memory_probe.h"
 #include "accumplan/schema.h"
+#include "accumplan/sharding.h"
 #include "accumplan/tensor_spec.h"
 #include "accumplan/units.h"
 #include "cli/commands.h"
@@ -413,7 +414,7 @@ void print_run_summary(const RunRecord& r, const Plan& final_plan, const Plan& p
               << format_bytes(plan.memory.predicted_peak_bytes) << " under the token budget)";
   } else if (r.measured_peak_bytes) {
     std::cerr << "; measured peak " << format_bytes(*r.measured_peak_bytes) << " vs predicted "
-              << format_bytes(plan.memory.predicted_peak_bytes);
+              << format_bytes(r.predicted_peak_bytes) << (plan.sharding ? " on rank " + std::to_string(r.rank) : std::string());
   }
   std::cerr << "; mean window " << format_seconds(r.mean_window_seconds.value_or(0.0));
   if (r.time_model && r.time_model->microbatches > 0) {
@@ -433,7 +434,7 @@ RunRecord run_record_base(const Prepared& p, const Communicator* comm, const Run
   r.sharding = comm ? "strided: rank r takes samples r, r+W, r+2W, ... of each global window" : "none";
   r.normalization = to_string(p.loss.normalization);
   r.amp = setup.amp;
-  r.predicted_peak_bytes = p.plan.memory.predicted_peak_bytes;
+  r.predicted_peak_bytes = predicted_peak_of_rank(p.plan, r.rank);  // a sharded plan's ranks differ
   r.budget_bytes = d.budget_bytes;
   r.host_data_bytes = d.host_data_bytes;
   r.probe = p.probe->name();

@@ -178,6 +178,33 @@ WindowMeasurement ProbeRunner::run_window(const std::vector<int64_t>& sizes, int
   return m;
 }
 
+std::optional<WindowMeasurement> ProbeRunner::run_rank_window(int64_t rank, const std::vector<int64_t>& sizes,
+                                                              int64_t seq_len, WindowBudget budget) {
+  if (!sharding_ || !optimizer_) return std::nullopt;
+  // The largest share's optimizer stays alive, its state resident and subtracted below; the
+  // rank's optimizer allocates its share in the first window, and the second is measured.
+  std::unique_ptr<torch::optim::Optimizer> largest = std::move(optimizer_);
+  optimizer_ = make_optimizer(options_.setup, owned_parameters(params_, owners_, rank));
+  WindowMeasurement m;
+  try {
+    m = run_window(sizes, seq_len, budget);
+    const double first_seconds = m.seconds;
+    if (!m.oom) m = run_window(sizes, seq_len, budget);
+    m.seconds += first_seconds;
+  } catch (...) {
+    optimizer_ = std::move(largest);
+    throw;
+  }
+  optimizer_ = std::move(largest);
+  if (!m.oom) {
+    for (int64_t* peak : {&m.peak_bytes, &m.first_microbatch_peak_bytes, &m.optimizer_step_peak_bytes, &m.max_peak_bytes}) {
+      *peak -= persistent_.optimizer_state_bytes;
+    }
+    if (m.steady_peak_bytes > 0) m.steady_peak_bytes -= persistent_.optimizer_state_bytes;
+  }
+  return m;
+}
+
 std::optional<EvalMeasurement> ProbeRunner::run_eval_window(const std::vector<int64_t>& sizes, int64_t seq_len,
                                                             WindowBudget budget, bool keep_outputs) {
   if (seq_len > 0) seq_len_ = seq_len;

@@ -118,6 +118,8 @@ class ProbeRunner final : public WindowRunner {
 
   // WindowRunner: the executor's window under the budget the search asks for, restored after.
   WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget) override;
+  std::optional<WindowMeasurement> run_rank_window(int64_t rank, const std::vector<int64_t>& sizes, int64_t seq_len,
+                                                   WindowBudget budget) override;
   // WindowRunner: an evaluation window (executor/evaluate.h, recovery off) with the weights and
   // optimizer state resident and the gradients freed.
   std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t seq_len,

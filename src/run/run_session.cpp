@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "accumplan/replan.h"
+#include "accumplan/sharding.h"
 
 namespace accumplan {
 namespace {
@@ -193,7 +194,7 @@ RunRecord RunSession::record(RunRecord r, const Plan& final_plan, bool replicas_
   r.measured_peak_bytes = device_peak(t.peak_bytes);
   // Host data is never on the device, so nothing is subtracted from the reserved peak.
   r.measured_reserved_peak_bytes = t.reserved_peak_bytes;
-  r.final_predicted_peak_bytes = final_plan.memory.predicted_peak_bytes;
+  r.final_predicted_peak_bytes = predicted_peak_of_rank(final_plan, comm_ ? comm_->rank() : 0);
   r.mean_window_seconds = t.windows > 0 ? t.seconds / static_cast<double>(t.windows) : 0.0;
   r.final_loss = last_loss_;
   r.loss_scale = executor_->loss_scale();

@@ -6,8 +6,9 @@ activations, and torchvision's shufflenet_v2_x0_5 at 32x32), Adam, W = 2 and 4, 
 and not: `accumplan --model m.pt --world-size W` plans under one CPU budget, then `accumplan run`
 trains the plan on W gloo processes under the same budget, --runs times, with one process spinning
 on every core. The truth is each rank's steady windows (2 to 4) in its run statistics
-(`window_series[].peak_bytes`), against the plan's predicted peak; a run that ran out of memory or
-failed is counted. It prints one row per case and, with --write, regenerates tests/bench/RANKS.md:
+(`window_series[].peak_bytes`), against the peak the plan predicts for that rank (its run statistics'
+`predicted_peak_bytes`: a sharded plan's `sharding.per_rank_peak_bytes`); a run that ran out of
+memory or failed is counted. It prints one row per case and, with --write, regenerates tests/bench/RANKS.md:
 
     build/venv/bin/python tests/bench/ranks_bench.py [--runs 3] [--write]
 
@@ -132,7 +133,8 @@ def main():
              "| rank runs out of memory or failed |", "|---|---|---|---|---|---|---|---|---|"] + rows
     text = ("# Plans for W ranks against `accumplan run` on W gloo ranks, the machine loaded\n\n"
             "`python tests/bench/ranks_bench.py --runs %d --write` (Adam, target batch %d, %d windows a run, one process "
-            "spinning on each of the %d cores). Each rank's steady windows (2 to %d) against the plan's predicted peak.\n\n"
+            "spinning on each of the %d cores). Each rank's steady windows (2 to %d) against the peak the plan predicts for "
+            "that rank (a sharded plan's `sharding.per_rank_peak_bytes`; the column shows the largest).\n\n"
             % (a.runs, TARGET, STEPS, os.cpu_count() or 1, STEPS)) + "\n".join(table) + "\n"
     print(text)
     if a.write:

@@ -18,6 +18,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/search.h"
+#include "accumplan/sharding.h"
 #include "accumplan/tensor_spec.h"
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
@@ -148,6 +149,45 @@ TEST_CASE("Search: probes 2 and 4 first, then plans a size a real window ran at 
   CHECK(trials.size() == d.windows.size());
   CHECK(std::count(d.limits.begin(), d.limits.end(), WindowBudget::Doubled) >= 1);
   CHECK(d.windows.size() <= 2 + 2 + 6);  // probes, at most two tail probes, at most six windows after
+}
+
+TEST_CASE("Search: a sharded profile measures each other share's step by a window holding it, once each",
+          "[search][sharding]") {
+  // Shares 40, 30, 30, 0 over four ranks: ranks 1 (30) and 3 (none) are measured, rank 2 has rank 1's share.
+  struct ShardedDevice final : WindowRunner {
+    FakeDevice d;
+    std::vector<int64_t> ranks_held;
+    WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t t, WindowBudget b) override {
+      return d.run_window(sizes, t, b);
+    }
+    std::optional<WindowMeasurement> run_rank_window(int64_t rank, const std::vector<int64_t>& sizes, int64_t t,
+                                                     WindowBudget b) override {
+      ranks_held.push_back(rank);
+      WindowMeasurement m = d.run_window(sizes, t, b);
+      m.optimizer_step_peak_bytes -= 1000 * (rank + 1);
+      return m;
+    }
+  } dev;
+  dev.d.budget = 64 * kMiB;
+  std::vector<Trial> trials;
+  Profile p = header(dev.d);
+  p.sharding = shard_state({{4, 3, 3, 1}}, {40, 30, 30, 0}, 4);
+  REQUIRE(ranks_to_measure(*p.sharding) == std::vector<int64_t>{1, 3});
+  Search(dev, settings_for(dev.d, true, 1024), trials).profile(p);
+  CHECK(dev.ranks_held == std::vector<int64_t>{1, 3});
+  REQUIRE(p.sharding->other_ranks.size() == 2);
+  CHECK(p.sharding->other_ranks[0].rank == 1);
+  CHECK(p.sharding->other_ranks[0].optimizer_step_peak_bytes == dev.d.weights + dev.d.grads - 2000);
+  CHECK(p.sharding->other_ranks[1].rank == 3);
+  CHECK(trials.size() == dev.d.windows.size() - 2);  // the ranks' windows are no trial the planner could count
+  // A runner that holds no other share measures none: every rank's step is taken as the largest's.
+  FakeDevice plain;
+  plain.budget = 64 * kMiB;
+  Profile q = header(plain);
+  q.sharding = shard_state({{4, 3, 3, 1}}, {40, 30, 30, 0}, 4);
+  std::vector<Trial> more;
+  Search(plain, settings_for(plain, true, 1024), more).profile(q);
+  CHECK(q.sharding->other_ranks.empty());
 }
 
 TEST_CASE("Search: a window of a second or more is announced with its estimate from the pace so far and the windows left",

@@ -41,6 +41,14 @@ Profile sharded_profile(int64_t world_size = 4) {
     if (pt.optimizer_step_peak_bytes) *pt.optimizer_step_peak_bytes -= freed;
   }
   for (Trial& t : p.trials) t.peak_bytes = t.fit ? t.peak_bytes - freed : 0;
+  // Each other share's step: lower by the state it does not hold, and by a step temporary
+  // (one copy of its state) smaller by as much again.
+  int64_t step = 0;
+  for (const ProfilePoint& pt : p.points) step = std::max(step, pt.optimizer_step_peak_bytes.value_or(0));
+  const int64_t largest = s.per_rank_state_bytes[static_cast<size_t>(s.measured_rank)];
+  for (const int64_t r : ranks_to_measure(s)) {
+    s.other_ranks.push_back({r, step - 2 * (largest - s.per_rank_state_bytes[static_cast<size_t>(r)]), 0.5});
+  }
   p.sharding = s;
   p.gradient_exchange = true;  // windows for two or more ranks make a rank's exchange
   return p;
@@ -126,6 +134,63 @@ TEST_CASE("Sharding: a sharded plan states the shares, the unsharded microbatch 
   CHECK_THROWS_WITH(make_plan(sharded_profile(4), r), Catch::Contains("--world-size 4"));
 }
 
+TEST_CASE("Sharding: the profile measures the lowest rank of each other share, the largest first, at most 8",
+          "[sharding]") {
+  Sharding s;
+  s.world_size = 6;
+  s.per_rank_state_bytes = {40, 30, 40, 10, 30, 0};
+  s.measured_rank = 0;
+  CHECK(ranks_to_measure(s) == std::vector<int64_t>{1, 3, 5});
+  s.world_size = 20;
+  s.per_rank_state_bytes.clear();
+  for (int64_t r = 0; r < 20; ++r) s.per_rank_state_bytes.push_back(r == 19 ? 1000 : r);
+  s.measured_rank = 19;
+  CHECK(ranks_to_measure(s) == std::vector<int64_t>{11, 12, 13, 14, 15, 16, 17, 18});
+  s.per_rank_state_bytes.assign(20, 7);  // one share: nothing else to measure
+  s.measured_rank = 0;
+  CHECK(ranks_to_measure(s).empty());
+}
+
+TEST_CASE("Sharding: each rank peaks at its microbatches less the state it lacks, or at its own step", "[sharding]") {
+  Sharding s;
+  s.world_size = 4;
+  s.per_rank_state_bytes = {100, 60, 20, 100};
+  s.measured_rank = 0;
+  s.other_ranks = {{1, 980, 0.1}};
+  // Rank 0 and 3: the step (1050) above the microbatches (1000). Rank 1: its measured step (980)
+  // above its microbatches (1000 - 40). Rank 2: no step of its own share measured, so the
+  // smallest measured share above it (rank 1's) stands for it, above 1000 - 80.
+  CHECK(per_rank_peaks(s, 1000, 1050) == std::vector<int64_t>{1050, 980, 980, 1050});
+  // Microbatches above every step: each rank lower by what its share is smaller by.
+  CHECK(per_rank_peaks(s, 2000, 1050) == std::vector<int64_t>{2000, 1960, 1920, 2000});
+  s.other_ranks.clear();  // none measured: every rank's step taken as the largest's
+  CHECK(per_rank_peaks(s, 1000, 1050) == std::vector<int64_t>{1050, 1050, 1050, 1050});
+}
+
+TEST_CASE("Sharding: a sharded plan predicts every rank's peak, the largest share's at the plan's", "[sharding]") {
+  const Plan plan = sharded_plan();
+  REQUIRE(plan.sharding);
+  const Sharding& s = *plan.sharding;
+  REQUIRE(s.per_rank_peak_bytes.size() == 4);
+  REQUIRE(s.other_ranks.size() == 3);
+  const int64_t largest = s.per_rank_state_bytes[static_cast<size_t>(s.measured_rank)];
+  for (size_t r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(s.per_rank_peak_bytes[r] <= plan.memory.predicted_peak_bytes);
+    if (s.per_rank_state_bytes[r] == largest) CHECK(s.per_rank_peak_bytes[r] == plan.memory.predicted_peak_bytes);
+    CHECK(predicted_peak_of_rank(plan, static_cast<int64_t>(r)) == s.per_rank_peak_bytes[r]);
+  }
+  // This plan's microbatches peak above every step: each rank lower by exactly what it lacks.
+  CHECK(plan.memory.predicted_peak_bytes - s.per_rank_peak_bytes[3] == largest - s.per_rank_state_bytes[3]);
+  CHECK_THAT(plan.reason, Catch::Contains("The ranks' peaks are predicted from") &&
+                              Catch::Contains("3 other share(s)' optimizer step measured"));
+  // An unsharded plan predicts the same peak for every rank.
+  PlanRequest r;
+  r.target_batch = 256;
+  const Plan whole = make_plan(read_profile_file(source_path("tests/golden/profile.json")), r);
+  CHECK(predicted_peak_of_rank(whole, 3) == whole.memory.predicted_peak_bytes);
+}
+
 TEST_CASE("Sharding: shard auto gains only when the freed state fits at least one more sample", "[sharding]") {
   PlanRequest r;
   r.target_batch = 1024;  // not reached in one microbatch: memory bounds it
@@ -165,7 +230,22 @@ TEST_CASE("Sharding: the reader refuses shares that do not describe the plan's r
   doc["sharding"]["world_size"] = 2;
   doc["sharding"]["per_rank_state_bytes"] = {10, 20};
   doc["sharding"]["measured_rank"] = 1;
+  doc["sharding"].erase("other_ranks");
+  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.per_rank_peak_bytes: 4 peaks for world_size 2 (one per rank)"));
+  doc["sharding"].erase("per_rank_peak_bytes");
   CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.world_size: 2 but the plan's world_size is 4"));
+  doc = good;  // other_ranks: ranks of the plan, ascending, not the measured one
+  doc["sharding"]["other_ranks"][0]["rank"] = 0;
+  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.other_ranks[0].rank: 0 is not a rank in [0, 4)"));
+  doc = good;
+  doc["sharding"]["other_ranks"][1]["rank"] = 1;
+  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.other_ranks[1].rank: 1 is not a rank"));
+  doc = good;  // a 1.10 plan has no per-rank peaks: every rank reads the plan's
+  doc["sharding"].erase("per_rank_peak_bytes");
+  doc["sharding"].erase("other_ranks");
+  doc["profile"]["sharding"].erase("other_ranks");
+  CHECK(plan_error(doc).empty());
+  CHECK(predicted_peak_of_rank(plan_from_json(doc), 2) == good["memory"]["predicted_peak_bytes"].get<int64_t>());
   doc = good;
   doc["sharding"]["per_rank_state_bytes"].erase(0);
   CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.per_rank_state_bytes: 3 shares for world_size 4"));

@@ -1,6 +1,7 @@
 """The gradient exchange planned: accumplan.plan for W ranks measures windows that make a rank's
 exchange (its flat buffers beside the gradients), and two gloo ranks training such a plan, whole and
-with a ZeroRedundancyOptimizer, peak at the prediction in every steady window, under the budget."""
+with a ZeroRedundancyOptimizer, each peak at its own rank's prediction in every steady window, under
+the budget."""
 import json
 import os
 import tempfile
@@ -53,9 +54,9 @@ class RehearsedExchange(unittest.TestCase):
                         msg = "%s rank %d window %d: %s (plan %s)" % (way, r, i, w, rec["sizes"])
                         self.assertEqual(w["oom"], 0, msg)
                         self.assertLessEqual(w["peak"], worker.BUDGET, msg)
+                        # Every rank at its own prediction: a sharded plan's ranks hold different shares.
                         self.assertLessEqual(w["peak"], w["predicted"] * 1.01, msg)
-                        if r == rec["measured_rank"]:
-                            self.assertGreaterEqual(w["peak"], w["predicted"] * 0.99, msg)
+                        self.assertGreaterEqual(w["peak"], w["predicted"] * 0.99, msg)
             for r in range(2):
                 with open(os.path.join(out, "rank%d-alone.json" % r)) as f:
                     refused = json.load(f)["refused"]

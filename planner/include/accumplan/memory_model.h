@@ -78,8 +78,10 @@ class MemoryModel {
   // The first microbatch of a window runs with no gradient resident: its own line, fitted to the
   // points' first_microbatch_peak_bytes (nullopt when a point lacks them).
   std::optional<int64_t> predict_first_microbatch_peak_bytes(int64_t micro_batch) const;
-  // The peak of a window of these microbatch sizes, in order, optimizer step included: the first
+  // The peak of a window of these microbatch sizes, in order, before its optimizer step: the first
   // follows the first-microbatch line when known, the others the steady line.
+  int64_t predict_microbatches_peak_bytes(const std::vector<int64_t>& sizes) const;
+  // The same window's peak, optimizer step included.
   int64_t predict_window_peak_bytes(const std::vector<int64_t>& sizes) const;
   bool fits_in_one_microbatch(int64_t micro_batch, int64_t usable_bytes) const;
 

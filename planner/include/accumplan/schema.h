@@ -55,8 +55,10 @@ inline constexpr int kSchemaMajor = 1;
 // state sharded over world_size ranks (ZeRO-1, accumplan/sharding.h). Absent: unsharded, as in 1.8.
 // 1.10: `profile.gradient_exchange`, true when the windows made a rank's gradient exchange; a plan
 // for two or more ranks is made only from such a profile.
-inline constexpr int kSchemaMinor = 10;
-const std::string& schema_version_string();  // "1.10"
+// 1.11: `sharding.other_ranks`, the optimizer step of each other share measured; a plan's
+// `sharding.per_rank_peak_bytes`, each rank's predicted peak.
+inline constexpr int kSchemaMinor = 11;
+const std::string& schema_version_string();  // "1.11"
 
 struct DeviceInfo {
   std::string type = "cpu";  // "cpu" or "cuda"
@@ -166,6 +168,14 @@ struct EvalProfile {
   std::vector<Trial> trials;  // kind "eval"
 };
 
+// 1.11: a window whose optimizer held another rank's share of the sharded state: the peak after
+// its microbatches (the exchange and optimizer.step()), that share's state resident.
+struct RankStepPeak {
+  int64_t rank = 0;
+  int64_t optimizer_step_peak_bytes = 0;
+  double seconds = 0;  // its windows' (one to allocate the share's state, one measured)
+};
+
 // 1.9: the optimizer state sharded over world_size ranks as ZeroRedundancyOptimizer partitions it
 // (accumplan/sharding.h). The windows held measured_rank's share, the largest.
 struct Sharding {
@@ -176,6 +186,10 @@ struct Sharding {
   // Plans only: the microbatch the plan's line gives with the whole state on every rank; 0: not
   // one sample fits unsharded (JSON null).
   std::optional<int64_t> unsharded_micro_batch;
+  // 1.11: the lowest rank of each other share the profile measured (sharding.h ranks_to_measure), rank order.
+  std::vector<RankStepPeak> other_ranks;
+  // 1.11, plans only: each rank's predicted peak, rank order (sharding.h per_rank_peaks); empty in older plans.
+  std::vector<int64_t> per_rank_peak_bytes;
 };
 
 struct Profile {

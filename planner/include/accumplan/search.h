@@ -10,7 +10,8 @@
 //   profile()           windows of two microbatches of b for the probe sizes (2, 4), then, while
 //                       the fit predicts more than 4x the largest size measured, one at half that
 //                       prediction (at most two); variable-length data: the (b, T) grid and
-//                       one window of the shortest length at the token budget's worth
+//                       one window of the shortest length at the token budget's worth; sharded
+//                       state: one window per other share holding it (run_rank_window)
 //   plan_and_confirm()  make_plan; a plan no real window covers is confirmed by a window at its
 //                       largest allowed size (bisecting below a failure), then climbs while the
 //                       refit predicts a larger size within the budget (at most two while none
@@ -92,6 +93,13 @@ class WindowRunner {
                                                          WindowBudget /*budget*/, bool /*keep_outputs*/) {
     return std::nullopt;
   }
+  // Sharded optimizer state: a window of `sizes` whose optimizer holds rank `rank`'s share instead
+  // of the largest, after one window that lets it allocate that state; its peaks as that rank holds
+  // them (the largest share's state not counted). nullopt: this runner holds no other share.
+  virtual std::optional<WindowMeasurement> run_rank_window(int64_t /*rank*/, const std::vector<int64_t>& /*sizes*/,
+                                                           int64_t /*seq_len*/, WindowBudget /*budget*/) {
+    return std::nullopt;
+  }
   // Applies activation checkpointing of these modules (candidate names, accumplan/checkpoint.h) to
   // every later window; empty: none. The default refuses any module: a TorchScript module's blocks
   // cannot be wrapped.
@@ -164,6 +172,9 @@ class Search {
   void extend_linear_tail(Profile& p, int64_t largest_scheduled,
                           const std::function<void(const WindowMeasurement&)>& record);
   void profile_tokens(Profile& p);
+  void profile_samples(Profile& p);
+  // Sharded state: each other share's optimizer step (ranks_to_measure) into p.sharding->other_ranks.
+  void profile_other_ranks(Profile& p);
   // One window of the shortest sequences planned for, the token budget's worth (`probe(b, T)`).
   void profile_short_sequences(const Profile& p, int64_t grid_shortest, const std::function<void(int64_t, int64_t)>& probe);
   // Windows (one sequence, a third and two thirds of the token budget) at the middle of the

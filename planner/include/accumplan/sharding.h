@@ -6,7 +6,9 @@
 // sharded plan run in one process that holds the whole weights and gradients but the optimizer
 // state of the rank with the largest share only, so every peak they measure is that rank's, the
 // worst; the other ranks hold less. A plan states the microbatch the same line gives without
-// sharding, and `shard="auto"` asks sharding_gain whether sharding is worth a search.
+// sharding, and `shard="auto"` asks sharding_gain whether sharding is worth a search. The other
+// ranks' peaks are the measured one's less the state they do not hold, or their own optimizer
+// step's, measured by a window holding their share (ranks_to_measure, per_rank_peaks).
 // What it is not: a collective, an optimizer or a measurement (python/accumplan/measure.py holds
 // the measuring optimizer; a ZeroRedundancyOptimizer trains the plan); gradient and parameter
 // sharding (ZeRO-2/3, FSDP) are not planned here.
@@ -57,10 +59,25 @@ int64_t freed_state_bytes(const Sharding& sharding);
 // 0 when not one sample fits.
 int64_t line_micro_batch(const Plan& plan, int64_t extra_bytes);
 
+// The ranks whose optimizer step the profile measures beside the measured rank's: the lowest rank
+// of each other share, the largest shares first, at most kMaxOtherRanksMeasured, rank order.
+inline constexpr size_t kMaxOtherRanksMeasured = 8;
+std::vector<int64_t> ranks_to_measure(const Sharding& sharding);
+
+// Each rank's predicted peak, rank order: the microbatches' peak less the state the rank does not
+// hold, or its optimizer step's peak, whichever is higher. A rank's step is the measured one of
+// the smallest share at least its own (sharding.other_ranks, or the measured rank's `step_peak_bytes`).
+std::vector<int64_t> per_rank_peaks(const Sharding& sharding, int64_t microbatches_peak_bytes, int64_t step_peak_bytes);
+
 // A plan made from a sharded profile: plan.sharding from the profile's, the unsharded
-// microbatch the same line gives with the whole state resident, and the reason's sentence.
+// microbatch the same line gives with the whole state resident, each rank's peak
+// (per_rank_peaks of the measured rank's microbatches and step), and the reason's sentence.
 // InputError when the plan's world size is not the profile's sharding's.
-void state_sharding(Plan& plan);
+void state_sharding(Plan& plan, int64_t microbatches_peak_bytes, int64_t step_peak_bytes);
+
+// The peak a plan predicts on `rank`: its sharding's per_rank_peak_bytes where it has them,
+// otherwise memory.predicted_peak_bytes (every rank holds the same).
+int64_t predicted_peak_of_rank(const Plan& plan, int64_t rank);
 
 // shard="auto": the microbatch `unsharded`'s line gives with `freed_bytes` freed, when larger than
 // the largest it allows (max_micro_batch); nullopt: sharding gains nothing.
