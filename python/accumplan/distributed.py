@@ -3,6 +3,7 @@ all-reduces, and the one gradient exchange.
 
 Public: ``all_reduce_gradients`` (re-exported by accumplan). Internal to the package:
 ``REHEARSAL`` (the exchange made alone, for planning windows), ``group_world_size``, ``is_ddp``,
+``ddp_bucket_bytes``,
 ``all_reduce_ints``, ``raise_if_a_rank_failed``, ``collective_device``, ``on_rank``. No rule is
 decided here (the core's window loop decides): every rank reports, every rank reads the same sums
 and raises the same error.
@@ -23,6 +24,17 @@ def group_world_size(group=None):
 
 def is_ddp(model):
     return isinstance(model, torch.nn.parallel.DistributedDataParallel)
+
+
+def ddp_bucket_bytes(model):
+    """What a DistributedDataParallel module's reducer holds from the moment it wraps the module: a
+    gradient bucket for every parameter it reduces (those that take a gradient, less the ones it
+    ignores), allocated whole; 0 for any other module."""
+    if not is_ddp(model):
+        return 0
+    ignored = getattr(model, "parameters_to_ignore", ())
+    return sum(p.numel() * p.element_size() for name, p in model.module.named_parameters()
+               if p.requires_grad and name not in ignored)
 
 
 class _Rehearsal:

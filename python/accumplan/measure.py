@@ -28,6 +28,7 @@ from ._args import (INT32_MAX, INT32_MIN, MAX_COUNT, callable_arg, choice_arg, d
                     module_arg, optimizer_arg, real_arg, shown_value)
 from .batches import as_inputs, check_lengths, count_samples, input_tensors, ragged_data, target_arg
 from .checkpointing import checkpoint_candidates
+from .distributed import ddp_bucket_bytes
 from .errors import oom_error, plan_error
 from .losses import LOSSES, check_class_target, causal_shift, units_rule
 from .meters import meter_for
@@ -329,7 +330,8 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     state = state_bytes(measuring)
     guard = RestoreGuard()  # Ctrl-C from here on cannot cut the put-back below in half
     try:
-        guard.protected(lambda: guard.hold(TrainingState(model, optimizer, device), meter_for(device, weights + state)))
+        held = weights + state + (ddp_bucket_bytes(model) if device.type == "cpu" else 0)  # a CUDA meter reads them all
+        guard.protected(lambda: guard.hold(TrainingState(model, optimizer, device), meter_for(device, held)))
         meter = guard.meter
         total = meter.total_bytes
         budget = None

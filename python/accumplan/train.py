@@ -31,8 +31,8 @@ from ._args import (INT32_MAX, INT32_MIN, callable_arg, choice_arg, documented_a
                     optimizer_arg)
 from .batches import (as_inputs, check_lengths, count_samples, pad_sequences, padding_mask,
                       ragged_data, slice_samples, target_arg, valid_token_counts)
-from .distributed import (all_reduce_gradients, all_reduce_ints, collective_device, group_world_size, is_ddp,
-                          on_rank, raise_if_a_rank_failed)
+from .distributed import (all_reduce_gradients, all_reduce_ints, collective_device, ddp_bucket_bytes, group_world_size,
+                          is_ddp, on_rank, raise_if_a_rank_failed)
 from .errors import OutOfMemoryAtOne
 from .losses import (LOSSES, causal_shift, count_units, loss_sum, model_labels, model_output, resolve_normalization,
                      takes_num_items, units_rule)
@@ -153,7 +153,8 @@ def _start_measuring(w, optimizer, measure_memory):
         return None
     if w.device.type not in ("cpu", "cuda"):
         raise ValueError("measure_memory reads cpu or cuda memory; the model is on %s" % w.device)
-    meter = meter_for(w.device, held_bytes(w.inner, optimizer))
+    ddp = ddp_bucket_bytes(w.model) if w.device.type == "cpu" else 0  # a CUDA meter reads every allocation
+    meter = meter_for(w.device, held_bytes(w.inner, optimizer) + ddp)
     meter.sync()
     meter.reset_peak()
     return meter

@@ -63,5 +63,26 @@ class RehearsedExchange(unittest.TestCase):
                 self.assertRegex(refused or "", r"^group: it holds 1 rank but the plan is for 2 \(the default group has 2\)")
 
 
+    def test_a_ddp_module_planned_and_trained_peaks_at_the_prediction_its_buckets_included(self):
+        # The truth is a probe installed before the model exists: it counts the reducer's buckets,
+        # which DDP allocates when it wraps the module, and shares nothing with the plan's figures.
+        import ddp_worker
+        with tempfile.TemporaryDirectory() as out:
+            for mode in ("plan", "train"):
+                codes, logs = run_two_gloo_ranks("ddp_worker.py", out, mode)
+                for r in range(2):
+                    self.assertEqual(codes[r], 0, "%s: rank %d failed (None: killed after %d s):\n%s"
+                                     % (mode, r, DIST_TIMEOUT_S, logs[r]))
+            for r in range(2):
+                with open(os.path.join(out, "rank%d-ddp.json" % r)) as f:
+                    rec = json.load(f)
+                for i, w in enumerate(rec["windows"][1:], 1):  # the first window makes the state
+                    msg = "rank %d window %d: %s (plan %s)" % (r, i, w, rec["sizes"])
+                    self.assertEqual(w["oom"], 0, msg)
+                    self.assertLessEqual(w["peak"], ddp_worker.BUDGET, msg)
+                    self.assertLessEqual(w["peak"], w["predicted"] * 1.01, msg)
+                    self.assertGreaterEqual(w["peak"], w["predicted"] * 0.99, msg)
+
+
 if __name__ == "__main__":
     unittest.main()
