@@ -182,8 +182,9 @@ def _forward_sum(w, mb_inputs, mb_target, n, mask=None, check_loss_fn=False, out
             return w.model(*args, num_items_in_batch=w.units) if pass_units else w.model(*args)
     ctx = torch.autocast(device_type=device.type, dtype=w.autocast) if w.autocast is not None else contextlib.nullcontext()
     with ctx:
-        with blamed("the model's forward on a microbatch of %d samples (inputs %s)"
-                    % (n, _specs(list(moved.values()) if isinstance(moved, dict) else moved))):
+        cut = ", each cut along dim 1 to the longest of its lengths=" if w.lengths is not None else ""
+        with blamed("the model's forward on a microbatch of %d samples (inputs %s%s)"
+                    % (n, _specs(list(moved.values()) if isinstance(moved, dict) else moved), cut)):
             out = call()
         if outputs is not None:
             outputs.append(out)

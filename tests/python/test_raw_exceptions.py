@@ -117,6 +117,15 @@ class UserCodeInAWindowIsOneLine(unittest.TestCase):
                               r"failed: RuntimeError: ", inputs=(x.double(),), target=y)
         self.assertIsInstance(e.__cause__, RuntimeError)
 
+    def test_lengths_for_inputs_without_a_sequence_dimension_are_named_when_the_forward_fails(self):
+        m = Module(lambda self, x: self.lin(x))
+        o = torch.optim.SGD(m.parameters(), lr=0.1)
+        x, y = data()
+        with self.assertRaisesRegex(accumplan.PlanError, r"^the model's forward on a microbatch of \d+ samples "
+                                    r"\(inputs float32\[\d+, 1\], each cut along dim 1 to the longest of its "
+                                    r"lengths=\) failed: "):
+            a_plan().train_window(m, o, (x,), y, lengths=[1] * 8)
+
     def test_an_output_that_does_not_require_grad_is_named(self):
         self.planned_with(lambda self, x: self.lin(x).detach(), r"^the loss does not require grad")
 
