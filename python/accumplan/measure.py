@@ -31,9 +31,9 @@ from .checkpointing import checkpoint_candidates
 from .distributed import ddp_bucket_bytes
 from .errors import oom_error, plan_error
 from .losses import LOSSES, check_class_target, causal_shift, units_rule
-from .meters import meter_for
+from .meters import meter_for, weight_bytes
 from .plans import Plan
-from .runner import PERSISTENT_WINDOW, ModuleRunner, nbytes, persistent_memory, state_bytes
+from .runner import PERSISTENT_WINDOW, ModuleRunner, persistent_memory, state_bytes
 from .sharding import header_record, measuring_optimizer, shard_arg, sharding_of, unsharded_view
 from .snapshot import RestoreGuard, TrainingState
 from .window import autocast_dtype, batch_dependent_layers, trainable_parameters, warn_batch_dependent
@@ -326,7 +326,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     warn_batch_dependent(batch_dependent_layers(model))
     sharding = sharding_of(view, model, request.world_size, device) if shard != "off" else None
     measuring = measuring_optimizer(view, sharding) if shard == "optimizer" else optimizer
-    weights = sum(nbytes(t) for t in list(model.parameters()) + list(model.buffers()))
+    weights = weight_bytes(model, view)  # a parameter the optimizer holds beside the model's is held too
     state = state_bytes(measuring)
     guard = RestoreGuard()  # Ctrl-C from here on cannot cut the put-back below in half
     try:

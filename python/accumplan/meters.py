@@ -105,15 +105,32 @@ class CudaMeter:
         self.limit(None)
 
 
-def held_bytes(model, optimizer=None):
-    """The bytes a window starts with that a meter installed now does not count: parameters,
-    buffers, gradients and the optimizer's state tensors."""
+def _weights(model, optimizer):
+    """The model's parameters and buffers, and the parameters its optimizer holds beside them."""
     tensors = list(model.parameters()) + list(model.buffers())
-    tensors += [p.grad for p in model.parameters() if p.grad is not None]
     if optimizer is not None:
-        tensors += [v for s in local_state(optimizer).values() for v in s.values() if isinstance(v, torch.Tensor)]
+        tensors += [p for g in optimizer.param_groups for p in g["params"]]
+    return tensors
+
+
+def _bytes_once(tensors):
     unique = {id(t): t for t in tensors}.values()  # tied weights count once
     return sum(t.numel() * t.element_size() for t in unique)
+
+
+def weight_bytes(model, optimizer=None):
+    """What every rank holds of weights: the model's parameters and buffers and any parameter its
+    optimizer holds that the model does not, each once."""
+    return _bytes_once(_weights(model, optimizer))
+
+
+def held_bytes(model, optimizer=None):
+    """The bytes a window starts with that a meter installed now does not count: weight_bytes,
+    gradients and the optimizer's state tensors."""
+    tensors = _weights(model, optimizer) + [p.grad for p in model.parameters() if p.grad is not None]
+    if optimizer is not None:
+        tensors += [v for s in local_state(optimizer).values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return _bytes_once(tensors)
 
 
 def meter_for(device, uncounted_bytes):
@@ -121,4 +138,4 @@ def meter_for(device, uncounted_bytes):
     return CpuMeter(uncounted_bytes) if device.type == "cpu" else CudaMeter(device)
 
 
-__all__ = ["CpuMeter", "CudaMeter", "held_bytes", "meter_for"]
+__all__ = ["CpuMeter", "CudaMeter", "held_bytes", "meter_for", "weight_bytes"]

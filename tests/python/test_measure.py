@@ -120,6 +120,18 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(plan.profile["setup"]["inputs"], ["float32[B,32]"])
         self.assertEqual(plan.profile["setup"]["target"], "int64[B]:10")
 
+    def test_a_parameter_the_optimizer_holds_beside_the_model_counts_with_the_weights(self):
+        foreign = torch.nn.Parameter(torch.zeros(64, 64))
+        opt = torch.optim.SGD(list(self.model.parameters()) + [foreign], lr=0.1)
+        model_bytes = sum(t.numel() * t.element_size() for t in list(self.model.parameters()) + list(self.model.buffers()))
+        plan = self.plan(optimizer=opt, target_batch=64)
+        self.assertEqual(plan.memory["weights_bytes"], model_bytes + 64 * 64 * 4)
+        x, y = self.x[:64], self.y[:64]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            st = plan.train_window(self.model, opt, (x,), y, measure_memory=True)
+        self.assertGreaterEqual(st.peak_bytes, model_bytes + 64 * 64 * 4)
+
     def test_planning_leaves_model_optimizer_and_rng_untouched(self):
         before = state_of(self.model, self.opt)
         self.plan()
