@@ -470,6 +470,34 @@ std::string choose_by_timing(const std::optional<TimeModel>& time, const PlanReq
   return buf;
 }
 
+// A microbatch's peak where real windows ran at sizes on both sides of it (or at it): the chord
+// between the nearest two, first microbatches or later ones; what the memory between two
+// measurements does, where the tail's line leans toward a farther window. nullopt: not bracketed.
+std::optional<int64_t> between_points(const Profile& profile, int64_t b, bool first) {
+  const ProfilePoint* lo = nullptr;
+  const ProfilePoint* hi = nullptr;
+  for (const ProfilePoint& p : profile.points) {
+    if (p.seq_len || (first && !p.first_microbatch_peak_bytes)) continue;
+    if (p.micro_batch <= b && (!lo || p.micro_batch > lo->micro_batch)) lo = &p;
+    if (p.micro_batch >= b && (!hi || p.micro_batch < hi->micro_batch)) hi = &p;
+  }
+  if (!lo || !hi) return std::nullopt;
+  const auto peak = [first](const ProfilePoint& p) { return static_cast<double>(first ? *p.first_microbatch_peak_bytes : p.peak_bytes); };
+  if (lo->micro_batch == hi->micro_batch) return static_cast<int64_t>(peak(*lo));
+  const double t = static_cast<double>(b - lo->micro_batch) / static_cast<double>(hi->micro_batch - lo->micro_batch);
+  return static_cast<int64_t>(std::ceil(peak(*lo) + t * (peak(*hi) - peak(*lo))));
+}
+
+// A sample plan's microbatches' peak, its optimizer step's not included: the chords between
+// measured windows where they bracket the window's sizes, the fit's lines otherwise.
+int64_t predicted_microbatches_peak(const Profile& profile, const MemoryModel& model, const std::vector<int64_t>& sizes) {
+  const std::optional<int64_t> first = between_points(profile, sizes.front(), true);
+  std::optional<int64_t> steady;
+  if (sizes.size() > 1) steady = between_points(profile, *std::max_element(sizes.begin() + 1, sizes.end()), false);
+  if (!first || (sizes.size() > 1 && !steady)) return model.predict_microbatches_peak_bytes(sizes);
+  return std::max(*first, steady.value_or(0));
+}
+
 // The breakdown of a sample plan's memory at its window, and its fit.
 void fill_sample_memory(Plan& plan, const Profile& profile, const MemoryModel& model, const MarginModel& mm,
                         int64_t budget, const Trial* ran) {
@@ -478,7 +506,8 @@ void fill_sample_memory(Plan& plan, const Profile& profile, const MemoryModel& m
   mem.margin = mm.describe(plan.micro_batch, plan.confirmed);
   mem.margin_bytes = mm.bytes_at(plan.micro_batch, plan.confirmed);
   mem.usable_bytes = budget - mem.margin_bytes;
-  mem.predicted_peak_bytes = model.predict_window_peak_bytes(plan.microbatch_sizes);
+  mem.predicted_peak_bytes =
+      std::max(predicted_microbatches_peak(profile, model, plan.microbatch_sizes), model.optimizer_step_peak_bytes());
   // A plan never predicts less than a real run of its own window measured; a run of its whole
   // window measured what every such window holds, so that is the prediction.
   if (ran && ran->window == plan.microbatch_sizes) {
@@ -556,8 +585,8 @@ void copy_provenance(Plan& plan, const Profile& profile, int64_t microbatches_pe
 // A sample plan's microbatches' peak (its optimizer step's not included), by the rule
 // fill_sample_memory predicts the whole window by: a real run of the window, or of its head,
 // measured it where its peak lay above the step's.
-int64_t microbatches_peak(const Plan& plan, const MemoryModel& model, const Trial* ran) {
-  const int64_t line = model.predict_microbatches_peak_bytes(plan.microbatch_sizes);
+int64_t microbatches_peak(const Plan& plan, const Profile& profile, const MemoryModel& model, const Trial* ran) {
+  const int64_t line = predicted_microbatches_peak(profile, model, plan.microbatch_sizes);
   if (!ran) return line;
   const bool step_set_it = ran->peak_bytes <= model.optimizer_step_peak_bytes();
   if (ran->window == plan.microbatch_sizes) return step_set_it ? std::min(line, ran->peak_bytes) : ran->peak_bytes;
@@ -601,7 +630,7 @@ Plan make_plan(const Profile& profile, const PlanRequest& request) {
   fill_sample_memory(plan, profile, model, mm, budget, ran);
   if (time) plan.timing = Timing{time->window_seconds(sizes), time->predict_seconds(plan.micro_batch)};
   plan.reason = sample_reason(plan, sb, ev, mm, k_min, timing_note, request);
-  copy_provenance(plan, profile, microbatches_peak(plan, model, ran));
+  copy_provenance(plan, profile, microbatches_peak(plan, profile, model, ran));
   return plan;
 }
 

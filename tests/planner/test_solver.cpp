@@ -2,6 +2,7 @@
 // Profiles here are exact lines (test_helpers.h), so every expected number is computed by hand.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <numeric>
@@ -588,4 +589,28 @@ TEST_CASE("Solver: the reason states the margin once, at the planned microbatch,
   CHECK_THAT(plan.reason, Catch::Contains("at " + std::to_string(plan.micro_batch) + " the margin kept free is " +
                                           format_bytes(plan.memory.margin_bytes)));
   CHECK_THAT(plan.reason, !Catch::Contains("less a margin of"));
+}
+
+TEST_CASE("Solver: a window between two measured sizes is predicted on their chord, not the tail's line", "[solver]") {
+  // shufflenet_v2_x0_5 at 32x32, Adam, its state sharded over two ranks: a window at 16 (over the
+  // budget) peaked a whole sample above the line through 8, 13, 14 and 15, steepening the fit;
+  // the run of [11, 11, 10] peaked on the chord between 8 and 13, to the byte.
+  Profile p = linear_profile(MiB, MiB, MiB);
+  p.points.clear();
+  const std::vector<std::array<int64_t, 3>> measured = {{2, 5705458, 4733618},  {4, 6125298, 5059350},
+                                                        {8, 6964978, 5828886},  {16, 9430770, 8071794},
+                                                        {13, 8014578, 6793202}, {14, 8224498, 6987122},
+                                                        {15, 8434418, 7181042}};
+  for (const auto& [b, steady, first] : measured) {
+    ProfilePoint pt;
+    pt.micro_batch = b;
+    pt.peak_bytes = steady;
+    pt.first_microbatch_peak_bytes = first;
+    pt.optimizer_step_peak_bytes = 6048422;
+    p.points.push_back(pt);
+  }
+  const Plan plan = make_plan(p, request(32, 8704 * 1024));
+  REQUIRE(plan.microbatch_sizes == std::vector<int64_t>{11, 11, 10});
+  CHECK(plan.memory.predicted_peak_bytes == 7594738);
+  CHECK(MemoryModel::fit(p).predict_window_peak_bytes(plan.microbatch_sizes) > 7594738 * 1.009);
 }
