@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ranks_bench.py — plans for W ranks against `accumplan run` on W gloo processes, the machine loaded.
+"""ranks_bench.py — plans for W ranks against `accumplan run` and `train_window` on W gloo processes, the machine loaded.
 
 What it is: for two models no test was tuned on (a wide MLP whose gradients outweigh a microbatch's
 activations, and torchvision's shufflenet_v2_x0_5 at 32x32), Adam, W = 2 and 4, the state sharded
@@ -8,7 +8,10 @@ trains the plan on W gloo processes under the same budget, --runs times, with on
 on every core. The truth is each rank's steady windows (2 to 4) in its run statistics
 (`window_series[].peak_bytes`), against the peak the plan predicts for that rank (its run statistics'
 `predicted_peak_bytes`: a sharded plan's `sharding.per_rank_peak_bytes`); a run that ran out of
-memory or failed is counted. It prints one row per case and, with --write, regenerates tests/bench/RANKS.md:
+memory or failed is counted. The same from Python (PY_CASES: tests/bench/ranks_worker.py, a DDP module and a
+ZeroRedundancyOptimizer among them, and the optimizer setups that break a naive share: a frozen layer
+in the optimizer, a foreign parameter, amsgrad groups). It prints one row per case and, with
+--write, regenerates tests/bench/RANKS.md:
 
     build/venv/bin/python tests/bench/ranks_bench.py [--runs 3] [--write]
 
@@ -31,10 +34,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MODELS = {  # name: (module, input spec, budget)
     "wide_mlp": (lambda: torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256),
                                              torch.nn.ReLU(), torch.nn.Linear(256, 10)), "float32[B,256]", "12MiB"),
-    "shufflenet": (lambda: torchvision.models.shufflenet_v2_x0_5(num_classes=10), "float32[B,3,32,32]", "48MiB"),
+    # 8704KiB binds: 2 ranks need three microbatches, 4 ranks two (unsharded).
+    "shufflenet": (lambda: torchvision.models.shufflenet_v2_x0_5(num_classes=10), "float32[B,3,32,32]", "8704KiB"),
 }
 TARGET = 64
 STEPS = 4
+
+
+def input_shape(name):
+    """A sample's shape from the model's input spec: "float32[B,3,32,32]" -> (3, 32, 32)."""
+    return tuple(int(d) for d in MODELS[name][1].split("[")[1].rstrip("]").split(",")[1:])
 
 
 def spin():
@@ -99,13 +108,66 @@ def case(binary, name, d, world, shard, runs):
             "others": [min(misses["others"], default=0), max(misses["others"], default=0)] if misses["others"] else None}
 
 
+PY_BUDGETS = {"wide_mlp": "14MiB", "shufflenet": "10MiB"}  # a DDP module's buckets hold another copy of the gradients
+PY_CASES = [(name, world, way, "plain") for name in MODELS for world in (2, 4) for way in ("whole", "zero", "ddp")] + \
+    [("wide_mlp", 2, "zero", setup) for setup in ("frozen", "foreign", "amsgrad")]
+
+
+def launch_python(d, world, args, timeout=600):
+    """Each rank's (exit code, last line of its log) of ranks_worker.py with these arguments on `world` gloo processes."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
+               OMP_NUM_THREADS="1")
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ranks_worker.py")
+    procs = [subprocess.Popen([sys.executable, worker, d] + [str(a) for a in args], cwd=os.path.dirname(worker),
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE) for r in range(world)]
+    out = []
+    for p in procs:
+        err = p.communicate(timeout=timeout)[1]
+        out.append((p.returncode, err.decode(errors="replace").strip().splitlines()[-1:] if p.returncode else []))
+    return out
+
+
+def python_case(d, name, world, way, setup, runs):
+    """accumplan.plan in every rank, then `runs` runs of train_window on the ranks (ranks_worker.py)."""
+    out = tempfile.mkdtemp(dir=d)
+    budget = PY_BUDGETS[name]
+    args = [name, way, setup, budget, TARGET, STEPS]
+    planned = launch_python(out, world, args + ["plan"])
+    if any(code for code, _ in planned):
+        return {"case": (name, world, way, setup), "error": next(err for code, err in planned if code)}
+    doc = json.load(open(os.path.join(out, "plan.json")))
+    misses, failed = {"measured": [], "others": []}, []
+    for run in range(runs):
+        for r, (code, err) in enumerate(launch_python(out, world, args + ["train", run])):
+            path = os.path.join(out, "rank%d-%d.json" % (r, run))
+            rec = json.load(open(path)) if code == 0 and os.path.exists(path) else None
+            if rec is None or any(w["oom"] for w in rec["windows"]) or any(w["peak"] > parse_budget(budget)
+                                                                            for w in rec["windows"]):
+                failed.append((run, r, code, err))
+                continue
+            for w in rec["windows"][1:]:
+                miss = (w["peak"] - w["predicted"]) / w["predicted"]
+                misses["measured" if r == rec["measured_rank"] else "others"].append(miss)
+    return {"case": (name, world, way, setup), "sizes": doc["microbatch_sizes"],
+            "predicted": doc["memory"]["predicted_peak_bytes"], "budget": budget, "runs": runs, "failed": failed,
+            "measured": [min(misses["measured"], default=0), max(misses["measured"], default=0)],
+            "others": [min(misses["others"]), max(misses["others"])] if misses["others"] else None}
+
+
+def parse_budget(text):
+    return int(text[:-3]) * {"KiB": 1024, "MiB": 1024 * 1024}[text[-3:]]  # "14MiB", "8704KiB"
+
+
 def row(c):
+    """One table row: the case's key columns, then budget, plan, predicted peak, the ranks' misses, the failures."""
+    keys = "".join(" %s |" % k for k in c["case"])
     if "error" in c:
-        return "| %s | %d | %s | planning refused: %s ||||||" % (*c["case"], c["error"])
+        return "|%s planning refused: %s ||||||" % (keys, c["error"])
     pct = lambda lo_hi: "%+.3f%% to %+.3f%%" % (100 * lo_hi[0], 100 * lo_hi[1])  # noqa: E731
-    return "| %s | %d | %s | %s | %s | %d | %s | %s | %d of %d |" % (
-        *c["case"], c["budget"], c["sizes"], c["predicted"], pct(c["measured"]),
-        pct(c["others"]) if c["others"] else "-", len(c["failed"]), c["runs"] * c["case"][1])
+    return "|%s %s | %s | %s | %s | %s | %d of %d |" % (
+        keys, c["budget"], c["sizes"], c["predicted"], pct(c["measured"]), pct(c["others"]) if c["others"] else "-",
+        len(c["failed"]), c["runs"] * c["case"][1])
 
 
 def main():
@@ -117,25 +179,34 @@ def main():
     spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(os.cpu_count() or 1)]
     for s in spinners:
         s.start()
-    rows = []
+    rows, py_rows = [], []
     try:
         with tempfile.TemporaryDirectory() as d:
             for name in MODELS:
                 for world in (2, 4):
                     for shard in ("off", "optimizer"):
-                        c = case(a.binary, name, d, world, shard, a.runs)
-                        rows.append(row(c))
+                        rows.append(row(case(a.binary, name, d, world, shard, a.runs)))
                         print(rows[-1], file=sys.stderr, flush=True)
+            for name, world, way, setup in PY_CASES:
+                py_rows.append(row(python_case(d, name, world, way, setup, a.runs)))
+                print(py_rows[-1], file=sys.stderr, flush=True)
     finally:
         for s in spinners:
             s.terminate()
-    table = ["| model | W | --shard | budget | plan | predicted peak | measured rank's steady windows | other ranks' "
-             "| rank runs out of memory or failed |", "|---|---|---|---|---|---|---|---|---|"] + rows
-    text = ("# Plans for W ranks against `accumplan run` on W gloo ranks, the machine loaded\n\n"
+    columns = "budget | plan | predicted peak | measured rank's steady windows | other ranks' | rank runs out of memory or failed |"
+    table = ["| model | W | --shard | " + columns, "|---|---|---|---|---|---|---|---|---|"] + rows
+    py_table = ["| model | W | way | optimizer setup | " + columns, "|---|---|---|---|---|---|---|---|---|---|"] + py_rows
+    text = ("# Plans for W ranks against `accumplan run` and `train_window` on W gloo ranks, the machine loaded\n\n"
             "`python tests/bench/ranks_bench.py --runs %d --write` (Adam, target batch %d, %d windows a run, one process "
             "spinning on each of the %d cores). Each rank's steady windows (2 to %d) against the peak the plan predicts for "
             "that rank (a sharded plan's `sharding.per_rank_peak_bytes`; the column shows the largest).\n\n"
             % (a.runs, TARGET, STEPS, os.cpu_count() or 1, STEPS)) + "\n".join(table) + "\n"
+    text += ("\n## From Python\n\n`accumplan.plan` of the module as it trains (a plain module, a DDP one, or AdamW in a "
+             "ZeroRedundancyOptimizer; frozen: a frozen layer in the optimizer, foreign: a parameter the model does not "
+             "hold, amsgrad: two groups, one with amsgrad) in every rank, then `train_window` on the ranks "
+             "(tests/bench/ranks_worker.py). The truth is the cpu-counting probe installed before the model exists, so it "
+             "counts what the process allocates, a DDP reducer's buckets included, and none of accumplan's figures; "
+             "a window over the budget counts as failed.\n\n") + "\n".join(py_table) + "\n"
     print(text)
     if a.write:
         with open(os.path.join(ROOT, "tests", "bench", "RANKS.md"), "w") as f:

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 import accumplan
-from accumplan import _probes
 from exchange_worker import TARGET, wide_model
+from helpers import probed_windows
 
 BUDGET = 4 * 1024 * 1024  # the reducer's buckets hold another copy of the gradients
 
@@ -47,15 +47,7 @@ def main():
     else:
         windows = [(x[s:s + TARGET][rank::world].clone(), y[s:s + TARGET][rank::world].clone())
                    for s in range(0, 4 * TARGET, TARGET)]
-        probe = _probes.CpuCountingProbe()  # everything from here on: the model, the reducer, the state
-        ddp, opt = wrapped()
-        plan = accumplan.load_plan(os.path.join(out_dir, "plan.json"))
-        peaks = []
-        for xs, ys in windows:
-            probe.reset_peak()
-            st = plan.train_window(ddp, opt, (xs,), ys, measure_memory=False)
-            peaks.append({"peak": probe.peak_bytes(), "predicted": st.predicted_peak_bytes, "oom": st.oom_recoveries})
-        probe.close()
+        peaks, plan = probed_windows(wrapped, os.path.join(out_dir, "plan.json"), windows)
         with open(os.path.join(out_dir, "rank%d-ddp.json" % rank), "w") as f:
             json.dump({"windows": peaks, "sizes": list(plan.microbatch_sizes)}, f)
     dist.barrier()  # both ranks done before either tears the group down: a teardown racing the peer's can abort

@@ -218,6 +218,27 @@ def run_two_gloo_ranks(worker_script, out, *args, world=2):
     return [None if killed[r] else p.returncode for r, p in enumerate(procs)], logs
 
 
+def probed_windows(build, plan_path, windows):
+    """(each window's {peak, predicted, oom}, the plan): the windows of the plan at plan_path trained
+    by train_window on what build() returns (module, optimizer), each peak read from the cpu-counting
+    probe installed before build() runs, so it counts all the process allocates (a DDP reducer's
+    buckets, an optimizer's own parameters) and none of accumplan's figures; `predicted` is the
+    plan's for this rank."""
+    from accumplan import _probes
+    probe = _probes.CpuCountingProbe()
+    try:
+        module, opt = build()
+        plan = accumplan.load_plan(plan_path)
+        rec = []
+        for xs, ys in windows:
+            probe.reset_peak()
+            st = plan.train_window(module, opt, (xs,), ys, measure_memory=False)
+            rec.append({"peak": probe.peak_bytes(), "predicted": st.predicted_peak_bytes, "oom": st.oom_recoveries})
+    finally:
+        probe.close()
+    return rec, plan
+
+
 def in_python_words(cli_message):
     """A message of the CLI as the core words it for a Python caller, for comparing the two:
     each --option by the core's own table (_core.option_name), advice to plan again as
