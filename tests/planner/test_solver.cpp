@@ -593,8 +593,8 @@ TEST_CASE("Solver: the reason states the margin once, at the planned microbatch,
 
 TEST_CASE("Solver: a window between two measured sizes is predicted on their chord, not the tail's line", "[solver]") {
   // shufflenet_v2_x0_5 at 32x32, Adam, its state sharded over two ranks: a window at 16 (over the
-  // budget) peaked a whole sample above the line through 8, 13, 14 and 15, steepening the fit;
-  // the run of [11, 11, 10] peaked on the chord between 8 and 13, to the byte.
+  // budget) peaked 996,352 bytes above the one at 15, where a sample had added about 210,000,
+  // steepening the fit; the run of [11, 11, 10] peaked on the chord between 8 and 13, to the byte.
   Profile p = linear_profile(MiB, MiB, MiB);
   p.points.clear();
   const std::vector<std::array<int64_t, 3>> measured = {{2, 5705458, 4733618},  {4, 6125298, 5059350},
