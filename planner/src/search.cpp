@@ -391,6 +391,19 @@ int64_t climb_size(const Profile& profile, const PlanRequest& request, const Pla
   return next != 0 ? next : whole_batch_candidate(profile, request, plan);
 }
 
+// The largest size of a window of two or more microbatches that ran within the budget (0: none),
+// and the smallest that did not (the largest int64 when none failed).
+std::pair<int64_t, int64_t> fits_and_fails(const Profile& profile) {
+  int64_t fits = 0;
+  int64_t fails = std::numeric_limits<int64_t>::max();
+  for (const auto& t : profile.trials) {
+    if (t.window.size() < 2) continue;
+    if (t.fit) fits = std::max(fits, t.micro_batch);
+    else fails = std::min(fails, t.micro_batch);
+  }
+  return {fits, fails};
+}
+
 }  // namespace
 
 Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
@@ -409,13 +422,7 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
   // largest instead. Six windows in all is the most any plan spends here.
   constexpr int kMaxClimbs = 2;
   constexpr int kMaxWindows = 6;
-  int64_t fits = 0;                                     // largest [b, b] window that ran within budget
-  int64_t fails = std::numeric_limits<int64_t>::max();  // smallest size that did not
-  for (const auto& t : profile.trials) {
-    if (t.window.size() < 2) continue;
-    if (t.fit) fits = std::max(fits, t.micro_batch);
-    else fails = std::min(fails, t.micro_batch);
-  }
+  auto [fits, fails] = fits_and_fails(profile);  // largest [b, b] that ran within the budget, smallest that did not
   int windows = 0, climbs = 0;
   bool failed = false, out_of_windows = false;
   for (;;) {

@@ -330,7 +330,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     state = state_bytes(measuring)
     guard = RestoreGuard()  # Ctrl-C from here on cannot cut the put-back below in half
     try:
-        held = weights + state + (ddp_bucket_bytes(model) if device.type == "cpu" else 0)  # a CUDA meter reads them all
+        held = weights + state + ddp_bucket_bytes(model)  # what the meter, started now, would not count
         guard.protected(lambda: guard.hold(TrainingState(model, optimizer, device), meter_for(device, held)))
         meter = guard.meter
         total = meter.total_bytes

@@ -134,7 +134,8 @@ def held_bytes(model, optimizer=None):
 
 
 def meter_for(device, uncounted_bytes):
-    """A CpuMeter (counting from now on, ``uncounted_bytes`` added) or a CudaMeter for ``device``."""
+    """A CpuMeter (counting from now on, ``uncounted_bytes`` added) or a CudaMeter for ``device``
+    (which reads every allocation, so it needs no uncounted bytes)."""
     return CpuMeter(uncounted_bytes) if device.type == "cpu" else CudaMeter(device)
 
 

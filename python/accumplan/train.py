@@ -153,8 +153,7 @@ def _start_measuring(w, optimizer, measure_memory):
         return None
     if w.device.type not in ("cpu", "cuda"):
         raise ValueError("measure_memory reads cpu or cuda memory; the model is on %s" % w.device)
-    ddp = ddp_bucket_bytes(w.model) if w.device.type == "cpu" else 0  # a CUDA meter reads every allocation
-    meter = meter_for(w.device, held_bytes(w.inner, optimizer) + ddp)
+    meter = meter_for(w.device, held_bytes(w.inner, optimizer) + ddp_bucket_bytes(w.model))
     meter.sync()
     meter.reset_peak()
     return meter
