@@ -111,10 +111,12 @@ void Search::profile_other_ranks(Profile& p) {
     const std::optional<WindowMeasurement> m = runner_.run_rank_window(rank, {kPersistentWindowSamples}, seq_len, WindowBudget::Lifted);
     if (!m) return;  // no other share held: per_rank_peaks takes the largest share's step for each
     if (m->oom) continue;
-    p.sharding->other_ranks.push_back({rank, m->optimizer_step_peak_bytes, m->seconds});
+    // The largest share's optimizer stayed alive beside the rank's: its state is not that rank's.
+    const int64_t step = m->optimizer_step_peak_bytes - p.persistent.optimizer_state_bytes;
+    p.sharding->other_ranks.push_back({rank, step, m->seconds});
     say("rank " + std::to_string(rank) + "'s share of the optimizer state (" +
         format_bytes(p.sharding->per_rank_state_bytes[static_cast<size_t>(rank)]) + "): optimizer step peak " +
-        format_bytes(m->optimizer_step_peak_bytes));
+        format_bytes(step));
   }
 }
 

@@ -165,13 +165,13 @@ class ModuleRunner(_core.WindowRunner):
         return self.measure(list(sizes), self._limit(budget), seq_len or None)
 
     def run_rank_window(self, rank, sizes, seq_len, budget):
-        """Sharded state: a window whose optimizer holds rank `rank`'s share instead of the largest,
-        after one that lets it allocate that share's state; its peaks less the largest share's state,
-        resident meanwhile. None when the windows hold no share."""
+        """Sharded state: a window whose optimizer holds rank `rank`'s share, after one that lets it
+        allocate that share's state; the largest share's optimizer stays alive beside it (the core's
+        search takes its state off). None when the windows hold no share."""
         if self.shares is None:
             return None
         view, sharding = self.shares
-        largest, held = self.optimizer, state_bytes(self.optimizer)
+        largest = self.optimizer
         self.optimizer = measuring_optimizer(view, dict(sharding, measured_rank=rank))
         try:
             first = self.run_window(sizes, seq_len, budget)
@@ -180,10 +180,6 @@ class ModuleRunner(_core.WindowRunner):
             self.optimizer = largest  # the rank's optimizer and its state dropped
         if m is not first:
             m.seconds += first.seconds
-            for k in ("peak_bytes", "first_microbatch_peak_bytes", "optimizer_step_peak_bytes", "max_peak_bytes"):
-                setattr(m, k, getattr(m, k) - held)
-            if m.steady_peak_bytes:
-                m.steady_peak_bytes -= held
         return m
 
     def measure(self, sizes, limit, seq_len=None):

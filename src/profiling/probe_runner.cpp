@@ -181,7 +181,7 @@ WindowMeasurement ProbeRunner::run_window(const std::vector<int64_t>& sizes, int
 std::optional<WindowMeasurement> ProbeRunner::run_rank_window(int64_t rank, const std::vector<int64_t>& sizes,
                                                               int64_t seq_len, WindowBudget budget) {
   if (!sharding_ || !optimizer_) return std::nullopt;
-  // The largest share's optimizer stays alive, its state resident and subtracted below; the
+  // The largest share's optimizer stays alive, its state resident (the search takes it off); the
   // rank's optimizer allocates its share in the first window, and the second is measured.
   std::unique_ptr<torch::optim::Optimizer> largest = std::move(optimizer_);
   optimizer_ = make_optimizer(options_.setup, owned_parameters(params_, owners_, rank));
@@ -196,12 +196,6 @@ std::optional<WindowMeasurement> ProbeRunner::run_rank_window(int64_t rank, cons
     throw;
   }
   optimizer_ = std::move(largest);
-  if (!m.oom) {
-    for (int64_t* peak : {&m.peak_bytes, &m.first_microbatch_peak_bytes, &m.optimizer_step_peak_bytes, &m.max_peak_bytes}) {
-      *peak -= persistent_.optimizer_state_bytes;
-    }
-    if (m.steady_peak_bytes > 0) m.steady_peak_bytes -= persistent_.optimizer_state_bytes;
-  }
   return m;
 }
 

@@ -93,9 +93,10 @@ class WindowRunner {
                                                          WindowBudget /*budget*/, bool /*keep_outputs*/) {
     return std::nullopt;
   }
-  // Sharded optimizer state: a window of `sizes` whose optimizer holds rank `rank`'s share instead
-  // of the largest, after one window that lets it allocate that state; its peaks as that rank holds
-  // them (the largest share's state not counted). nullopt: this runner holds no other share.
+  // Sharded optimizer state: a window of `sizes` whose optimizer holds rank `rank`'s share beside
+  // the largest share's, after one window that lets it allocate that state; its peaks as this
+  // process holds them, the largest share's state still resident (the search takes it off).
+  // nullopt: this runner holds no other share.
   virtual std::optional<WindowMeasurement> run_rank_window(int64_t /*rank*/, const std::vector<int64_t>& /*sizes*/,
                                                            int64_t /*seq_len*/, WindowBudget /*budget*/) {
     return std::nullopt;
