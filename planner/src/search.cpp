@@ -406,6 +406,18 @@ std::pair<int64_t, int64_t> fits_and_fails(const Profile& profile) {
   return {fits, fails};
 }
 
+// Whether a window of the plan's own head (its whole window when that is one microbatch) ran.
+bool own_window_ran(const Profile& profile, const Plan& plan) {
+  const std::vector<int64_t> head = window_head(plan.microbatch_sizes);
+  return std::any_of(profile.trials.begin(), profile.trials.end(),
+                     [&](const Trial& t) { return t.window == head && t.peak_bytes > 0; });
+}
+
+[[noreturn]] void no_window_fit(int64_t budget, const std::string& device, int windows) {
+  throw InfeasibleError("no window ran within the budget of " + format_bytes(budget) + " on " + device + " in " +
+                        std::to_string(windows) + " tries; raise " + option_name("--memory-budget"));
+}
+
 }  // namespace
 
 Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
@@ -426,27 +438,30 @@ Plan Search::plan_and_confirm(Profile& profile, PlanRequest request) {
   constexpr int kMaxWindows = 6;
   auto [fits, fails] = fits_and_fails(profile);  // largest [b, b] that ran within the budget, smallest that did not
   int windows = 0, climbs = 0;
-  bool failed = false, out_of_windows = false;
+  bool failed = false, out_of_windows = false, own_window_tried = false;
   for (;;) {
     Plan plan = make_plan(profile, request);
     int64_t next = 0;
     std::string kind;
     if (plan.confirmed) {
-      if (windows >= kMaxWindows || (!failed && climbs >= kMaxClimbs)) return plan;
-      next = climb_size(profile, request, plan, failed, fits, user_bound);
-      if (next == 0) return plan;
-      kind = "climb";
-      ++climbs;
+      const bool may_climb = windows < kMaxWindows && (failed || climbs < kMaxClimbs);
+      next = may_climb ? climb_size(profile, request, plan, failed, fits, user_bound) : 0;
+      kind = next != 0 ? "climb" : "confirm";
+      if (next != 0) {
+        ++climbs;
+      } else {
+        // Where only a larger window covers the plan's, its own runs once: the memory between two
+        // measured sizes can step, and what that window measures is then the prediction.
+        if (own_window_tried || own_window_ran(profile, plan)) return plan;
+        own_window_tried = true;
+        next = plan.micro_batch;
+      }
     } else if (windows >= kMaxWindows) {
       // Out of windows: the largest size that ran is the plan (unconfirmed if even that is not
       // covered, which the plan then says).
       if (out_of_windows) return plan;
       out_of_windows = true;
-      if (fits < 1) {
-        throw InfeasibleError("no window ran within the budget of " + format_bytes(plan.memory.budget_bytes) + " on " +
-                              settings_.device_name + " in " + std::to_string(windows) + " tries; raise " +
-                              option_name("--memory-budget"));
-      }
+      if (fits < 1) no_window_fit(plan.memory.budget_bytes, settings_.device_name, windows);
       bound_by(fits, largest_ran);
       continue;
     } else {

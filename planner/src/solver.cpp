@@ -275,10 +275,6 @@ const Trial* covering_trial(const Profile& profile, const std::vector<int64_t>& 
   return best;
 }
 
-std::vector<int64_t> window_head(const std::vector<int64_t>& sizes) {
-  return std::vector<int64_t>(sizes.begin(), sizes.begin() + (sizes.size() == 1 ? 1 : 2));
-}
-
 [[noreturn]] void infeasible(const MemoryModel& model, const MarginModel& mm, int64_t unit, int64_t budget) {
   const int64_t margin = mm.bytes_at(unit, false);
   const int64_t usable = budget - margin;
@@ -303,6 +299,10 @@ std::vector<int64_t> window_head(const std::vector<int64_t>& sizes) {
 }
 
 }  // namespace
+
+std::vector<int64_t> window_head(const std::vector<int64_t>& sizes) {
+  return std::vector<int64_t>(sizes.begin(), sizes.begin() + (sizes.size() == 1 ? 1 : 2));
+}
 
 std::vector<int64_t> balanced_split(int64_t total, int64_t parts, int64_t unit) {
   if (parts < 1 || unit < 1 || total % unit != 0 || total / unit < parts) {

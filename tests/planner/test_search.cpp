@@ -38,8 +38,10 @@ struct FakeDevice final : WindowRunner {
   int64_t floor = 0;  // a b-independent phase's peak (a gradient hook's copies): the peaks are at least this
   double seconds_per_sample = 1e-3;
 
-  int64_t first(int64_t b) const { return std::max(floor, weights + fixed + per_sample * b); }
-  int64_t steady(int64_t b) const { return std::max(floor, weights + grads + fixed + per_sample * b); }
+  int64_t step_at = 0, step_bytes = 0;  // an allocator's step: step_bytes more from b = step_at on
+  int64_t stepped(int64_t b) const { return step_at > 0 && b >= step_at ? step_bytes : 0; }
+  int64_t first(int64_t b) const { return std::max(floor, weights + fixed + per_sample * b + stepped(b)); }
+  int64_t steady(int64_t b) const { return std::max(floor, weights + grads + fixed + per_sample * b + stepped(b)); }
 
   WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t, WindowBudget limit) override {
     windows.push_back(sizes);
@@ -149,6 +151,26 @@ TEST_CASE("Search: probes 2 and 4 first, then plans a size a real window ran at 
   CHECK(trials.size() == d.windows.size());
   CHECK(std::count(d.limits.begin(), d.limits.end(), WindowBudget::Doubled) >= 1);
   CHECK(d.windows.size() <= 2 + 2 + 6);  // probes, at most two tail probes, at most six windows after
+}
+
+TEST_CASE("Search: a plan that only a larger window covers runs its own once, and predicts what it measured",
+          "[search]") {
+  // 1.5 MiB more from b = 14 on: the line between the windows measured below and above it leans
+  // under the truth at 16, the size a per-rank batch of 64 splits into below the largest that fits.
+  FakeDevice d;
+  d.step_at = 14;
+  d.step_bytes = 3 * kMiB / 2;
+  d.budget = 15 * kMiB;  // steady(b) fits up to b = 18
+  std::vector<Trial> trials;
+  Search search(d, settings_for(d, /*simulated=*/true, 64), trials);
+  Profile p = header(d);
+  search.profile(p);
+  p.trials = trials;
+  const Plan plan = search.plan_and_confirm(p, request_for(64));
+  REQUIRE(plan.microbatch_sizes == std::vector<int64_t>{16, 16, 16, 16});
+  CHECK(plan.confirmed);
+  CHECK(std::count(d.windows.begin(), d.windows.end(), std::vector<int64_t>{16, 16}) == 1);
+  CHECK(plan.memory.predicted_peak_bytes == d.steady(16));
 }
 
 TEST_CASE("Search: a sharded profile measures each other share's step by a window holding it, once each",

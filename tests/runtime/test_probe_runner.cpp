@@ -206,7 +206,8 @@ TEST_CASE("a confirm step that runs out of memory lowers the bound and confirms 
   CHECK(plan.max_micro_batch < first.max_micro_batch);
   // Bisected between the largest probe that fit and the failed size, then up from the size that
   // ran toward the failure (the allocator may have refused what the line allows): the plan is the
-  // largest window that ran, above that midpoint, in at most six windows.
+  // largest window that ran, above that midpoint, in at most six windows and then one of the plan's
+  // own head where only a larger window covered it.
   int64_t failed_confirms = 0, windows = 0, largest_ran = 0;
   for (const auto& t : plan.profile.trials) {
     if (t.kind != "confirm" && t.kind != "climb") continue;
@@ -215,7 +216,7 @@ TEST_CASE("a confirm step that runs out of memory lowers the bound and confirms 
     if (t.fit) largest_ran = std::max(largest_ran, t.micro_batch);
   }
   CHECK(failed_confirms == 1);
-  CHECK(windows <= 6);
+  CHECK(windows <= 7);
   CHECK(plan.max_micro_batch == largest_ran);
   CHECK(largest_ran > largest_probe + (first.max_micro_batch - largest_probe) / 2);
   // After the OOM memory went back to the baseline between windows: weights and optimizer state

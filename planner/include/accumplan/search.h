@@ -16,7 +16,8 @@
 //                       largest allowed size (bisecting below a failure), then climbs while the
 //                       refit predicts a larger size within the budget (at most two while none
 //                       failed; after a failure, bisecting up toward the line's largest below it
-//                       until within 3%), six windows in all
+//                       until within 3%), six windows in all; then, where only a larger window
+//                       covers the plan's, one window of the plan's own head
 // Every window is recorded as a Trial, judged against the budget here (the one rule: finished,
 // and its highest peak within the budget).
 // What it is not: an executor, a memory probe or torch-aware: it never allocates a tensor.

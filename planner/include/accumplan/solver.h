@@ -111,6 +111,10 @@ void set_window(Plan& plan, std::vector<int64_t> sizes, int64_t max_micro_batch,
 // what the profilers (C++ and Python) run a window of the one window loop under.
 Plan plan_for_window(const std::vector<int64_t>& sizes);
 
+// A window's first two microbatches (its one, when it has one): later ones are no larger, so a
+// real window of these sizes covers the whole window's microbatches.
+std::vector<int64_t> window_head(const std::vector<int64_t>& sizes);
+
 // The parts of a margin a size a real window ran at still keeps free: the run-to-run parts (the
 // allocator's fragmentation, a --headroom size, a --headroom fraction of the activations slope·b).
 // The fit's residual and auto's activation fraction are prediction and drop. The one rule for
