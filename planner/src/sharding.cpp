@@ -154,7 +154,10 @@ void state_sharding(Plan& plan, int64_t microbatches_peak_bytes, int64_t step_pe
                      option_name("--world-size") + " " + std::to_string(s.world_size));
   }
   const int64_t freed = freed_state_bytes(s);
-  s.unsharded_micro_batch = line_micro_batch(plan, freed);
+  // Unsharded, the optimizer step holds the whole state: where that alone passes the usable bytes,
+  // not one sample fits (what planning unsharded says), whatever the activations' line allows.
+  const bool step_fits = checked_add(step_peak_bytes, freed, "the unsharded step") <= plan.memory.usable_bytes;
+  s.unsharded_micro_batch = step_fits ? line_micro_batch(plan, freed) : 0;
   s.per_rank_peak_bytes = per_rank_peaks(s, microbatches_peak_bytes, step_peak_bytes);
   const int64_t largest = s.per_rank_state_bytes[static_cast<size_t>(s.measured_rank)];
   for (size_t r = 0; r < s.per_rank_peak_bytes.size(); ++r) {
@@ -168,7 +171,11 @@ void state_sharding(Plan& plan, int64_t microbatches_peak_bytes, int64_t step_pe
                  " ranks as ZeroRedundancyOptimizer partitions it: the windows held rank " + std::to_string(s.measured_rank) +
                  "'s share, the largest (" + format_bytes(share) + " of " + format_bytes(share + freed) + "), so " +
                  format_bytes(freed) + " stays free on every rank; unsharded, the same line gives a microbatch of " +
-                 (*s.unsharded_micro_batch > 0 ? std::to_string(*s.unsharded_micro_batch) : std::string("none (not one sample fits)")) +
+                 (*s.unsharded_micro_batch > 0 ? std::to_string(*s.unsharded_micro_batch)
+                  : step_fits ? std::string("none (not one sample fits)")
+                              : "none (the optimizer step alone, " + format_bytes(step_peak_bytes + freed) +
+                                    " with the whole state, passes the " + format_bytes(plan.memory.usable_bytes) +
+                                    " usable)") +
                  ".";
   const auto [low, high] = std::minmax_element(s.per_rank_peak_bytes.begin(), s.per_rank_peak_bytes.end());
   if (*low < *high) {

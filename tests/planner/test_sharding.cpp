@@ -72,6 +72,33 @@ std::string plan_error(const json& doc) {
 
 }  // namespace
 
+TEST_CASE("Sharding: where the whole state's optimizer step passes the budget, unsharded fits no sample, as planning "
+          "unsharded says", "[sharding]") {
+  // The step's temporaries raised above every microbatch's peak by the state the shards free, in
+  // the sharded windows and in the same windows unsharded.
+  Profile sharded = sharded_profile();
+  Profile whole = read_profile_file(source_path("tests/golden/profile.json"));
+  whole.gradient_exchange = true;
+  const int64_t freed = freed_state_bytes(*sharded.sharding);
+  int64_t highest = 0;
+  for (const ProfilePoint& pt : whole.points) highest = std::max(highest, pt.peak_bytes);
+  const int64_t step = highest + freed;  // the sharded step
+  for (Profile* p : {&sharded, &whole}) {
+    for (ProfilePoint& pt : p->points) pt.optimizer_step_peak_bytes = step + (p == &whole ? freed : 0);
+  }
+  for (RankStepPeak& r : sharded.sharding->other_ranks) r.optimizer_step_peak_bytes = step;
+  PlanRequest r;
+  r.target_batch = 4096;
+  r.world_size = 4;
+  r.budget.bytes = step + freed / 2;  // the sharded step fits; the unsharded one does not
+  const Plan plan = make_plan(sharded, r);
+  REQUIRE(plan.sharding);
+  CHECK(plan.sharding->unsharded_micro_batch.value_or(-1) == 0);
+  CHECK_THAT(plan.reason, Catch::Contains("unsharded, the same line gives a microbatch of none (the optimizer step alone"));
+  // The truth it states: the same windows with the whole state resident plan nothing.
+  CHECK_THROWS_AS(make_plan(whole, r), InfeasibleError);
+}
+
 TEST_CASE("Sharding: the partition is ZeroRedundancyOptimizer's, largest first to the rank with the fewest elements",
           "[sharding]") {
   // Sorted 30 (#1), 30 (#3), 20 (#2), 10 (#0): ranks 0, 1, 0, 1 in that order.
