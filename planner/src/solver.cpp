@@ -292,7 +292,11 @@ const Trial* covering_trial(const Profile& profile, const std::vector<int64_t>& 
   } else {
     s << "the smallest microbatch needs " << breakdown(model, unit);
   }
-  s << ". Raise " << option_name("--memory-budget") << " to at least " << format_bytes(need + margin) << ", lower "
+  // The floor, and what sets it: the higher of the smallest microbatch's peak and the step's, plus the margin.
+  const bool step_sets_it = model.optimizer_step_peak_bytes() >= model.predict_peak_bytes(unit);
+  s << ". Raise " << option_name("--memory-budget") << " to at least " << format_bytes(need + margin) << " ("
+    << (step_sets_it ? std::string("the optimizer step's peak") : "a microbatch of " + std::to_string(unit) + "'s peak")
+    << " " << format_bytes(need) << " + the margin " << format_bytes(margin) << "), lower "
     << option_name("--headroom") << ", or use an optimizer with less state (sgd keeps none, adam two copies "
        "of the weights)";
   throw InfeasibleError(s.str());

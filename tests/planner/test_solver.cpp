@@ -277,7 +277,8 @@ TEST_CASE("Solver: an infeasible budget shows the breakdown and the budget that 
   std::string msg = error_of(p, request(64, 150 * MiB));
   CHECK(msg.find("persistent memory alone is 200.0 MiB") != std::string::npos);
   CHECK(msg.find("weights 100.0 MiB") != std::string::npos);
-  CHECK(msg.find("Raise --memory-budget to at least 215.0 MiB") != std::string::npos);
+  CHECK(msg.find("Raise --memory-budget to at least 215.0 MiB (a microbatch of 1's peak 215.0 MiB + the margin") !=
+        std::string::npos);
   // Persistent fits but microbatch 1 does not.
   msg = error_of(p, request(64, 212 * MiB));
   CHECK(msg.find("the smallest microbatch needs weights 100.0 MiB + gradients 100.0 MiB + optimizer "
@@ -285,6 +286,12 @@ TEST_CASE("Solver: an infeasible budget shows the breakdown and the budget that 
   // The fixed part, which no smaller microbatch removes, is named with where it lies.
   CHECK(msg.find("10.0 MiB of those activations is fixed, whatever the microbatch") != std::string::npos);
   CHECK(msg.find("oneDNN's convolution backward") != std::string::npos);
+  // The optimizer step above every microbatch: the floor is the step's, said once, with what it is.
+  Profile stepping = p;
+  for (ProfilePoint& pt : stepping.points) pt.optimizer_step_peak_bytes = 300 * MiB;
+  msg = error_of(stepping, request(64, 250 * MiB));
+  CHECK(msg.find("the optimizer step peaks at 300.0 MiB. Raise --memory-budget to at least 300.0 MiB (the optimizer "
+                 "step's peak 300.0 MiB + the margin 0 B)") != std::string::npos);
 }
 
 TEST_CASE("Solver: target batch must be at least 1", "[solver][errors]") {
