@@ -556,10 +556,17 @@ std::string torchrun_export(const Plan& plan, const ExportOptions& options) {
     s << "# NOTE: accumplan run computes the optimizer's " << implementation
       << " as LibTorch's one implementation of the same update\n";
   }
-  s
-    << "torchrun --nnodes=1 --nproc_per_node=" << W << " --redirects=1 --tee=1 --no_python "
+  const std::string module = plan.model.python_class();
+  const std::string model = !module.empty() ? module + ".pt" : plan.model.path.empty() ? "MODEL.pt" : plan.model.path;
+  if (!module.empty()) {
+    s << "# NOTE: this plan was measured in Python on the module " << module << "; accumplan run trains a TorchScript "
+      << "file: save it as " << model << " (torch.jit.script(model).save(\"" << model << "\")). TorchScript can keep "
+      << "more activations than the module did, so plan that file (accumplan --model " << model
+      << ") for its own figures\n";
+  }
+  s << "torchrun --nnodes=1 --nproc_per_node=" << W << " --redirects=1 --tee=1 --no_python "
     << shell_quote(options.binary) << " run --plan " << shell_quote(options.plan_path) << " --model "
-    << shell_quote(plan.model.path.empty() ? "MODEL.pt" : plan.model.path) << "\n";
+    << shell_quote(model) << "\n";
   return s.str();
 }
 

@@ -217,7 +217,7 @@ def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, tr
         "schema": "accumplan.profile", "schema_version": _core.SCHEMA_VERSION,
         "device": {"type": device.type, "index": device.index or 0, "name": meter.device_name,
                    "total_bytes": budget if (budget is not None and meter.simulated) else meter.total_bytes},
-        "model": {"path": "python:" + type(model).__name__, "sha256": "",
+        "model": {"path": _core.PYTHON_MODEL_PREFIX + type(model).__name__, "sha256": "",
                   "parameter_count": sum(p.numel() for p in model.parameters()),
                   "batch_dependent_layers": batch_dependent_layers(model),
                   "hf_gradient_checkpointing": getattr(inner, "supports_gradient_checkpointing", False) is True

@@ -356,6 +356,7 @@ void bind_errors(py::module_& m) {
 void bind_constants(py::module_& m) {
   m.attr("PACKINGS") = py::tuple(py::cast(packing_names()));  // train_window(packing=), as run --packing
   m.attr("SCHEMA_VERSION") = schema_version_string();
+  m.attr("PYTHON_MODEL_PREFIX") = kPythonModelPrefix;  // a plan's model.path when measured in Python
   m.attr("PERSISTENT_WINDOW_SAMPLES") = kPersistentWindowSamples;
   m.attr("MAX_SAMPLES") = kMaxSamples;
   m.attr("INT32_MIN") = std::numeric_limits<int32_t>::min();

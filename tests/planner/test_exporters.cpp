@@ -201,6 +201,20 @@ TEST_CASE("Exporters: torchrun is a full command line with spellings 1.13 and 2.
   CHECK(text.find("--nproc-per-node") == std::string::npos);
 }
 
+TEST_CASE("Exporters: torchrun of a plan measured in Python names the TorchScript file to pass, and why",
+          "[export]") {
+  Plan plan = plan_for(256, 2, 60);
+  plan.model.path = std::string(kPythonModelPrefix) + "TinyLM";
+  const std::string text = export_plan(plan, "torchrun", nullptr, ExportOptions{"plan.json", "accumplan", false});
+  CHECK(body_without_comments(text) ==
+        "torchrun --nnodes=1 --nproc_per_node=2 --redirects=1 --tee=1 --no_python accumplan run --plan plan.json "
+        "--model TinyLM.pt\n");
+  CHECK_THAT(text, Catch::Contains("measured in Python on the module TinyLM") &&
+                       Catch::Contains("torch.jit.script(model).save(\"TinyLM.pt\")") &&
+                       Catch::Contains("accumplan --model TinyLM.pt"));
+  CHECK(text.find("python:") == std::string::npos);
+}
+
 TEST_CASE("Exporters: a uniform split predicted more than 25% slower is refused, naming even targets", "[export][errors]") {
   // 251 with m_max 36: the plan is 7 microbatches (36 x 6 + 35); 251 is prime, so the uniform
   // split is 251 x 1.

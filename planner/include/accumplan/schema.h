@@ -67,14 +67,23 @@ struct DeviceInfo {
   int64_t total_bytes = 0;   // device memory (CPU: the enforced budget, else machine memory)
 };
 
+// A model.path that names no file: the plan was measured in Python on the module of this class
+// ("python:TinyLM"), and carries no SHA-256.
+inline constexpr const char* kPythonModelPrefix = "python:";
+
 struct ModelInfo {
-  std::string path;
+  std::string path;          // the TorchScript file, or kPythonModelPrefix + the module's class name
   std::string sha256;        // of the model file's bytes; the executor checks it
   int64_t parameter_count = 0;
   std::vector<std::string> batch_dependent_layers;  // e.g. "layer1.0.bn1 (BatchNorm2d)"
   // 1.8, from accumplan.plan: whether the model is a transformers model (gradient_checkpointing_enable);
   // nullopt: not recorded (the CLI's TorchScript models, older plans).
   std::optional<bool> hf_gradient_checkpointing;
+  // The module's class name when the plan was measured in Python; "" for a file.
+  std::string python_class() const {
+    const std::string prefix = kPythonModelPrefix;
+    return path.compare(0, prefix.size(), prefix) == 0 ? path.substr(prefix.size()) : std::string();
+  }
 };
 
 // 1.6: one parameter group of the optimizer: its values as Setup's lr, hyperparameters and flags
