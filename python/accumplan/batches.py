@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import torch
 
 from . import _core
-from ._args import INT32_MAX, INT32_MIN, flag_arg, int_arg, lengths_arg, shown_value, tensor_arg
+from ._args import INT32_MAX, INT32_MIN, choice_arg, flag_arg, int_arg, lengths_arg, shown_value, tensor_arg
 
 
 def as_inputs(inputs):
@@ -213,6 +213,12 @@ def _is_ragged_list(inputs, target, packed):
     return packed or isinstance(target, list) or len({x.numel() for x in inputs}) > 1
 
 
+def is_next_token(target, loss):
+    """Whether ragged data trains on next-token targets made from its inputs: no target, and the
+    cross_entropy loss."""
+    return target is None and loss == "cross_entropy"
+
+
 def ragged_data(inputs, target, lengths, loss, ignore_index, packed=False):
     """A window's ragged data as (inputs padded along dim 1, target, lengths as a list), or None
     for fixed-shape data. Ragged data is a list of 1-D token tensors (targets: a list of per-token
@@ -232,7 +238,7 @@ def ragged_data(inputs, target, lengths, loss, ignore_index, packed=False):
         examples, _, lens = padded(inputs, None, ignore_index, False, ("inputs", "target"))
         return examples, None, lens.tolist()
     per_token = isinstance(target, (list, tuple))
-    next_token = target is None and loss == "cross_entropy"
+    next_token = is_next_token(target, loss)
     tokens, tgt, lens = padded(inputs, target if per_token else None, ignore_index, next_token, ("inputs", "target"))
     if not per_token and target is not None:
         tgt = target_arg(target)
@@ -260,16 +266,19 @@ def _vectors(tensors, name, integer):
     return list(tensors)
 
 
-def valid_token_counts(lengths, target=None, ignore_index=-100):
+def valid_token_counts(lengths, target=None, ignore_index=-100, loss="cross_entropy"):
     """Each sequence's valid tokens, a list of ints in data order (what ``token_windows`` takes),
-    the rule of the C++ executor (valid_tokens_per_sample): with an integer per-token target
-    [n, T] (``pad_sequences``), the positions whose target is not ``ignore_index`` (next-token
-    targets give length - 1; padding is ``ignore_index``); with ``target=None``, a float target
-    (mse values) or one target per sequence, the lengths themselves."""
+    the rule of the C++ executor (valid_tokens_per_sample) and of ``train_window``: with an integer
+    per-token target [n, T] (``pad_sequences``), the positions whose target is not ``ignore_index``
+    (next-token targets give length - 1; padding is ``ignore_index``); with ``target=None`` and
+    ``loss="cross_entropy"``, the next-token targets ``train_window`` makes (length - 1); with a
+    float target (mse values), one target per sequence, or ``target=None`` under another loss, the
+    lengths themselves."""
     lengths = lengths_arg(lengths, "lengths", minimum=0)
     ignore_index = int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
+    loss = choice_arg(loss, "loss", _core.LOSSES)
     if target is None:
-        return lengths
+        return [max(0, n - 1) for n in lengths] if is_next_token(target, loss) else lengths
     if not isinstance(target, torch.Tensor):
         raise ValueError("the target must be a tensor (the padded [n, T] target pad_sequences returns) or None, got %s"
                          % type(target).__name__)

@@ -282,8 +282,11 @@ class TokenWindows(unittest.TestCase):
         seqs = [torch.tensor([1, 2, 3]), torch.tensor([4]), torch.tensor([5, 6])]
         x, y, lengths = accumplan.pad_sequences(seqs, next_token=True)
         self.assertEqual(accumplan.valid_token_counts(lengths, y), [2, 0, 1])  # length - 1
-        self.assertEqual(accumplan.valid_token_counts(lengths), [3, 1, 2])
-        self.assertEqual(accumplan.valid_token_counts([3, 1, 2], None), [3, 1, 2])
+        # no target: the next-token targets train_window makes for cross_entropy, as y above
+        self.assertEqual(accumplan.valid_token_counts(lengths), [2, 0, 1])
+        self.assertEqual(accumplan.valid_token_counts([3, 1, 2], None, loss="mse"), [3, 1, 2])
+        with self.assertRaisesRegex(ValueError, r"^loss .*'bce'"):
+            accumplan.valid_token_counts(lengths, loss="bce")
         targets = [torch.tensor([0, -100, 1]), torch.tensor([-100]), torch.tensor([2, 3])]
         _, y, lengths = accumplan.pad_sequences(seqs, targets)
         self.assertEqual(accumplan.valid_token_counts(lengths, y), [2, 0, 2])
