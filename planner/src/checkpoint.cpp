@@ -294,7 +294,9 @@ Plan plan_stating_checkpointing(const Plan& plan, const CheckpointModel& model, 
   if (applied.blocks.empty()) return plan;
   Plan p = plan;
   const std::vector<CheckpointChoice> options = checkpoint_options(model, plan.per_rank_batch, plan.memory.usable_bytes);
-  const double window_seconds = model.predicted_window_seconds(applied, plan.microbatch_sizes);
+  // The plan's windows ran with `applied`: their timing, where fitted, is this window's one figure.
+  const double window_seconds =
+      plan.timing ? plan.timing->window_seconds : model.predicted_window_seconds(applied, plan.microbatch_sizes);
   p.checkpoint = checkpoint_field(plan, model, applied, window_seconds, options.front());
   p.reason = trade_sentence(*p.checkpoint, plan.max_micro_batch) + ". " + plan.reason;
   return p;

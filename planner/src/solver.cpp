@@ -917,8 +917,8 @@ std::string token_reason(const Plan& plan, const TokenMemoryModel& model, const 
       << " tokens, " << T << " samples per rank would need " << sizes.size() << " microbatches of at most " << m_max << ".";
   if (request.target_tokens) {
     why << " Each update is a window of consecutive sequences holding at least " << *request.target_tokens
-        << " valid tokens over all ranks (--target-tokens); at " << t_max << " tokens a sequence that is " << B
-        << " sequences.";
+        << " valid tokens over all ranks (--target-tokens); the sample fields size it as " << B << " sequences of "
+        << t_max << " tokens, the fewest that can hold it.";
   }
   return why.str();
 }
@@ -1014,9 +1014,15 @@ std::string describe_plan(const Plan& p) {
   const int64_t activations = m.predicted_peak_bytes - persistent;
   char line[256];
   std::ostringstream s;
-  s << "plan: target batch " << p.target_batch << " = " << p.world_size << " rank(s) x "
-    << p.per_rank_batch << " = " << p.accumulation_steps << " microbatch(es) [" << join_sizes(p.microbatch_sizes)
-    << "]\n";
+  if (p.tokens && p.tokens->target_tokens) {
+    // Windows by valid tokens: the sample fields are a sizing at the longest length, not the window.
+    s << "plan: windows of at least " << *p.tokens->target_tokens << " valid tokens over " << p.world_size
+      << " rank(s), packed under the token budget; at " << p.tokens->max_seq_len << " tokens a sequence, "
+      << p.target_batch << " sequences in microbatches of at most " << p.max_micro_batch << "\n";
+  } else {
+    s << "plan: target batch " << p.target_batch << " = " << p.world_size << " rank(s) x " << p.per_rank_batch << " = "
+      << p.accumulation_steps << " microbatch(es) [" << join_sizes(p.microbatch_sizes) << "]\n";
+  }
   std::snprintf(line, sizeof line, "  %-18s %12s\n", "budget", format_bytes(m.budget_bytes).c_str());
   s << line;
   std::snprintf(line, sizeof line, "  %-18s %12s  (%s %s: %s; usable %s)\n", "margin",
@@ -1045,7 +1051,7 @@ std::string describe_plan(const Plan& p) {
       << p.tokens->max_seq_len << " tokens; the longest that fits alone: " << p.tokens->longest_sequence_alone
       << "); windows are packed longest first\n";
   }
-  if (p.timing) {
+  if (p.timing && !p.checkpoint) {  // a checkpointed plan's line below states its window's time
     s << "  predicted window     " << format_seconds(p.timing->window_seconds) << "\n";
   }
   if (p.confirmed) {

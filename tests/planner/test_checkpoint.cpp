@@ -443,6 +443,10 @@ TEST_CASE("Checkpoint: a plan searched with every block checkpointed states it, 
   CHECK(p.checkpoint->without.micro_batch == 0);
   CHECK(p.micro_batch == all.micro_batch);
   CHECK(p.checkpoint->trials.size() == 1);
+  // One time for the window: the windows ran with the set applied, so their timing is its figure.
+  REQUIRE(all.timing);
+  CHECK(p.checkpoint->predicted_seconds_per_window == all.timing->window_seconds);
+  CHECK(describe_plan(p).find("predicted window") == std::string::npos);
   const Plan smaller = replan_below(p, p.micro_batch);  // solved again from its own profile, checkpointing kept
   REQUIRE(smaller.checkpoint);
   CHECK(smaller.checkpoint->rule == "all");

@@ -152,7 +152,12 @@ TEST_CASE("Token plan: --target-tokens sets the window at the longest length and
           s.world_size = 2;
           return s;
         }()).tokens->token_budget);
-  CHECK_THAT(plan.reason, Catch::Contains("at least 100000 valid tokens"));
+  CHECK_THAT(plan.reason, Catch::Contains("at least 100000 valid tokens") &&
+                              Catch::Contains("the sample fields size it as 98 sequences of 1024 tokens"));
+  // The summary leads with the window as it is: valid tokens, not a batch of sequences.
+  const std::string summary = describe_plan(plan);
+  CHECK(summary.rfind("plan: windows of at least 100000 valid tokens over 2 rank(s)", 0) == 0);
+  CHECK(summary.find("target batch") == std::string::npos);
   const Plan back = plan_from_json(nlohmann::json::parse(to_json(plan).dump()));
   REQUIRE(back.tokens.has_value());
   CHECK(back.tokens->target_tokens == 100000);
