@@ -126,6 +126,15 @@ PlanRequest request_for(int64_t target) {
   return r;
 }
 
+// The probe schedule on `d`, then the plan for `target` confirmed by its windows.
+Plan profiled_plan(FakeDevice& d, std::vector<Trial>& trials, bool simulated, int64_t target) {
+  Search search(d, settings_for(d, simulated, target), trials);
+  Profile p = header(d);
+  search.profile(p);
+  p.trials = trials;
+  return search.plan_and_confirm(p, request_for(target));
+}
+
 // The largest b whose [b, b] window fits the budget on the fake: steady(b) <= budget.
 int64_t true_max(const FakeDevice& d) { return (*d.budget - d.weights - d.grads - d.fixed) / d.per_sample; }
 
@@ -162,11 +171,7 @@ TEST_CASE("Search: a plan that only a larger window covers runs its own once, an
   d.step_bytes = 3 * kMiB / 2;
   d.budget = 15 * kMiB;  // steady(b) fits up to b = 18
   std::vector<Trial> trials;
-  Search search(d, settings_for(d, /*simulated=*/true, 64), trials);
-  Profile p = header(d);
-  search.profile(p);
-  p.trials = trials;
-  const Plan plan = search.plan_and_confirm(p, request_for(64));
+  const Plan plan = profiled_plan(d, trials, /*simulated=*/true, 64);
   REQUIRE(plan.microbatch_sizes == std::vector<int64_t>{16, 16, 16, 16});
   CHECK(plan.confirmed);
   CHECK(std::count(d.windows.begin(), d.windows.end(), std::vector<int64_t>{16, 16}) == 1);
@@ -277,11 +282,7 @@ TEST_CASE("Search: on a real (not simulated) budget no window runs past it", "[s
   FakeDevice d;
   d.budget = 64 * kMiB;
   std::vector<Trial> trials;
-  Search search(d, settings_for(d, /*simulated=*/false, 1024), trials);
-  Profile p = header(d);
-  search.profile(p);
-  p.trials = trials;
-  const Plan plan = search.plan_and_confirm(p, request_for(1024));
+  const Plan plan = profiled_plan(d, trials, /*simulated=*/false, 1024);
   CHECK(plan.max_micro_batch <= true_max(d));
   CHECK(std::all_of(d.limits.begin(), d.limits.end(), [](WindowBudget l) { return l == WindowBudget::Enforced; }));
 }
