@@ -1,7 +1,8 @@
 """ranks_worker.py — one rank of ranks_bench.py's Python rows: joins a gloo group from RANK/WORLD_SIZE/
 MASTER_ADDR/MASTER_PORT and, for one model and one way of training it on the group's ranks (a plain
 module or a DDP one with AdamW, or AdamW in a ZeroRedundancyOptimizer; `setup` adds a frozen layer
-in the optimizer, a parameter the model does not hold, or amsgrad groups):
+in the optimizer, a parameter the model does not hold, or amsgrad groups; "scripted" trains the
+TorchScript module the CLI runs):
 
   plan   accumplan.plan of the model as it will train, for the group's ranks, under the budget; rank
          0 saves it to OUT/plan.json
@@ -43,6 +44,8 @@ def build(name, way, setup):
     """(the module train_window is given, its optimizer) for this way and setup, seeded alike on every rank."""
     torch.manual_seed(0)
     model = MODELS[name][0]()
+    if setup == "scripted":
+        model = torch.jit.script(model)
     params = list(model.parameters())
     if setup == "frozen":  # a frozen layer whose parameters the optimizer still holds
         model = WithFrozen(model)
