@@ -337,10 +337,23 @@ def write_archive(path, pkl, records, version=b"3\n", prefix="archive", extra=No
 
 
 def build_fixtures(fix, skip_bomb=False):
+    """Writes every shared fixture into `fix`, in a fixed order from seeded generators."""
     import torch
     torch.manual_seed(SEED)
     g = torch.Generator().manual_seed(SEED)
     os.makedirs(fix, exist_ok=True)
+    build_base_fixtures(fix, g)
+    build_host_data_fixtures(g)
+    build_storage_fixtures(skip_bomb)
+    build_later_fixtures(g)
+
+    # python-side: a token-plan model
+    return True
+
+
+def build_base_fixtures(fix, g):
+    """The profile, the plans and stats the binary writes, an mlp batch, ragged tokens and a model file."""
+    import torch
     shutil.copy(os.path.join(ROOT, "examples/profiles/builtin-convnet-cpu.profile.json"), fx("profile.json"))
     run_quiet(plan_cmd("--out", fx("plan.json")), fix)
     run_quiet(main_cmd("--out", fx("mlp.plan.json")), fix)
@@ -358,7 +371,11 @@ def build_fixtures(fix, skip_bomb=False):
     m = torch.jit.script(torch.nn.Linear(64, 10))
     m.save(fx("linear.pt"))
 
-    # ---- class 3: host data ----
+
+def build_host_data_fixtures(g):
+    """Class 3's files: ragged data whose padding is huge, many views into one storage, odd length files."""
+    import torch
+
     def ragged(name, long_len, n_short, short_len=4, targets=None):
         ss = [torch.zeros(short_len, dtype=torch.long) for _ in range(n_short)]
         ss.insert(n_short // 2, torch.zeros(long_len, dtype=torch.long))
@@ -379,6 +396,11 @@ def build_fixtures(fix, skip_bomb=False):
     torch.save([[x[:] for _ in range(100000)][0:1][0].expand(100000, 64), torch.zeros(100000, dtype=torch.long)],
                fx("h_expand.pt"))                     # stride-0 input of 10^5 samples
     torch.save([torch.randn(4, 64), torch.randint(0, 10, (4,), generator=g)], fx("h_small.pt"))
+    build_seq_len_files()
+
+
+def build_seq_len_files():
+    """Class 3's --seq-len-file inputs: huge, many, over-long, non-integer, negative, empty and NUL lengths."""
     with open(fx("h_lens_huge.txt"), "w") as f:
         f.write("16\n2147483648\n")
     with open(fx("h_lens_max.txt"), "w") as f:
@@ -404,7 +426,17 @@ def build_fixtures(fix, skip_bomb=False):
     with open(fx("h_lens_u64.txt"), "w") as f:
         f.write("18446744073709551617\n")
 
-    # ---- class 4: storage records ----
+
+def build_storage_fixtures(skip_bomb):
+    """Class 4's files: crafted archives first, then the files that are no archive, then the zip bomb."""
+    build_storage_archives()
+    build_storage_non_archives()
+    if not skip_bomb:
+        build_zip_bomb()
+
+
+def build_storage_archives():
+    """Class 4's hand-crafted torch.save archives: short, missing or mismatched records and bad pickles."""
     fl = lambda n: bytes(4 * n)  # noqa: E731
     tgt = _T(_Stor("1", 16, "LongStorage"), 0, [16], [1])
     tgt_rec = bytes(8 * 16)
@@ -447,6 +479,11 @@ def build_fixtures(fix, skip_bomb=False):
     write_archive(fx("s_badversion.pt"), crafted_pickle([_T(s, 0, [16, 64], [64, 1]), tgt]),
                   {"0": fl(16 * 64), "1": tgt_rec}, version=b"99999999999999999999\n")
     write_archive(fx("s_notensor.pt"), crafted_pickle({"a": 1}), {})
+
+
+def build_storage_non_archives():
+    """Class 4's files that are no valid archive: no data.pkl, the legacy format, random bytes, empty, text, truncated."""
+    import torch
     with zipfile.ZipFile(fx("s_nodatapkl.pt"), "w") as z:
         z.writestr("archive/version", b"3\n")
     torch.save([torch.randn(16, 64), torch.randint(0, 10, (16,))], fx("s_legacy.pt"),
@@ -460,16 +497,28 @@ def build_fixtures(fix, skip_bomb=False):
     good = open(fx("mlp.batch.pt"), "rb").read()
     with open(fx("s_truncated_zip.pt"), "wb") as f:
         f.write(good[: len(good) // 2])
-    if not skip_bomb:
-        # a deflated data.pkl of 4.5 GiB of zeros (about 4.5 MiB on disk): inflating it is the attack
-        with zipfile.ZipFile(fx("s_bomb.pt"), "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
-            with z.open("archive/data.pkl", "w", force_zip64=True) as w:
-                chunk = bytes(64 << 20)
-                for _ in range(72):
-                    w.write(chunk)
-            z.writestr("archive/version", b"3\n")
 
-    # ---- class 5: accepted here, refused later ----
+
+def build_zip_bomb():
+    """Class 4's zip bomb: a deflated data.pkl of 4.5 GiB of zeros (about 4.5 MiB on disk); inflating it is the attack."""
+    with zipfile.ZipFile(fx("s_bomb.pt"), "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+        with z.open("archive/data.pkl", "w", force_zip64=True) as w:
+            chunk = bytes(64 << 20)
+            for _ in range(72):
+                w.write(chunk)
+        z.writestr("archive/version", b"3\n")
+
+
+def build_later_fixtures(g):
+    """Class 5's files: values a parser accepts but a later step refuses, flat data first, then ragged tokens."""
+    build_later_flat(g)
+    build_later_tokens(g)
+
+
+def build_later_flat(g):
+    """Class 5's flat data: targets out of range or of the wrong dtype or shape, odd inputs, odd containers."""
+    import torch
+
     def flat5(name, x, y):
         torch.save([x, y], fx(name))
     X = torch.randn(16, 64, generator=g)
@@ -494,6 +543,11 @@ def build_fixtures(fix, skip_bomb=False):
     torch.save(X, fx("l_tensor.pt"))
     torch.save([[X], [torch.zeros(16, dtype=torch.long)]], fx("l_nested.pt"))
 
+
+def build_later_tokens(g):
+    """Class 5's ragged token data: token ids or targets out of range, mixed dtypes, odd shapes, too long."""
+    import torch
+
     def rag5(name, seqs, targets):
         torch.save([seqs, targets], fx(name))
     S = [torch.randint(0, 1000, (n,), generator=g) for n in [5, 9, 12, 7]]
@@ -514,9 +568,6 @@ def build_fixtures(fix, skip_bomb=False):
     rag5("l_tok_long.pt", S + [torch.randint(0, 1000, (40,), generator=g)], None)  # 40 > tl plan's 16
     rag5("l_tok_nothing.pt", [], None)
     rag5("l_tok_notlist.pt", S[0], None)
-
-    # python-side: a token-plan model
-    return True
 
 
 # --------------------------------------------------------------------------------------------------
@@ -565,10 +616,21 @@ BAD_OTHER = {  # a second, bad option that makes the command refuse while a vali
 }
 
 
+OLD = b'{"pre-existing": "must stay byte-identical"}\n'  # an output a refusal must leave as it was
+
+
 def gen_outputs():
+    """Class 1: outputs that cannot be written, outputs onto inputs or onto each other, outputs kept."""
     cls = "outputs"
+    gen_outputs_per_option(cls)
+    gen_outputs_onto_inputs(cls)
+    gen_outputs_onto_each_other(cls)
+    gen_outputs_kept(cls)
+
+
+def gen_outputs_per_option(cls):
+    """Every output option into a missing, non-directory, unwritable or over-long place, and kept on a refusal."""
     root = os.geteuid() == 0
-    OLD = b'{"pre-existing": "must stay byte-identical"}\n'
     for sub, mk, opt in OUTPUT_OPTS:
         o = opt.lstrip("-")
         tag = "%s %s" % (sub, opt)
@@ -587,7 +649,9 @@ def gen_outputs():
             files={"ro.json": (OLD, 0o444)}, names=(o, "ro.json"), expect="refuse",
             skip="running as root: chmod 444 does not stop root" if root else None)
 
-    # output == input
+
+def gen_outputs_onto_inputs(cls):
+    """An output that is one of the command's inputs: the same name, through ./, sub/.., a symlink, a hard link."""
     prof = ("copy", "profile.json")
     plan = ("copy", "plan.json")
     mplan = ("copy", "mlp.plan.json")
@@ -636,7 +700,10 @@ def gen_outputs():
         if argv is None:
             continue
         add(cls, name, argv, files=files, names=names)
-    # two outputs on one file / both on stdout
+
+
+def gen_outputs_onto_each_other(cls):
+    """Two outputs on one file, or both on stdout."""
     pairs = [
         ("run --stats == --trace", run_cmd("--stats", "a.json", "--trace", "a.json")),
         ("run --save == --plan-out", run_cmd("--save", "a.json", "--plan-out", "a.json")),
@@ -657,7 +724,10 @@ def gen_outputs():
         if "symlink" in name:
             files["l.json"] = ("symlink", "a.json")
         add(cls, name, argv, files=files, names=("stats", "out", "trace", "save", "plan-out", "report", "stdout", "-"))
-    # pre-existing outputs with a second invalid output: neither written
+
+
+def gen_outputs_kept(cls):
+    """Pre-existing outputs with a second invalid output or a refused input: neither written."""
     for name, argv, keep in [
         ("run: --stats existing kept when --trace dir is missing", run_cmd("--stats", "old.json", "--trace", "nodir/t.json"), "old.json"),
         ("run: --plan-out existing kept when --save is a directory", run_cmd("--plan-out", "old.json", "--save", "adir"), "old.json"),
@@ -1230,7 +1300,17 @@ def py(name, code, expect="raise", names=(), files=None, allow=(), timeout=30):
 
 
 def gen_python():
-    # load_plan on hostile files
+    """Class 8: the Python API's readers, replanning, helpers and train_window on hostile arguments."""
+    gen_python_load_plan_files()
+    gen_python_load_plan_fields()
+    gen_python_replan()
+    gen_python_helpers()
+    gen_python_train_window()
+    gen_python_padding_and_save()
+
+
+def gen_python_load_plan_files():
+    """load_plan on hostile files, paths and arguments: bad encodings, deep nesting, devices, FIFOs, NULs."""
     mk = lambda b: {"f.json": b}  # noqa: E731
     py("load_plan non-UTF-8 bytes", "accumplan.load_plan('f.json')", files=mk(b'{"schema": "\xff\xfe"}'), names=("f.json", "UTF"))
     py("load_plan UTF-16 BOM", "accumplan.load_plan('f.json')", files=mk('{"a":1}'.encode("utf-16")), names=("f.json", "UTF"))
@@ -1261,6 +1341,11 @@ def gen_python():
     py("load_plan(dict, model=FIFO)", "os.mkfifo('m.fifo')\naccumplan.load_plan(doc(), model='m.fifo')", names=("m.fifo", "model"),
        timeout=10)
     py("load_plan(dict, model=directory)", "accumplan.load_plan(doc(), model='.')", names=("model", "directory", "'.'"))
+
+
+def gen_python_load_plan_fields():
+    """load_plan on plan files whose fields are out of range, of the wrong type, or inconsistent."""
+    mk = lambda b: {"f.json": b}  # noqa: E731
     for desc, raw in [("integer of 10^5 digits", b"1" * 100000), ("1e400", b"1e400"), ("NaN", b"NaN"), ("-Infinity", b"-Infinity"),
                       ("2^70", str(1 << 70).encode()), ("-1", b"-1"), ("8.0", b"8.0"), ("true", b"true")]:
         data = mutated("mlp.plan.json", ["target_batch"], "@@RAW@@").replace(b'"@@RAW@@"', raw)
@@ -1310,7 +1395,10 @@ def gen_python():
         set_path(d, path, value)
         py("load_plan token plan %s" % desc, "p = accumplan.load_plan('f.json')\np.pack([3, 5, 7])",
            files=mk(json.dumps(d).encode()), names=(path[-1], "f.json", "token"))
-    # replan_below
+
+
+def gen_python_replan():
+    """replan_below and repack_below with sizes that are no positive integer, or too large."""
     for desc, v in [("0", "0"), ("-1", "-1"), ("-2**70", "-2**70"), ("2**70", "2**70"), ("2**63", "2**63"),
                     ("1.5", "1.5"), ("nan", "float('nan')"), ("inf", "float('inf')"), ("'4'", "'4'"), ("None", "None"),
                     ("True", "True"), ("[4]", "[4]"), ("4.0", "4.0"), ("-inf", "float('-inf')")]:
@@ -1324,7 +1412,10 @@ def gen_python():
     py("repack_below('x', 5)", "tplan().repack_below('x', 5)", names=("failing_tokens", "token"))
     py("repack_below(2**70, 2**70)", "tplan().repack_below(2**70, 2**70)", names=("token", "longest"),
        allow=("OutOfMemoryAtOne",), expect="ok-or-raise")
-    # window_sizes / pack / helpers
+
+
+def gen_python_helpers():
+    """window_sizes, pack and the module's split and token helpers with hostile arguments."""
     for desc, v in [("0", "0"), ("-3", "-3"), ("2**70", "2**70"), ("'3'", "'3'"), ("3.5", "3.5"), ("None", "None")]:
         py("window_sizes(%s)" % desc, "plan().window_sizes(%s)" % v, names=("samples", "window"))
     for desc, v in [("[0]", "[0]"), ("[-1]", "[-1]"), ("['a']", "['a']"), ("[2**70]", "[2**70]"), ("[1.5]", "[1.5]"),
@@ -1342,7 +1433,10 @@ def gen_python():
                      ("accumplan.token_windows([1, 2], 0)", "target_tokens"), ("accumplan.token_windows([1.5], 4)", "valid_tokens"),
                      ("accumplan.file_sha256('/dev/zero')", "/dev/zero"), ("accumplan.file_sha256(os.getcwd())", "directory")]:
         py(call.replace("accumplan.", ""), call, names=(nm, call.split("(")[0].split(".")[-1]), timeout=10)
-    # train_window
+
+
+def gen_python_train_window():
+    """train_window with hostile keyword arguments, targets, inputs and token lengths."""
     tw = "m, o = mlp()\nx, y = xy()\nplan().train_window(m, o, (x,), y%s)"
     for desc, kw in [("ignore_index=2**63", ", ignore_index=2**63"), ("ignore_index=-2**63-1", ", ignore_index=-2**63-1"),
                      ("ignore_index=2**70", ", ignore_index=2**70"), ("ignore_index=1.5", ", ignore_index=1.5"),
@@ -1372,6 +1466,10 @@ def gen_python():
         py("train_window token plan lengths=%s" % desc, twl % v, names=("lengths", "length", "sequence"), timeout=60)
     py("train_window token plan ignore_index=2**63", "m, o = lm()\ninp, tgt, lens = rag()\n"
        "tplan().train_window(m, o, (inp,), tgt, lengths=lens, ignore_index=2**63)", names=("ignore_index",), timeout=60)
+
+
+def gen_python_padding_and_save():
+    """pad_sequences, valid_token_counts, padding_mask, Plan(doc) and plan.save with hostile arguments."""
     py("pad_sequences ignore_index=2**70", "import torch\naccumplan.pad_sequences([torch.tensor([1,2])], [torch.tensor([1,2])], ignore_index=2**70)",
        names=("ignore_index",))
     py("pad_sequences next_token ignore_index=2**63", "import torch\naccumplan.pad_sequences([torch.tensor([1,2])], next_token=True, ignore_index=2**63)",
@@ -1430,6 +1528,16 @@ def pp(name, code, expect="raise", names=(), allow=(), timeout=90, heavy=False):
 
 
 def gen_python_plan():
+    """Class 9: accumplan.plan and train_window on hostile arguments and models, and small legal plans."""
+    gen_python_plan_data()
+    gen_python_plan_arguments()
+    gen_python_plan_models()
+    gen_python_plan_legal()
+    gen_python_plan_train_window()
+
+
+def gen_python_plan_data():
+    """accumplan.plan on hostile inputs and targets."""
     # What a user passes as data: every one named by its argument, before any window runs.
     for desc, code, nm in [
             ("inputs=()", "P(inputs=(), target=xy()[1])", ("inputs",)),
@@ -1454,6 +1562,10 @@ def gen_python_plan():
             ("inputs with requires_grad", "x, y = xy()\nP(inputs=(x.requires_grad_(),), target=y)", ("inputs", "grad")),
     ]:
         pp("plan " + desc, code, names=nm, expect="ok-or-raise" if "requires_grad" in desc else "raise")
+
+
+def gen_python_plan_arguments():
+    """accumplan.plan on hostile devices, budgets, optimizers, losses and options."""
     # Devices, budgets, optimizers, schedulers.
     for desc, code, nm in [
             ("device='cuda' (no CUDA here)", "P(device='cuda')", ("device", "cuda")),
@@ -1494,6 +1606,10 @@ def gen_python_plan():
         pp("plan " + desc, code, names=nm)
     # torch 2.x autocasts float16 on the CPU, 1.13 does not: planned, or refused naming amp.
     pp("plan amp='fp16' on the CPU", "P(amp='fp16')", names=("amp", "fp16"), expect="ok-or-raise")
+
+
+def gen_python_plan_models():
+    """accumplan.plan on models whose forward misbehaves, and on windows whose host data is too large."""
     # Models whose forward misbehaves: one line naming the model, never torch's trace.
     for desc, fwd, nm in [
             ("an output that does not require grad", "lambda self, x: self.lin(x).detach()", ("model", "grad")),
@@ -1521,6 +1637,10 @@ def gen_python_plan():
        "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
        "P(m, o, (torch.zeros(2, 2**18),), torch.zeros(2, dtype=torch.long), target_batch=4096, memory_budget='64GiB')",
        names=("ACCUMPLAN_MAX_HOST_DATA", "host", "target_batch"), expect="ok-or-raise", heavy=True, timeout=180)
+
+
+def gen_python_plan_legal():
+    """Small legal plans that must plan, a budget below two samples, and the weights kept after a refusal."""
     # Small and legal: these plan.
     ok = "p = %s\nassert sum(p.microbatch_sizes) == p.per_rank_batch, p.microbatch_sizes"
     for desc, call in [("target_batch=1", "P(target_batch=1)"), ("target_batch=2", "P(target_batch=2)"),
@@ -1541,6 +1661,10 @@ def gen_python_plan():
        "P(memory_budget=2000)", allow=("OutOfMemoryAtOne",), names=("memory_budget", "2000", "budget", "sample"))
     pp("plan leaves the weights as they were after a refusal",
        "m, o = mlp()\nkeeps_weights(m, lambda: P(m, o, loss_fn=lambda out, t: out.mean()))", names=("loss_fn", "sum", "mean"))
+
+
+def gen_python_plan_train_window():
+    """train_window and Plan.save on hostile arguments, the weights kept as they were."""
     # train_window: a bad argument costs nothing, the weights included.
     tw = "m, o = mlp()\nx, y = xy()\nkeeps_weights(m, lambda: plan().train_window(m, o, (x,), y%s))"
     for desc, kw, nm in [
@@ -1901,6 +2025,7 @@ def diff_snap(before, after, allowed):
 
 
 def run_case(c, timeout_default):
+    """Runs one case in its own scratch directory and judges it by the contract; returns its result."""
     res = {"id": c.id, "class": c.cls, "name": c.name, "expect": c.expect, "kinds": [], "detail": ""}
     if c.py is None:
         res["cmd"] = shorten(c.argv)
@@ -1913,24 +2038,11 @@ def run_case(c, timeout_default):
     d = os.path.join(WORK, "cases", c.id)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
-    if c.py is None:
-        setup_files(d, c.files)
     io_dir = os.path.join(WORK, "io")
     out_p, err_p = os.path.join(io_dir, c.id + ".out"), os.path.join(io_dir, c.id + ".err")
     timeout = c.timeout or timeout_default
     env = child_env(c.env)
-    cwd = d
-    if c.py is not None:
-        cwd = os.path.join(d, "w")  # Python cases run one level down: a temp file beside cwd is seen too
-        os.makedirs(cwd, exist_ok=True)
-        setup_files(cwd, c.files)
-        spec_p = os.path.join(io_dir, c.id + ".spec.json")
-        res_p = os.path.join(io_dir, c.id + ".res.json")
-        with open(spec_p, "w") as f:
-            json.dump({"prelude": PY_PRELUDE % FIX, "code": c.py}, f)
-        argv = [sys.executable, "-c", PY_DRIVER, spec_p, res_p]
-    else:
-        argv = [os.fsencode(a) if isinstance(a, str) else a for a in c.argv]
+    argv, cwd, res_p = prepare_case(c, d, io_dir)
     before = snapshot(d)
     if c.heavy:
         HEAVY.acquire()
@@ -1942,6 +2054,35 @@ def run_case(c, timeout_default):
     after = snapshot(d)
     res.update(rc=rc, rss_mib=round(rss / 2 ** 20, 1), seconds=round(elapsed, 2),
                stderr=err.decode("utf-8", "backslashreplace")[:600], stdout_bytes=len(out))
+    judge_limits(res, rc, hung, rss)
+    if c.py is not None:
+        judge_python(c, res, rc, hung, res_p, before, after)
+    else:
+        judge_cli(c, res, rc, out, err, hung, rss, d, before, after)
+    res["kinds"] = sorted(set(res["kinds"]))
+    res["outcome"] = "fail" if res["kinds"] else "pass"
+    if not res["kinds"]:
+        shutil.rmtree(d, ignore_errors=True)
+    return res
+
+
+def prepare_case(c, d, io_dir):
+    """Sets up a case's files; returns its argv, its cwd and (for a Python case) its driver's result path."""
+    if c.py is None:
+        setup_files(d, c.files)
+        return [os.fsencode(a) if isinstance(a, str) else a for a in c.argv], d, None
+    cwd = os.path.join(d, "w")  # Python cases run one level down: a temp file beside cwd is seen too
+    os.makedirs(cwd, exist_ok=True)
+    setup_files(cwd, c.files)
+    spec_p = os.path.join(io_dir, c.id + ".spec.json")
+    res_p = os.path.join(io_dir, c.id + ".res.json")
+    with open(spec_p, "w") as f:
+        json.dump({"prelude": PY_PRELUDE % FIX, "code": c.py}, f)
+    return [sys.executable, "-c", PY_DRIVER, spec_p, res_p], cwd, res_p
+
+
+def judge_limits(res, rc, hung, rss):
+    """Adds to `res` a hang and a child over the memory bound."""
     kinds = res["kinds"]
     if hung:
         kinds.append("hang")
@@ -1949,85 +2090,106 @@ def run_case(c, timeout_default):
         kinds.append("memory")
         if rc < 0:
             res["detail"] = "killed by the campaign at %d MiB resident (bound %d MiB)" % (rss >> 20, RSS_LIMIT >> 20)
-    if c.py is not None:
-        if not hung:
-            try:
-                with open(res_p) as f:
-                    r = json.load(f)
-            except (OSError, ValueError):
-                r = None
-            if r is None:
-                kinds.append("signal" if rc < 0 else "crash")
-                res["detail"] = "driver died rc=%d" % rc
-            elif r["status"] == "ok":
-                if c.expect == "raise":
-                    kinds.append("no-error")
-                    res["detail"] = "returned normally"
-            else:
-                res["stderr"] = "%s: %s" % (r["type"], r["msg"][:600])
-                t = r["type"].split(".")[-1]
-                okt = r["planerror"] or r["exact"] is not None or t in c.allow
-                if not okt:
-                    kinds.append("wrong-exception")
-                if "\n" in r["msg"]:
-                    kinds.append("multi-line")
-                if okt and not needle_hit(r["msg"].encode(), c.names):
-                    kinds.append("unnamed")
-                if okt and CLI_OPTION.search(re.sub(r"`[^`]*`", "", r["msg"])):
-                    kinds.append("cli-words")  # a Python caller has no --options: name the argument
-        probs = diff_snap(before, after, c.outputs)
-        # a Python case may create what its code creates itself (fifo, copies, dirs) in its cwd
-        probs = [p for p in probs if p.startswith("temp file") or not p.split("'")[1].startswith("w")]
+
+
+def load_python_result(res_p):
+    """The result the Python driver wrote, or None when it wrote none that parses."""
+    try:
+        with open(res_p) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def judge_python(c, res, rc, hung, res_p, before, after):
+    """Adds to `res` what a Python case broke: its driver's result, and files changed outside its own w/."""
+    kinds = res["kinds"]
+    if not hung:
+        judge_python_result(c, res, rc, load_python_result(res_p))
+    probs = diff_snap(before, after, c.outputs)
+    # a Python case may create what its code creates itself (fifo, copies, dirs) in its cwd
+    probs = [p for p in probs if p.startswith("temp file") or not p.split("'")[1].startswith("w")]
+    if probs:
+        kinds.append("file")
+        res["detail"] += "; ".join(probs)
+
+
+def judge_python_result(c, res, rc, r):
+    """Adds to `res` what the driver's result `r` breaks: a crash, a missing error, a wrong or unnamed exception."""
+    kinds = res["kinds"]
+    if r is None:
+        kinds.append("signal" if rc < 0 else "crash")
+        res["detail"] = "driver died rc=%d" % rc
+    elif r["status"] == "ok":
+        if c.expect == "raise":
+            kinds.append("no-error")
+            res["detail"] = "returned normally"
+    else:
+        res["stderr"] = "%s: %s" % (r["type"], r["msg"][:600])
+        t = r["type"].split(".")[-1]
+        okt = r["planerror"] or r["exact"] is not None or t in c.allow
+        if not okt:
+            kinds.append("wrong-exception")
+        if "\n" in r["msg"]:
+            kinds.append("multi-line")
+        if okt and not needle_hit(r["msg"].encode(), c.names):
+            kinds.append("unnamed")
+        if okt and CLI_OPTION.search(re.sub(r"`[^`]*`", "", r["msg"])):
+            kinds.append("cli-words")  # a Python caller has no --options: name the argument
+
+
+def judge_cli(c, res, rc, out, err, hung, rss, d, before, after):
+    """Adds to `res` what a command broke: a signal, a trace, a bad refusal or success, files changed."""
+    kinds = res["kinds"]
+    probs = diff_snap(before, after, () if rc != 0 else c.outputs)
+    if rc < 0 and not hung and rss <= RSS_LIMIT:
+        kinds.append("signal")
+    if b"internal error" in err or b"Traceback" in err or b"terminate called" in err or b"what():" in err:
+        kinds.append("traceback")
+    if rc == 2 and not hung:
+        judge_cli_refusal(c, kinds, out, err, probs)
+    elif rc == 0 and not hung:
+        judge_cli_success(c, res, out, d, probs)
+    elif not hung and (rc >= 0 or rss <= RSS_LIMIT):
+        if rc >= 0:
+            kinds.append("exit")
         if probs:
             kinds.append("file")
-            res["detail"] += "; ".join(probs)
+    if probs:
+        res["detail"] = (res["detail"] + "; " if res["detail"] else "") + "; ".join(probs)[:400]
+
+
+def judge_cli_refusal(c, kinds, out, err, probs):
+    """Adds to `kinds` how an exit 2 breaks the refusal contract: not one named line, stdout, files changed."""
+    sub = []
+    check_stderr_line(err, sub)
+    if out:
+        sub.append("stdout")
+    if probs:
+        sub.append("file")
+    if not sub and not needle_hit(err, c.names):
+        sub.append("unnamed")
+    if c.expect == "ok":
+        kinds.append("exit")
+    kinds.extend(sub)
+
+
+def judge_cli_success(c, res, out, d, probs):
+    """Adds to `res` how an exit 0 breaks the case: a refusal expected, an output its validator rejects, files."""
+    kinds = res["kinds"]
+    if c.expect == "refuse":
+        kinds.append("exit")
+        res["detail"] = "exit 0, expected a refusal"
+        if out and c.expect == "refuse":
+            kinds.append("stdout")
     else:
-        probs = diff_snap(before, after, () if rc != 0 else c.outputs)
-        if rc < 0 and not hung and rss <= RSS_LIMIT:
-            kinds.append("signal")
-        if b"internal error" in err or b"Traceback" in err or b"terminate called" in err or b"what():" in err:
-            kinds.append("traceback")
-        refused_ok = False
-        if rc == 2 and not hung:
-            sub = []
-            check_stderr_line(err, sub)
-            if out:
-                sub.append("stdout")
-            if probs:
-                sub.append("file")
-            if not sub and not needle_hit(err, c.names):
-                sub.append("unnamed")
-            if c.expect == "ok":
-                kinds.append("exit")
-            kinds.extend(sub)
-            refused_ok = not sub
-        elif rc == 0 and not hung:
-            if c.expect == "refuse":
-                kinds.append("exit")
-                res["detail"] = "exit 0, expected a refusal"
-                if out and c.expect == "refuse":
-                    kinds.append("stdout")
-            else:
-                if c.validate is not None:
-                    prob = c.validate(d, out)
-                    if prob:
-                        kinds.append("bad-output")
-                        res["detail"] = prob
-            if probs:
-                kinds.append("file")
-        elif not hung and (rc >= 0 or rss <= RSS_LIMIT):
-            if rc >= 0:
-                kinds.append("exit")
-            if probs:
-                kinds.append("file")
-        if probs:
-            res["detail"] = (res["detail"] + "; " if res["detail"] else "") + "; ".join(probs)[:400]
-        _ = refused_ok
-    res["kinds"] = sorted(set(kinds))
-    res["outcome"] = "fail" if res["kinds"] else "pass"
-    if not res["kinds"]:
-        shutil.rmtree(d, ignore_errors=True)
-    return res
+        if c.validate is not None:
+            prob = c.validate(d, out)
+            if prob:
+                kinds.append("bad-output")
+                res["detail"] = prob
+    if probs:
+        kinds.append("file")
 
 
 def class_of(arg):

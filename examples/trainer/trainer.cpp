@@ -71,6 +71,105 @@ void check(bool ok, const std::string& what) {
   if (!ok) ++failures;
 }
 
+// builtin:tinylm's inputs, target and loss with AdamW at 1e-2, normalized per token.
+Setup tinylm_setup() {
+  Setup setup;
+  const auto defaults = builtin_defaults("builtin:tinylm");
+  setup.inputs = defaults->inputs;
+  setup.target = defaults->target;
+  setup.loss = defaults->loss;
+  setup.optimizer = "adamw";
+  setup.lr = 1e-2;
+  setup.normalization = "auto";  // [B,T,C] cross-entropy: tokens
+  return setup;
+}
+
+// Step 1: measure and plan as `accumplan --model builtin:tinylm ...` does (the runner's model freed on return).
+Plan measure_and_plan(MemoryProbe& probe, const Setup& setup) {
+  RunnerOptions ro;
+  ro.model = "builtin:tinylm";
+  ro.setup = setup;
+  ro.budget.bytes = kBudgetBytes;
+  ro.max_probe_micro_batch = kTargetBatch;
+  ro.progress = [](const std::string& line) { std::cerr << "  profiler: " << line << "\n"; };
+  ProbeRunner runner(probe, ro);
+  Profile profile = runner.profile();
+  PlanRequest req;
+  req.target_batch = kTargetBatch;
+  req.budget.bytes = kBudgetBytes;
+  return runner.plan_and_confirm(profile, req);
+}
+
+// The executor's options: per-token loss, clipping, OOM recovery, a warm-up, steps counted in `scheduler_steps`.
+ExecutorOptions executor_options(const Setup& setup, MemoryProbe* probe, const std::string& out_dir,
+                                 int64_t& scheduler_steps) {
+  const int64_t target_dims = 2;  // int64[B,32]
+  ExecutorOptions eo;
+  eo.loss.kind = setup.loss;
+  eo.loss.ignore_index = setup.ignore_index;
+  eo.loss.normalization = resolve_normalization(setup.normalization, setup.loss, target_dims);
+  eo.max_grad_norm = 1.0;
+  eo.oom_recovery = true;
+  eo.probe = probe;
+  eo.plan_out = out_dir + "/replanned-plan.json";
+  const double lr = setup.lr;
+  eo.lr_schedule = [lr](int64_t step) { return lr * std::min(1.0, (step + 1) / 3.0); };  // 3-step warm-up
+  eo.on_step = [&scheduler_steps](const StepEvent&) { ++scheduler_steps; };
+  return eo;
+}
+
+// Step 2: trains every epoch of `data`, the budget shrunk before epoch 1; returns each epoch's loss per token.
+std::vector<double> train_epochs(Executor& executor, MemoryProbe& probe, const Plan& plan, const Batch& data) {
+  std::vector<double> epoch_loss;
+  for (int64_t epoch = 0; epoch < kEpochs; ++epoch) {
+    if (epoch == 1) {
+      // Leave room for 1.5 samples fewer than the planned microbatch really used in epoch 0:
+      // that size must fail, one sample less fails too, two less fits with half a sample spare.
+      const double per_sample = plan.memory.activation_bytes_per_sample;
+      const int64_t shrunk = executor.totals().peak_bytes.value_or(kBudgetBytes) - static_cast<int64_t>(1.5 * per_sample);
+      std::cout << "-- another tenant takes " << format_bytes(kBudgetBytes - shrunk) << " of the device --\n";
+      probe.set_budget_bytes(shrunk);
+    }
+    double loss_sum = 0, tokens = 0;
+    for (const auto& [start, count] : epoch_windows(kSamples, plan.per_rank_batch)) {
+      const WindowStats st = executor.step(data.slice(start, count));
+      std::printf("epoch %lld window @%3lld: %2lld samples, %4lld tokens, %zu microbatches, loss %.4f, grad norm %.3f%s%s\n",
+                  static_cast<long long>(epoch), static_cast<long long>(start), static_cast<long long>(st.samples),
+                  static_cast<long long>(st.units), st.microbatch_sizes.size(), st.loss, st.grad_norm.value_or(0.0),
+                  st.oom_recoveries ? " (recovered from OOM)" : "", st.stepped ? "" : " (skipped)");
+      loss_sum += st.loss * static_cast<double>(st.units);
+      tokens += static_cast<double>(st.units);
+    }
+    epoch_loss.push_back(loss_sum / tokens);
+  }
+  return epoch_loss;
+}
+
+// Step 3: prints and counts every check of what the run promised.
+void check_promises(const Executor& executor, const std::string& plan_out, int64_t scheduler_steps,
+                    int64_t planned_micro_batch, const std::vector<double>& epoch_loss) {
+  const ExecutorTotals& t = executor.totals();
+  const int64_t windows_per_epoch = (kSamples + kTargetBatch - 1) / kTargetBatch;
+  std::printf("\nchecks:\n");
+  check(t.optimizer_steps == kEpochs * windows_per_epoch,
+        "optimizer steps " + std::to_string(t.optimizer_steps) + " == epochs x ceil(N/B) = " +
+            std::to_string(kEpochs * windows_per_epoch));
+  check(scheduler_steps == t.optimizer_steps, "scheduler steps " + std::to_string(scheduler_steps) + " == optimizer steps");
+  check(t.samples_seen == kEpochs * kSamples, "samples seen " + std::to_string(t.samples_seen) + " == epochs x N");
+  check(t.oom_recoveries >= 1, "OOM recoveries " + std::to_string(t.oom_recoveries) + " >= 1");
+  check(executor.plan().micro_batch < planned_micro_batch,
+        "re-planned microbatch " + std::to_string(executor.plan().micro_batch) + " < planned " +
+            std::to_string(planned_micro_batch));
+  check(std::filesystem::exists(plan_out) && read_plan_file(plan_out).micro_batch == executor.plan().micro_batch,
+        "the re-planned plan was written to " + plan_out);
+  check(t.peak_bytes && *t.peak_bytes <= kBudgetBytes,
+        "peak " + format_bytes(t.peak_bytes.value_or(0)) + " within the " + format_bytes(kBudgetBytes) + " budget");
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "loss per token fell: epoch 0 %.4f -> epoch %lld %.4f", epoch_loss.front(),
+                static_cast<long long>(kEpochs - 1), epoch_loss.back());
+  check(epoch_loss.back() < epoch_loss.front(), buf);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,95 +179,24 @@ int main(int argc, char** argv) {
     auto probe = make_memory_probe({"cpu", "cpu-counting", std::nullopt});
 
     // 1. Measure and plan, exactly as `accumplan --model builtin:tinylm ...` does.
-    Setup setup;
-    const auto defaults = builtin_defaults("builtin:tinylm");
-    setup.inputs = defaults->inputs;
-    setup.target = defaults->target;
-    setup.loss = defaults->loss;
-    setup.optimizer = "adamw";
-    setup.lr = 1e-2;
-    setup.normalization = "auto";  // [B,T,C] cross-entropy: tokens
-    Plan plan;
-    {
-      RunnerOptions ro;
-      ro.model = "builtin:tinylm";
-      ro.setup = setup;
-      ro.budget.bytes = kBudgetBytes;
-      ro.max_probe_micro_batch = kTargetBatch;
-      ro.progress = [](const std::string& line) { std::cerr << "  profiler: " << line << "\n"; };
-      ProbeRunner runner(*probe, ro);
-      Profile profile = runner.profile();
-      PlanRequest req;
-      req.target_batch = kTargetBatch;
-      req.budget.bytes = kBudgetBytes;
-      plan = runner.plan_and_confirm(profile, req);
-    }  // the runner's model and optimizer are released here
+    const Setup setup = tinylm_setup();
+    const Plan plan = measure_and_plan(*probe, setup);
     std::cout << describe_plan(plan);
 
     // 2. A fresh model and optimizer; the executor on the plan, OOM recovery on.
     LoadedModel model = load_model("builtin:tinylm", torch::kCPU);
     auto optimizer = make_optimizer(setup, trainable_parameters(model.module));
-    const int64_t target_dims = 2;  // int64[B,32]
-    ExecutorOptions eo;
-    eo.loss.kind = setup.loss;
-    eo.loss.ignore_index = setup.ignore_index;
-    eo.loss.normalization = resolve_normalization(setup.normalization, setup.loss, target_dims);
-    eo.max_grad_norm = 1.0;
-    eo.oom_recovery = true;
-    eo.probe = probe.get();
-    eo.plan_out = out_dir + "/replanned-plan.json";
     int64_t scheduler_steps = 0;
-    eo.lr_schedule = [&](int64_t step) { return setup.lr * std::min(1.0, (step + 1) / 3.0); };  // 3-step warm-up
-    eo.on_step = [&](const StepEvent&) { ++scheduler_steps; };
+    const ExecutorOptions eo = executor_options(setup, probe.get(), out_dir, scheduler_steps);
     Executor executor(model.module, *optimizer, plan, eo);
 
     const Batch data = make_data(kSamples, setup.ignore_index);
     probe->set_budget_bytes(kBudgetBytes);
-    std::vector<double> epoch_loss;
     const int64_t planned_micro_batch = plan.micro_batch;
-    for (int64_t epoch = 0; epoch < kEpochs; ++epoch) {
-      if (epoch == 1) {
-        // Leave room for 1.5 samples fewer than the planned microbatch really used in epoch 0:
-        // that size must fail, one sample less fails too, two less fits with half a sample spare.
-        const double per_sample = plan.memory.activation_bytes_per_sample;
-        const int64_t shrunk = executor.totals().peak_bytes.value_or(kBudgetBytes) - static_cast<int64_t>(1.5 * per_sample);
-        std::cout << "-- another tenant takes " << format_bytes(kBudgetBytes - shrunk) << " of the device --\n";
-        probe->set_budget_bytes(shrunk);
-      }
-      double loss_sum = 0, tokens = 0;
-      for (const auto& [start, count] : epoch_windows(kSamples, plan.per_rank_batch)) {
-        const WindowStats st = executor.step(data.slice(start, count));
-        std::printf("epoch %lld window @%3lld: %2lld samples, %4lld tokens, %zu microbatches, loss %.4f, grad norm %.3f%s%s\n",
-                    static_cast<long long>(epoch), static_cast<long long>(start), static_cast<long long>(st.samples),
-                    static_cast<long long>(st.units), st.microbatch_sizes.size(), st.loss, st.grad_norm.value_or(0.0),
-                    st.oom_recoveries ? " (recovered from OOM)" : "", st.stepped ? "" : " (skipped)");
-        loss_sum += st.loss * static_cast<double>(st.units);
-        tokens += static_cast<double>(st.units);
-      }
-      epoch_loss.push_back(loss_sum / tokens);
-    }
+    const std::vector<double> epoch_loss = train_epochs(executor, *probe, plan, data);
 
     // 3. What the run promised.
-    const ExecutorTotals& t = executor.totals();
-    const int64_t windows_per_epoch = (kSamples + kTargetBatch - 1) / kTargetBatch;
-    std::printf("\nchecks:\n");
-    check(t.optimizer_steps == kEpochs * windows_per_epoch,
-          "optimizer steps " + std::to_string(t.optimizer_steps) + " == epochs x ceil(N/B) = " +
-              std::to_string(kEpochs * windows_per_epoch));
-    check(scheduler_steps == t.optimizer_steps, "scheduler steps " + std::to_string(scheduler_steps) + " == optimizer steps");
-    check(t.samples_seen == kEpochs * kSamples, "samples seen " + std::to_string(t.samples_seen) + " == epochs x N");
-    check(t.oom_recoveries >= 1, "OOM recoveries " + std::to_string(t.oom_recoveries) + " >= 1");
-    check(executor.plan().micro_batch < planned_micro_batch,
-          "re-planned microbatch " + std::to_string(executor.plan().micro_batch) + " < planned " +
-              std::to_string(planned_micro_batch));
-    check(std::filesystem::exists(eo.plan_out) && read_plan_file(eo.plan_out).micro_batch == executor.plan().micro_batch,
-          "the re-planned plan was written to " + eo.plan_out);
-    check(t.peak_bytes && *t.peak_bytes <= kBudgetBytes,
-          "peak " + format_bytes(t.peak_bytes.value_or(0)) + " within the " + format_bytes(kBudgetBytes) + " budget");
-    char buf[128];
-    std::snprintf(buf, sizeof buf, "loss per token fell: epoch 0 %.4f -> epoch %lld %.4f", epoch_loss.front(),
-                  static_cast<long long>(kEpochs - 1), epoch_loss.back());
-    check(epoch_loss.back() < epoch_loss.front(), buf);
+    check_promises(executor, eo.plan_out, scheduler_steps, planned_micro_batch, epoch_loss);
     return failures == 0 ? 0 : 1;
   } catch (const Error& e) {
     std::cerr << "trainer: error: " << e.what() << "\n";

@@ -127,6 +127,132 @@ nlohmann::json run_plan(const std::string& accumplan, const ap::Plan& plan, cons
   return ap::read_json_file(stats_path, "run stats");
 }
 
+// What `accumplan --model` plans under the case's budget: memory alone, the given headroom.
+ap::PlanRequest plan_request(int64_t T, const BudgetCase& budget, const std::string& headroom) {
+  ap::PlanRequest req;
+  req.target_batch = T;
+  req.budget.bytes = budget.budget_bytes;
+  req.headroom = ap::parse_headroom(headroom);
+  // Memory alone, as `accumplan` plans by default: every planned microbatch is the balanced split
+  // of max_micro_batch.
+  req.use_timing = false;
+  return req;
+}
+
+// The row's "accumplan" object: the plan's sizes, prediction and margin, and its search's trials.
+ordered_json accumplan_json(const ap::Plan& plan, const ap::Profile& profile, double plan_seconds) {
+  const int64_t plan_trials = static_cast<int64_t>(profile.trials.size());
+  const int64_t plan_ooms = std::count_if(profile.trials.begin(), profile.trials.end(),
+                                          [](const ap::Trial& t) { return !t.fit; });
+  const ap::Margin& margin = plan.memory.margin;
+  return ordered_json{{"micro_batch", plan.micro_batch},
+                      {"max_micro_batch", plan.max_micro_batch},
+                      {"accumulation_steps", plan.accumulation_steps},
+                      {"predicted_peak_bytes", plan.memory.predicted_peak_bytes},
+                      {"margin_bytes", plan.memory.margin_bytes},
+                      {"margin", ordered_json{{"headroom", margin.headroom},
+                                              {"fit_residual_bytes", margin.fit_residual_bytes},
+                                              {"activation_bytes", margin.activation_bytes},
+                                              {"allocator_fragmentation_bytes", margin.allocator_fragmentation_bytes},
+                                              {"fixed_bytes", margin.fixed_bytes},
+                                              {"measured", margin.measured}}},
+                      {"confirmed", plan.confirmed},
+                      {"trial_sizes", [&] {
+                         ordered_json a = ordered_json::array();
+                         for (const auto& t : profile.trials) {
+                           a.push_back(ordered_json{{"kind", t.kind}, {"window", t.window}, {"fit", t.fit}});
+                         }
+                         return a;
+                       }()},
+                      {"trials", plan_trials},
+                      {"ooms", plan_ooms},
+                      {"seconds", plan_seconds},
+                      {"probe_sizes", [&] {
+                         std::vector<int64_t> s;
+                         for (const auto& p : profile.points) s.push_back(p.micro_batch);
+                         return s;
+                       }()}};
+}
+
+// The largest microbatch the per-rank batch T really fits (0: none), searched from the plan's largest.
+int64_t true_max_micro_batch(ap::ProbeRunner& runner, const ap::bench::Oracle& oracle, int64_t plan_max, int64_t T) {
+  // Ground truth: the largest microbatch the per-rank batch T can use. T itself is a window of
+  // ONE microbatch (no gradient resident while it runs: vgg11 at 1.4 GiB fits [24] in one but
+  // only 4 in a window of two); any smaller size is a window of two or more, whose second
+  // microbatch runs with the first's gradients resident. So [T] is tried first, then the largest
+  // b < T whose two-microbatch trial fits (monotone in b): doubling from the plan's size, then
+  // bisection, exact either way.
+  int64_t lo = 0, hi = T;  // lo fits (0: nothing does), hi does not (T: not tried as two)
+  if (runner.measure_window({T}).fit) {
+    lo = T;
+  } else if (T > 1) {
+    const int64_t start = std::max<int64_t>(1, std::min<int64_t>(plan_max, T - 1));
+    if (oracle(start, 1).fit) lo = start; else hi = start;
+    while (hi == T && lo < T - 1) {
+      const int64_t b = std::min<int64_t>(T - 1, std::max<int64_t>(1, lo * 2));
+      if (oracle(b, 1).fit) lo = b; else hi = b;
+    }
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      if (oracle(mid, 1).fit) lo = mid; else hi = mid;
+    }
+  }
+  return lo;
+}
+
+// The row's "long_run" object: the plan's largest window trained `long_windows` times by `accumplan run`.
+ordered_json long_run_json(const std::string& accumplan, const ap::Plan& plan, const ap::Profile& profile,
+                           const ap::PlanRequest& req, const std::string& model, int64_t budget_bytes,
+                           const std::string& scratch, int64_t long_windows) {
+  // The plan's largest window: the plan itself when it is one microbatch ([T]); else two
+  // microbatches of its largest size, bounded so the solver cannot merge them into one [2m]
+  // (the first-microbatch line may allow that, and it is not the window being tested).
+  ap::Plan plan2 = plan;
+  if (plan.accumulation_steps > 1) {
+    ap::PlanRequest r2 = req;
+    r2.target_batch = 2 * plan.max_micro_batch;
+    r2.max_micro_batch = plan.max_micro_batch;
+    plan2 = ap::make_plan(profile, r2);
+  }
+  const nlohmann::json lr = run_plan(accumplan, plan2, model, budget_bytes, scratch, long_windows);
+  return ordered_json{{"microbatch_sizes", plan2.microbatch_sizes},
+                      {"confirmed", plan2.confirmed},
+                      {"windows", lr["windows"]},
+                      {"measured_peak_bytes", lr["measured_peak_bytes"]},
+                      {"predicted_peak_bytes", plan2.memory.predicted_peak_bytes},
+                      {"oom_recoveries", lr["oom_recoveries"]},
+                      {"replans", lr.value("replans", nlohmann::json(nullptr))}};
+}
+
+// The row's "truth" object: the true largest microbatch, the run's peak, the error and the utilisation.
+ordered_json truth_json(const ap::Plan& plan, int64_t T, int64_t lo, int64_t run_peak, double error) {
+  return ordered_json{{"max_micro_batch", lo},
+                      {"run_peak_bytes", run_peak},
+                      {"prediction_error_percent", error},
+                      // The largest microbatch the plan allows over what fits; and the
+                      // largest of the balanced split (ceil(T / k): the same k, so the
+                      // same number of microbatches) over what fits.
+                      {"utilisation", lo > 0 ? static_cast<double>(plan.max_micro_batch) / static_cast<double>(lo) : 0.0},
+                      {"utilisation_split", lo > 0 ? static_cast<double>(plan.micro_batch) / static_cast<double>(lo) : 0.0},
+                      {"best_accumulation_steps", lo > 0 ? (T + lo - 1) / lo : 0}};
+}
+
+// The row's "peers" array: every peer's search over the same oracle, in a fixed order.
+ordered_json peer_searches(const ap::bench::Oracle& oracle, int64_t T, int64_t budget_bytes, int64_t state_bytes) {
+  ordered_json peers = ordered_json::array();
+  peers.push_back(search_json(ap::bench::lightning_power(oracle, T)));
+  peers.push_back(search_json(ap::bench::lightning_binsearch(oracle, T)));
+  // Accelerate starts at 128, or at the per-rank batch when that is smaller: nobody asks for a
+  // microbatch larger than the batch they need.
+  const int64_t accelerate_start = std::min<int64_t>(128, T);
+  peers.push_back(search_json(ap::bench::accelerate_find_executable(oracle, accelerate_start)));
+  peers.push_back(search_json(ap::bench::accelerate_find_executable(oracle, accelerate_start, true)));
+  peers.push_back(search_json(ap::bench::composer_auto_microbatch(oracle, T)));
+  peers.push_back(search_json(ap::bench::deepspeed_autotune(oracle, budget_bytes, state_bytes, T)));
+  return peers;
+}
+
+// One row of results.json: accumplan's plan of model `m` under `budget`, its truth, long run and peers.
 ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t T, const std::string& headroom,
                       const std::string& accumplan, const std::string& scratch, int64_t long_windows) {
   auto probe = ap::make_memory_probe(ap::ProbeRequest{"cpu", "auto", budget.budget_bytes});
@@ -144,47 +270,10 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
   // accumplan: profile + plan + confirm + climb.
   auto t0 = std::chrono::steady_clock::now();
   ap::Profile profile = runner.profile();
-  ap::PlanRequest req;
-  req.target_batch = T;
-  req.budget.bytes = budget.budget_bytes;
-  req.headroom = ap::parse_headroom(headroom);
-  // Memory alone, as `accumplan` plans by default. (The run committed at a5c399e had timing on
-  // by the default of then; no row took a timing-based split: every planned microbatch there is
-  // the balanced split of max_micro_batch.)
-  req.use_timing = false;
+  const ap::PlanRequest req = plan_request(T, budget, headroom);
   const ap::Plan plan = runner.plan_and_confirm(profile, req);
   const double plan_seconds = seconds_since(t0);
-  const int64_t plan_trials = static_cast<int64_t>(profile.trials.size());
-  const int64_t plan_ooms = std::count_if(profile.trials.begin(), profile.trials.end(),
-                                          [](const ap::Trial& t) { return !t.fit; });
-  const ap::Margin& margin = plan.memory.margin;
-  row["accumplan"] = ordered_json{{"micro_batch", plan.micro_batch},
-                                  {"max_micro_batch", plan.max_micro_batch},
-                                  {"accumulation_steps", plan.accumulation_steps},
-                                  {"predicted_peak_bytes", plan.memory.predicted_peak_bytes},
-                                  {"margin_bytes", plan.memory.margin_bytes},
-                                  {"margin", ordered_json{{"headroom", margin.headroom},
-                                                          {"fit_residual_bytes", margin.fit_residual_bytes},
-                                                          {"activation_bytes", margin.activation_bytes},
-                                                          {"allocator_fragmentation_bytes", margin.allocator_fragmentation_bytes},
-                                                          {"fixed_bytes", margin.fixed_bytes},
-                                                          {"measured", margin.measured}}},
-                                  {"confirmed", plan.confirmed},
-                                  {"trial_sizes", [&] {
-                                     ordered_json a = ordered_json::array();
-                                     for (const auto& t : profile.trials) {
-                                       a.push_back(ordered_json{{"kind", t.kind}, {"window", t.window}, {"fit", t.fit}});
-                                     }
-                                     return a;
-                                   }()},
-                                  {"trials", plan_trials},
-                                  {"ooms", plan_ooms},
-                                  {"seconds", plan_seconds},
-                                  {"probe_sizes", [&] {
-                                     std::vector<int64_t> s;
-                                     for (const auto& p : profile.points) s.push_back(p.micro_batch);
-                                     return s;
-                                   }()}};
+  row["accumplan"] = accumplan_json(plan, profile, plan_seconds);
 
   // Oracle shared by the truth search and the peers: one real steady-state trial.
   ap::bench::Oracle oracle = [&](int64_t b, int) {
@@ -195,54 +284,18 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
   // Prediction error at the chosen plan: the plan's predicted peak against the peak that
   // `accumplan run` of that plan reaches under the same budget (a separate process: nothing of
   // this harness's measuring is shared with it but the executor that training is).
-  const nlohmann::json run = run_plan(accumplan, plan, m["model"].get<std::string>(), budget.budget_bytes, scratch);
+  const std::string model = m["model"].get<std::string>();
+  const nlohmann::json run = run_plan(accumplan, plan, model, budget.budget_bytes, scratch);
   const int64_t run_peak = run["measured_peak_bytes"].is_number() ? run["measured_peak_bytes"].get<int64_t>() : 0;
   const double error = run_peak > 0 ? 100.0 * static_cast<double>(plan.memory.predicted_peak_bytes - run_peak) /
                                           static_cast<double>(run_peak)
                                     : NAN;
-  // Ground truth: the largest microbatch the per-rank batch T can use. T itself is a window of
-  // ONE microbatch (no gradient resident while it runs: vgg11 at 1.4 GiB fits [24] in one but
-  // only 4 in a window of two); any smaller size is a window of two or more, whose second
-  // microbatch runs with the first's gradients resident. So [T] is tried first, then the largest
-  // b < T whose two-microbatch trial fits (monotone in b): doubling from the plan's size, then
-  // bisection, exact either way.
-  int64_t lo = 0, hi = T;  // lo fits (0: nothing does), hi does not (T: not tried as two)
-  if (runner.measure_window({T}).fit) {
-    lo = T;
-  } else if (T > 1) {
-    const int64_t start = std::max<int64_t>(1, std::min<int64_t>(plan.max_micro_batch, T - 1));
-    if (oracle(start, 1).fit) lo = start; else hi = start;
-    while (hi == T && lo < T - 1) {
-      const int64_t b = std::min<int64_t>(T - 1, std::max<int64_t>(1, lo * 2));
-      if (oracle(b, 1).fit) lo = b; else hi = b;
-    }
-    while (hi - lo > 1) {
-      const int64_t mid = (lo + hi) / 2;
-      if (oracle(mid, 1).fit) lo = mid; else hi = mid;
-    }
-  }
+  const int64_t lo = true_max_micro_batch(runner, oracle, plan.max_micro_batch, T);
   // The plan's largest microbatch for `long_windows` windows: the same profile, budget and margin
   // planned for a per-rank batch of two of it, so every window is the plan's largest.
   ordered_json long_run = nullptr;
   if (long_windows > 0) {
-    // The plan's largest window: the plan itself when it is one microbatch ([T]); else two
-    // microbatches of its largest size, bounded so the solver cannot merge them into one [2m]
-    // (the first-microbatch line may allow that, and it is not the window being tested).
-    ap::Plan plan2 = plan;
-    if (plan.accumulation_steps > 1) {
-      ap::PlanRequest r2 = req;
-      r2.target_batch = 2 * plan.max_micro_batch;
-      r2.max_micro_batch = plan.max_micro_batch;
-      plan2 = ap::make_plan(profile, r2);
-    }
-    const nlohmann::json lr = run_plan(accumplan, plan2, m["model"].get<std::string>(), budget.budget_bytes, scratch, long_windows);
-    long_run = ordered_json{{"microbatch_sizes", plan2.microbatch_sizes},
-                            {"confirmed", plan2.confirmed},
-                            {"windows", lr["windows"]},
-                            {"measured_peak_bytes", lr["measured_peak_bytes"]},
-                            {"predicted_peak_bytes", plan2.memory.predicted_peak_bytes},
-                            {"oom_recoveries", lr["oom_recoveries"]},
-                            {"replans", lr.value("replans", nlohmann::json(nullptr))}};
+    long_run = long_run_json(accumplan, plan, profile, req, model, budget.budget_bytes, scratch, long_windows);
   }
   row["long_run"] = long_run;
   row["run"] = ordered_json{{"windows", run["windows"]},
@@ -250,28 +303,8 @@ ordered_json run_case(const nlohmann::json& m, const BudgetCase& budget, int64_t
                             {"oom_recoveries", run["oom_recoveries"]},
                             {"microbatch_sizes", run["microbatch_sizes"]},
                             {"mean_window_seconds", run["mean_window_seconds"]}};
-  row["truth"] = ordered_json{{"max_micro_batch", lo},
-                              {"run_peak_bytes", run_peak},
-                              {"prediction_error_percent", error},
-                              // The largest microbatch the plan allows over what fits; and the
-                              // largest of the balanced split (ceil(T / k): the same k, so the
-                              // same number of microbatches) over what fits.
-                              {"utilisation", lo > 0 ? static_cast<double>(plan.max_micro_batch) / static_cast<double>(lo) : 0.0},
-                              {"utilisation_split", lo > 0 ? static_cast<double>(plan.micro_batch) / static_cast<double>(lo) : 0.0},
-                              {"best_accumulation_steps", lo > 0 ? (T + lo - 1) / lo : 0}};
-
-  ordered_json peers = ordered_json::array();
-  const int64_t state_bytes = runner.persistent().total();
-  peers.push_back(search_json(ap::bench::lightning_power(oracle, T)));
-  peers.push_back(search_json(ap::bench::lightning_binsearch(oracle, T)));
-  // Accelerate starts at 128, or at the per-rank batch when that is smaller: nobody asks for a
-  // microbatch larger than the batch they need.
-  const int64_t accelerate_start = std::min<int64_t>(128, T);
-  peers.push_back(search_json(ap::bench::accelerate_find_executable(oracle, accelerate_start)));
-  peers.push_back(search_json(ap::bench::accelerate_find_executable(oracle, accelerate_start, true)));
-  peers.push_back(search_json(ap::bench::composer_auto_microbatch(oracle, T)));
-  peers.push_back(search_json(ap::bench::deepspeed_autotune(oracle, budget.budget_bytes, state_bytes, T)));
-  row["peers"] = peers;
+  row["truth"] = truth_json(plan, T, lo, run_peak, error);
+  row["peers"] = peer_searches(oracle, T, budget.budget_bytes, runner.persistent().total());
   return row;
 }
 

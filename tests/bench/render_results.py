@@ -46,9 +46,8 @@ def long_run(x):
     return f"{lr['windows']} × {lr['microbatch_sizes']} / {lr['oom_recoveries']}"
 
 
-def main(src, dst):
-    r = json.load(open(src))
-    rows = r["rows"]
+def machine_facts():
+    """The short commit of HEAD and the CPU's model name, each "unknown" when it cannot be read."""
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
@@ -61,6 +60,12 @@ def main(src, dst):
                 break
     except OSError:
         pass
+    return commit, cpu
+
+
+def header_lines(r, rows):
+    """The title, the machine, the run's settings and its notes, and the paragraph saying what is measured."""
+    commit, cpu = machine_facts()
     out = []
     out.append("# accumplan benchmark results\n")
     out.append(f"- machine: {platform.machine()}, {os.cpu_count()} cores ({cpu}), OMP threads {r['threads']}")
@@ -84,7 +89,12 @@ def main(src, dst):
     out.append("compares the plan's accumulation count with ceil(T / true max). The long run trains the plan's")
     out.append("largest microbatch for 50 windows (each two microbatches of it, then the optimizer step) with")
     out.append("`accumplan run` under the same budget: windows × sizes / OOM recoveries.\n")
+    return out
 
+
+def headline_lines(r, rows):
+    """The headline: prediction error, utilisation, split, long runs, trials and the headroom-0 plans."""
+    out = []
     errors = [x["truth"]["prediction_error_percent"] for x in rows if x["truth"]["prediction_error_percent"] is not None]
     utils = [x["truth"]["utilisation"] for x in rows]
     out.append("## Headline\n")
@@ -112,7 +122,13 @@ def main(src, dst):
         o0 = sum(x["accumplan_headroom0"]["ooms"] for x in rows)
         out.append(f"- the same profiles planned with headroom 0: utilisation min {min(u0):.2f}, mean {statistics.mean(u0):.2f}, "
                    f"confirmed by {extra} extra trials ({o0} of them OOM)")
+    return out
+
+
+def peer_ratio_lines(rows):
+    """The headline's table of accumplan's search cost as ratios to each peer's, summed over the rows."""
     peers = [p["strategy"] for p in rows[0]["peers"]]
+    out = []
     out.append("- accumplan's search cost relative to each peer (sum over all rows; < 1 means accumplan is cheaper):\n")
     out.append("| peer | trials ratio | seconds ratio | OOMs hit by peer | rows where the peer found a larger microbatch |")
     out.append("|---|---|---|---|---|")
@@ -124,6 +140,12 @@ def main(src, dst):
         out.append(f"| {name} | {a_trials / max(1, sum(p['trials'] for p in ps)):.2f} | "
                    f"{a_secs / max(1e-9, sum(p['seconds'] for p in ps)):.2f} | {sum(p['ooms'] for p in ps)} | {larger} |")
     out.append("")
+    return out
+
+
+def prediction_lines(rows):
+    """The table of every row's plan, prediction, run peak, utilisation, long run and search cost."""
+    out = []
     out.append("## Prediction and utilisation\n")
     out.append("| model | budget MiB | persistent MiB | windows run | planned (max) | true max | k / best k | margin | predicted MiB | run peak MiB | error % | run OOMs | utilisation | split | long run | trials | seconds |")
     out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -136,6 +158,13 @@ def main(src, dst):
                    f"{mib(t['run_peak_bytes'])} | {'n/a' if err is None else f'{err:+.2f}'} | {x['run']['oom_recoveries']} | {t['utilisation']:.2f} | "
                    f"{t.get('utilisation_split', float('nan')):.2f} | {long_run(x)} | {a['trials']} | {a['seconds']:.1f} |")
     out.append("")
+    return out
+
+
+def search_cost_lines(r, rows):
+    """The table of each row's search by accumplan and by every peer, then the rows that failed."""
+    peers = [p["strategy"] for p in rows[0]["peers"]]
+    out = []
     out.append("## Search cost against the peers\n")
     out.append("Each cell: microbatch found / trials / OOMs / seconds.\n")
     out.append("| model | budget MiB | true max | accumplan | " + " | ".join(peers) + " |")
@@ -154,6 +183,12 @@ def main(src, dst):
         for f in r["failures"]:
             out.append(f"- {f['model']} @ {f['budget']}: {f['error']}")
         out.append("")
+    return out
+
+
+def overhead_lines(r):
+    """The table of Executor::step's time against a hand-written accumulation loop."""
+    out = []
     out.append("## Executor overhead\n")
     out.append("Executor::step against a hand-written LibTorch accumulation loop on identical model copies and windows")
     out.append("(4 microbatches of 4), interleaved ABBA per round; ratio = executor / hand loop.\n")
@@ -163,9 +198,21 @@ def main(src, dst):
         out.append(f"| {o['model']} | {o['rounds']} | {o['ratio_median']:.3f} | {o['ratio_min']:.3f} | {o['ratio_max']:.3f} | "
                    f"{statistics.median(o['executor_seconds']):.3f} | {statistics.median(o['hand_loop_seconds']):.3f} |")
     out.append("")
+    return out
+
+
+def main(src, dst):
+    """Reads the harness's JSON at `src` and writes the Markdown tables to `dst` (through dst.tmp)."""
+    r = json.load(open(src))
+    rows = r["rows"]
+    out = header_lines(r, rows)
+    out += headline_lines(r, rows)
+    out += peer_ratio_lines(rows)
+    out += prediction_lines(rows)
+    out += search_cost_lines(r, rows)
+    out += overhead_lines(r)
     open(dst + ".tmp", "w").write("\n".join(out) + "\n")
     os.replace(dst + ".tmp", dst)
-
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
