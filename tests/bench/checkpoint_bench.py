@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""checkpoint_bench.py — activation checkpointing as a planned knob (issue 38): every checkpoint set
+"""checkpoint_bench.py — activation checkpointing as a planned knob: every checkpoint set
 the planner considers, measured, beside the plan's choice.
 
 What it does, per model (a GPT-style decoder of four blocks, resnet18 by its four stages, a stack of
@@ -7,7 +7,7 @@ eight residual MLP blocks), on this machine's device under a budget where traini
 checkpointing fits a microbatch well below the target batch:
   choice  `accumplan.plan(..., checkpointing="auto")` as a user calls it: the chosen set, its
           microbatch, its planning seconds, and how many windows it ran beside the same call with
-          checkpointing="off" (the issue: at most two more);
+          checkpointing="off" (the target: at most two more);
   model   the planner's predictions for every set: the no-checkpoint plan's lines and each
           candidate's costs measured by `block_costs` at its microbatch (what plan() measures),
           through `_core.checkpoint_model_of` and `_core.checkpoint_options` (the C++ model);
@@ -293,7 +293,7 @@ def pct(a, b):
 
 def markdown(results, device, seconds):
     mib = 1024.0 * 1024.0
-    out = ["# Activation checkpointing: every set the planner considers, measured (issue 38)", "",
+    out = ["# Activation checkpointing: every set the planner considers, measured", "",
            "Written by `tests/bench/checkpoint_bench.py` on %s (%s, torch %s) in %.0f s. Target batch %d, AdamW. "
            "Each set runs at its largest microbatch by the planner's model (a balanced split of the target) on its "
            "own model: one warm-up window, then 3 rounds of `plan.train_window(measure_memory=True)` (which "
@@ -328,7 +328,7 @@ def markdown(results, device, seconds):
                     a["rule"], a["micro_batch"], a["accumulation_steps"], a["confirmed"], r["fastest"],
                     100 * r["chosen_vs_fastest"]),
                 "- Planning: %d windows in %.1f s with checkpointing=\"auto\" against %d in %.1f s with \"off\" "
-                "(%+d; the issue allows 2)." % (a["windows"], a["planning_seconds"], o["windows"],
+                "(%+d; the target allows 2)." % (a["windows"], a["planning_seconds"], o["windows"],
                                                  o["planning_seconds"], a["windows"] - o["windows"]),
                 "- The plan's reason: %s" % a["reason"], ""]
     return "\n".join(out)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""eval_bench.py — the evaluation batch (issue 39) on three models, through what users run.
+"""eval_bench.py — the evaluation batch on three models, through what users run.
 
 What it does, per model (resnet18 on 64x64 images with BatchNorm, a GPT-style decoder with
 per-token loss, an LSTM classifier), on the CPU under a budget where the training microbatch is
@@ -204,7 +204,7 @@ def table(results, models, side, title, measured_name, measured_key, loss, loss_
 
 
 def report(results, models, started):
-    lines = ["# The evaluation batch (issue 39): three models on the CPU", "",
+    lines = ["# The evaluation batch: three models on the CPU", "",
              "Written by `tests/bench/eval_bench.py` (torch %s, CPU, counting allocator, %s; %.0f s)."
              % (torch.__version__, time.strftime("%Y-%m-%d"), time.time() - started), "",
              "Target batch %d, AdamW, one training window before every evaluation (the optimizer state resident, "
@@ -222,7 +222,7 @@ def report(results, models, started):
     lines += ["", "The whole-batch evaluation is a float32 forward of every sample at once in eval mode; against "
               "the same loss computed in float64 from those logits the split evaluations differ by at most %.1e "
               "(float32's own rounding of a loss near 7)." % worst64,
-              "", "Targets (issue 39): measured eval peak within 1% of the prediction; a window at 1.1x + 1 runs "
+              "", "Targets: measured eval peak within 1% of the prediction; a window at 1.1x + 1 runs "
               "out of memory; at most two eval windows in planning; the mean loss within 1e-6 of one whole-batch "
               "evaluation, also after an out-of-memory re-split.", ""]
     return "\n".join(lines)

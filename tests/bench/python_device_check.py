@@ -9,7 +9,7 @@ caching allocator's reserved and allocated peaks (torch.cuda, the budget as the 
 on the CPU the counting probe (accumplan._probes) plus the weights held before it. It also checks
 that planning left the parameters unchanged and that no budget stays set. Then it evaluates one
 planned eval microbatch (plan.eval) with plan.evaluate after those windows, the optimizer state
-resident, under the same budget, and compares its peak with plan.eval's prediction (issue 39).
+resident, under the same budget, and compares its peak with plan.eval's prediction.
 Writes one JSON file
 and prints one Markdown table. Exit 1 when a check fails.
 What it is not: a unit test, nor the CLI benchmark (gpu_bench.py).
