@@ -105,7 +105,7 @@ ojson setup_json(const Setup& s) {
   j["target"] = s.target;
   j["ignore_index"] = s.ignore_index;
   if (s.padding_mask) j["padding_mask"] = true;  // 1.3, only when set: sample setups stay as in 1.2
-  if (!s.seq_len.empty()) j["seq_len"] = s.seq_len;
+  if (s.seq_len) j["seq_len"] = s.seq_len->text();
   return j;
 }
 std::map<std::string, double> numbers_from(const JsonField& f) {
@@ -170,7 +170,7 @@ Setup setup_from(const JsonField& f) {
   if (f.has("padding_mask")) s.padding_mask = f.boolean("padding_mask");  // 1.3
   if (auto sl = f.opt_str("seq_len")) {
     try {
-      s.seq_len = parse_seq_len(*sl, f.path() + ".seq_len").text();
+      s.seq_len = parse_seq_len(*sl, f.path() + ".seq_len");
     } catch (const InputError& e) {
       throw SchemaError(e.what());
     }
@@ -992,8 +992,12 @@ Profile read_profile_file(const std::string& path, const std::string& what) {
   }
 }
 
-Plan plan_from_text(const std::string& text, const std::string& where) {
+Plan plan_from_text(const std::string& text, const std::string& where, std::string* stated_version) {
   const json doc = parse_json_text(text, where);
+  if (stated_version) {
+    const auto v = doc.is_object() ? doc.find("schema_version") : doc.end();
+    *stated_version = v != doc.end() && v->is_string() ? v->get<std::string>() : "";
+  }
   try {
     return plan_from_json(doc);
   } catch (const SchemaError& e) {
@@ -1121,7 +1125,7 @@ ojson to_json(const RunRecord& r) {
   j["world_size"] = r.world_size;
   j["rank"] = r.rank;
   j["backend"] = r.backend;
-  j["sharding"] = r.sharding;
+  j["striding"] = r.striding;
   j["collectives"] = {{"counter_all_reduces", r.collectives.counter_all_reduces},
                       {"gradient_exchanges", r.collectives.gradient_exchanges},
                       {"tensor_all_reduces", r.collectives.tensor_all_reduces},
@@ -1193,7 +1197,8 @@ RunRecord run_record_from_json(const json& doc) {
   r.world_size = root.opt_i64("world_size").value_or(1);
   r.rank = root.opt_i64("rank").value_or(0);
   if (root.has("backend")) r.backend = root.str("backend");
-  if (root.has("sharding")) r.sharding = root.str("sharding");
+  if (root.has("striding")) r.striding = root.str("striding");
+  if (root.has("sharding")) r.striding = root.str("sharding");  // older records name the key sharding
   if (root.has("collectives")) {
     const JsonField c = root.at("collectives");
     r.collectives = {c.i64("counter_all_reduces"), c.i64("gradient_exchanges"), c.i64("tensor_all_reduces"),

@@ -49,6 +49,12 @@ WindowBudget Search::past_the_budget() const {
   return can_pass_budget() ? WindowBudget::Doubled : WindowBudget::Enforced;
 }
 
+std::optional<int64_t> Search::limit_bytes(WindowBudget budget) const {
+  if (budget == WindowBudget::Lifted || !settings_.budget_bytes) return std::nullopt;
+  if (budget == WindowBudget::Enforced) return settings_.budget_bytes;
+  return checked_mul(*settings_.budget_bytes, int64_t{2}, "twice the budget");
+}
+
 namespace {
 
 double window_units(const std::vector<int64_t>& sizes, int64_t seq_len) {
@@ -84,7 +90,7 @@ void Search::announce(const std::string& phase, const std::vector<int64_t>& size
 
 WindowMeasurement Search::run(const std::vector<int64_t>& sizes, int64_t micro_batch, int64_t seq_len,
                               WindowBudget budget) {
-  WindowMeasurement m = runner_.run_window(sizes, seq_len, budget);
+  WindowMeasurement m = runner_.run_window(sizes, seq_len, limit_bytes(budget));
   if (!m.oom) count_pace(sizes, seq_len, m.seconds);
   m.sizes = sizes;
   m.micro_batch = micro_batch;
@@ -108,7 +114,7 @@ void Search::profile_other_ranks(Profile& p) {
   if (!p.sharding) return;
   const int64_t seq_len = settings_.seq_range ? settings_.seq_range->min : 0;
   for (const int64_t rank : ranks_to_measure(*p.sharding)) {
-    const std::optional<WindowMeasurement> m = runner_.run_rank_window(rank, {kPersistentWindowSamples}, seq_len, WindowBudget::Lifted);
+    const std::optional<WindowMeasurement> m = runner_.run_rank_window(rank, {kPersistentWindowSamples}, seq_len, std::nullopt);
     if (!m) return;  // no other share held: per_rank_peaks takes the largest share's step for each
     if (m->oom) continue;
     // The largest share's optimizer stayed alive beside the rank's: its state is not that rank's.
@@ -555,7 +561,7 @@ std::optional<PeakLine> eval_line(const std::vector<std::pair<int64_t, int64_t>>
 std::optional<EvalMeasurement> Search::run_eval(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget,
                                                 EvalPlan& e, int more_at_most) {
   announce("eval", sizes, seq_len, more_at_most);
-  std::optional<EvalMeasurement> m = runner_.run_eval_window(sizes, seq_len, budget, e.keep_outputs);
+  std::optional<EvalMeasurement> m = runner_.run_eval_window(sizes, seq_len, limit_bytes(budget), e.keep_outputs);
   if (!m) return std::nullopt;
   if (!m->oom) count_pace(sizes, seq_len, m->seconds);
   m->sizes = sizes;

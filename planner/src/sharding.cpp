@@ -210,4 +210,44 @@ std::string auto_sharding_note(const Plan& plan, int64_t world_size, int64_t fre
          std::to_string(plan.micro_batch) + ".";
 }
 
+const std::vector<std::string>& shard_mode_names() {
+  static const std::vector<std::string> names = {"off", "optimizer", "auto"};
+  return names;
+}
+
+ShardMode parse_shard_mode(const std::string& value, int64_t world_size) {
+  const std::vector<std::string>& names = shard_mode_names();
+  const auto at = std::find(names.begin(), names.end(), value);
+  if (at == names.end()) {
+    throw InputError(option_name("--shard") + " '" + cut_for_message(value) + "': choose off, optimizer or auto");
+  }
+  const ShardMode mode = static_cast<ShardMode>(at - names.begin());
+  if (mode != ShardMode::Off && world_size < 2) {
+    const bool python = front_end() == FrontEnd::Python;
+    throw InputError(shard_words(value) + " shards the optimizer state over the ranks: " +
+                     (python ? "pass world_size=" : "give --world-size") + " of at least 2, or " + shard_words("off"));
+  }
+  return mode;
+}
+
+Plan plan_auto_sharding(const std::function<std::optional<Plan>()>& unsharded, const std::function<Plan()>& sharded,
+                        int64_t world_size, const std::function<int64_t()>& freed_bytes,
+                        const std::function<void(const std::string&)>& say) {
+  std::optional<Plan> plan = unsharded();
+  std::string why = "not one sample fits with the whole optimizer state on every rank";
+  if (plan) {
+    const int64_t freed = freed_bytes();
+    if (!sharding_gain(*plan, freed)) {
+      plan->reason += auto_sharding_note(*plan, world_size, freed, false);
+      return *plan;
+    }
+    why = "sharding the optimizer state over " + std::to_string(world_size) + " ranks frees " + format_bytes(freed) +
+          " per rank";
+  }
+  if (say) say(why + ": searching again sharded");
+  Plan kept = sharded();
+  kept.reason += auto_sharding_note(kept, world_size, 0, true);
+  return kept;
+}
+
 }  // namespace accumplan

@@ -737,12 +737,9 @@ bool is_token_profile(const Profile& profile) {
 
 namespace {
 
-// The longest sequence a token plan is made for: --seq-len's longest, else the profile's.
-int64_t planned_max_seq_len(const Profile& profile, const PlanRequest& request) {
-  if (request.max_seq_len) {
-    return checked_in_range(*request.max_seq_len, 1, TokenMemoryModel::kMaxSeqLen, option_name("--seq-len") + "'s longest length");
-  }
-  if (!profile.setup.seq_len.empty()) return parse_seq_len(profile.setup.seq_len, "the profile's setup.seq_len").max;
+// The longest sequence a token plan is made for: the profile's (--seq-len's longest).
+int64_t planned_max_seq_len(const Profile& profile) {
+  if (profile.setup.seq_len) return profile.setup.seq_len->max;
   throw InputError("the profile measured variable-length data but records no sequence lengths; give " + option_name("--seq-len"));
 }
 
@@ -938,7 +935,7 @@ Plan make_token_plan(const Profile& profile, const PlanRequest& request) {
   }
   const TokenMemoryModel model = TokenMemoryModel::fit(profile);
   const int64_t budget = resolve_budget(profile, request);
-  const int64_t t_max = planned_max_seq_len(profile, request);
+  const int64_t t_max = planned_max_seq_len(profile);
   const int64_t B = token_window_samples(request, t_max);
   const int64_t T = B / W;
   const TokenSolution ts = solve_token_budget(profile, request, model, budget, t_max, T);

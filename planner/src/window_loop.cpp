@@ -571,4 +571,21 @@ EvalOutcome run_eval(EvalBackend& b, int64_t samples, const std::vector<int64_t>
   return out;
 }
 
+std::vector<std::vector<size_t>> gradient_buckets(const std::vector<std::pair<std::string, int64_t>>& gradients,
+                                                  int64_t bucket_bytes) {
+  std::vector<std::vector<size_t>> buckets;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    const bool joins = !buckets.empty() && gradients[buckets.back().front()].first == gradients[i].first &&
+                       bytes + gradients[i].second <= bucket_bytes;
+    if (!joins) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().push_back(i);
+    bytes += gradients[i].second;
+  }
+  return buckets;
+}
+
 }  // namespace accumplan

@@ -12,8 +12,7 @@ and raises the same error.
 import torch
 import torch.distributed as dist
 
-
-_BUCKET_BYTES = 25 * 1024 * 1024
+from . import _core
 
 
 def group_world_size(group=None):
@@ -95,29 +94,19 @@ def collective_device(group, params):
 
 
 def all_reduce_gradients(params, group=None, extra=None):
-    """ONE gradient exchange (flat buckets of at most 25 MiB, summed) over the process group.
+    """ONE gradient exchange (flat buckets of at most 25 MiB, _core.gradient_buckets, summed) over the process group.
     Parameters without a gradient send zeros, so every rank sends the same list. ``extra`` (a
     float) rides along in the last bucket; the summed value is returned."""
     rehearse = group is REHEARSAL
     device = (params[0].device if params else torch.device("cpu")) if rehearse else collective_device(group, params)
-    by_dtype = {}
+    grads = []
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+        grads.append(p.grad)
     tail = torch.tensor([0.0 if extra is None else float(extra)], dtype=torch.float64)
-    buckets = []
-    for dtype, gs in by_dtype.items():
-        bucket, size = [], 0
-        for g in gs:
-            nbytes = g.numel() * g.element_size()
-            if bucket and size + nbytes > _BUCKET_BYTES:
-                buckets.append(bucket)
-                bucket, size = [], 0
-            bucket.append(g)
-            size += nbytes
-        if bucket:
-            buckets.append(bucket)
+    buckets = [[grads[i] for i in bucket]
+               for bucket in _core.gradient_buckets([(str(g.dtype), g.numel() * g.element_size()) for g in grads])]
     for i, bucket in enumerate(buckets):
         # One flat buffer per bucket, the last with the tail's slot: the bucket's bytes once, never
         # a second copy to append the tail (the exchange is a window's highest moment when the

@@ -18,8 +18,8 @@ What it is not: a second search or planner (both are C++), nor a packer (the C++
 through ``Plan.pack``).
 """
 import inspect
-import json
 import sys
+from types import SimpleNamespace
 
 import torch
 
@@ -34,7 +34,7 @@ from .losses import LOSSES, check_class_target, causal_shift, units_rule
 from .meters import meter_for, weight_bytes
 from .plans import Plan
 from .runner import PERSISTENT_WINDOW, ModuleRunner, persistent_memory, state_bytes
-from .sharding import header_record, measuring_optimizer, shard_arg, sharding_of, unsharded_view
+from .sharding import measuring_optimizer, shard_arg, sharding_of, unsharded_view
 from .snapshot import RestoreGuard, TrainingState
 from .window import autocast_dtype, batch_dependent_layers, trainable_parameters, warn_batch_dependent
 
@@ -97,9 +97,9 @@ def _optimizer_row(optimizer):
 
 
 def _setup_optimizer(optimizer):
-    """The plan's setup fields of the user's optimizer: optimizer, lr, hyperparameters, and (1.6)
-    flags and, for more than one parameter group, param_groups (each group's values and its
-    parameter count). The table of what each optimizer takes is the C++ one (_core.optimizer_table)."""
+    """A _core.Setup holding the user's optimizer: optimizer, lr, hyperparameters, flags and, for
+    more than one parameter group, param_groups (each group's values and its parameter count). The
+    table of what each optimizer takes is the C++ one (_core.optimizer_table)."""
     name, cls, table = _optimizer_row(optimizer)
     defaults = {}  # each constructor setting's default: torch's class, then a subclass's own
     for c in (cls, type(optimizer)):
@@ -107,15 +107,15 @@ def _setup_optimizer(optimizer):
                         if p.default is not inspect.Parameter.empty)
     groups = []
     for group in optimizer.param_groups:
-        lr, hp, flags = _group_values(group, type(optimizer).__name__, table, defaults)
-        groups.append({"lr": lr, "hyperparameters": hp, "flags": flags,
-                       "parameter_count": sum(p.numel() for p in group["params"])})
-    first = groups[0]
-    setup = {"optimizer": name, "lr": first["lr"], "hyperparameters": first["hyperparameters"]}
-    if first["flags"]:
-        setup["flags"] = first["flags"]
+        g = _core.OptimizerGroup()
+        g.lr, g.hyperparameters, g.flags = _group_values(group, type(optimizer).__name__, table, defaults)
+        g.parameter_count = sum(p.numel() for p in group["params"])
+        groups.append(g)
+    setup = _core.Setup()
+    setup.optimizer, setup.lr = name, groups[0].lr
+    setup.hyperparameters, setup.flags = groups[0].hyperparameters, groups[0].flags
     if len(groups) > 1:
-        setup["param_groups"] = [{k: v for k, v in g.items() if k != "flags" or v} for g in groups]
+        setup.param_groups = groups
     return setup
 
 
@@ -199,35 +199,38 @@ def _data(inputs, target, lengths, loss, loss_fn, ignore_index, padding_mask):
     return inputs, target, lengths
 
 
-def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trials):
-    """The profile's header: what was measured, on what, for what."""
-    optimizer_setup, inner = _setup_optimizer(optimizer), getattr(model, "module", model)  # inner: DDP's module
+def _setup(optimizer, inputs, target, cfg):
+    """The _core.Setup the windows trained with: the optimizer, precision, clipping, loss and the data's specs."""
+    setup = _setup_optimizer(optimizer)
+    setup.amp = {None: "none", torch.bfloat16: "bf16", torch.float16: "fp16"}[cfg["autocast"]]
+    setup.max_grad_norm, setup.loss = cfg["max_grad_norm"], cfg["loss"]
+    setup.normalization, setup.ignore_index = _recorded_normalization(cfg), cfg["ignore_index"]
     tensors = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
-    amp = {None: "none", torch.bfloat16: "bf16", torch.float16: "fp16"}[cfg["autocast"]]
-    budget = cfg["budget"]
     ragged = cfg["seq_range"] is not None
-    data_setup = {"inputs": [_spec(t, ragged) for t in tensors if isinstance(t, torch.Tensor)],
-                  "target": "" if target is None else _spec(target, ragged)}
+    setup.inputs = [_spec(t, ragged) for t in tensors if isinstance(t, torch.Tensor)]
+    setup.target = "" if target is None else _spec(target, ragged)
     if ragged:  # the range the (b, T) grid plans for, and the mask as the CLI's --padding-mask
-        lo, hi = cfg["seq_range"]
-        data_setup["seq_len"] = str(lo) if lo == hi else "%d..%d" % (lo, hi)
-        if cfg["padding_mask"]:
-            data_setup["padding_mask"] = True
-    return {
-        "schema": "accumplan.profile", "schema_version": _core.SCHEMA_VERSION,
-        "device": {"type": device.type, "index": device.index or 0, "name": meter.device_name,
-                   "total_bytes": budget if (budget is not None and meter.simulated) else meter.total_bytes},
-        "model": {"path": _core.PYTHON_MODEL_PREFIX + type(model).__name__, "sha256": "",
-                  "parameter_count": sum(p.numel() for p in model.parameters()),
-                  "batch_dependent_layers": batch_dependent_layers(model),
-                  "hf_gradient_checkpointing": getattr(inner, "supports_gradient_checkpointing", False) is True
-                  and callable(getattr(inner, "gradient_checkpointing_enable", None))},  # Trainer's flag calls it
-        "setup": dict(optimizer_setup, **{"amp": amp,
-                  "max_grad_norm": cfg["max_grad_norm"], "loss": cfg["loss"], "normalization": _recorded_normalization(cfg),
-                  "ignore_index": cfg["ignore_index"]}, **data_setup),
-        "libtorch_version": torch.__version__.split("+")[0], "probe": meter.probe_name, "budget_bytes": budget,
-        "persistent": persistent, "points": [], "trials": trials,
-    }
+        setup.set_seq_len(*cfg["seq_range"])
+        setup.padding_mask = bool(cfg["padding_mask"])
+    return setup
+
+
+def _header(model, inputs, target, optimizer, device, meter, cfg, persistent, trials):
+    """The profile's header (_core.Profile): what was measured, on what, for what."""
+    inner, budget = getattr(model, "module", model), cfg["budget"]  # inner: DDP's module
+    header = _core.Profile()
+    header.set_device(device.type, device.index or 0, meter.device_name,
+                      budget if (budget is not None and meter.simulated) else meter.total_bytes)
+    header.set_python_model(type(model).__name__, sum(p.numel() for p in model.parameters()),
+                            batch_dependent_layers(model),
+                            getattr(inner, "supports_gradient_checkpointing", False) is True
+                            and callable(getattr(inner, "gradient_checkpointing_enable", None)))  # Trainer's flag calls it
+    header.setup = _setup(optimizer, inputs, target, cfg)
+    header.libtorch_version, header.probe = torch.__version__.split("+")[0], meter.probe_name
+    header.budget_bytes = budget
+    header.set_persistent(**persistent)
+    header.trials = trials
+    return header
 
 
 def _recorded_normalization(cfg):
@@ -301,7 +304,27 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     Returns the ``Plan`` ``load_plan`` returns; ``plan.save(path)`` writes the file the CLI writes.
     The model, optimizer and RNG are left as they were; ValueError/TypeError name a bad argument
     before anything runs; OutOfMemoryAtOne when not even one sample fits."""
-    request = _request(target_batch, target_tokens, world_size, headroom, eval, eval_keep_outputs)
+    job = _job(model, optimizer, _request(target_batch, target_tokens, world_size, headroom, eval, eval_keep_outputs),
+               shard, progress)
+    job.inputs, job.target, lengths = _data(inputs, target, lengths, loss, loss_fn, ignore_index, padding_mask)
+    if job.shard == "auto" and not (isinstance(checkpointing, str) and checkpointing == "off"):
+        raise ValueError("shard='auto' with checkpointing=%s: plan one knob automatically at a time; pass "
+                         "shard='optimizer' or shard='off'" % shown_value(checkpointing))
+    job.knob = _checkpointing_arg(model, checkpointing, checkpoint_candidates, lengths)
+    if target_tokens is not None and lengths is None:
+        raise ValueError("target_tokens=%d counts the tokens of variable-length data: pass a list of sequences (or a "
+                         "padded batch with lengths=); otherwise use target_batch" % target_tokens)
+    job.device, job.cfg = _config(model, job.inputs, job.target, loss, loss_fn, device, amp, max_grad_norm,
+                                  normalization, ignore_index)
+    job.cfg.update(lengths=lengths, padding_mask=padding_mask, seq_range=_seq_range(lengths, max_seq_len),
+                   shift_labels=causal_shift(model, shift_labels) if shift_labels is not None else None)
+    return Plan._from_core(_measured_plan(job, model, optimizer, memory_budget),
+                           "accumplan.plan(%s)" % type(model).__name__)
+
+
+def _job(model, optimizer, request, shard, progress):
+    """The planning job so far: the request, the shard mode and the optimizer view a setup records,
+    the progress callback; each argument checked (ValueError/TypeError naming it)."""
     module_arg(model, "model")
     optimizer_arg(optimizer, model)
     shard, request.world_size = shard_arg(shard, optimizer, request.world_size)
@@ -309,39 +332,34 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     _setup_optimizer(view)
     if not (progress is None or isinstance(progress, bool)):
         callable_arg(progress, "progress", "True, False or a callable(line)")
-    inputs, target, lengths = _data(inputs, target, lengths, loss, loss_fn, ignore_index, padding_mask)
-    if shard == "auto" and not (isinstance(checkpointing, str) and checkpointing == "off"):
-        raise ValueError("shard='auto' with checkpointing=%s: plan one knob automatically at a time; pass "
-                         "shard='optimizer' or shard='off'" % shown_value(checkpointing))
-    knob = _checkpointing_arg(model, checkpointing, checkpoint_candidates, lengths)
-    if target_tokens is not None and lengths is None:
-        raise ValueError("target_tokens=%d counts the tokens of variable-length data: pass a list of sequences (or a "
-                         "padded batch with lengths=); otherwise use target_batch" % target_tokens)
-    device, cfg = _config(model, inputs, target, loss, loss_fn, device, amp, max_grad_norm, normalization,
-                          ignore_index)
-    cfg["lengths"], cfg["padding_mask"] = lengths, padding_mask
-    cfg["seq_range"] = _seq_range(lengths, max_seq_len)
-    cfg["shift_labels"] = causal_shift(model, shift_labels) if shift_labels is not None else None
-    say = _say(progress)
+    return SimpleNamespace(request=request, shard=shard, view=view, say=_say(progress))
+
+
+def _budget_bytes(memory_budget, total):
+    """memory_budget in bytes (None: none), by the CLI's parser (_core.resolve_budget)."""
+    if memory_budget is None:
+        return None
+    text = str(memory_budget) if isinstance(memory_budget, str) else str(int_arg(memory_budget, "memory_budget", 1,
+                                                                                 _core.MAX_BYTES))
+    return _core.resolve_budget(text, total)
+
+
+def _measured_plan(job, model, optimizer, memory_budget):
+    """The searched plan (_core.Plan) of a checked job, measured on the model with the model,
+    optimizer and RNG put back after, also when interrupted."""
+    request, cfg, view, say = job.request, job.cfg, job.view, job.say
     warn_batch_dependent(batch_dependent_layers(model))
-    sharding = sharding_of(view, model, request.world_size, device) if shard != "off" else None
-    measuring = measuring_optimizer(view, sharding) if shard == "optimizer" else optimizer
+    sharding = sharding_of(view, model, request.world_size, job.device) if job.shard != "off" else None
+    measuring = measuring_optimizer(view, sharding) if job.shard == "optimizer" else optimizer
     weights = weight_bytes(model, view)  # a parameter the optimizer holds beside the model's is held too
-    state = state_bytes(measuring)
     guard = RestoreGuard()  # Ctrl-C from here on cannot cut the put-back below in half
     try:
-        held = weights + state + ddp_bucket_bytes(model)  # what the meter, started now, would not count
-        guard.protected(lambda: guard.hold(TrainingState(model, optimizer, device), meter_for(device, held)))
+        held = weights + state_bytes(measuring) + ddp_bucket_bytes(model)  # what the meter, started now, would not count
+        guard.protected(lambda: guard.hold(TrainingState(model, optimizer, job.device), meter_for(job.device, held)))
         meter = guard.meter
-        total = meter.total_bytes
-        budget = None
-        if memory_budget is not None:
-            text = str(memory_budget) if isinstance(memory_budget, str) else str(int_arg(memory_budget, "memory_budget",
-                                                                                         1, _core.MAX_BYTES))
-            budget = _core.resolve_budget(text, total)
-        cfg["budget"] = budget
+        cfg["budget"] = _budget_bytes(memory_budget, meter.total_bytes)
         cfg["exchange"] = request.world_size > 1  # every window makes a rank's gradient exchange
-        runner = ModuleRunner(meter, model, measuring, inputs, target, cfg)
+        runner = ModuleRunner(meter, model, measuring, job.inputs, job.target, cfg)
         runner.shares = (view, sharding) if sharding else None
         guard.also_undo(runner.checkpointed.remove)  # nothing is wrapped before set_checkpointing
         request.budget_is_simulated = meter.simulated
@@ -353,46 +371,39 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
                     ", holding rank %d's optimizer state of %d" % (sharding["measured_rank"], request.world_size)))
             persistent, trials, over = persistent_memory(runner, meter, weights, state_bytes(runner.optimizer))
             request.persistent_over_budget = over
-            header = _header(model, inputs, target, view, device, meter, cfg, persistent, trials)
+            header = _header(model, job.inputs, job.target, view, job.device, meter, cfg, persistent, trials)
             if runner.optimizer is not optimizer:
-                header["sharding"] = header_record(sharding)
-            if cfg["exchange"]:
-                header["gradient_exchange"] = True
-            return _core.search_plan(runner, json.dumps(header), request, say)
+                header.set_sharding(sharding["world_size"], sharding["per_rank_state_bytes"], sharding["measured_rank"])
+            header.gradient_exchange = cfg["exchange"]
+            return _core.search_plan(runner, header, request, say)
         restart = lambda: guard.protected(guard.snapshot.restore)  # noqa: E731 - the state before the first window
-        if shard == "auto":
-            planned = _auto_sharded_search(runner, search, restart, view, sharding, request.world_size, say)
-        else:
-            planned = search() if knob is None else _checkpointed_search(runner, search, restart, knob, request, say)
+        if job.shard == "auto":
+            return _auto_sharded_search(runner, search, restart, view, sharding, request.world_size, say)
+        if job.knob is None:
+            return search()
+        return _checkpointed_search(runner, search, restart, job.knob, request, say)
     except _core.InfeasibleError as e:
         raise oom_error(e) from None
     except _core.InputError as e:
         raise plan_error(e) from None
     finally:
         guard.put_back()  # the wraps removed, the meter closed, the state restored, Ctrl-C held meanwhile
-    return Plan._from_core(planned, "accumplan.plan(%s)" % type(model).__name__)
 
 
 def _auto_sharded_search(runner, search, restart, view, sharding, world_size, say):
-    """shard="auto": the unsharded search; when the core's sharding_gain says the freed state fits a
-    larger microbatch (or not one sample fit), again from the state before the first window with the
-    largest share's measuring optimizer. The reason says which."""
-    freed = sharding["freed_bytes"]
-    try:
-        unsharded = search()
-    except _core.InfeasibleError:
-        unsharded = None
-    if unsharded is not None and _core.sharding_gain(unsharded, freed) is None:
-        _core.note_auto_sharding(unsharded, world_size, freed, False)
-        return unsharded
-    if say:
-        say("sharding the optimizer state over %d ranks frees %d KiB per rank: searching again sharded"
-            % (world_size, freed // 1024))
-    restart()
-    runner.optimizer = measuring_optimizer(view, sharding)
-    planned = search()
-    _core.note_auto_sharding(planned, world_size, freed, True)
-    return planned
+    """shard="auto", the core's choice (_core.plan_auto_sharding): the unsharded search, then, when it
+    says so, again from the state before the first window with the largest share's measuring optimizer."""
+    def unsharded():
+        try:
+            return search()
+        except _core.InfeasibleError:
+            return None
+
+    def sharded():
+        restart()
+        runner.optimizer = measuring_optimizer(view, sharding)
+        return search()
+    return _core.plan_auto_sharding(unsharded, sharded, world_size, sharding["freed_bytes"], say)
 
 
 def _seq_range(lengths, max_seq_len):

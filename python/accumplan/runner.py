@@ -136,11 +136,6 @@ class ModuleRunner(_core.WindowRunner):
                              "checkpointing='off'" % (n, meter.device_name))
         return costs[0], (int(peaks[0]), time.perf_counter() - t0)
 
-    def _limit(self, budget):
-        if budget == _core.WindowBudget.LIFTED or self.budget is None:
-            return None
-        return self.budget * (2 if budget == _core.WindowBudget.DOUBLED else 1)
-
     def measured(self, window):
         """Runs ``window()`` (a measured window under the meter's limit) with an out-of-memory
         reported (True) rather than raised; the limit is lifted after, and after an out-of-memory
@@ -159,12 +154,12 @@ class ModuleRunner(_core.WindowRunner):
             meter.clear()
         return oom
 
-    def run_window(self, sizes, seq_len, budget):
+    def run_window(self, sizes, seq_len, limit_bytes):
         if seq_len and self.cfg["lengths"] is None:
             raise plan_error("the search asked for sequences of %d tokens, but the data has fixed shapes" % seq_len)
-        return self.measure(list(sizes), self._limit(budget), seq_len or None)
+        return self.measure(list(sizes), limit_bytes, seq_len or None)
 
-    def run_rank_window(self, rank, sizes, seq_len, budget):
+    def run_rank_window(self, rank, sizes, seq_len, limit_bytes):
         """Sharded state: a window whose optimizer holds rank `rank`'s share, after one that lets it
         allocate that share's state; the largest share's optimizer stays alive beside it (the core's
         search takes its state off). None when the windows hold no share."""
@@ -174,8 +169,8 @@ class ModuleRunner(_core.WindowRunner):
         largest = self.optimizer
         self.optimizer = measuring_optimizer(view, dict(sharding, measured_rank=rank))
         try:
-            first = self.run_window(sizes, seq_len, budget)
-            m = first if first.oom else self.run_window(sizes, seq_len, budget)
+            first = self.run_window(sizes, seq_len, limit_bytes)
+            m = first if first.oom else self.run_window(sizes, seq_len, limit_bytes)
         finally:
             self.optimizer = largest  # the rank's optimizer and its state dropped
         if m is not first:
@@ -229,12 +224,12 @@ class ModuleRunner(_core.WindowRunner):
         m.seconds = time.perf_counter() - t0
         return m
 
-    def run_eval_window(self, sizes, seq_len, budget, keep_outputs):
+    def run_eval_window(self, sizes, seq_len, limit_bytes, keep_outputs):
         """One evaluation window (the core's evaluation loop, the one plan.evaluate runs) with the
         weights and optimizer state resident and the gradients freed: each microbatch's peak, its
         data excluded; an OOM is reported."""
         m, meter, t0 = _core.EvalMeasurement(), self.meter, time.perf_counter()
-        n, limit = sum(sizes), self._limit(budget)
+        n, limit = sum(sizes), limit_bytes
         zero_grads(trainable_parameters(self.model), self.optimizer)  # zero_grad(set_to_none=True)
         inputs, target, lengths, data = self.held_data(n, seq_len or None)
         peaks = []

@@ -5,16 +5,14 @@ process holds, the optimizer class and groups it shards); ``plan(shard=)`` check
 real step of the user's optimizer leaves on each parameter (its group's layout, none where no
 gradient comes); and the measuring optimizer: the same class and groups over the parameters of the rank with the
 largest share only, so each planning window holds exactly what that rank holds (every weight and
-gradient, its share of the state). What it is not: the partition, the shares or the choice of
-shard="auto" — the core's (``_core.shard_optimizer_state``, ``_core.sharding_gain``).
+gradient, its share of the state). What it is not: the shard modes, the partition, the shares or the
+choice of shard="auto" — the core's (``_core.SHARD_MODES``, ``_core.shard_optimizer_state``,
+``_core.plan_auto_sharding``).
 """
 import torch
 
 from . import _core
 from ._args import choice_arg
-
-SHARDS = ("off", "optimizer", "auto")
-
 
 def zero_class():
     """torch's ZeroRedundancyOptimizer, or None where torch.distributed has none."""
@@ -49,7 +47,7 @@ def shard_arg(shard, optimizer, world_size):
     ZeroRedundancyOptimizer plans sharded over its own group; ValueError naming the argument."""
     if shard is None:
         shard = "optimizer" if is_zero(optimizer) else "off"
-    shard = choice_arg(shard, "shard", SHARDS)
+    shard = choice_arg(shard, "shard", _core.SHARD_MODES)
     if is_zero(optimizer):
         if shard != "optimizer":
             raise ValueError("shard=%r: the optimizer is a ZeroRedundancyOptimizer, whose state is always sharded; "
@@ -62,9 +60,10 @@ def shard_arg(shard, optimizer, world_size):
             raise ValueError("optimizer: the ZeroRedundancyOptimizer shards over 1 rank, so it holds the whole state; "
                              "plan in a process group of at least 2 ranks, or pass the optimizer it wraps (%s) with "
                              "shard='off'" % optimizer.optim.__class__.__name__)
-    if shard != "off" and world_size < 2:
-        raise ValueError("shard=%r shards the optimizer state over the ranks: pass world_size= of at least 2, or "
-                         "shard='off'" % shard)
+    try:
+        _core.check_shard_mode(shard, world_size)
+    except _core.InputError as e:
+        raise ValueError(str(e)) from None
     return shard, world_size
 
 
@@ -127,11 +126,6 @@ def measuring_optimizer(view, sharding):
         if mine:
             groups.append(dict(g, params=mine))
     return view.__class__(groups)
-
-
-def header_record(sharding):
-    """What the profile header states of a sharding (the core's 1.9 fields)."""
-    return {k: sharding[k] for k in ("optimizer", "world_size", "per_rank_state_bytes", "measured_rank")}
 
 
 def check_plan_and_optimizer(plan, optimizer):

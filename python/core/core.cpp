@@ -28,8 +28,6 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "accumplan/checkpoint.h"
 #include "accumplan/errors.h"
 #include "accumplan/exporters.h"
@@ -62,23 +60,26 @@ std::vector<std::vector<int64_t>> pack(const std::vector<int64_t>& lengths, int6
   return pack_by_token_budget(lengths, token_budget, c);
 }
 
-// A WindowRunner written in Python: a subclass defines run_window(sizes, seq_len, budget) and
-// returns a WindowMeasurement. Its exceptions cross the search unchanged (error_already_set).
+// A WindowRunner written in Python: a subclass defines run_window(sizes, seq_len, limit_bytes)
+// and returns a WindowMeasurement; limit_bytes is the search's (None: no limit). Its exceptions cross the search unchanged (error_already_set).
 class PyWindowRunner : public WindowRunner {
  public:
   using WindowRunner::WindowRunner;
-  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget) override {
-    PYBIND11_OVERRIDE_PURE(WindowMeasurement, WindowRunner, run_window, sizes, seq_len, budget);
+  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len,
+                               std::optional<int64_t> limit_bytes) override {
+    PYBIND11_OVERRIDE_PURE(WindowMeasurement, WindowRunner, run_window, sizes, seq_len, limit_bytes);
   }
   // Optional in Python: a runner without run_eval_window does not evaluate (no plan.eval).
-  std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget,
-                                                 bool keep_outputs) override {
-    PYBIND11_OVERRIDE(std::optional<EvalMeasurement>, WindowRunner, run_eval_window, sizes, seq_len, budget, keep_outputs);
+  std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t seq_len,
+                                                 std::optional<int64_t> limit_bytes, bool keep_outputs) override {
+    PYBIND11_OVERRIDE(std::optional<EvalMeasurement>, WindowRunner, run_eval_window, sizes, seq_len, limit_bytes,
+                      keep_outputs);
   }
   // Optional in Python: accumplan/runner.py holds another rank's share where the windows shard.
   std::optional<WindowMeasurement> run_rank_window(int64_t rank, const std::vector<int64_t>& sizes, int64_t seq_len,
-                                                   WindowBudget budget) override {
-    PYBIND11_OVERRIDE(std::optional<WindowMeasurement>, WindowRunner, run_rank_window, rank, sizes, seq_len, budget);
+                                                   std::optional<int64_t> limit_bytes) override {
+    PYBIND11_OVERRIDE(std::optional<WindowMeasurement>, WindowRunner, run_rank_window, rank, sizes, seq_len,
+                      limit_bytes);
   }
   // accumplan/measure.py wraps the named modules (accumplan.checkpointing.apply_checkpointing).
   void set_checkpointing(const std::vector<std::string>& modules) override {
@@ -114,9 +115,6 @@ PlanRequest plan_request(const SearchRequest& r) {
   return request;
 }
 
-// The confirmed plan's JSON (its profile, every window included, is in it): the probe schedule
-// and the plan, from a profile whose header (device, model, setup, persistent memory, budget, the
-// persistent step's trials) the runner's owner measured.
 // The search's settings for windows on the profile's device under its budget.
 SearchSettings settings_of(const Profile& profile, bool budget_is_simulated, const py::object& progress) {
   SearchSettings settings;
@@ -128,10 +126,13 @@ SearchSettings settings_of(const Profile& profile, bool budget_is_simulated, con
   return settings;
 }
 
-std::shared_ptr<Plan> search_plan(WindowRunner& runner, const std::string& header_text,
-                        const SearchRequest& r, const py::object& progress) {
+// The confirmed plan (its profile, every window included, is in it): the probe schedule and the
+// plan, from a profile whose header (device, model, setup, persistent memory, budget, the
+// persistent step's trials) the runner's owner measured and set through _core.Profile.
+std::shared_ptr<Plan> search_plan(WindowRunner& runner, Profile profile, const SearchRequest& r,
+                                  const py::object& progress) {
   PlanRequest request = plan_request(r);
-  Profile profile = profile_from_json(parse_json_text(header_text, "the profile header"));
+  check_profile_header(profile);
   if (profile.budget_bytes) request.budget.bytes = profile.budget_bytes;
   SearchSettings settings = settings_of(profile, r.budget_is_simulated, progress);
   settings.persistent_over_budget = r.persistent_over_budget;
@@ -139,8 +140,8 @@ std::shared_ptr<Plan> search_plan(WindowRunner& runner, const std::string& heade
   // target_tokens holds a number of sequences that depends on their lengths: memory bounds them.
   settings.max_probe_micro_batch = r.target_tokens != 0 ? 0 : r.target_batch / std::max<int64_t>(1, r.world_size);
   // Variable-length data: the header's setup.seq_len is the range the (b, T) grid plans for, as
-  // `accumplan profile --seq-len` gives it (accumplan/measure.py writes the data's own range).
-  if (!profile.setup.seq_len.empty()) settings.seq_range = parse_seq_len(profile.setup.seq_len, "seq_len");
+  // `accumplan profile --seq-len` gives it (accumplan/measure.py gives the data's own range).
+  settings.seq_range = profile.setup.seq_len;
   std::vector<Trial> trials = profile.trials;
   Search search(runner, settings, trials);
   search.profile(profile);
@@ -392,6 +393,8 @@ void bind_arithmetic(py::module_& m) {
         py::arg("unit") = 1);
   m.def("pack_by_token_budget", &pack, py::arg("lengths"), py::arg("token_budget"), py::arg("cost") = py::none());
   m.def("token_windows", &token_windows, py::arg("valid_tokens"), py::arg("target_tokens"));
+  m.def("gradient_buckets", [](const std::vector<std::pair<std::string, int64_t>>& g) { return gradient_buckets(g); },
+        py::arg("gradients"), "the gradient exchange's buckets of [(dtype, bytes)] in order: each bucket's indices");
   m.def("is_batch_dependent_type", &is_batch_dependent_type, py::arg("type"), py::arg("tracks_running_stats"),
         "whether a module of this class name mixes the samples of its batch (BatchNorm*, tracking InstanceNorm*)");
   m.def("resolve_budget", &resolve_budget, py::arg("text"), py::arg("device_total_bytes"),
@@ -423,10 +426,6 @@ int command_line(const std::vector<std::string>& args) {
 }
 
 void bind_search(py::module_& m) {
-  py::enum_<WindowBudget>(m, "WindowBudget")
-      .value("ENFORCED", WindowBudget::Enforced)
-      .value("DOUBLED", WindowBudget::Doubled)
-      .value("LIFTED", WindowBudget::Lifted);
   py::class_<WindowMeasurement>(m, "WindowMeasurement")
       .def(py::init<>())
       .def_readwrite("oom", &WindowMeasurement::oom)
@@ -449,11 +448,11 @@ void bind_search(py::module_& m) {
       .def_readonly("sizes", &EvalMeasurement::sizes);
   py::class_<WindowRunner, PyWindowRunner>(m, "WindowRunner")
       .def(py::init<>())
-      .def("run_window", &WindowRunner::run_window, py::arg("sizes"), py::arg("seq_len"), py::arg("budget"))
-      .def("run_eval_window", &WindowRunner::run_eval_window, py::arg("sizes"), py::arg("seq_len"), py::arg("budget"),
+      .def("run_window", &WindowRunner::run_window, py::arg("sizes"), py::arg("seq_len"), py::arg("limit_bytes"))
+      .def("run_eval_window", &WindowRunner::run_eval_window, py::arg("sizes"), py::arg("seq_len"), py::arg("limit_bytes"),
            py::arg("keep_outputs"))
       .def("run_rank_window", &WindowRunner::run_rank_window, py::arg("rank"), py::arg("sizes"), py::arg("seq_len"),
-           py::arg("budget"))
+           py::arg("limit_bytes"))
       .def("set_checkpointing", &WindowRunner::set_checkpointing, py::arg("modules"));
   py::class_<SearchRequest>(m, "SearchRequest")
       .def(py::init<>())
@@ -486,9 +485,10 @@ void bind_search(py::module_& m) {
         py::arg("head_bytes_per_sample"), py::arg("applied"),
         py::arg("choose"), py::arg("budget_is_simulated"), py::arg("costs_window"), py::arg("progress") = py::none(),
         "the searched plan with its activation checkpointing chosen (and confirmed by a window) or stated");
-  m.def("search_plan", &search_plan, py::arg("runner"), py::arg("header"), py::arg("request"),
+  m.def("search_plan", &search_plan, py::arg("runner"), py::arg("profile"), py::arg("request"),
         py::arg("progress") = py::none(),
-        "the plan JSON of the measurement search `accumplan profile` runs, on the runner's windows");
+        "the plan of the measurement search `accumplan profile` runs, on the runner's windows, from the profile's "
+        "header (_core.Profile)");
   m.def("main", &command_line, py::arg("args"),
         "`accumplan plan|export|report ARGS...` as the executable runs them (its code, options, messages and exit "
         "codes): python -m accumplan");
@@ -505,6 +505,7 @@ PYBIND11_MODULE(_core, m) {
   bind_loss_rules(m);
   bind_plan_rules(m);
   bind_plan_object(m);
+  bind_profile_object(m);
   bind_window_loop(m);
   bind_constants(m);
   bind_arithmetic(m);

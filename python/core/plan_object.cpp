@@ -57,24 +57,18 @@ namespace {
 
 using PlanPtr = std::shared_ptr<Plan>;
 
-// The schema_version the text itself states ("1.2"); the object is the writer's version.
-std::string stated_version(const std::string& text) {
-  const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_object() && doc.contains("schema_version") && doc["schema_version"].is_string()) {
-    return doc["schema_version"].get<std::string>();
-  }
-  return "";
-}
-
-// (the plan, the version its text states) of a plan file, with `accumplan run --plan`'s refusals
-// and messages ("plan 'p.json': ..." where the CLI says "--plan 'p.json': ...").
-std::pair<PlanPtr, std::string> read_file(const std::string& path) {
-  const std::string text = read_text_file(path, "plan");
-  return {std::make_shared<Plan>(plan_from_text(text, "plan '" + path_for_message(path) + "'")), stated_version(text)};
-}
-
+// (the plan, the schema_version its text states, "1.2"; the object is the writer's version) of
+// plan JSON text, parsed once; messages start with `source`.
 std::pair<PlanPtr, std::string> read_text(const std::string& text, const std::string& source) {
-  return {std::make_shared<Plan>(plan_from_text(text, source)), stated_version(text)};
+  std::string version;
+  PlanPtr plan = std::make_shared<Plan>(plan_from_text(text, source, &version));
+  return {plan, version};
+}
+
+// A plan file, with `accumplan run --plan`'s refusals and messages ("plan 'p.json': ..." where
+// the CLI says "--plan 'p.json': ...").
+std::pair<PlanPtr, std::string> read_file(const std::string& path) {
+  return read_text(read_text_file(path, "plan"), "plan '" + path_for_message(path) + "'");
 }
 
 }  // namespace

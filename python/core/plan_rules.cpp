@@ -11,9 +11,11 @@
 // each rank's share, and what shard="auto" weighs.
 // What it is not: Python's type checks (accumplan/_args.py), which run before a call reaches here.
 #include <pybind11/pybind11.h>
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <memory>
 #include <string>
@@ -27,18 +29,6 @@ namespace py = pybind11;
 
 namespace accumplan {
 namespace {
-
-// A trial as the profile's JSON writes one (the fields a persistent step's trial has).
-py::dict trial_dict(const Trial& t) {
-  py::dict d;
-  d["kind"] = t.kind;
-  d["micro_batch"] = t.micro_batch;
-  d["fit"] = t.fit;
-  d["peak_bytes"] = t.peak_bytes;
-  d["seconds"] = t.seconds;
-  d["window"] = t.window;
-  return d;
-}
 
 // The sharding of `group_numels` over `world_size` ranks, as the profile header states it, with
 // each parameter's rank (`partition`, group order) and what it frees on the largest share.
@@ -70,15 +60,28 @@ void bind_sharding(py::module_& m) {
         "(bytes per element, bytes per parameter) of the state one step left on parameters of one and two elements");
   m.def("predicted_peak_of_rank", &predicted_peak_of_rank, py::arg("plan"), py::arg("rank"),
         "the peak the plan predicts on this rank: a sharded plan's per_rank_peak_bytes, otherwise memory.predicted_peak_bytes");
-  m.def("sharding_gain", [](const Plan& unsharded, int64_t freed_bytes) { return sharding_gain(unsharded, freed_bytes); },
-        py::arg("unsharded"), py::arg("freed_bytes"),
-        "the microbatch the unsharded plan's line gives with freed_bytes freed when larger than its own; None: no gain");
-  m.def("note_auto_sharding",
-        [](Plan& plan, int64_t world_size, int64_t freed_bytes, bool sharded) {
-          plan.reason += auto_sharding_note(plan, world_size, freed_bytes, sharded);
-        },
-        py::arg("plan"), py::arg("world_size"), py::arg("freed_bytes"), py::arg("sharded"),
-        "appends to the plan's reason what shard='auto' decided");
+  m.attr("SHARD_MODES") = py::tuple(py::cast(shard_mode_names()));
+  m.def("check_shard_mode", [](const std::string& shard, int64_t world_size) { parse_shard_mode(shard, world_size); },
+        py::arg("shard"), py::arg("world_size"), "InputError naming a shard mode that is not one, or one without ranks");
+  m.def(
+      "plan_auto_sharding",
+      [](const py::function& unsharded, const py::function& sharded, int64_t world_size, int64_t freed_bytes,
+         const py::object& progress) {
+        std::function<void(const std::string&)> say;
+        if (!progress.is_none()) say = [progress](const std::string& line) { progress(line); };
+        const Plan kept = plan_auto_sharding(
+            [&]() -> std::optional<Plan> {
+              const py::object plan = unsharded();
+              if (plan.is_none()) return std::nullopt;
+              return plan.cast<Plan>();
+            },
+            [&]() { return sharded().cast<Plan>(); }, world_size, [freed_bytes] { return freed_bytes; }, say);
+        return std::make_shared<Plan>(kept);
+      },
+      py::arg("unsharded"), py::arg("sharded"), py::arg("world_size"), py::arg("freed_bytes"),
+      py::arg("progress") = py::none(),
+      "shard='auto': the unsharded search's plan (unsharded() returns None when not one sample fits) or, when "
+      "sharding frees enough for a larger microbatch, sharded()'s; the reason says which");
 }
 
 }  // namespace
@@ -98,12 +101,12 @@ void bind_plan_rules(py::module_& m) {
       .def_property_readonly("over_budget", &PersistentStep::over_budget,
                              "whether an attempt under the budget ran out of memory")
       .def("measured", [](const PersistentStep& s, int64_t peak_bytes, double seconds) {
-             return trial_dict(s.measured(peak_bytes, seconds));
+             return s.measured(peak_bytes, seconds);
            }, py::arg("peak_bytes"), py::arg("seconds"), "the trial of an attempt that ran, its fit judged")
       .def_static("check_loss", &PersistentStep::check_loss, py::arg("loss"),
                   "InputError when the first window's loss is not finite (the optimizer could not step)")
       .def("out_of_memory", [](PersistentStep& s, double seconds, const std::string& device_name) {
-             return trial_dict(s.out_of_memory(seconds, device_name));
+             return s.out_of_memory(seconds, device_name);
            }, py::arg("seconds"), py::arg("device_name"),
            "the trial of an attempt that ran out of memory; InfeasibleError when it ran without a budget");
   bind_sharding(m);

@@ -28,6 +28,7 @@
 #include "accumplan/report.h"
 #include "accumplan/schema.h"
 #include "accumplan/setup_rules.h"
+#include "accumplan/sharding.h"
 #include "accumplan/solver.h"
 #include "accumplan/units.h"
 #include "cli/commands.h"
@@ -153,8 +154,10 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
   for (const std::string& name : optimizer_names()) names += (names.empty() ? "" : " | ") + name;
   choice(app->add_option("--optimizer", a.optimizer, names))->capture_default_str()->group(opt_group);
   choice(app->add_option("--shard", a.shard,
-                         "off | optimizer: the optimizer state sharded over --world-size ranks as torch's "
-                         "ZeroRedundancyOptimizer partitions it (ZeRO-1); the windows hold the largest rank's share"))
+                         "off | optimizer | auto: optimizer shards the optimizer state over --world-size ranks as "
+                         "torch's ZeroRedundancyOptimizer partitions it (ZeRO-1), the windows holding the largest "
+                         "rank's share; auto plans unsharded and searches again sharded only when the state it frees "
+                         "lets a larger microbatch fit (or not one sample fits unsharded)"))
       ->capture_default_str()
       ->group(opt_group);
   a.lr_option = app->add_option("--lr", a.lr, "learning rate (" + defaults_help("lr") + ")")->group(opt_group);
@@ -225,16 +228,7 @@ RunnerOptions runner_options(const DeviceArgs& a) {
   s.loss = given(a.loss_option) ? a.loss : defaults ? defaults->loss : "cross_entropy";
   s.optimizer = a.optimizer;
   o.world_size = a.plan.world_size;
-  if (a.shard != "off" && a.shard != "optimizer") {
-    throw InputError("--shard '" + cut_for_message(a.shard) + "': choose off or optimizer");
-  }
-  if (a.shard == "optimizer") {
-    if (a.plan.world_size < 2) {
-      throw InputError("--shard optimizer shards the optimizer state over the ranks: give --world-size of at least 2 "
-                       "(or --shard off)");
-    }
-    o.shard_world_size = a.plan.world_size;
-  }
+  if (parse_shard_mode(a.shard, a.plan.world_size) == ShardMode::Optimizer) o.shard_world_size = a.plan.world_size;
   s.lr = a.lr_option->count() > 0 ? a.lr : optimizer_info(a.optimizer).default_lr;  // make_optimizer refuses lr < 0
   const char* names[] = {"momentum", "weight_decay", "beta1", "beta2", "eps", "alpha"};
   const double values[] = {a.momentum, a.weight_decay, a.beta1, a.beta2, a.eps, a.alpha};
@@ -249,12 +243,12 @@ RunnerOptions runner_options(const DeviceArgs& a) {
   if (!a.seq_len.empty() && !a.seq_len_file.empty()) {
     throw InputError("give --seq-len (a range) or --seq-len-file (observed lengths), not both");
   }
-  if (!a.seq_len.empty()) s.seq_len = parse_seq_len(a.seq_len, "--seq-len").text();
+  if (!a.seq_len.empty()) s.seq_len = parse_seq_len(a.seq_len, "--seq-len");
   if (!a.seq_len_file.empty()) {
     const std::vector<int64_t> lengths = read_seq_len_file(a.seq_len_file);
     s.seq_len = SeqLenRange{*std::min_element(lengths.begin(), lengths.end()),
-                            *std::max_element(lengths.begin(), lengths.end())}.text();
-    o.seq_len_source = "--seq-len-file '" + path_for_message(a.seq_len_file) + "' (lengths " + s.seq_len + ")";
+                            *std::max_element(lengths.begin(), lengths.end())};
+    o.seq_len_source = "--seq-len-file '" + path_for_message(a.seq_len_file) + "' (lengths " + s.seq_len->text() + ")";
   }
   s.padding_mask = a.padding_mask;
   if (!a.batch_file.empty()) {
@@ -398,6 +392,10 @@ static void add_profile_command(CLI::App& root, std::vector<Command>& commands) 
                                        {"--seq-len-file", pargs->seq_len_file}});
                         check_checkpointing(*pargs);
                         RunnerOptions o = runner_options(*pargs);
+                        if (parse_shard_mode(pargs->shard, pargs->plan.world_size) == ShardMode::Auto) {
+                          throw InputError("--shard auto chooses while planning; `accumplan profile` measures one way: "
+                                           "give --shard off or --shard optimizer");
+                        }
                         const std::shared_ptr<Progress> progress = make_stderr_progress(pargs->progress, "step", 0);
                         o.progress = step_callback(progress);
                         if (pargs->plan.target_batch < 0 || pargs->plan.world_size < 1) {
@@ -420,6 +418,32 @@ static void add_profile_command(CLI::App& root, std::vector<Command>& commands) 
                                   << steps_summary(p.trials);
                         return 0;
                       }});
+}
+
+// The root job's search on the device: one, or under --shard auto the core's choice between an
+// unsharded search and a sharded one (plan_auto_sharding), each on a runner of its own.
+static Plan plan_on_device(const DeviceArgs& a, const RunnerOptions& o, PlanRequest req) {
+  auto probe = open_probe(a, o);
+  int64_t freed = 0;
+  auto search = [&](const RunnerOptions& with, bool weigh_sharding) {
+    ProbeRunner runner(*probe, with);
+    if (weigh_sharding) freed = runner.freed_by_sharding(a.plan.world_size);
+    Profile profile = runner.profile();
+    if (runner.budget_bytes()) req.budget.bytes = runner.budget_bytes();
+    return runner.plan_and_confirm(profile, req, !a.no_eval, a.eval_keep_outputs);
+  };
+  if (parse_shard_mode(a.shard, a.plan.world_size) != ShardMode::Auto) return search(o, false);
+  RunnerOptions sharded = o;
+  sharded.shard_world_size = a.plan.world_size;
+  auto unsharded = [&]() -> std::optional<Plan> {
+    try {
+      return search(o, true);
+    } catch (const InfeasibleError&) {
+      return std::nullopt;
+    }
+  };
+  return plan_auto_sharding(unsharded, [&] { return search(sharded, false); }, a.plan.world_size,
+                            [&] { return freed; }, o.progress);
 }
 
 Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
@@ -461,7 +485,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
                            {"--seq-len-file", args->seq_len_file}});
             if (!args->report.empty()) report_format_for("", args->report);
             RunnerOptions o = runner_options(*args);
-            if (by_tokens && o.setup.seq_len.empty() && !o.batch_file) {
+            if (by_tokens && !o.setup.seq_len && !o.batch_file) {
               throw InputError("--target-tokens " + std::to_string(args->plan.target_tokens) + " counts the tokens of "
                                "variable-length data: give inputs with a sequence dimension and --seq-len (--input "
                                "int64[B,T]:50257 --seq-len 16..1024), or a ragged --batch-file; otherwise use --target-batch");
@@ -470,11 +494,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
             o.progress = step_callback(progress);
             // With --target-tokens the window in sequences depends on the lengths: probes are bounded by memory alone.
             o.max_probe_micro_batch = by_tokens ? 0 : args->plan.target_batch / args->plan.world_size;
-            auto probe = open_probe(*args, o);
-            ProbeRunner runner(*probe, o);
-            Profile profile = runner.profile();
-            if (runner.budget_bytes()) req.budget.bytes = runner.budget_bytes();
-            const Plan plan = runner.plan_and_confirm(profile, req, !args->no_eval, args->eval_keep_outputs);
+            const Plan plan = plan_on_device(*args, o, req);
             progress->finish();
             // Written before the summary, files before stdout: an output that cannot be written (a
             // full disk) is one error line, with no summary of a plan never saved and no plan on stdout.

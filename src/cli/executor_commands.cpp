@@ -9,7 +9,7 @@
 // Data parallel: when WORLD_SIZE > 1 (torchrun --no_python sets RANK, WORLD_SIZE, LOCAL_RANK,
 // MASTER_ADDR, MASTER_PORT), `run` joins a c10d group (Gloo on cpu, NCCL on cuda when built),
 // iterates global windows of B = W x per_rank_batch samples in order and gives rank r the strided
-// share r, r+W, ... of each (shard_window). Outputs: rank 0 writes --stats/--save/--plan-out; a
+// share r, r+W, ... of each (stride_window). Outputs: rank 0 writes --stats/--save/--plan-out; a
 // path containing "{rank}" is written by every rank with its rank substituted.
 // `run` also shows progress (observe/progress.h: one updating line on a terminal, plain lines in
 // a log, --progress), writes a per-window series into --stats, and with --trace a Chrome trace
@@ -332,7 +332,7 @@ RunData load_run_data(const RunArgs& a, Prepared& p) {
   if (!a.seq_len_file.empty() && !a.data.empty()) {
     throw InputError("--seq-len-file draws the lengths of synthetic data; with --data the lengths are the data's own");
   }
-  if (!a.seq_len_file.empty() && p.plan.setup.seq_len.empty()) {
+  if (!a.seq_len_file.empty() && !p.plan.setup.seq_len) {
     throw InputError("--seq-len-file applies to plans for variable-length data (setup.seq_len); this plan is for fixed shapes");
   }
   std::optional<int64_t> budget;
@@ -431,7 +431,7 @@ RunRecord run_record_base(const Prepared& p, const Communicator* comm, const Run
   r.world_size = comm ? comm->world_size() : 1;
   r.rank = comm ? comm->rank() : 0;
   r.backend = comm ? comm->backend() : std::string("none");
-  r.sharding = comm ? "strided: rank r takes samples r, r+W, r+2W, ... of each global window" : "none";
+  r.striding = comm ? "strided: rank r takes samples r, r+W, r+2W, ... of each global window" : "none";
   r.normalization = to_string(p.loss.normalization);
   r.amp = setup.amp;
   r.predicted_peak_bytes = predicted_peak_of_rank(p.plan, r.rank);  // a sharded plan's ranks differ
@@ -657,7 +657,7 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
       ->capture_default_str();
   run->footer(
       "Data parallel: launch with torchrun --no_python --nproc_per_node W accumplan run --plan plan.json ... "
-      "(a plan made with --world-size W). Each global window of B samples is sharded strided: rank r takes "
+      "(a plan made with --world-size W). Each global window of B samples is split strided: rank r takes "
       "samples r, r+W, r+2W, .... Rank 0 writes --stats/--save/--plan-out/--trace; put {rank} in a path to have every rank "
       "write its own.");
   args->app = run;

@@ -60,16 +60,9 @@ void release(at::Tensor& flat) { flat.storage().unsafeGetStorageImpl()->reset();
 // MiB in float32, two collectives instead of 62), summed back into the tensors in place.
 void sum_in_buckets(std::vector<at::Tensor>& tensors, int64_t bucket_bytes,
                     const std::function<void(std::vector<at::Tensor>&)>& all_reduce) {
-  size_t i = 0;
-  while (i < tensors.size()) {
-    std::vector<size_t> bucket;
-    int64_t bytes = 0;
-    const auto dtype = tensors[i].scalar_type();
-    while (i < tensors.size() && tensors[i].scalar_type() == dtype &&
-           (bucket.empty() || bytes + static_cast<int64_t>(tensors[i].nbytes()) <= bucket_bytes)) {
-      bytes += static_cast<int64_t>(tensors[i].nbytes());
-      bucket.push_back(i++);
-    }
+  std::vector<std::pair<std::string, int64_t>> sizes;
+  for (const at::Tensor& t : tensors) sizes.emplace_back(c10::toString(t.scalar_type()), static_cast<int64_t>(t.nbytes()));
+  for (const std::vector<size_t>& bucket : gradient_buckets(sizes, bucket_bytes)) {
     std::vector<at::Tensor> flat_parts;
     for (size_t k : bucket) flat_parts.push_back(tensors[k].reshape({-1}));
     std::vector<at::Tensor> flat = {at::cat(flat_parts)};
@@ -308,20 +301,37 @@ std::unique_ptr<Communicator> make_rehearsal_communicator(int64_t bucket_bytes) 
   return std::make_unique<RehearsalCommunicator>(bucket_bytes);
 }
 
+namespace {
+
+// One rank of a c10d group of `Group` ("gloo", "nccl") with make_options()'s options, joined
+// through the rendezvous store, its collectives on `device`; a failure is InputError naming the
+// rendezvous.
+template <class Group, class MakeOptions>
+[[maybe_unused]] std::unique_ptr<Communicator> join_group(const std::string& backend, const DistEnv& env,
+                                                          std::chrono::milliseconds timeout,
+                                                          const MakeOptions& make_options, at::Device device,
+                                                          int64_t bucket_bytes) {
+  try {
+    auto store = join_store(env, timeout);
+    auto group = c10::make_intrusive<Group>(store, env.rank, env.world_size, make_options());
+    return std::make_unique<C10dCommunicator<Group>>(backend, env, store, group, device, bucket_bytes);
+  } catch (const std::exception& e) {
+    throw InputError(join_failure(env, e));
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Communicator> make_gloo_communicator(const DistEnv& env, std::chrono::milliseconds timeout,
                                                      int64_t bucket_bytes) {
   if (env.world_size == 1) return make_local_communicator();
 #if ACCUMPLAN_HAS_GLOO
-  try {
-    auto store = join_store(env, timeout);
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    options->devices.push_back(gloo_device(env));
-    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size, options);
-    return std::make_unique<C10dCommunicator<c10d::ProcessGroupGloo>>("gloo", env, store, group, at::Device(at::kCPU),
-                                                                      bucket_bytes);
-  } catch (const std::exception& e) {
-    throw InputError(join_failure(env, e));
-  }
+  auto options = [&] {
+    auto o = c10d::ProcessGroupGloo::Options::create(timeout);
+    o->devices.push_back(gloo_device(env));
+    return o;
+  };
+  return join_group<c10d::ProcessGroupGloo>("gloo", env, timeout, options, at::Device(at::kCPU), bucket_bytes);
 #else
   (void)timeout;
   (void)bucket_bytes;
@@ -336,16 +346,13 @@ std::unique_ptr<Communicator> make_nccl_communicator(const DistEnv& env, std::ch
                                                      int64_t bucket_bytes) {
   if (env.world_size == 1) return make_local_communicator();
 #if defined(USE_C10D_NCCL)
-  try {
-    auto store = join_store(env, timeout);
-    auto options = c10d::ProcessGroupNCCL::Options::create();
-    options->timeout = timeout;
-    auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.world_size, options);
-    const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-    return std::make_unique<C10dCommunicator<c10d::ProcessGroupNCCL>>("nccl", env, store, group, device, bucket_bytes);
-  } catch (const std::exception& e) {
-    throw InputError(join_failure(env, e));
-  }
+  auto options = [&] {
+    auto o = c10d::ProcessGroupNCCL::Options::create();
+    o->timeout = timeout;
+    return o;
+  };
+  const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+  return join_group<c10d::ProcessGroupNCCL>("nccl", env, timeout, options, device, bucket_bytes);
 #else
   (void)timeout;
   (void)bucket_bytes;

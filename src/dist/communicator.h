@@ -23,6 +23,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "accumplan/window_loop.h"  // kGradientBucketBytes
+
 namespace accumplan {
 
 struct CollectiveCounts {
@@ -69,9 +71,6 @@ struct DistEnv {
 std::optional<DistEnv> dist_env_from_environment();
 
 std::unique_ptr<Communicator> make_local_communicator();
-
-// The gradient exchange's bucket: at most this many bytes per flat buffer (DDP's default).
-constexpr int64_t kGradientBucketBytes = 25 * 1024 * 1024;
 
 // One process that makes a rank's gradient exchange and parameter broadcast with no peer (world
 // size 1, exchanges() true): the same buckets and flat buffers, no collective. Planning windows

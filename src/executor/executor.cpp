@@ -95,7 +95,7 @@ std::vector<std::pair<int64_t, int64_t>> plan_windows(const Batch& data, const P
   return epoch_windows(batch_samples(data, "the data"), checked_mul(plan.per_rank_batch, plan.world_size, "the global window"));
 }
 
-Batch shard_window(const Batch& window, int rank, int world_size) {
+Batch stride_window(const Batch& window, int rank, int world_size) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     throw InputError("rank " + std::to_string(rank) + " is not in a group of " + std::to_string(world_size));
   }

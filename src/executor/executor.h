@@ -17,7 +17,7 @@
 // probe's flag, because TorchScript rewraps c10::OutOfMemoryError as std::runtime_error.
 // Data parallel (ExecutorOptions::communicator, docs/weighting.md "Several ranks"): each of W ranks
 // calls step() with ITS share of the global window; `accumplan run` shards by the strided rule
-// (shard_window): of every global window of B samples, rank r takes samples r, r+W, r+2W, ...
+// (stride_window): of every global window of B samples, rank r takes samples r, r+W, r+2W, ...
 // Ragged data: a packed plan (plan.tokens) packs each window's sequences under the token budget;
 // a sample plan cuts each microbatch to its own longest sequence. On the CPU the loop refits the
 // packing's step cost from this run's own microbatches after every window.
@@ -169,7 +169,7 @@ std::vector<std::pair<int64_t, int64_t>> plan_windows(const Batch& data, const P
 // Rank `rank`'s share of a global window under the strided rule: samples rank, rank+world,
 // rank+2·world, ... (views, no copy). A window of 7 on 2 ranks: 4 and 3 samples; of 1: 1 and 0.
 // Every rank can compute every share, which is why the rule is strided rather than blocks.
-Batch shard_window(const Batch& window, int rank, int world_size);
+Batch stride_window(const Batch& window, int rank, int world_size);
 
 // Samples in a batch (dim 0 of every tensor); InputError naming `what` if they disagree or the
 // batch has no tensors.

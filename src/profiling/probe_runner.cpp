@@ -65,24 +65,23 @@ ProbeRunner::ProbeRunner(MemoryProbe& probe, RunnerOptions options)
     auto spec_of = [&](const at::Tensor& t) { return spec_text_of(t, file_batch_->ragged()); };
     for (const auto& t : file_batch_->inputs) setup.inputs.push_back(spec_of(t));
     setup.target = spec_of(file_batch_->target);
-    if (file_batch_->ragged() && setup.seq_len.empty()) {
+    if (file_batch_->ragged() && !setup.seq_len) {
       const std::vector<int64_t> lengths = file_batch_->sequence_lengths();
       setup.seq_len = SeqLenRange{*std::min_element(lengths.begin(), lengths.end()),
-                                  *std::max_element(lengths.begin(), lengths.end())}.text();
+                                  *std::max_element(lengths.begin(), lengths.end())};
     }
   }
   for (const auto& text : setup.inputs) input_specs_.push_back(parse_tensor_spec(text, "--input"));
   if (!setup.target.empty()) target_spec_ = parse_tensor_spec(setup.target, "--target");
   const bool sequences = std::any_of(input_specs_.begin(), input_specs_.end(), [](const TensorSpec& t) { return t.has_seq_dim(); });
   if (sequences) {
-    if (setup.seq_len.empty()) {
+    if (!setup.seq_len) {
       throw InputError("--input " + setup.inputs.front() + " has a sequence dimension T: give the lengths to plan for "
                        "with --seq-len, e.g. --seq-len 16..1024");
     }
-    seq_range_ = parse_seq_len(setup.seq_len, "--seq-len");
-    setup.seq_len = seq_range_->text();
+    seq_range_ = setup.seq_len;
     seq_len_ = seq_range_->min;  // the persistent-memory step: one shortest sequence
-  } else if (!setup.seq_len.empty()) {
+  } else if (setup.seq_len) {
     throw InputError(seq_len_source() + " needs variable-length inputs: give every --input a sequence "
                      "dimension T after B, e.g. --input int64[B,T]:50257");
   }
@@ -156,30 +155,25 @@ SearchSettings ProbeRunner::search_settings() const {
   return st;
 }
 
-void ProbeRunner::with_budget(WindowBudget budget, const std::function<void()>& run) {
+void ProbeRunner::with_budget(std::optional<int64_t> limit_bytes, const std::function<void()>& run) {
   struct Restore {
     ProbeRunner& runner;
     ~Restore() { runner.enforce(runner.budget_bytes_); }
   } restore{*this};
-  switch (budget) {
-    case WindowBudget::Enforced: enforce(budget_bytes_); break;
-    case WindowBudget::Doubled:
-      enforce(budget_bytes_ ? std::optional<int64_t>(checked_mul(*budget_bytes_, int64_t{2}, "twice the budget")) : std::nullopt);
-      break;
-    case WindowBudget::Lifted: probe_.set_budget_bytes(std::nullopt); break;
-  }
+  enforce(limit_bytes);
   run();
 }
 
-WindowMeasurement ProbeRunner::run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget) {
+WindowMeasurement ProbeRunner::run_window(const std::vector<int64_t>& sizes, int64_t seq_len,
+                                          std::optional<int64_t> limit_bytes) {
   if (seq_len > 0) seq_len_ = seq_len;
   WindowMeasurement m;
-  with_budget(budget, [&] { m = window(sizes); });
+  with_budget(limit_bytes, [&] { m = window(sizes); });
   return m;
 }
 
 std::optional<WindowMeasurement> ProbeRunner::run_rank_window(int64_t rank, const std::vector<int64_t>& sizes,
-                                                              int64_t seq_len, WindowBudget budget) {
+                                                              int64_t seq_len, std::optional<int64_t> limit_bytes) {
   if (!sharding_ || !optimizer_) return std::nullopt;
   // The largest share's optimizer stays alive, its state resident (the search takes it off); the
   // rank's optimizer allocates its share in the first window, and the second is measured.
@@ -187,9 +181,9 @@ std::optional<WindowMeasurement> ProbeRunner::run_rank_window(int64_t rank, cons
   optimizer_ = make_optimizer(options_.setup, owned_parameters(params_, owners_, rank));
   WindowMeasurement m;
   try {
-    m = run_window(sizes, seq_len, budget);
+    m = run_window(sizes, seq_len, limit_bytes);
     const double first_seconds = m.seconds;
-    if (!m.oom) m = run_window(sizes, seq_len, budget);
+    if (!m.oom) m = run_window(sizes, seq_len, limit_bytes);
     m.seconds += first_seconds;
   } catch (...) {
     optimizer_ = std::move(largest);
@@ -200,10 +194,10 @@ std::optional<WindowMeasurement> ProbeRunner::run_rank_window(int64_t rank, cons
 }
 
 std::optional<EvalMeasurement> ProbeRunner::run_eval_window(const std::vector<int64_t>& sizes, int64_t seq_len,
-                                                            WindowBudget budget, bool keep_outputs) {
+                                                            std::optional<int64_t> limit_bytes, bool keep_outputs) {
   if (seq_len > 0) seq_len_ = seq_len;
   EvalMeasurement m;
-  with_budget(budget, [&] { m = eval_window(sizes, keep_outputs); });
+  with_budget(limit_bytes, [&] { m = eval_window(sizes, keep_outputs); });
   return m;
 }
 
@@ -406,18 +400,26 @@ int64_t state_after_one_step(const Setup& setup, const at::Tensor& like, int64_t
 
 }  // namespace
 
-std::vector<at::Tensor> ProbeRunner::shard_held_parameters() {
-  if (options_.shard_world_size == 0) return params_;
+Sharding ProbeRunner::shard_over(int64_t world_size, std::vector<int64_t>* owners) const {
   std::vector<int64_t> numels;
   for (const at::Tensor& t : params_) {
     if (t.scalar_type() != params_.front().scalar_type()) {
-      throw InputError("--shard optimizer: the model's parameters are of more than one dtype; sharding is planned for one");
+      throw InputError("--shard: the model's parameters are of more than one dtype; sharding is planned for one");
     }
     numels.push_back(t.numel());
   }
   const StateLayout layout = state_layout(state_after_one_step(options_.setup, params_.front(), 1),
                                           state_after_one_step(options_.setup, params_.front(), 2));
-  sharding_ = shard_optimizer_state({numels}, options_.shard_world_size, layout, &owners_);
+  return shard_optimizer_state({numels}, world_size, layout, owners);
+}
+
+int64_t ProbeRunner::freed_by_sharding(int64_t world_size) const {
+  return freed_state_bytes(shard_over(world_size, nullptr));
+}
+
+std::vector<at::Tensor> ProbeRunner::shard_held_parameters() {
+  if (options_.shard_world_size == 0) return params_;
+  sharding_ = shard_over(options_.shard_world_size, &owners_);
   const std::vector<at::Tensor> held = owned_parameters(params_, owners_, sharding_->measured_rank);
   say("the optimizer state sharded over " + std::to_string(sharding_->world_size) + " ranks: the windows hold rank " +
       std::to_string(sharding_->measured_rank) + "'s share, the largest (" + std::to_string(held.size()) + " of " +

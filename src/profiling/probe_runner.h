@@ -115,15 +115,19 @@ class ProbeRunner final : public WindowRunner {
   Plan plan_and_confirm(Profile& profile, PlanRequest request, bool eval = false, bool keep_outputs = false);
 
   const std::vector<Trial>& trials() const { return trials_; }
+  // What sharding the optimizer state over `world_size` ranks frees on the largest share
+  // (--shard auto weighs it); InputError when the parameters differ in dtype.
+  int64_t freed_by_sharding(int64_t world_size) const;
 
   // WindowRunner: the executor's window under the budget the search asks for, restored after.
-  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget) override;
+  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len,
+                               std::optional<int64_t> limit_bytes) override;
   std::optional<WindowMeasurement> run_rank_window(int64_t rank, const std::vector<int64_t>& sizes, int64_t seq_len,
-                                                   WindowBudget budget) override;
+                                                   std::optional<int64_t> limit_bytes) override;
   // WindowRunner: an evaluation window (executor/evaluate.h, recovery off) with the weights and
   // optimizer state resident and the gradients freed.
   std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t seq_len,
-                                                 WindowBudget budget, bool keep_outputs) override;
+                                                 std::optional<int64_t> limit_bytes, bool keep_outputs) override;
 
  private:
   // What the search needs to know of this device and budget.
@@ -141,7 +145,7 @@ class ProbeRunner final : public WindowRunner {
   // names the inputs; any other failure propagates. The budget is as it was after.
   bool measured(const std::vector<int64_t>& sizes, const std::function<void(const Batch&, int64_t)>& body);
   // Runs `run` under the limit the search asked for; the planned budget is enforced again after.
-  void with_budget(WindowBudget budget, const std::function<void()>& run);
+  void with_budget(std::optional<int64_t> limit_bytes, const std::function<void()>& run);
   // How `accumplan run` trains (loss, AMP, clipping), with OOM reported rather than recovered.
   ExecutorOptions executor_options();
   Batch window_data(int64_t samples);
@@ -160,6 +164,9 @@ class ProbeRunner final : public WindowRunner {
   LoadedModel model_;
   // The parameters the optimizer holds: all, or under RunnerOptions::shard_world_size the largest share's.
   std::vector<at::Tensor> shard_held_parameters();
+  // The optimizer state of the trainable parameters sharded over `world_size` ranks (each
+  // parameter's rank into `owners` when given), by the state one step leaves on them.
+  Sharding shard_over(int64_t world_size, std::vector<int64_t>* owners) const;
   std::vector<at::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LossConfig loss_;
@@ -182,7 +189,7 @@ class ProbeRunner final : public WindowRunner {
   std::optional<SeqLenRange> seq_range_;
   int64_t seq_len_ = 0;
   std::string seq_len_source() const {
-    return options_.seq_len_source.empty() ? "--seq-len " + options_.setup.seq_len : options_.seq_len_source;
+    return options_.seq_len_source.empty() ? "--seq-len " + options_.setup.seq_len->text() : options_.seq_len_source;
   }
 };
 

@@ -20,8 +20,8 @@ namespace {
 // no longer than the longest sequence its token budget holds (a re-planned plan after an OOM
 // lowers tokens.max_seq_len). nullopt for fixed shapes.
 std::optional<SeqLenRange> synthetic_range(const Plan& plan) {
-  if (plan.setup.seq_len.empty()) return std::nullopt;
-  SeqLenRange r = parse_seq_len(plan.setup.seq_len, "the plan's setup.seq_len");
+  if (!plan.setup.seq_len) return std::nullopt;
+  SeqLenRange r = *plan.setup.seq_len;
   if (plan.tokens) {
     r.max = std::min(r.max, plan.tokens->max_seq_len);
     r.min = std::min(r.min, r.max);

@@ -76,7 +76,7 @@ void RunSession::run() {
     // The first window then runs TorchScript's optimized graph, as every later one (Executor::warm_up).
     const Batch first = data_.slice(windows_.front().first, windows_.front().second);
     options_.guard([&] {
-      executor_->warm_up(comm_ ? shard_window(first, rank, world) : first);
+      executor_->warm_up(comm_ ? stride_window(first, rank, world) : first);
       return WindowStats{};
     });
   }
@@ -85,7 +85,7 @@ void RunSession::run() {
     const Batch window = data_.slice(start, count);
     window_replans_ = 0;
     if (trace) trace->window_begin(w, trace->now_us());
-    const WindowStats st = options_.guard([&] { return executor_->step(comm_ ? shard_window(window, rank, world) : window); });
+    const WindowStats st = options_.guard([&] { return executor_->step(comm_ ? stride_window(window, rank, world) : window); });
     const std::optional<int64_t> peak = device_peak(st.peak_bytes);
     if (trace) trace->window_end(st.samples, st.loss, st.stepped, peak, trace->now_us());
     last_loss_ = finite(st.loss);

@@ -53,7 +53,7 @@ class RunSession {
   RunSession(const RunSession&) = delete;
   RunSession& operator=(const RunSession&) = delete;
 
-  // Runs every window; a rank of a group steps its strided share of each (shard_window).
+  // Runs every window; a rank of a group steps its strided share of each (stride_window).
   void run();
 
   // The plan the run ended on: after an OOM recovery its re-planned sizes have run whole windows

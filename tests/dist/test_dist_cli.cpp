@@ -132,6 +132,37 @@ TEST_CASE("accumplan run of a plan sharding Adam's state over 2 ranks: each rank
   }
 }
 
+TEST_CASE("accumplan --shard auto shards Adam's state only where it fits a larger microbatch, and says which",
+          "[dist][cli][sharding]") {
+  const std::string dir = scratch_dir("dist-shard-auto-" + std::to_string(::getpid()));
+  auto plan_with = [&](const std::string& shard, const std::vector<std::string>& more) {
+    const std::string plan = dir + "/plan-" + shard + "-" + std::to_string(more.size()) + ".json";
+    std::vector<std::string> args{"--model", "builtin:mlp", "--world-size", "2", "--optimizer", "adam", "--shard", shard,
+                                  "--device", "cpu", "--threads", "1", "--no-eval", "--progress", "none", "--out", plan};
+    args.insert(args.end(), more.begin(), more.end());
+    const CliResult made = run_cli(args, 300);
+    INFO(made.err);
+    REQUIRE(made.exit_code == 0);
+    return read_plan_file(plan);
+  };
+  // 2 MiB: Adam's state (twice the weights) decides how large a microbatch fits.
+  const std::vector<std::string> tight{"--target-batch", "1024", "--memory-budget", "2MiB"};
+  const Plan off = plan_with("off", tight);
+  const Plan sharded = plan_with("auto", tight);
+  REQUIRE(sharded.sharding);
+  CHECK(sharded.max_micro_batch > off.max_micro_batch);
+  CHECK_THAT(sharded.reason, Catch::Contains("--shard auto sharded it"));
+  // No budget: the whole window already fits, so sharding gains nothing.
+  const Plan whole = plan_with("auto", {"--target-batch", "16"});
+  CHECK_FALSE(whole.sharding);
+  CHECK_THAT(whole.reason, Catch::Contains("--shard auto did not shard"));
+  // Profiling measures one way; auto chooses while planning.
+  const CliResult profile = run_cli({"profile", "--model", "builtin:mlp", "--world-size", "2", "--shard", "auto",
+                                     "--device", "cpu"}, 120);
+  CHECK(profile.exit_code == 2);
+  CHECK_THAT(profile.err, Catch::Contains("--shard auto chooses while planning"));
+}
+
 TEST_CASE("accumplan run refuses a 2-rank plan in one process, and a missing peer is an error within --dist-timeout",
           "[dist][cli][errors]") {
   const std::string dir = scratch_dir("dist-cli-errors-" + std::to_string(::getpid()));

@@ -99,7 +99,7 @@ void run_worker(const std::string& name, const std::string& dir) {
   for (size_t w = 0; w < s.windows.size(); ++w) {
     const auto [start, count] = s.windows[w];
     const CollectiveCounts before = comm->counts();
-    const WindowStats st = ex.step(shard_window(s.data.slice(start, count), env->rank, env->world_size));
+    const WindowStats st = ex.step(stride_window(s.data.slice(start, count), env->rank, env->world_size));
     const CollectiveCounts after = comm->counts();
     out["windows"].push_back({{"samples", st.samples},
                               {"units", st.units},
@@ -247,7 +247,7 @@ TEST_CASE("2 ranks, tokens: weighted by the global valid-token count (32 on rank
   const Reference wrong = reference_updates(s, [&](torch::jit::Module& m, const Batch& window) {
     std::vector<at::Tensor> sum;
     for (int r = 0; r < kWorld; ++r) {
-      const auto g = reference_gradients(m, shard_window(window, r, kWorld), "ce_tokens", s.loss.ignore_index);
+      const auto g = reference_gradients(m, stride_window(window, r, kWorld), "ce_tokens", s.loss.ignore_index);
       for (size_t i = 0; i < g.size(); ++i) {
         if (sum.size() <= i) sum.push_back(g[i] / kWorld); else sum[i] = sum[i] + g[i] / kWorld;
       }

@@ -343,12 +343,11 @@ class CachingDeviceRunner final : public WindowRunner {
         device_total_bytes_(device_total_bytes) {}
 
   TrainingDouble& model() { return model_; }
+  int64_t budget_bytes() const { return budget_bytes_; }
 
-  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t, WindowBudget budget) override {
+  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t, std::optional<int64_t> limit) override {
     CachingAllocatorDouble& a = model_.allocator();
-    a.set_cap_bytes(budget == WindowBudget::Lifted    ? device_total_bytes_
-                    : budget == WindowBudget::Doubled ? 2 * budget_bytes_
-                                                      : budget_bytes_);
+    a.set_cap_bytes(limit.value_or(device_total_bytes_));
     Plan plan;
     plan.per_rank_batch = plan.target_batch = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
     set_window(plan, sizes, *std::max_element(sizes.begin(), sizes.end()));

@@ -94,7 +94,7 @@ Planned plan_on(CachingDeviceRunner& runner, const std::vector<LayerBytes>& laye
   s.device_name = "caching allocator double";
   s.max_probe_micro_batch = target;
   // The persistent-memory window every runner takes first: the gradients and Adam's state made.
-  REQUIRE_FALSE(runner.run_window({kPersistentWindowSamples}, 0, WindowBudget::Enforced).oom);
+  REQUIRE_FALSE(runner.run_window({kPersistentWindowSamples}, 0, runner.budget_bytes()).oom);
   std::vector<Trial> trials;
   Search search(runner, s, trials);
   Profile p = header(layers, budget_bytes);
@@ -180,9 +180,9 @@ TEST_CASE("Caching allocator double: a split cached segment can refuse a request
 TEST_CASE("Caching device: a smaller window after a larger one keeps the larger one's reserved bytes",
           "[caching-device]") {
   CachingDeviceRunner runner(conv_net(), 1024 * MiB, kDeviceTotalBytes);
-  REQUIRE_FALSE(runner.run_window({kPersistentWindowSamples}, 0, WindowBudget::Enforced).oom);  // the state made
-  const WindowMeasurement large = runner.run_window({300, 300}, 0, WindowBudget::Enforced);
-  const WindowMeasurement small = runner.run_window({100, 100}, 0, WindowBudget::Enforced);
+  REQUIRE_FALSE(runner.run_window({kPersistentWindowSamples}, 0, runner.budget_bytes()).oom);  // the state made
+  const WindowMeasurement large = runner.run_window({300, 300}, 0, runner.budget_bytes());
+  const WindowMeasurement small = runner.run_window({100, 100}, 0, runner.budget_bytes());
   REQUIRE_FALSE(large.oom);
   REQUIRE_FALSE(small.oom);
   CHECK(small.peak_bytes < large.peak_bytes);
@@ -197,9 +197,9 @@ TEST_CASE("Caching device: near the cap the layout is path-dependent: a size tha
   // where the next one's blocks go, and free space split by live blocks is not released.
   auto windows = [](int64_t b) {
     CachingDeviceRunner runner(conv_net(), 512 * MiB, kDeviceTotalBytes);
-    REQUIRE_FALSE(runner.run_window({kPersistentWindowSamples}, 0, WindowBudget::Enforced).oom);
+    REQUIRE_FALSE(runner.run_window({kPersistentWindowSamples}, 0, runner.budget_bytes()).oom);
     std::string ran;
-    for (int w = 0; w < 3; ++w) ran += runner.run_window({b, b}, 0, WindowBudget::Enforced).oom ? "X" : "o";
+    for (int w = 0; w < 3; ++w) ran += runner.run_window({b, b}, 0, runner.budget_bytes()).oom ? "X" : "o";
     return ran;
   };
   CHECK(windows(330) == "ooX");

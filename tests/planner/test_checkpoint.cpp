@@ -317,7 +317,7 @@ struct BlocksDevice final : WindowRunner {
     const int64_t k = static_cast<int64_t>(applied.size());
     return head + 4 * block - k * freed + (k > 0 ? freed : 0);
   }
-  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t, WindowBudget limit) override {
+  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t, std::optional<int64_t> limit) override {
     windows.push_back(sizes);
     WindowMeasurement m;
     m.first_microbatch_peak_bytes = persistent + fixed + per_sample() * sizes.front();
@@ -329,7 +329,7 @@ struct BlocksDevice final : WindowRunner {
     m.step_seconds = t0 + static_cast<double>(sizes.front()) *
                               (t1 + forward * static_cast<double>(applied.size()));
     m.seconds = m.step_seconds * static_cast<double>(sizes.size());
-    const int64_t cap = limit == WindowBudget::Lifted ? INT64_MAX : limit == WindowBudget::Doubled ? 2 * budget : budget;
+    const int64_t cap = limit.value_or(INT64_MAX);
     if (m.max_peak_bytes > cap) m.oom = true;
     return m;
   }

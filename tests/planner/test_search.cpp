@@ -33,7 +33,7 @@ struct FakeDevice final : WindowRunner {
   int64_t weights = 4 * kMiB, grads = 4 * kMiB, fixed = 1 * kMiB, per_sample = 256 * 1024;
   std::optional<int64_t> budget;
   std::vector<std::vector<int64_t>> windows;  // every window asked for, in order
-  std::vector<WindowBudget> limits;           // the limit each ran under
+  std::vector<std::optional<int64_t>> limits;  // the limit each ran under, in bytes (nullopt: none)
 
   int64_t floor = 0;  // a b-independent phase's peak (a gradient hook's copies): the peaks are at least this
   double seconds_per_sample = 1e-3;
@@ -43,7 +43,7 @@ struct FakeDevice final : WindowRunner {
   int64_t first(int64_t b) const { return std::max(floor, weights + fixed + per_sample * b + stepped(b)); }
   int64_t steady(int64_t b) const { return std::max(floor, weights + grads + fixed + per_sample * b + stepped(b)); }
 
-  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t, WindowBudget limit) override {
+  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t, std::optional<int64_t> limit) override {
     windows.push_back(sizes);
     limits.push_back(limit);
     WindowMeasurement m;
@@ -55,9 +55,7 @@ struct FakeDevice final : WindowRunner {
     m.max_peak_bytes = m.peak_bytes;
     m.step_seconds = seconds_per_sample * static_cast<double>(sizes.front());
     m.seconds = m.step_seconds * static_cast<double>(sizes.size());
-    std::optional<int64_t> cap = budget;
-    if (limit == WindowBudget::Doubled && cap) cap = 2 * *cap;
-    if (limit == WindowBudget::Lifted) cap.reset();
+    const std::optional<int64_t> cap = limit;
     if (cap && m.max_peak_bytes > *cap) {
       m.oom = true;
       m.peak_bytes = m.max_peak_bytes = 0;
@@ -75,15 +73,13 @@ struct FakeDevice final : WindowRunner {
   // Kept outputs: a microbatch's peak also holds the previous microbatch's outputs.
   int64_t out_per_sample = 4 * 1024;
 
-  std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t, WindowBudget limit,
+  std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t, std::optional<int64_t> limit,
                                                  bool keep_outputs) override {
     if (!evaluates) return std::nullopt;
     eval_windows.push_back(sizes);
     limits.push_back(limit);
     EvalMeasurement m;
-    std::optional<int64_t> cap = budget;
-    if (limit == WindowBudget::Doubled && cap) cap = 2 * *cap;
-    if (limit == WindowBudget::Lifted) cap.reset();
+    const std::optional<int64_t> cap = limit;
     for (size_t i = 0; i < sizes.size(); ++i) {
       const int64_t held = keep_outputs && i > 0 ? out_per_sample * sizes[i - 1] : 0;
       if (cap && eval_peak(sizes[i]) + held > *cap) {
@@ -158,7 +154,7 @@ TEST_CASE("Search: probes 2 and 4 first, then plans a size a real window ran at 
   CHECK(plan.memory.predicted_peak_bytes <= *d.budget);
   // Every window it ran is recorded, and the windows past the probes ran under twice the budget.
   CHECK(trials.size() == d.windows.size());
-  CHECK(std::count(d.limits.begin(), d.limits.end(), WindowBudget::Doubled) >= 1);
+  CHECK(std::count(d.limits.begin(), d.limits.end(), std::optional<int64_t>(2 * *d.budget)) >= 1);
   CHECK(d.windows.size() <= 2 + 2 + 6);  // probes, at most two tail probes, at most six windows after
 }
 
@@ -184,11 +180,11 @@ TEST_CASE("Search: a sharded profile measures each other share's step by a windo
   struct ShardedDevice final : WindowRunner {
     FakeDevice d;
     std::vector<int64_t> ranks_held;
-    WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t t, WindowBudget b) override {
+    WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t t, std::optional<int64_t> b) override {
       return d.run_window(sizes, t, b);
     }
     std::optional<WindowMeasurement> run_rank_window(int64_t rank, const std::vector<int64_t>& sizes, int64_t t,
-                                                     WindowBudget b) override {
+                                                     std::optional<int64_t> b) override {
       ranks_held.push_back(rank);
       WindowMeasurement m = d.run_window(sizes, t, b);
       m.optimizer_step_peak_bytes -= 1000 * (rank + 1);
@@ -284,7 +280,7 @@ TEST_CASE("Search: on a real (not simulated) budget no window runs past it", "[s
   std::vector<Trial> trials;
   const Plan plan = profiled_plan(d, trials, /*simulated=*/false, 1024);
   CHECK(plan.max_micro_batch <= true_max(d));
-  CHECK(std::all_of(d.limits.begin(), d.limits.end(), [](WindowBudget l) { return l == WindowBudget::Enforced; }));
+  CHECK(std::all_of(d.limits.begin(), d.limits.end(), [&](std::optional<int64_t> l) { return l == d.budget; }));
 }
 
 TEST_CASE("Search: a window over the budget is judged not to fit even when it ran under a raised limit", "[search]") {
@@ -309,7 +305,7 @@ TEST_CASE("Search: persistent memory over the budget measures the probes without
   Search search(d, s, trials);
   Profile p = header(d);
   search.profile(p);
-  CHECK(std::all_of(d.limits.begin(), d.limits.end(), [](WindowBudget l) { return l == WindowBudget::Lifted; }));
+  CHECK(std::all_of(d.limits.begin(), d.limits.end(), [](std::optional<int64_t> l) { return !l; }));
   CHECK(p.points.size() == 2);
   p.trials = trials;
   CHECK_THROWS_WITH(search.plan_and_confirm(p, request_for(64)), Catch::Contains("persistent memory alone"));
@@ -324,8 +320,8 @@ TEST_CASE("Search: when every window runs out of memory the profile refuses, nam
   // Not lifted: the first probe runs out of memory, is measured lifted to explain, then the second
   // probe needs a second point; both are measured without the budget and the profile has them.
   search.profile(p);
-  CHECK(d.limits.front() == WindowBudget::Enforced);
-  CHECK(std::count(d.limits.begin(), d.limits.end(), WindowBudget::Lifted) >= 1);
+  CHECK(d.limits.front() == d.budget);
+  CHECK(std::count(d.limits.begin(), d.limits.end(), std::nullopt) >= 1);
   CHECK(p.points.size() >= 2);
 }
 
@@ -523,10 +519,10 @@ TEST_CASE("Search: a confirming eval window that fails leaves the largest measur
     FakeDevice& d;
     int64_t m;
     Steeper(FakeDevice& device, int64_t micro) : d(device), m(micro) {}
-    WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t t, WindowBudget b) override {
+    WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t t, std::optional<int64_t> b) override {
       return d.run_window(sizes, t, b);
     }
-    std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t t, WindowBudget b,
+    std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& sizes, int64_t t, std::optional<int64_t> b,
                                                    bool keep) override {
       if (sizes.size() == 1 && sizes[0] > 2 * m) {
         EvalMeasurement oom;
@@ -554,7 +550,7 @@ struct FakeTokenDevice final : WindowRunner {
   std::vector<std::pair<int64_t, int64_t>> windows;  // (b, T) of every window asked for
   int64_t peak(int64_t b, int64_t t) const { return c0 + a0 * b + a1 * b * t + a2 * b * t * t; }
 
-  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget) override {
+  WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len, std::optional<int64_t>) override {
     windows.push_back({sizes.front(), seq_len});
     WindowMeasurement m;
     m.sizes = sizes;
@@ -565,7 +561,7 @@ struct FakeTokenDevice final : WindowRunner {
     m.seconds = 2 * m.step_seconds;
     return m;
   }
-  std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>&, int64_t, WindowBudget, bool) override {
+  std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>&, int64_t, std::optional<int64_t>, bool) override {
     return std::nullopt;
   }
 };

@@ -27,7 +27,7 @@ Profile token_profile(const std::string& seq_len = "16..1024") {
   p.persistent = {40 * MiB, 40 * MiB, 0};
   p.setup.inputs = {"int64[B,T]:50257"};
   p.setup.target = "int64[B,T]:50257";
-  p.setup.seq_len = seq_len;
+  p.setup.seq_len = parse_seq_len(seq_len);
   for (int64_t b : {1, 2, 4}) {
     for (int64_t t : {64, 256, 1024}) {
       ProfilePoint pt;
@@ -73,7 +73,7 @@ TEST_CASE("Token plan: the budget's worst microbatch fits, the sample split is t
   REQUIRE(back.tokens.has_value());
   CHECK(back.tokens->token_budget == 43690);
   CHECK(back.profile.points.front().seq_len == 64);
-  CHECK(back.setup.seq_len == "16..1024");
+  CHECK(back.setup.seq_len == SeqLenRange{16, 1024});
   CHECK(make_plan(back.profile, token_request(256, 612 * MiB)).tokens->token_budget == 43690);
 }
 
@@ -86,9 +86,9 @@ TEST_CASE("Token plan: the margin, --seq-len, the window and a failed window bou
   CHECK(margin.memory.margin_bytes > 0);
   CHECK(margin.memory.usable_bytes == 612 * MiB - margin.memory.margin_bytes);
   // A shorter longest sequence leaves more tokens: the T² cost is taken at T_max.
-  PlanRequest shorter = token_request(256, 612 * MiB);
-  shorter.max_seq_len = 256;
-  CHECK(make_plan(p, shorter).tokens->token_budget > plain);
+  Profile shorter = p;
+  shorter.setup.seq_len->max = 256;
+  CHECK(make_plan(shorter, token_request(256, 612 * MiB)).tokens->token_budget > plain);
   // The per-rank window padded to T_max bounds it.
   CHECK(make_plan(p, token_request(8, 612 * MiB)).tokens->token_budget == 8 * 1024);
   // A window at T_max that failed: the budget stays below it.
@@ -128,7 +128,7 @@ TEST_CASE("Token plan: what cannot be planned is refused with the fix", "[token]
   // More than 2^20 microbatches of the padded split is refused, not allocated.
   CHECK_THROWS_WITH(make_plan(p, token_request(int64_t{1} << 40, 120 * MiB)), Catch::Contains("microbatches per window"));
   Profile no_lengths = p;
-  no_lengths.setup.seq_len.clear();
+  no_lengths.setup.seq_len.reset();
   CHECK_THROWS_WITH(make_plan(no_lengths, token_request(256, 612 * MiB)), Catch::Contains("give --seq-len"));
   CHECK_THROWS_WITH(parse_seq_len("16..x"), Catch::Contains("--seq-len '16..x'"));
 }

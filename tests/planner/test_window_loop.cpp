@@ -354,3 +354,15 @@ TEST_CASE("Eval loop: a kept output is handed over once the next microbatch's fo
   CHECK(b.handed == std::vector<int64_t>{0, 3, 6});
   CHECK(b.held.empty());
 }
+
+TEST_CASE("Window loop: the gradient exchange's buckets are consecutive runs of one dtype up to the bucket size",
+          "[window-loop][exchange]") {
+  using G = std::vector<std::pair<std::string, int64_t>>;
+  using B = std::vector<std::vector<size_t>>;
+  CHECK(gradient_buckets(G{}, 30).empty());
+  // 10 + 20 fill a bucket of 30; a dtype change starts one; 30 + 1 would overflow; 100 goes alone.
+  CHECK(gradient_buckets(G{{"float", 10}, {"float", 20}, {"half", 5}, {"float", 30}, {"float", 1}, {"float", 100}}, 30) ==
+        B{{0, 1}, {2}, {3}, {4}, {5}});
+  CHECK(gradient_buckets(G{{"float", 1}, {"half", 1}, {"float", 1}}, 30) == B{{0}, {1}, {2}});
+  CHECK(gradient_buckets(G(62, {"float", 1 << 20})).size() == 3);  // 62 MiB in buckets of 25 MiB
+}

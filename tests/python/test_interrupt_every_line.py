@@ -26,16 +26,18 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(accumplan.__file__))
 
 
 def put_back_line():
-    """The line of measure.plan that calls the put-back (read from its source, not from the guard)."""
-    lines, first = inspect.getsourcelines(measure.plan)
+    """The line of accumplan.plan's measuring (measure._measured_plan) that calls the put-back (read
+    from its source, not from the guard)."""
+    lines, first = inspect.getsourcelines(measure._measured_plan)
     hits = [first + i for i, text in enumerate(lines) if "put_back(" in text and not text.strip().startswith("#")]
     assert len(hits) == 1, hits
     return hits[0]
 
 
 class Tracer:
-    """Arms when measure.plan reaches its put-back line; then, in accumplan's files, records each
-    distinct (file, line) executed, or sends SIGINT at the first execution of ``target``."""
+    """Arms when accumplan.plan's measuring (measure._measured_plan) reaches its put-back line; then,
+    in accumplan's files, records each distinct (file, line) executed, or sends SIGINT at the first
+    execution of ``target``."""
 
     def __init__(self, target=None):
         self.line = put_back_line()
@@ -43,14 +45,15 @@ class Tracer:
 
     def __call__(self, frame, event, arg):
         code = frame.f_code
-        if code is measure.plan.__code__ or (self.armed and code.co_filename.startswith(PACKAGE_DIR)):
+        if code in (measure.plan.__code__, measure._measured_plan.__code__) or (
+                self.armed and code.co_filename.startswith(PACKAGE_DIR)):
             return self.local
         return None
 
     def local(self, frame, event, arg):
         if event != "line":
             return self.local
-        if frame.f_code is measure.plan.__code__ and frame.f_lineno == self.line:
+        if frame.f_code is measure._measured_plan.__code__ and frame.f_lineno == self.line:
             self.armed = True
         if self.armed:
             key = (frame.f_code.co_filename, frame.f_lineno)

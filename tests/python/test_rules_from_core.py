@@ -84,10 +84,10 @@ class PersistentStep(unittest.TestCase):
         window = [accumplan._core.PERSISTENT_WINDOW_SAMPLES]
         step = accumplan._core.PersistentStep(1000)
         self.assertEqual(step.attempt_budget_bytes, 1000)
-        self.assertTrue(step.measured(1000, 0.5)["fit"])
-        self.assertFalse(step.measured(1001, 0.5)["fit"])
+        self.assertTrue(step.measured(1000, 0.5).fit)
+        self.assertFalse(step.measured(1001, 0.5).fit)
         failed = step.out_of_memory(0.5, "test device")
-        self.assertEqual((failed["kind"], failed["fit"], failed["window"]), ("probe", False, window))
+        self.assertEqual((failed.kind, failed.fit, failed.window), ("probe", False, window))
         self.assertTrue(step.over_budget)
         self.assertIsNone(step.attempt_budget_bytes)  # the next attempt runs without the budget
         with self.assertRaisesRegex(accumplan._core.InfeasibleError, "test device even without a budget"):

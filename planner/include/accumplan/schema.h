@@ -18,6 +18,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "accumplan/checked.h"
+#include "accumplan/tensor_spec.h"
 
 namespace accumplan {
 
@@ -121,8 +122,8 @@ struct Setup {
   // argument after the inputs (`--padding-mask`). Written only when true.
   bool padding_mask = false;
   // 1.3: variable-length data: the sequence lengths the profile measured for (`--seq-len`,
-  // "16..1024"); inputs then have a sequence dimension T. Empty for fixed shapes.
-  std::string seq_len;
+  // written "16..1024"); inputs then have a sequence dimension T. nullopt for fixed shapes.
+  std::optional<SeqLenRange> seq_len;
 };
 
 struct Persistent {
@@ -485,7 +486,7 @@ struct RunRecord : RunCounts {
   int64_t world_size = 1;
   int64_t rank = 0;
   std::string backend = "none";
-  std::string sharding = "none";
+  std::string striding = "none";  // how each window's samples were split over the ranks
   RunCollectives collectives;
   bool replicas_identical = true;
   std::string normalization;
@@ -531,7 +532,8 @@ void check_plan_window(const Plan& p);
 Profile read_profile_file(const std::string& path, const std::string& what = "profile");
 Plan read_plan_file(const std::string& path, const std::string& what = "plan");
 // The plan in JSON `text` as read_plan_file reads a file's: `where` prefixes every message
-// ("--plan 'p.json'"). The Python package's reader (python/core) is this function.
-Plan plan_from_text(const std::string& text, const std::string& where);
+// ("--plan 'p.json'"); `stated_version`, when given, gets the schema_version the text states
+// ("" when none). The Python package's reader (python/core) is this function.
+Plan plan_from_text(const std::string& text, const std::string& where, std::string* stated_version = nullptr);
 
 }  // namespace accumplan

@@ -70,7 +70,8 @@ struct EvalMeasurement {
 // value per channel"), and the deltas do not depend on the batch.
 constexpr int64_t kPersistentWindowSamples = 2;
 
-// Under which limit a window runs.
+// Under which limit the search runs a window; Search::limit_bytes turns it into the bytes the
+// runner is handed, the one rule for every runner.
 enum class WindowBudget {
   Enforced,  // the budget planned for (none when no budget was given)
   Doubled,   // twice it: only asked where the budget is simulated (SearchSettings::budget_is_simulated)
@@ -78,20 +79,23 @@ enum class WindowBudget {
 };
 
 // Who runs the windows. An out-of-memory is reported (oom = true, peaks 0), never thrown; any
-// other failure (the model rejecting its inputs) is thrown and ends the search.
+// other failure (the model rejecting its inputs) is thrown and ends the search. `limit_bytes`:
+// what the window may allocate on the device, the data excluded (nullopt: no limit).
 class WindowRunner {
  public:
   virtual ~WindowRunner() = default;
   // One window of these microbatch sizes and its optimizer step. seq_len > 0: every sample a
   // sequence of exactly seq_len tokens (variable-length data); 0: fixed shapes.
-  virtual WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len, WindowBudget budget) = 0;
+  virtual WindowMeasurement run_window(const std::vector<int64_t>& sizes, int64_t seq_len,
+                                       std::optional<int64_t> limit_bytes) = 0;
   // One evaluation window (EvalMeasurement); an OOM is reported, not thrown. nullopt: this runner
   // does not evaluate, and the plan gets no evaluation batch.
   // keep_outputs: each microbatch's outputs stay on the device until the next microbatch's forward
   // has finished (a loop that moves them to the host one microbatch behind), so a microbatch's
   // peak holds the previous one's outputs.
   virtual std::optional<EvalMeasurement> run_eval_window(const std::vector<int64_t>& /*sizes*/, int64_t /*seq_len*/,
-                                                         WindowBudget /*budget*/, bool /*keep_outputs*/) {
+                                                         std::optional<int64_t> /*limit_bytes*/,
+                                                         bool /*keep_outputs*/) {
     return std::nullopt;
   }
   // Sharded optimizer state: a window of `sizes` whose optimizer holds rank `rank`'s share beside
@@ -99,7 +103,8 @@ class WindowRunner {
   // process holds them, the largest share's state still resident (the search takes it off).
   // nullopt: this runner holds no other share.
   virtual std::optional<WindowMeasurement> run_rank_window(int64_t /*rank*/, const std::vector<int64_t>& /*sizes*/,
-                                                           int64_t /*seq_len*/, WindowBudget /*budget*/) {
+                                                           int64_t /*seq_len*/,
+                                                           std::optional<int64_t> /*limit_bytes*/) {
     return std::nullopt;
   }
   // Applies activation checkpointing of these modules (candidate names, accumplan/checkpoint.h) to
@@ -165,6 +170,9 @@ class Search {
                           const CheckpointSet& applied, bool choose, const Trial& costs);
   // Runs and judges one window, recording nothing; `micro_batch` labels it.
   WindowMeasurement run(const std::vector<int64_t>& sizes, int64_t micro_batch, int64_t seq_len, WindowBudget budget);
+  // The bytes a window under `budget` may allocate: the budget, twice it, or none (nullopt; also
+  // Enforced without a budget).
+  std::optional<int64_t> limit_bytes(WindowBudget budget) const;
 
  private:
   // Doubled where the budget is simulated, else Enforced.

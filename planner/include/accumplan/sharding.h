@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -84,7 +85,23 @@ int64_t predicted_peak_of_rank(const Plan& plan, int64_t rank);
 std::optional<int64_t> sharding_gain(const Plan& unsharded, int64_t freed_bytes);
 
 // shard="auto" chose: the sentence appended to the reason of the plan it keeps. `sharded`: the
-// sharded plan, which sharding_gain predicted at `predicted`; otherwise the unsharded one.
+// sharded plan (freed_bytes unused); otherwise the unsharded one.
 std::string auto_sharding_note(const Plan& plan, int64_t world_size, int64_t freed_bytes, bool sharded);
+
+// The shard option (`--shard`, `shard=`): the optimizer state whole on every rank, sharded over
+// the ranks (ZeRO-1), or whichever of the two the planner chooses (plan_auto_sharding).
+enum class ShardMode { Off, Optimizer, Auto };
+const std::vector<std::string>& shard_mode_names();  // off optimizer auto
+// The one reading of the shard option on `world_size` ranks: InputError naming the value and the
+// choices, or a sharded mode with fewer than two ranks.
+ShardMode parse_shard_mode(const std::string& value, int64_t world_size);
+
+// shard="auto": the unsharded search's plan (nullopt: not one sample fit unsharded) unless
+// sharding_gain says what sharding frees (`freed_bytes`, asked after that search) fits a larger
+// microbatch, or nothing fit: then the sharded search's. The kept plan's reason says which;
+// `say` announces the second search.
+Plan plan_auto_sharding(const std::function<std::optional<Plan>()>& unsharded, const std::function<Plan()>& sharded,
+                        int64_t world_size, const std::function<int64_t()>& freed_bytes,
+                        const std::function<void(const std::string&)>& say);
 
 }  // namespace accumplan

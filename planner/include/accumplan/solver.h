@@ -79,9 +79,6 @@ struct PlanRequest {
   std::string max_micro_batch_set_by;
   std::string split = "balanced";         // balanced | uniform
   bool use_timing = false;                // opt-in: may pick a larger k when predicted >= 10% faster
-  // Variable-length data: the longest sequence to plan the token budget for (default: the
-  // profile's setup.seq_len maximum). Used only for a profile of (b, T) points.
-  std::optional<int64_t> max_seq_len;
   // Variable-length data, --target-tokens: valid tokens per update over all ranks, instead of
   // target_batch (which must then be 0). make_token_plan sets the plan's target_batch to the
   // window at the longest length (TokenBudget::target_tokens).

@@ -50,6 +50,8 @@ struct SeqLenRange {
   int64_t min = 0;
   int64_t max = 0;
   std::string text() const;  // "16..1024", or "512" when min == max
+  bool operator==(const SeqLenRange& o) const { return min == o.min && max == o.max; }
+  bool operator!=(const SeqLenRange& o) const { return !(*this == o); }
 };
 SeqLenRange parse_seq_len(const std::string& text, const std::string& what = option_name("--seq-len"));
 // The one parser of --seq-len-file's contents: observed sequence lengths in tokens, whitespace or

@@ -38,6 +38,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "accumplan/errors.h"
@@ -302,5 +303,14 @@ struct EvalOutcome {
 // at one sample, ExecutorOomError; with recovery off the out-of-memory propagates.
 EvalOutcome run_eval(EvalBackend& backend, int64_t samples, const std::vector<int64_t>& sizes,
                      const EvalLoopOptions& options);
+
+// The gradient exchange's bucket: at most this many bytes per flat buffer (DDP's default).
+constexpr int64_t kGradientBucketBytes = 25 * 1024 * 1024;
+
+// The exchange's buckets, the one rule of both front ends: consecutive gradients of one dtype, in
+// order, up to bucket_bytes each (one larger than that alone), each bucket one flat buffer and one
+// collective. `gradients`: each one's (dtype, bytes); returns each bucket's indices into it.
+std::vector<std::vector<size_t>> gradient_buckets(const std::vector<std::pair<std::string, int64_t>>& gradients,
+                                                  int64_t bucket_bytes = kGradientBucketBytes);
 
 }  // namespace accumplan
