@@ -187,3 +187,12 @@ def warn_user(message, category=UserWarning):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
 
+
+def budget_arg(value, total_bytes, name="memory_budget"):
+    """A memory budget in bytes: an int, or text as the CLI's --memory-budget takes it ("12GiB",
+    "90%" of ``total_bytes``), read by the core's one parser. TypeError/ValueError naming ``name``."""
+    text = value if isinstance(value, str) else str(int_arg(value, name, 1, _core.MAX_BYTES))
+    try:
+        return _core.resolve_budget(text, total_bytes)
+    except _core.InputError as e:
+        raise ValueError(str(e)) from None

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import torch
 
 from . import _core
-from ._args import (INT32_MAX, INT32_MIN, MAX_COUNT, callable_arg, choice_arg, documented_arg, flag_arg, int_arg,
+from ._args import (INT32_MAX, INT32_MIN, MAX_COUNT, budget_arg, callable_arg, choice_arg, documented_arg, flag_arg, int_arg,
                     module_arg, optimizer_arg, real_arg, shown_value)
 from .batches import as_inputs, check_lengths, count_samples, input_tensors, ragged_data, target_arg
 from .checkpointing import checkpoint_candidates
@@ -335,15 +335,6 @@ def _job(model, optimizer, request, shard, progress):
     return SimpleNamespace(request=request, shard=shard, view=view, say=_say(progress))
 
 
-def _budget_bytes(memory_budget, total):
-    """memory_budget in bytes (None: none), by the CLI's parser (_core.resolve_budget)."""
-    if memory_budget is None:
-        return None
-    text = str(memory_budget) if isinstance(memory_budget, str) else str(int_arg(memory_budget, "memory_budget", 1,
-                                                                                 _core.MAX_BYTES))
-    return _core.resolve_budget(text, total)
-
-
 def _measured_plan(job, model, optimizer, memory_budget):
     """The searched plan (_core.Plan) of a checked job, measured on the model with the model,
     optimizer and RNG put back after, also when interrupted."""
@@ -357,7 +348,7 @@ def _measured_plan(job, model, optimizer, memory_budget):
         held = weights + state_bytes(measuring) + ddp_bucket_bytes(model)  # what the meter, started now, would not count
         guard.protected(lambda: guard.hold(TrainingState(model, optimizer, job.device), meter_for(job.device, held)))
         meter = guard.meter
-        cfg["budget"] = _budget_bytes(memory_budget, meter.total_bytes)
+        cfg["budget"] = None if memory_budget is None else budget_arg(memory_budget, meter.total_bytes)
         cfg["exchange"] = request.world_size > 1  # every window makes a rank's gradient exchange
         runner = ModuleRunner(meter, model, measuring, job.inputs, job.target, cfg)
         runner.shares = (view, sharding) if sharding else None

@@ -27,8 +27,8 @@ import time
 import torch.distributed as dist
 
 from . import _core
-from ._args import (INT32_MAX, INT32_MIN, callable_arg, choice_arg, documented_arg, flag_arg, int_arg, module_arg,
-                    optimizer_arg)
+from ._args import (INT32_MAX, INT32_MIN, budget_arg, callable_arg, choice_arg, documented_arg, flag_arg, int_arg,
+                    module_arg, optimizer_arg)
 from .batches import (as_inputs, check_lengths, count_samples, pad_sequences, padding_mask,
                       ragged_data, slice_samples, target_arg, valid_token_counts)
 from .distributed import (all_reduce_gradients, all_reduce_ints, collective_device, ddp_bucket_bytes, group_world_size,
@@ -142,18 +142,30 @@ def _share_counts(w, normalization):
     return _core.ShareCounts(n, w.units, w.units if w.norm == "tokens" else 0, w.lengths or [], w.norm)
 
 
-def _start_measuring(w, optimizer, measure_memory):
+def _start_measuring(w, optimizer, measure_memory, memory_budget=None):
     """The meter that reads this window's peak (None: not measured). None measures on CUDA (the
     caching allocator's peak statistics, reset here) and not on the CPU, where it installs the
-    counting allocator for the window. Call after the gradients were dropped: what exists then
-    (weights, buffers, optimizer state) is added to the figures, not counted."""
+    counting allocator for the window, with memory_budget (CPU only) enforced. Call after the
+    gradients were dropped: what exists then (weights, buffers, optimizer state) is added to the
+    figures, not counted."""
+    if memory_budget is not None and (measure_memory is False or w.device.type != "cpu"):
+        raise ValueError("memory_budget is enforced on the CPU by the window's counting allocator%s" % (
+            ": drop measure_memory=False" if w.device.type == "cpu" else
+            "; on %s the device enforces its own capacity (torch.cuda.set_per_process_memory_fraction caps it)"
+            % w.device.type))
     if measure_memory is None:  # checked already (_checked_arguments)
-        measure_memory = w.device.type == "cuda"
+        measure_memory = w.device.type == "cuda" or memory_budget is not None
     if not measure_memory:
         return None
     if w.device.type not in ("cpu", "cuda"):
         raise ValueError("measure_memory reads cpu or cuda memory; the model is on %s" % w.device)
     meter = meter_for(w.device, held_bytes(w.inner, optimizer) + ddp_bucket_bytes(w.model))
+    if memory_budget is not None:
+        try:
+            meter.limit(budget_arg(memory_budget, meter.total_bytes))
+        except (TypeError, ValueError):
+            meter.close()  # the counting allocator goes with the refusal
+            raise
     meter.sync()
     meter.reset_peak()
     return meter
@@ -176,7 +188,7 @@ def _stop_measuring(meter, st):
 def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss_fn=None, scaler=None,
                  max_grad_norm=None, scheduler=None, autocast=None, normalization=None, ignore_index=None,
                  oom_recovery=True, group=None, on_oom=None, lengths=None, shift_labels=None, measure_memory=None,
-                 packing="time"):
+                 memory_budget=None, packing="time"):
     """Trains one window (the per-rank batch, or a shorter last one) and steps the optimizer once.
 
     loss: "cross_entropy" | "mse" | "model" (default: the plan's setup.loss), or ``loss_fn(output,
@@ -200,6 +212,8 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     measure_memory: the window's memory peak in ``WindowStats.peak_bytes`` (beside the plan's
     ``predicted_peak_bytes``): None measures on CUDA only (resets the device's peak statistics), True
     on the CPU too (the counting allocator is installed for the window), False never.
+    memory_budget (CPU): bytes, "12GiB" or "90%", enforced by that allocator as a GPU enforces its
+    capacity: a microbatch past it runs out of memory and is recovered as any out-of-memory is.
     Under torch.distributed (world size > 1) every rank must call it for every window; the units
     are counted globally, failures are agreed on after every microbatch round, and the gradients
     are exchanged once, after the last microbatch (a DDP module runs every microbatch under
@@ -254,7 +268,7 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     checkpointed = plan.apply_checkpointing(w.inner)  # the plan's checkpointing for this window only
     st = None
     try:
-        backend.meter = _start_measuring(w, optimizer, measure_memory)
+        backend.meter = _start_measuring(w, optimizer, measure_memory, memory_budget)
         st = plan.run_window(backend, on_oom, oom_recovery=oom_recovery, max_grad_norm=max_grad_norm, packing=packing)
     finally:
         if checkpointed is not None:

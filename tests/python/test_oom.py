@@ -85,5 +85,46 @@ class OomRecovery(unittest.TestCase):
                                            oom_recovery=False)
 
 
+class EnforcedCpuBudget(unittest.TestCase):
+    """train_window(memory_budget=) on the CPU: the counting allocator enforces it as a GPU does."""
+
+    def model(self):
+        torch.manual_seed(0)
+        # Activations weigh most: a smaller microbatch peaks lower with the gradients resident.
+        return torch.nn.Sequential(torch.nn.Linear(8, 2048), torch.nn.Tanh(), torch.nn.Linear(2048, 4))
+
+    def window(self, sizes, **kw):
+        model = self.model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        torch.manual_seed(1)
+        x, y = torch.randn(26, 8), torch.randint(0, 4, (26,))
+        plan = make_plan(sizes)
+        return plan, plan.train_window(model, opt, (x,), y, **kw), params_of(model)
+
+    def test_a_window_past_the_budget_runs_out_of_memory_and_is_recovered_exactly(self):
+        _, whole, want = self.window([26], measure_memory=True)
+        _, small, _ = self.window([7, 7, 6, 6], measure_memory=True)
+        self.assertLess(small.peak_bytes, whole.peak_bytes)
+        budget = (small.peak_bytes + whole.peak_bytes) // 2
+        plan, st, got = self.window([26], memory_budget=budget)
+        self.assertGreaterEqual(st.oom_recoveries, 1)
+        self.assertTrue(plan.replans)
+        self.assertLess(max(plan.microbatch_sizes), 26)
+        self.assertLessEqual(st.peak_bytes, budget)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+        _, st, _ = self.window([26], memory_budget=whole.peak_bytes)  # at its own peak: it fits
+        self.assertEqual(st.oom_recoveries, 0)
+
+    def test_a_bad_budget_is_refused_naming_it_and_the_allocator_goes_with_it(self):
+        for bad in ("12XB", -1, 1.5):
+            with self.subTest(bad=bad), self.assertRaisesRegex((TypeError, ValueError), "memory_budget"):
+                self.window([26], memory_budget=bad)
+        with self.assertRaisesRegex(ValueError, "memory_budget .*drop measure_memory=False"):
+            self.window([26], memory_budget=1 << 30, measure_memory=False)
+        _, st, _ = self.window([26])  # nothing installed is left behind: an unmeasured window
+        self.assertIsNone(st.peak_bytes)
+
+
 if __name__ == "__main__":
     unittest.main()
