@@ -101,11 +101,6 @@ struct WindowLoop::Split {
 };
 
 // What every rank knows of a window after the counts collective.
-struct WindowLoop::Counts {
-  std::vector<int64_t> rank_samples;  // samples of rank 0 .. W-1
-  int64_t longest_sequence = 0;       // packed: the longest sequence on any rank
-};
-
 // The agreed outcome of one attempt's rounds.
 struct WindowLoop::Attempt {
   int64_t failing = 0;  // the smallest size (packed: padded tokens) that ran out of memory; 0: none
@@ -133,23 +128,18 @@ std::optional<TokenStepCost> WindowLoop::packing_cost(Packing packing) const {
   return packing_cost_.cost();
 }
 
-WindowStats WindowLoop::accumulate(WindowBackend& b, const WindowOptions& o, const std::vector<int64_t>& sizes) {
-  const auto t0 = Clock::now();
+WindowCounts WindowLoop::count_window(WindowBackend& b, const std::string& during,
+                                      const std::function<void(const ShareCounts&)>& check) const {
   const int W = b.world_size(), r = b.rank();
   const bool packed = plan_.tokens.has_value();
-  WindowStats st;
-  st.optimizer_state_ready = b.optimizer_state_exists() || plan_.profile.persistent.optimizer_state_bytes == 0;
-  // (a) This rank's share, counted before the collective; a share that cannot be counted reports
-  // -1 in its slot and every rank throws after it, so none waits for a peer that left.
+  // This rank's share, counted before the collective; a share that cannot be counted reports -1
+  // in its slot and every rank throws after it, so none waits for a peer that left.
   ShareCounts share;
   std::vector<int64_t> local(3 + static_cast<size_t>(W) * (packed ? 2 : 1), 0);
   std::exception_ptr count_error;
   try {
     share = b.count_share();
-    if (packed && share.samples > 0 && share.lengths.empty()) {
-      throw InputError("this plan packs ragged data by tokens (plan.tokens) but the window holds fixed-shape samples "
-                       "with no sequence lengths; " + o.ragged_data_fix);
-    }
+    if (check) check(share);
     local[0] = share.samples > 0 ? share.units : 0;
     local[1] = share.samples;
     local[2] = share.samples > 0 ? share.valid_tokens : 0;
@@ -163,15 +153,36 @@ WindowStats WindowLoop::accumulate(WindowBackend& b, const WindowOptions& o, con
     local[3 + static_cast<size_t>(r)] = -1;
   }
   const std::vector<int64_t> global = W > 1 ? b.sum_over_ranks(local) : local;
-  Counts c;
+  WindowCounts c;
   c.rank_samples.assign(global.begin() + 3, global.begin() + 3 + W);
   c.longest_sequence = packed ? *std::max_element(global.begin() + 3 + W, global.end()) : 0;
-  throw_if_a_rank_failed(c.rank_samples, count_error,
-                         "while counting the units of window " + std::to_string(window_index_), true);
+  throw_if_a_rank_failed(c.rank_samples, count_error, during, true);
+  c.share = std::move(share);
+  c.units = global[0];
+  c.samples = global[1];
+  c.valid_tokens = global[2];
+  return c;
+}
+
+WindowStats WindowLoop::accumulate(WindowBackend& b, const WindowOptions& o, const std::vector<int64_t>& sizes) {
+  const auto t0 = Clock::now();
+  const int W = b.world_size();
+  const bool packed = plan_.tokens.has_value();
+  WindowStats st;
+  st.optimizer_state_ready = b.optimizer_state_exists() || plan_.profile.persistent.optimizer_state_bytes == 0;
+  const WindowCounts c = count_window(b, "while counting the units of window " + std::to_string(window_index_),
+                                      [&](const ShareCounts& share) {
+                                        if (packed && share.samples > 0 && share.lengths.empty()) {
+                                          throw InputError("this plan packs ragged data by tokens (plan.tokens) but the "
+                                                           "window holds fixed-shape samples with no sequence lengths; " +
+                                                           o.ragged_data_fix);
+                                        }
+                                      });
+  const ShareCounts& share = c.share;
   st.local_samples = share.samples;
-  st.units = global[0];
-  st.samples = global[1];
-  st.valid_tokens = global[2];
+  st.units = c.units;
+  st.samples = c.samples;
+  st.valid_tokens = c.valid_tokens;
   st.normalization = share.normalization;
   st.loss_scale = b.loss_scale();
   Split split(plan_, share.samples, packed ? share.lengths : std::vector<int64_t>{}, sizes, W);
@@ -208,7 +219,7 @@ WindowStats WindowLoop::accumulate(WindowBackend& b, const WindowOptions& o, con
 }
 
 // Every rank sees the same numbers, so every rank throws the same error: nobody is left waiting.
-void WindowLoop::check_counts(const Counts& c, const WindowStats& st, bool packed, int W) const {
+void WindowLoop::check_counts(const WindowCounts& c, const WindowStats& st, bool packed, int W) const {
   const int64_t n = st.local_samples;
   // A plan with target_tokens windows by tokens (token_windows): a window holds any number of samples.
   const bool by_tokens = packed && plan_.tokens->target_tokens.has_value();
@@ -240,7 +251,7 @@ void WindowLoop::check_counts(const Counts& c, const WindowStats& st, bool packe
 
 // (b) The same number of rounds everywhere: the largest split of any rank. Sample plans know
 // every rank's split from the counts; packed splits depend on each rank's lengths: one collective.
-int64_t WindowLoop::rounds_for(WindowBackend& b, const Split& split, const Counts& c) const {
+int64_t WindowLoop::rounds_for(WindowBackend& b, const Split& split, const WindowCounts& c) const {
   int64_t rounds = static_cast<int64_t>(split.sizes.size());
   if (split.packed && b.world_size() > 1) {
     std::vector<int64_t> counts(static_cast<size_t>(b.world_size()), 0);

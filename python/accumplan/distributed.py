@@ -4,7 +4,7 @@ all-reduces, and the one gradient exchange.
 Public: ``all_reduce_gradients`` (re-exported by accumplan). Internal to the package:
 ``REHEARSAL`` (the exchange made alone, for planning windows), ``group_world_size``, ``is_ddp``,
 ``ddp_bucket_bytes``,
-``all_reduce_ints``, ``raise_if_a_rank_failed``, ``collective_device``, ``on_rank``. No rule is
+``all_reduce_ints``, ``collective_device``, ``on_rank``. No rule is
 decided here (the core's window loop decides): every rank reports, every rank reads the same sums
 and raises the same error.
 """
@@ -55,20 +55,6 @@ def all_reduce_ints(values, group, device):
     dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     _IN_FLIGHT[:] = [t]
     return [int(v) for v in t.tolist()]
-
-
-def raise_if_a_rank_failed(slots, local_error, rank, during):
-    """After the counts collective: ``slots[r]`` is -1 when rank r could not check its share (the
-    C++ executor's throw_if_a_rank_failed). Every rank raises, so none waits in a collective its
-    peer will never join: the failing rank its own error (a ValueError names the rank), every other
-    rank a ValueError naming the failing rank."""
-    failed = [r for r, v in enumerate(slots) if v < 0]
-    if not failed:
-        return
-    if local_error is not None:
-        raise on_rank(local_error, rank)
-    raise ValueError("rank%s %s failed %s (its own error says why); this rank stops with it"
-                     % ("s" if len(failed) > 1 else "", ", ".join(map(str, failed)), during))
 
 
 def on_rank(error, rank):

@@ -32,7 +32,7 @@ from ._args import (INT32_MAX, INT32_MIN, budget_arg, callable_arg, choice_arg, 
 from .batches import (as_inputs, check_lengths, count_samples, pad_sequences, padding_mask,
                       ragged_data, slice_samples, target_arg, valid_token_counts)
 from .distributed import (all_reduce_gradients, all_reduce_ints, collective_device, ddp_bucket_bytes, group_world_size,
-                          is_ddp, on_rank, raise_if_a_rank_failed)
+                          is_ddp, on_rank)
 from .errors import OutOfMemoryAtOne
 from .losses import (LOSSES, causal_shift, count_units, loss_sum, model_labels, model_output, resolve_normalization,
                      takes_num_items, units_rule)
@@ -70,32 +70,18 @@ def split(plan, inputs, target=None, *, ignore_index=None, normalization=None, l
     inputs, target = as_inputs(inputs), target_arg(target)
     loss_kind = loss if loss is not None else plan.loss
     ii = plan.ignore_index if ignore_index is None else int_arg(ignore_index, "ignore_index", INT32_MIN, INT32_MAX)
-    world = group_world_size(group)
-    # This rank's share is checked before the collective; under torch.distributed a bad share is
-    # reported in the collective (a slot of -1) and every rank raises after it, so none hangs.
-    n, sizes, units, local_error = 0, [], 0, None
-    try:
+    world, sizes = group_world_size(group), []
+
+    def count():  # this rank's share and split, checked before the core's collective agrees on every rank's
         n = count_samples(inputs, target)
-        sizes = plan.window_sizes(n) if n > 0 else []
+        sizes[:] = plan.window_sizes(n) if n > 0 else []
         norm, labels = units_rule(normalization or plan.normalization, loss_kind, None, inputs, target)
         shift = causal_shift(model, shift_labels) if loss_kind == "model" and norm == "tokens" else False
-        units = count_units(labels, n, norm, ii, shift) if n > 0 else 0
-    except Exception as e:  # noqa: BLE001 - re-raised below, on every rank
-        if world == 1:
-            raise
-        local_error = e
-    rank_samples = [n]
-    if world > 1:
-        rank = dist.get_rank(group)
-        counts = [0] * (1 + world)  # [units, samples of rank 0 .. W-1 (-1: that rank failed)]
-        if local_error is None:
-            counts[0], counts[1 + rank] = units, n
-        else:
-            counts[1 + rank] = -1
-        model_params = trainable_parameters(model.module if is_ddp(model) else model) if model is not None else []
-        counts = all_reduce_ints(counts, group, collective_device(group, model_params))
-        units, rank_samples = counts[0], counts[1:]
-        raise_if_a_rank_failed(rank_samples, local_error, rank, "while checking its share of the window")
+        return _core.ShareCounts(n, count_units(labels, n, norm, ii, shift) if n > 0 else 0, normalization=norm)
+    params = trainable_parameters(model.module if is_ddp(model) else model) if model is not None else []
+    counts = _core.WindowLoop(plan._core).count_window(_ShareCounter(count, group, params),
+                                                       "while checking its share of the window")
+    rank_samples, units = counts.rank_samples, counts.units
     _refuse_empty(sum(rank_samples), world)
     if units == 0:
         return
@@ -110,6 +96,32 @@ def split(plan, inputs, target=None, *, ignore_index=None, normalization=None, l
         with ctx:
             yield slice_samples(inputs, target, start, m), scale
         start += m
+
+
+class _ShareCounter(_core.WindowBackend):
+    """The window loop's counting step alone, for ``split``: this rank's share (``count()``, a
+    refusal naming the rank when there are several) and the group's collective."""
+
+    def __init__(self, count, group, params):
+        super().__init__()
+        self._count, self._group, self._params = count, group, params
+
+    def world_size(self):
+        return group_world_size(self._group)
+
+    def rank(self):
+        return dist.get_rank(self._group) if self.world_size() > 1 else 0
+
+    def sum_over_ranks(self, values):
+        return all_reduce_ints(list(values), self._group, collective_device(self._group, self._params))
+
+    def count_share(self):
+        try:
+            return self._count()
+        except ValueError as e:
+            if self.world_size() == 1:
+                raise
+            raise on_rank(e, self.rank()) from e
 
 
 # --- the high-level way: one call per window ---------------------------------------------------

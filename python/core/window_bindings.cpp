@@ -202,6 +202,12 @@ py::object cost_dict(const std::optional<TokenStepCost>& cost) {
 }
 
 void bind_loop(py::module_& m) {
+  py::class_<WindowCounts>(m, "WindowCounts", "a window's counts as every rank agreed on them")
+      .def_readonly("units", &WindowCounts::units)
+      .def_readonly("samples", &WindowCounts::samples)
+      .def_readonly("valid_tokens", &WindowCounts::valid_tokens)
+      .def_readonly("rank_samples", &WindowCounts::rank_samples)
+      .def_readonly("longest_sequence", &WindowCounts::longest_sequence);
   py::class_<WindowBackend, PyWindowBackend>(m, "WindowBackend").def(py::init<>());
   py::class_<EvalBackend, PyEvalBackend>(m, "EvalBackend").def(py::init<>());
   py::class_<WindowLoop>(m, "WindowLoop", "the one window algorithm over a plan it re-plans in place")
@@ -212,6 +218,13 @@ void bind_loop(py::module_& m) {
            },
            py::arg("backend"), py::arg("sizes") = std::vector<int64_t>{},
            "the gradient half of a window (counts, rounds, recovery, clipping); options as keywords")
+      .def("count_window",
+           [](const WindowLoop& loop, WindowBackend& backend, const std::string& during) {
+             return loop.count_window(backend, during);
+           },
+           py::arg("backend"), py::arg("during"),
+           "step 2 alone: this rank's share counted and agreed with every rank's (WindowCounts); a share that "
+           "cannot be counted raises on every rank, the others naming it and `during`")
       .def("apply",
            [](WindowLoop& loop, WindowBackend& backend, WindowStats& stats, const py::kwargs& kw) {
              loop.apply(backend, window_options(kw), stats);

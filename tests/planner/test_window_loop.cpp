@@ -366,3 +366,38 @@ TEST_CASE("Window loop: the gradient exchange's buckets are consecutive runs of 
   CHECK(gradient_buckets(G{{"float", 1}, {"half", 1}, {"float", 1}}, 30) == B{{0}, {1}, {2}});
   CHECK(gradient_buckets(G(62, {"float", 1 << 20})).size() == 3);  // 62 MiB in buckets of 25 MiB
 }
+
+TEST_CASE("Window loop: the counting step alone agrees on the share and runs nothing", "[window-loop]") {
+  // Two ranks seen from rank 1: the group's sums arrive as a fake peer adds its own slots.
+  struct RankOne : FakeBackend {
+    std::vector<int64_t> peer;  // rank 0's slots: [units, samples, valid tokens, samples per rank]
+    int world_size() const override { return 2; }
+    int rank() const override { return 1; }
+    std::vector<int64_t> sum_over_ranks(const std::vector<int64_t>& v) override {
+      std::vector<int64_t> sum = v;
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += peer[i];
+      return sum;
+    }
+  };
+  Plan plan = plan_with({6, 5, 5});
+  plan.world_size = 2;
+  plan.target_batch = 2 * plan.per_rank_batch;
+  const WindowLoop loop(plan);
+  RankOne b;
+  b.samples = 10;
+  b.peer = {12, 12, 0, 12, 0};
+  const WindowCounts c = loop.count_window(b, "while testing");
+  CHECK(c.units == 22);
+  CHECK(c.samples == 22);
+  CHECK(c.rank_samples == std::vector<int64_t>{12, 10});
+  CHECK(c.share.samples == 10);
+  CHECK(b.calls == std::vector<std::string>{"count"});  // nothing ran, nothing began
+  // A peer that could not count its share: this rank throws, naming it and what it was doing.
+  b.peer = {0, 0, 0, -1, 0};
+  CHECK_THROWS_WITH(loop.count_window(b, "while testing"),
+                    Catch::Contains("rank 0 failed while testing (its own error says why)"));
+  // This rank's own refusal (`check`) is its own error, thrown after the collective.
+  b.peer = {12, 12, 0, 12, 0};
+  CHECK_THROWS_WITH(loop.count_window(b, "while testing", [](const ShareCounts&) { throw InputError("bad share"); }),
+                    Catch::Equals("bad share"));
+}

@@ -98,6 +98,17 @@ struct ShareCounts {
   std::string normalization;      // what the units count: "samples" or "tokens"
 };
 
+// Step 2's agreement: this rank's share and, summed over the ranks in one collective, the window's
+// units, samples and valid tokens, each rank's samples and the longest sequence (packed plans).
+struct WindowCounts {
+  ShareCounts share;                   // this rank's, as its backend counted it
+  int64_t units = 0;                   // N
+  int64_t samples = 0;
+  int64_t valid_tokens = 0;
+  std::vector<int64_t> rank_samples;   // samples of rank 0 .. W-1
+  int64_t longest_sequence = 0;        // packed: the longest sequence on any rank
+};
+
 // With W > 1, samples/units/valid_tokens/loss are GLOBAL (summed over ranks) and
 // local_samples/microbatch_sizes/peaks are this rank's.
 struct WindowStats {
@@ -221,6 +232,12 @@ class WindowLoop {
   // InputError for a plan whose window breaks the reader's rules.
   explicit WindowLoop(Plan& plan);
 
+  // Step 2 alone: this rank's share counted (and `check`ed) and agreed with every rank's in one
+  // collective; a share that cannot be counted throws on every rank after it, the others naming
+  // the rank and `during` ("while counting the units of window 3"). accumulate() starts with it;
+  // a caller that only splits a window (accumplan.split) asks it alone.
+  WindowCounts count_window(WindowBackend& backend, const std::string& during,
+                            const std::function<void(const ShareCounts&)>& check = {}) const;
   // The gradient half of a window: leaves the combined (unscaled, clipped) gradient in the
   // backend and does not step. `sizes` (optional, one process only) overrides the first attempt's
   // split and must sum to the share's samples.
@@ -240,11 +257,10 @@ class WindowLoop {
   std::optional<RunTimeModel> time_model(Packing packing) const;
 
  private:
-  struct Counts;
   struct Attempt;
   struct Split;
-  void check_counts(const Counts& c, const WindowStats& st, bool packed, int world) const;
-  int64_t rounds_for(WindowBackend& backend, const Split& split, const Counts& c) const;
+  void check_counts(const WindowCounts& c, const WindowStats& st, bool packed, int world) const;
+  int64_t rounds_for(WindowBackend& backend, const Split& split, const WindowCounts& c) const;
   Attempt run_rounds(WindowBackend& backend, const WindowOptions& options, const Split& split, int64_t attempt,
                      int64_t rounds, int64_t units);
   int64_t run_microbatch(WindowBackend& backend, const WindowOptions& options, const Split& split,
