@@ -21,6 +21,7 @@ const std::map<std::string, std::string>& python_names() {
       {"--ignore-index", "ignore_index"},   {"--device", "device"},
       {"--lr", "the optimizer's lr"},       {"--multiple-of", "multiple_of"},
       {"--plan", "the plan"},               {"--seq-len", "max_seq_len"},
+      {"--max-micro-batch", "max_micro_batch"},
   };
   return names;
 }

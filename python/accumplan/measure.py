@@ -253,7 +253,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
          memory_budget=None, device=None, amp=None, max_grad_norm=None, world_size=1, shard=None, headroom="auto",
          normalization="auto", ignore_index=-100, shift_labels=None, lengths=None, padding_mask=False,
          target_tokens=None, eval=True, eval_keep_outputs=False, checkpointing="off", checkpoint_candidates=None,
-         max_seq_len=None, progress=None):
+         max_seq_len=None, max_micro_batch=None, progress=None):
     """The plan for training ``model`` with ``optimizer`` at an effective batch of ``target_batch``,
     measured by real windows of ``train_window``'s step on this module in this process.
 
@@ -297,6 +297,7 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     built here and dropped after), so each peak is that rank's; train it with a ZeroRedundancyOptimizer. "auto"
     plans unsharded first and searches again sharded only when the state sharding frees lets a larger microbatch
     fit (or when not one sample fits unsharded); the reason says which.
+    max_micro_batch: never plan a microbatch above it (``--max-micro-batch``; None: memory decides).
     progress: None prints one line per window to stderr, False is silent, a callable gets the lines.
     The plan's setup records the optimizer whole: every parameter group's lr and hyperparameters and
     its flags (nesterov, amsgrad, maximize, foreach, ...; docs/plan-format.md), so an export carries
@@ -304,8 +305,8 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     Returns the ``Plan`` ``load_plan`` returns; ``plan.save(path)`` writes the file the CLI writes.
     The model, optimizer and RNG are left as they were; ValueError/TypeError name a bad argument
     before anything runs; OutOfMemoryAtOne when not even one sample fits."""
-    job = _job(model, optimizer, _request(target_batch, target_tokens, world_size, headroom, eval, eval_keep_outputs),
-               shard, progress)
+    job = _job(model, optimizer, _request(target_batch, target_tokens, world_size, headroom, eval, eval_keep_outputs,
+                                          max_micro_batch), shard, progress)
     job.inputs, job.target, lengths = _data(inputs, target, lengths, loss, loss_fn, ignore_index, padding_mask)
     if job.shard == "auto" and not (isinstance(checkpointing, str) and checkpointing == "off"):
         raise ValueError("shard='auto' with checkpointing=%s: plan one knob automatically at a time; pass "
@@ -411,7 +412,7 @@ def _seq_range(lengths, max_seq_len):
     return min(lengths), longest
 
 
-def _request(target_batch, target_tokens, world_size, headroom, eval, eval_keep_outputs):
+def _request(target_batch, target_tokens, world_size, headroom, eval, eval_keep_outputs, max_micro_batch=None):
     """The search's request from plan()'s arguments, checked by the CLI's rules (_core.check_request)."""
     if (target_batch is None) == (target_tokens is None):
         raise TypeError("give target_batch (samples per optimizer step) or, for variable-length data, target_tokens "
@@ -429,6 +430,8 @@ def _request(target_batch, target_tokens, world_size, headroom, eval, eval_keep_
     if isinstance(headroom, bool) or not isinstance(headroom, (str, int, float)):
         raise TypeError("headroom must be 'auto', a fraction (0.05) or a size ('256MiB', bytes), not %s" % shown_value(headroom))
     request.headroom = str(headroom)  # read by the CLI's --headroom parser
+    if max_micro_batch is not None:
+        request.max_micro_batch = int_arg(max_micro_batch, "max_micro_batch", 1, MAX_COUNT)
     try:
         _core.check_request(request)
     except _core.InputError as e:

@@ -101,6 +101,7 @@ struct SearchRequest {
   int64_t target_tokens = 0;  // packed plans: windows of at least this many valid tokens (0: target_batch samples)
   bool eval = true;           // plan the evaluation batch too (Search::plan_eval), as the CLI without --no-eval
   bool eval_keep_outputs = false;
+  int64_t max_micro_batch = 0;  // never a microbatch above it (0: none), as --max-micro-batch
 };
 
 // The plan request of a search, checked (the solver's rules and the CLI's --headroom parser): a
@@ -111,6 +112,7 @@ PlanRequest plan_request(const SearchRequest& r) {
   request.world_size = r.world_size;
   request.headroom = parse_headroom(r.headroom, "headroom");
   if (r.target_tokens != 0) request.target_tokens = r.target_tokens;  // the solver checks the range
+  if (r.max_micro_batch != 0) request.max_micro_batch = r.max_micro_batch;
   check_request(request);
   return request;
 }
@@ -463,9 +465,10 @@ void bind_search(py::module_& m) {
       .def_readwrite("persistent_over_budget", &SearchRequest::persistent_over_budget)
       .def_readwrite("target_tokens", &SearchRequest::target_tokens)
       .def_readwrite("eval", &SearchRequest::eval)
-      .def_readwrite("eval_keep_outputs", &SearchRequest::eval_keep_outputs);
+      .def_readwrite("eval_keep_outputs", &SearchRequest::eval_keep_outputs)
+      .def_readwrite("max_micro_batch", &SearchRequest::max_micro_batch);
   m.def("check_request", [](const SearchRequest& r) { plan_request(r); }, py::arg("request"),
-        "InputError naming a bad target_batch, world_size or headroom");
+        "InputError naming a bad target_batch, world_size, headroom or max_micro_batch");
   m.def("checkpoint_options", &checkpoint_options_of, py::arg("model"), py::arg("per_rank_batch"), py::arg("usable_bytes"),
         "(every checkpoint set's {rule, modules, micro_batch, accumulation_steps, predicted_peak_bytes, "
         "predicted_window_seconds}, the chosen set's index or None): accumplan/checkpoint.h");

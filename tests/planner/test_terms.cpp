@@ -61,7 +61,8 @@ TEST_CASE("Terms: under Python, options are its arguments and advice is a call o
     CHECK(option_name("--memory-budget") == "memory_budget");
     CHECK(option_name("--seq-len") == "max_seq_len");
     CHECK(option_name("--lr") == "the optimizer's lr");
-    CHECK(option_name("--max-micro-batch") == "--max-micro-batch");  // Python has no argument for it
+    CHECK(option_name("--max-micro-batch") == "max_micro_batch");
+    CHECK(option_name("--batch-file") == "--batch-file");  // Python has no argument for it
     CHECK(plan_command() == "accumplan.plan(...)");
     CHECK(plan_command({"--target-batch"}) == "accumplan.plan(..., target_batch=...)");
     CHECK_THROWS_WITH(plan_no_samples(),

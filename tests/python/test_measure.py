@@ -191,9 +191,20 @@ class PlanTest(unittest.TestCase):
         plan = self.plan(loss_fn=functools.partial(F.cross_entropy, reduction="sum"))
         self.assertEqual(sum(plan.microbatch_sizes), 512)
 
+    def test_max_micro_batch_bounds_the_plan_as_the_cli_option_does(self):
+        free = self.plan()
+        bound = max(1, free.micro_batch // 3)
+        plan = self.plan(max_micro_batch=bound)
+        self.assertLess(bound, free.micro_batch)
+        self.assertLessEqual(max(plan.microbatch_sizes), bound)
+        self.assertEqual(sum(plan.microbatch_sizes), 512)
+        self.assertIn("bounds the microbatch at %d (memory alone would allow" % bound, plan.reason)
+
     def test_bad_arguments_are_refused_before_any_window(self):
         cases = [
             (dict(target_batch=0), ValueError, "target_batch"),
+            (dict(max_micro_batch=0), ValueError, "max_micro_batch"),
+            (dict(max_micro_batch=2.5), TypeError, "max_micro_batch"),
             (dict(memory_budget="12 parsecs"), ValueError, "12 parsecs"),
             (dict(headroom="lots"), ValueError, "lots"),
             (dict(device="cuda:0" if not torch.cuda.is_available() else "meta"), ValueError, "device"),

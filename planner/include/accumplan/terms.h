@@ -24,7 +24,7 @@ FrontEnd front_end();
 
 // `cli_option` ("--target-batch") as the front end names it: itself for the command line; for
 // Python its argument ("target_batch"), or what stands for it ("the optimizer's lr", "the plan"),
-// or itself when Python has none ("--max-micro-batch").
+// or itself when Python has none ("--batch-file").
 std::string option_name(const std::string& cli_option);
 
 // Advice to plan again, with these options named: "`accumplan plan --target-batch`" for the
