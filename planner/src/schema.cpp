@@ -432,6 +432,33 @@ void check_version(const JsonField& root, const char* expected_schema) {
   }
 }
 
+// A document's first two fields: which schema, which version of it.
+ojson document_header(const char* schema) {
+  ojson j;
+  j["schema"] = schema;
+  j["schema_version"] = schema_version_string();
+  return j;
+}
+
+// A step cost (tokens.step_cost, time_model.final_cost): its three terms, and token_seconds where
+// it is set or `always_token_seconds` (1.5; a plan writes it only when set).
+ojson step_cost_json(const TokenStepCost& c, bool always_token_seconds) {
+  ojson j{{"per_microbatch", c.per_microbatch}, {"per_token", c.per_token}, {"per_token_squared", c.per_token_squared}};
+  if (always_token_seconds || c.token_seconds > 0) j["token_seconds"] = c.token_seconds;
+  return j;
+}
+
+// The step cost at `key` of `f`, or nullopt where it is absent or null; each term in its range
+// (check_step_cost), token_seconds (1.5) 0 where absent.
+std::optional<TokenStepCost> step_cost_from(const JsonField& f, const char* key) {
+  if (!f.has(key) || f.at(key).raw().is_null()) return std::nullopt;
+  const JsonField c = f.at(key);
+  const TokenStepCost cost{c.i64("per_microbatch"), c.i64("per_token"), c.i64("per_token_squared"),
+                           c.opt_f64("token_seconds", {0.0, 1e9}).value_or(0.0)};
+  check_step_cost(cost, c.path() + ".");
+  return cost;
+}
+
 }  // namespace
 
 std::optional<ValueRange> documented_range(const std::string& key) {
@@ -578,9 +605,7 @@ Profile profile_body_from(const JsonField& root) {
 }  // namespace
 
 ojson to_json(const Profile& p) {
-  ojson j;
-  j["schema"] = kProfileSchema;
-  j["schema_version"] = schema_version_string();
+  ojson j = document_header(kProfileSchema);
   const ojson body = profile_body_json(p);  // named: items() of a temporary would dangle
   for (const auto& item : body.items()) j[item.key()] = item.value();
   return j;
@@ -721,9 +746,7 @@ CheckpointChoiceRecord checkpoint_choice_from(const JsonField& f) {
 }
 
 ojson to_json(const Plan& p) {
-  ojson j;
-  j["schema"] = kPlanSchema;
-  j["schema_version"] = schema_version_string();
+  ojson j = document_header(kPlanSchema);
   j["target_batch"] = p.target_batch;
   j["world_size"] = p.world_size;
   j["per_rank_batch"] = p.per_rank_batch;
@@ -741,12 +764,7 @@ ojson to_json(const Plan& p) {
                         {"max_seq_len", p.tokens->max_seq_len},
                         {"longest_sequence_alone", p.tokens->longest_sequence_alone}};
     if (p.tokens->target_tokens) j["tokens"]["target_tokens"] = *p.tokens->target_tokens;  // 1.4
-    if (p.tokens->step_cost) {  // 1.4
-      j["tokens"]["step_cost"] = ojson{{"per_microbatch", p.tokens->step_cost->per_microbatch},
-                                       {"per_token", p.tokens->step_cost->per_token},
-                                       {"per_token_squared", p.tokens->step_cost->per_token_squared}};
-      if (p.tokens->step_cost->token_seconds > 0) j["tokens"]["step_cost"]["token_seconds"] = p.tokens->step_cost->token_seconds;  // 1.5
-    }
+    if (p.tokens->step_cost) j["tokens"]["step_cost"] = step_cost_json(*p.tokens->step_cost, false);  // 1.4
   }
   const MemoryBreakdown& m = p.memory;
   j["memory"] = ojson{{"budget_bytes", m.budget_bytes},
@@ -804,12 +822,7 @@ std::optional<TokenBudget> tokens_from(const JsonField& root) {
   tb.max_seq_len = tk.i64("max_seq_len");
   tb.longest_sequence_alone = tk.i64("longest_sequence_alone");
   tb.target_tokens = tk.opt_i64("target_tokens");  // 1.4
-  if (tk.has("step_cost") && !tk.at("step_cost").raw().is_null()) {  // 1.4
-    const JsonField sc = tk.at("step_cost");
-    tb.step_cost = TokenStepCost{sc.i64("per_microbatch"), sc.i64("per_token"), sc.i64("per_token_squared"),
-                                 sc.opt_f64("token_seconds").value_or(0)};  // token_seconds: 1.5
-    check_step_cost(*tb.step_cost, sc.path() + ".");
-  }
+  tb.step_cost = step_cost_from(tk, "step_cost");  // 1.4
   if (tb.token_budget < 1 || tb.max_seq_len < 1 || tb.max_seq_len > tb.token_budget) {
     throw SchemaError("$.tokens: token_budget " + std::to_string(tb.token_budget) + " must hold at least one sequence of max_seq_len " +
                       std::to_string(tb.max_seq_len) + " tokens (both >= 1)");
@@ -1097,21 +1110,14 @@ RunTimeModel time_model_from(const JsonField& f) {
   t.median_abs_error = f.f64("median_abs_error", kError);
   t.p90_abs_error = f.f64("p90_abs_error", kError);
   t.refits = f.i64("refits", kCount);
-  if (f.has("final_cost") && !f.at("final_cost").raw().is_null()) {
-    const JsonField c = f.at("final_cost");
-    t.final_cost = TokenStepCost{c.i64("per_microbatch"), c.i64("per_token"), c.i64("per_token_squared"),
-                                 c.f64("token_seconds", {0.0, 1e9})};
-    check_step_cost(*t.final_cost, c.path() + ".");
-  }
+  t.final_cost = step_cost_from(f, "final_cost");
   return t;
 }
 
 }  // namespace
 
 ojson to_json(const RunRecord& r) {
-  ojson j;
-  j["schema"] = kRunStatsSchema;
-  j["schema_version"] = schema_version_string();
+  ojson j = document_header(kRunStatsSchema);
   j["windows"] = r.windows;
   j["optimizer_steps"] = r.optimizer_steps;
   j["skipped_steps"] = r.skipped_steps;
@@ -1155,12 +1161,7 @@ ojson to_json(const RunRecord& r) {
                             {"median_abs_error", t.median_abs_error},
                             {"p90_abs_error", t.p90_abs_error},
                             {"refits", t.refits}};
-    if (t.final_cost) {
-      j["time_model"]["final_cost"] = ojson{{"per_microbatch", t.final_cost->per_microbatch},
-                                            {"per_token", t.final_cost->per_token},
-                                            {"per_token_squared", t.final_cost->per_token_squared},
-                                            {"token_seconds", t.final_cost->token_seconds}};
-    }
+    if (t.final_cost) j["time_model"]["final_cost"] = step_cost_json(*t.final_cost, true);
   }
   // One record per window, in order.
   ojson series = ojson::array();
