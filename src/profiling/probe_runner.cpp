@@ -419,11 +419,14 @@ int64_t ProbeRunner::freed_by_sharding(int64_t world_size) const {
 
 std::vector<at::Tensor> ProbeRunner::shard_held_parameters() {
   if (options_.shard_world_size == 0) return params_;
+  const bool said = sharding_.has_value();  // a second persistent attempt loads the model again: said once
   sharding_ = shard_over(options_.shard_world_size, &owners_);
   const std::vector<at::Tensor> held = owned_parameters(params_, owners_, sharding_->measured_rank);
-  say("the optimizer state sharded over " + std::to_string(sharding_->world_size) + " ranks: the windows hold rank " +
-      std::to_string(sharding_->measured_rank) + "'s share, the largest (" + std::to_string(held.size()) + " of " +
-      std::to_string(params_.size()) + " parameters)");
+  if (!said) {
+    say("the optimizer state sharded over " + std::to_string(sharding_->world_size) + " ranks: the windows hold rank " +
+        std::to_string(sharding_->measured_rank) + "'s share, the largest (" + std::to_string(held.size()) + " of " +
+        std::to_string(params_.size()) + " parameters)");
+  }
   return held;
 }
 
