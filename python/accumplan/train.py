@@ -317,14 +317,14 @@ def _window_data(plan, inputs, target, lengths, loss_kind, ii):
 
 def evaluate(plan, model, inputs, target=None, *, loss=None, loss_fn=None, autocast=None, normalization=None,
              ignore_index=None, lengths=None, shift_labels=None, oom_recovery=True, on_oom=None, on_outputs=None,
-             measure_memory=None, optimizer=None):
+             measure_memory=None, memory_budget=None, optimizer=None):
     """Evaluates a batch in the plan's eval microbatches (``plan.eval``; the training microbatch for
     a plan without one): forward only, under no_grad, with every submodule in eval mode (each
     module's own flag put back after). Returns ``EvalStats`` whose ``loss`` is the exact mean over
     the batch's units (samples, or valid tokens as train_window counts them): the sum of the
     microbatches' loss sums divided once, so the same number whatever the split.
     The arguments are train_window's (inputs, target, loss, loss_fn, autocast, normalization,
-    ignore_index, lengths, shift_labels, measure_memory); ragged data is split by count, each
+    ignore_index, lengths, shift_labels, measure_memory, memory_budget); ragged data is split by count, each
     microbatch cut to its own longest. On out-of-memory (``is_oom``) the samples from the failing
     microbatch on run at half its size (``on_oom(note)`` is called), nothing skipped or counted twice;
     OutOfMemoryAtOne at one sample. on_outputs(output, start): the model's output of each
@@ -355,7 +355,7 @@ def evaluate(plan, model, inputs, target=None, *, loss=None, loss_fn=None, autoc
     st.samples, st.units, st.normalization = n, w.units, w.norm
     if plan.eval is not None and plan.eval.get("micro_batch"):
         st.predicted_peak_bytes = plan.eval["predicted_peak_bytes"]
-    meter = _start_measuring(w, optimizer, measure_memory)
+    meter = _start_measuring(w, optimizer, measure_memory, memory_budget)
     backend = EvalBackend(w, meter, on_outputs)
     try:
         with EvalMode(w.inner):

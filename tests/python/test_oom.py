@@ -116,6 +116,18 @@ class EnforcedCpuBudget(unittest.TestCase):
         _, st, _ = self.window([26], memory_budget=whole.peak_bytes)  # at its own peak: it fits
         self.assertEqual(st.oom_recoveries, 0)
 
+    def test_an_evaluation_past_the_budget_is_re_split_with_the_same_mean_loss(self):
+        model, plan = self.model(), make_plan([26])
+        torch.manual_seed(1)
+        x, y = torch.randn(26, 8), torch.randint(0, 4, (26,))
+        whole = plan.evaluate(model, (x,), y, measure_memory=True)
+        half = plan.evaluate(model, (x[:13],), y[:13], measure_memory=True)
+        self.assertLess(half.peak_bytes, whole.peak_bytes)
+        st = plan.evaluate(model, (x,), y, memory_budget=(half.peak_bytes + whole.peak_bytes) // 2)
+        self.assertGreaterEqual(st.oom_recoveries, 1)
+        self.assertLess(max(st.microbatch_sizes), 26)
+        self.assertAlmostEqual(st.loss, whole.loss, places=6)
+
     def test_a_bad_budget_is_refused_naming_it_and_the_allocator_goes_with_it(self):
         for bad in ("12XB", -1, 1.5):
             with self.subTest(bad=bad), self.assertRaisesRegex((TypeError, ValueError), "memory_budget"):
