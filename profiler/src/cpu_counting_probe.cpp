@@ -22,6 +22,7 @@
 #include <c10/util/Exception.h>
 
 #include "accumplan/errors.h"
+#include "accumplan/host_data.h"
 #include "accumplan/units.h"
 #include "torch_allocator_shim.h"
 
@@ -102,13 +103,16 @@ class CountingCpuAllocator final : public c10::Allocator {
     std::string oom_message;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      // Worded as LibTorch's CPU allocator words a failure, so what recognises an out-of-memory
+      // by its text (Accelerate's find_executable_batch_size, Lightning's BatchSizeFinder) does;
+      // the probe's name tells it from the machine running out (failed_host_allocation_bytes).
+      const std::string failed = "CPU out of memory. DefaultCPUAllocator: can't allocate memory: you tried to allocate " +
+                                 std::to_string(bytes) + " bytes (" + kCountingProbeName;
       if (fail_countdown_ > 0 && --fail_countdown_ == 0) {
-        oom_message = "CPU out of memory (accumplan cpu-counting probe): injected failure of a " +
-                      format_bytes(bytes) + " allocation (fail_allocation_after)";
+        oom_message = failed + ": an injected failure, fail_allocation_after)";
       } else if (budget_bytes_ && current_bytes_ + bytes > *budget_bytes_) {
-        oom_message = "CPU out of memory (accumplan cpu-counting probe): tried to allocate " +
-                      format_bytes(bytes) + " with " + format_bytes(current_bytes_) + " of the " +
-                      format_bytes(*budget_bytes_) + " budget in use";
+        oom_message = failed + ": " + format_bytes(bytes) + " with " + format_bytes(current_bytes_) + " of the " +
+                      format_bytes(*budget_bytes_) + " budget in use)";
       } else {
         // Reserve before allocating so concurrent allocations cannot both pass the budget.
         current_bytes_ += bytes;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "accumplan/errors.h"
+#include "accumplan/host_data.h"
 #include "cpu_counting_probe.h"
 #include "torch_and_catch.h"  // last: see why there
 
@@ -105,6 +106,12 @@ TEST_CASE("CPU probe: the OOM message says what was asked for and the budget",
     CHECK_THAT(e.what(), Contains("out of memory"));
     CHECK_THAT(e.what(), Contains("4.0 KiB"));
     CHECK_THAT(e.what(), Contains("1.0 KiB budget"));
+    // In LibTorch's CPU allocator's words, which is how Accelerate's find_executable_batch_size
+    // (" out of memory.") and Lightning's is_oom_error ("DefaultCPUAllocator: can't allocate
+    // memory") recognise an out-of-memory; the probe's name tells it from the machine running out.
+    CHECK_THAT(e.what(), Contains("CPU out of memory. DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                                  "4096 bytes (accumplan cpu-counting probe"));
+    CHECK_FALSE(accumplan::failed_host_allocation_bytes(e.what()).has_value());
   }
 }
 

@@ -128,6 +128,20 @@ class EnforcedCpuBudget(unittest.TestCase):
         self.assertLess(max(st.microbatch_sizes), 26)
         self.assertAlmostEqual(st.loss, whole.loss, places=6)
 
+    def test_its_out_of_memory_reads_as_the_cpu_allocators_to_code_that_matches_the_text(self):
+        from accumplan.meters import CpuMeter
+        meter = CpuMeter(0)
+        try:
+            meter.limit(1 << 20)
+            with self.assertRaises(torch.OutOfMemoryError) as caught:
+                torch.empty(1 << 22, dtype=torch.uint8)
+        finally:
+            meter.close()
+        (text,) = caught.exception.args  # one argument, as both peers require
+        self.assertIn(" out of memory.", text)  # Accelerate's should_reduce_batch_size
+        self.assertIn("DefaultCPUAllocator: can't allocate memory", text)  # Lightning's is_out_of_cpu_memory
+        self.assertIsNone(accumplan._core.failed_host_allocation_bytes(text))  # not the machine running out
+
     def test_a_bad_budget_is_refused_naming_it_and_the_allocator_goes_with_it(self):
         for bad in ("12XB", -1, 1.5):
             with self.subTest(bad=bad), self.assertRaisesRegex((TypeError, ValueError), "memory_budget"):

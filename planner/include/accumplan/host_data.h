@@ -44,12 +44,18 @@ inline void check_host_data_bytes(int64_t bytes, const std::string& what, const 
   }
 }
 
+// Who raises an out-of-memory of the CPU budget: the counting probe, in LibTorch's allocator's
+// words followed by "(accumplan cpu-counting probe: ...)".
+inline constexpr const char* kCountingProbeName = "accumplan cpu-counting probe";
+
 // LibTorch's CPU allocator failing ("DefaultCPUAllocator: can't allocate memory: you tried to
 // allocate 2148007936 bytes"): the bytes it asked for (0 when its message gives none); nullopt for
-// any other error. Not an out-of-memory of the budget (the counting probe raises those, and they
-// are re-planned): the machine's memory or a ulimit ran out, which no smaller microbatch fixes.
+// any other error. Not an out-of-memory of the budget (the counting probe raises those, naming
+// itself, and they are re-planned): the machine's memory or a ulimit ran out, which no smaller
+// microbatch fixes.
 inline std::optional<int64_t> failed_host_allocation_bytes(const std::string& what) {
   if (what.find("DefaultCPUAllocator: can't allocate memory") == std::string::npos) return std::nullopt;
+  if (what.find(kCountingProbeName) != std::string::npos) return std::nullopt;
   const std::string key = "you tried to allocate ";
   const size_t at = what.find(key);
   int64_t bytes = 0;
