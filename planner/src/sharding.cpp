@@ -202,8 +202,10 @@ std::optional<int64_t> sharding_gain(const Plan& unsharded, int64_t freed_bytes)
 std::string auto_sharding_note(const Plan& plan, int64_t world_size, int64_t freed_bytes, bool sharded) {
   const std::string shard = shard_words("auto");
   if (sharded) {
-    return " " + shard + " sharded it: unsharded, the largest microbatch that fits is smaller (" +
-           std::to_string(plan.sharding ? plan.sharding->unsharded_micro_batch.value_or(0) : 0) + ").";
+    const int64_t unsharded = plan.sharding ? plan.sharding->unsharded_micro_batch.value_or(0) : 0;
+    return " " + shard + " sharded it: unsharded, " +
+           (unsharded > 0 ? "the largest microbatch that fits is smaller (" + std::to_string(unsharded) + ")."
+                          : std::string("not one sample fits."));
   }
   return " " + shard + " did not shard the optimizer state: over " + std::to_string(world_size) + " ranks it would free " +
          format_bytes(freed_bytes) + " per rank, which the line says gives no larger microbatch than " +

@@ -152,6 +152,11 @@ TEST_CASE("accumplan --shard auto shards Adam's state only where it fits a large
   REQUIRE(sharded.sharding);
   CHECK(sharded.max_micro_batch > off.max_micro_batch);
   CHECK_THAT(sharded.reason, Catch::Contains("--shard auto sharded it"));
+  // 1700 KiB: the whole state on every rank leaves not one sample; sharded, a plan.
+  const Plan only_sharded = plan_with("auto", {"--target-batch", "64", "--memory-budget", "1700KiB"});
+  REQUIRE(only_sharded.sharding);
+  CHECK(only_sharded.micro_batch >= 1);
+  CHECK_THAT(only_sharded.reason, Catch::Contains("--shard auto sharded it: unsharded, not one sample fits."));
   // No budget: the whole window already fits, so sharding gains nothing.
   const Plan whole = plan_with("auto", {"--target-batch", "16"});
   CHECK_FALSE(whole.sharding);

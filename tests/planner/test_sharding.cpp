@@ -232,6 +232,12 @@ TEST_CASE("Sharding: shard auto gains only when the freed state fits at least on
   Plan noted = unsharded;
   noted.reason += auto_sharding_note(noted, 4, 1000, false);
   CHECK_THAT(noted.reason, Catch::Contains("did not shard") && Catch::Contains("no larger microbatch"));
+  // Sharded where not one sample fits unsharded: it says so, not "smaller (0)".
+  Plan sharded = sharded_plan();
+  sharded.sharding->unsharded_micro_batch = 0;
+  CHECK_THAT(auto_sharding_note(sharded, 4, 0, true), Catch::EndsWith("sharded it: unsharded, not one sample fits."));
+  sharded.sharding->unsharded_micro_batch = 3;
+  CHECK_THAT(auto_sharding_note(sharded, 4, 0, true), Catch::EndsWith("the largest microbatch that fits is smaller (3)."));
 }
 
 TEST_CASE("Sharding: the 1.9 fields round-trip and match their golden file", "[sharding][schema][golden]") {
