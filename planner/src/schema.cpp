@@ -1198,8 +1198,8 @@ RunRecord run_record_from_json(const json& doc) {
   r.world_size = root.opt_i64("world_size").value_or(1);
   r.rank = root.opt_i64("rank").value_or(0);
   if (root.has("backend")) r.backend = root.str("backend");
-  if (root.has("striding")) r.striding = root.str("striding");
-  if (root.has("sharding")) r.striding = root.str("sharding");  // older records name the key sharding
+  if (root.has("sharding")) r.striding = root.str("sharding");  // 1.11 and earlier
+  if (root.has("striding")) r.striding = root.str("striding");  // 1.12
   if (root.has("collectives")) {
     const JsonField c = root.at("collectives");
     r.collectives = {c.i64("counter_all_reduces"), c.i64("gradient_exchanges"), c.i64("tensor_all_reduces"),

@@ -58,8 +58,10 @@ inline constexpr int kSchemaMajor = 1;
 // for two or more ranks is made only from such a profile.
 // 1.11: `sharding.other_ranks`, the optimizer step of each other share measured; a plan's
 // `sharding.per_rank_peak_bytes`, each rank's predicted peak.
-inline constexpr int kSchemaMinor = 11;
-const std::string& schema_version_string();  // "1.11"
+// 1.12: run statistics name the data's split over the ranks `striding` (1.11 and before:
+// `sharding`, which now means only the optimizer state); the reader takes either.
+inline constexpr int kSchemaMinor = 12;
+const std::string& schema_version_string();  // "1.12"
 
 struct DeviceInfo {
   std::string type = "cpu";  // "cpu" or "cuda"
