@@ -80,9 +80,10 @@ def collective_device(group, params):
 
 
 def all_reduce_gradients(params, group=None, extra=None):
-    """ONE gradient exchange (flat buckets of at most 25 MiB, _core.gradient_buckets, summed) over the process group.
-    Parameters without a gradient send zeros, so every rank sends the same list. ``extra`` (a
-    float) rides along in the last bucket; the summed value is returned."""
+    """ONE gradient exchange (flat buckets of at most 25 MiB, _core.gradient_buckets, summed) over the
+    process group. Parameters without a gradient send zeros, so every rank sends the same list. ``extra`` (a
+    float) rides along in the last bucket of the widest dtype (a loss sum keeps a float32's digits
+    beside half-precision gradients); the summed value is returned."""
     rehearse = group is REHEARSAL
     device = (params[0].device if params else torch.device("cpu")) if rehearse else collective_device(group, params)
     grads = []
@@ -93,11 +94,12 @@ def all_reduce_gradients(params, group=None, extra=None):
     tail = torch.tensor([0.0 if extra is None else float(extra)], dtype=torch.float64)
     buckets = [[grads[i] for i in bucket]
                for bucket in _core.gradient_buckets([(str(g.dtype), g.numel() * g.element_size()) for g in grads])]
+    carrier = max(range(len(buckets)), key=lambda i: (buckets[i][0].element_size(), i), default=-1)
     for i, bucket in enumerate(buckets):
-        # One flat buffer per bucket, the last with the tail's slot: the bucket's bytes once, never
-        # a second copy to append the tail (the exchange is a window's highest moment when the
-        # gradients outweigh a microbatch's activations).
-        last = i == len(buckets) - 1
+        # One flat buffer per bucket, the carrier's with the tail's slot: the bucket's bytes once,
+        # never a second copy to append the tail (the exchange is a window's highest moment when
+        # the gradients outweigh a microbatch's activations).
+        last = i == carrier
         flat = torch.empty(sum(g.numel() for g in bucket) + (1 if last else 0), dtype=bucket[0].dtype, device=device)
         offset = 0
         for g in bucket:

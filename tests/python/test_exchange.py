@@ -24,6 +24,14 @@ def plan_for(world_size):
 
 
 class RehearsedExchange(unittest.TestCase):
+    def test_the_loss_sum_rides_in_the_widest_bucket_beside_half_precision_gradients(self):
+        from accumplan.distributed import REHEARSAL
+        params = [torch.zeros(4, dtype=torch.bfloat16, requires_grad=True),
+                  torch.zeros(4, dtype=torch.float32, requires_grad=True),
+                  torch.zeros(4, dtype=torch.bfloat16, requires_grad=True)]
+        # bfloat16 keeps 3 digits of 1/3 (0.333984375); the float32 bucket keeps 7.
+        self.assertAlmostEqual(accumplan.all_reduce_gradients(params, REHEARSAL, extra=1 / 3), 1 / 3, places=6)
+
     def test_windows_for_two_ranks_hold_the_exchange_buffer_after_the_microbatches(self):
         two, model = plan_for(2)
         one, _ = plan_for(1)
