@@ -30,8 +30,7 @@ namespace accumplan {
 void check_profile_header(const Profile& header) {
   // The reader's rules are the one check of a profile's fields: what a plan file must hold, the
   // header Python built must hold before the search measures anything.
-  const nlohmann::json written = nlohmann::json::parse(to_json(header).dump());
-  profile_from_json(written);
+  profile_from_json(nlohmann::json(to_json(header)));
 }
 
 namespace {
