@@ -1,6 +1,8 @@
 // schema.cpp — JSON for profile.json and plan.json. See schema.h for the rules; field order in
 // the writers is the order users read, so golden files stay stable and diffs stay small.
 #include "accumplan/schema.h"
+
+#include "accumplan/ranks.h"
 #include "accumplan/setup_rules.h"
 
 #include <algorithm>
@@ -552,6 +554,40 @@ Sharding sharding_from(const JsonField& f, bool in_plan) {
   return s;
 }
 
+// 1.13: each rank's window where the ranks differ.
+ojson ranks_json(const std::vector<RankWindow>& ranks) {
+  ojson out = ojson::array();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const RankWindow& w = ranks[r];
+    out.push_back(ojson{{"rank", static_cast<int64_t>(r)},
+                        {"budget_bytes", w.budget_bytes},
+                        {"per_rank_batch", w.per_rank_batch},
+                        {"max_micro_batch", w.max_micro_batch},
+                        {"microbatch_sizes", w.microbatch_sizes},
+                        {"predicted_peak_bytes", w.predicted_peak_bytes},
+                        {"window_seconds", w.window_seconds ? ojson(*w.window_seconds) : ojson(nullptr)}});
+  }
+  return out;
+}
+
+std::vector<RankWindow> ranks_from(const JsonField& f) {
+  std::vector<RankWindow> out;
+  for (const JsonField& r : f.items()) {
+    if (r.i64("rank") != static_cast<int64_t>(out.size())) {
+      throw SchemaError(r.path() + ".rank: " + std::to_string(r.i64("rank")) + "; the ranks are listed 0, 1, 2, ... in order");
+    }
+    RankWindow w;
+    w.budget_bytes = r.i64("budget_bytes");
+    w.per_rank_batch = r.i64("per_rank_batch");
+    w.max_micro_batch = r.i64("max_micro_batch");
+    for (const JsonField& n : r.at("microbatch_sizes").items()) w.microbatch_sizes.push_back(n.as_int());
+    w.predicted_peak_bytes = r.i64("predicted_peak_bytes");
+    w.window_seconds = r.opt_f64("window_seconds");
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
 ojson profile_body_json(const Profile& p) {
   ojson j;
   j["device"] = device_json(p.device);
@@ -808,6 +844,7 @@ ojson to_json(const Plan& p) {
   if (p.checkpoint) j["checkpoint"] = checkpoint_json(*p.checkpoint);  // 1.7, only when chosen
   if (p.checkpoint_choice) j["checkpoint_choice"] = checkpoint_choice_json(*p.checkpoint_choice);  // 1.8
   if (p.sharding) j["sharding"] = sharding_json(*p.sharding, true);  // 1.9, only when sharded
+  if (!p.ranks.empty()) j["ranks"] = ranks_json(p.ranks);  // 1.13, only where the ranks differ
   return j;
 }
 
@@ -916,10 +953,11 @@ void check_plan_window(const Plan& p) {
                       " does not match the " + std::to_string(p.microbatch_sizes.size()) +
                       " entries of microbatch_sizes");
   }
-  if (p.world_size < 1 ||
-      checked_mul(p.per_rank_batch, p.world_size, "$.per_rank_batch * $.world_size") != p.target_batch) {
+  if (p.world_size < 1 || (p.ranks.empty() && checked_mul(p.per_rank_batch, p.world_size,
+                                                          "$.per_rank_batch * $.world_size") != p.target_batch)) {
     throw SchemaError("$.per_rank_batch: per_rank_batch * world_size != target_batch");
   }
+  check_rank_windows(p);  // 1.13: ranks that differ
   for (size_t i = 0; i < p.weights.size(); ++i) {
     // n_i / T, as the writers compute it; a hand-edited weight would silently mis-weight.
     const double expected = static_cast<double>(p.microbatch_sizes[i]) / static_cast<double>(p.per_rank_batch);
@@ -992,6 +1030,7 @@ Plan plan_from_json(const json& doc) {
                         ": its windows did not hold the share it plans for; re-plan it");
     }
   }
+  if (root.has("ranks")) p.ranks = ranks_from(root.at("ranks"));  // 1.13
   check_plan_window(p);
   return p;
 }

@@ -187,6 +187,7 @@ void state_sharding(Plan& plan, int64_t microbatches_peak_bytes, int64_t step_pe
 }
 
 int64_t predicted_peak_of_rank(const Plan& plan, int64_t rank) {
+  if (rank >= 0 && rank < static_cast<int64_t>(plan.ranks.size())) return plan.ranks[static_cast<size_t>(rank)].predicted_peak_bytes;
   if (!plan.sharding || rank < 0 || rank >= static_cast<int64_t>(plan.sharding->per_rank_peak_bytes.size())) {
     return plan.memory.predicted_peak_bytes;
   }

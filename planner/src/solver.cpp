@@ -1016,6 +1016,16 @@ std::string describe_plan(const Plan& p) {
     s << "plan: windows of at least " << *p.tokens->target_tokens << " valid tokens over " << p.world_size
       << " rank(s), packed under the token budget; at " << p.tokens->max_seq_len << " tokens a sequence, "
       << p.target_batch << " sequences in microbatches of at most " << p.max_micro_batch << "\n";
+  } else if (!p.ranks.empty()) {
+    s << "plan: target batch " << p.target_batch << " over " << p.world_size << " ranks that differ; below, rank 0's window\n";
+    for (size_t r = 0; r < p.ranks.size(); ++r) {
+      const RankWindow& w = p.ranks[r];
+      std::snprintf(line, sizeof line, "  rank %-13zu share %lld = %lld microbatch(es) [%s], budget %s, predicted peak %s\n",
+                    r, static_cast<long long>(w.per_rank_batch), static_cast<long long>(w.microbatch_sizes.size()),
+                    join_sizes(w.microbatch_sizes, 8).c_str(), format_bytes(w.budget_bytes).c_str(),
+                    format_bytes(w.predicted_peak_bytes).c_str());
+      s << line;
+    }
   } else {
     s << "plan: target batch " << p.target_batch << " = " << p.world_size << " rank(s) x " << p.per_rank_batch << " = "
       << p.accumulation_steps << " microbatch(es) [" << join_sizes(p.microbatch_sizes) << "]\n";

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "accumplan/errors.h"
+#include "accumplan/ranks.h"
 #include "accumplan/replan.h"
 #include "accumplan/solver.h"
 #include "accumplan/terms.h"
@@ -51,8 +52,9 @@ std::string where_text(const MicrobatchEvent& where) {
 // first attempt), or packed by tokens. It reads the loop's plan by reference, so a cut after a
 // re-plan follows the new plan.
 struct WindowLoop::Split {
-  Split(const Plan& plan, int64_t samples, std::vector<int64_t> lengths, std::vector<int64_t> sizes_override, int world)
-      : plan(plan), n(samples), lengths(std::move(lengths)), override_sizes(std::move(sizes_override)),
+  Split(const Plan& plan, int64_t samples, std::vector<int64_t> lengths, std::vector<int64_t> sizes_override, int world,
+        int rank)
+      : plan(plan), rank(rank), n(samples), lengths(std::move(lengths)), override_sizes(std::move(sizes_override)),
         packed(plan.tokens.has_value()) {
     if (override_sizes.empty()) return;
     if (world > 1) {
@@ -70,14 +72,17 @@ struct WindowLoop::Split {
     }
   }
 
-  // The split of `m` samples of any rank under the plan (sample plans).
-  std::vector<int64_t> split_of(int64_t m) const { return m == 0 ? std::vector<int64_t>{} : window_sizes(plan, m); }
+  // The split of `m` samples of rank `r` under the plan (sample plans): its own window where the ranks differ.
+  std::vector<int64_t> split_of(int64_t m, int r) const {
+    if (m == 0) return {};
+    return plan.ranks.empty() ? window_sizes(plan, m) : window_sizes(rank_view(plan, r), m);
+  }
 
   // Cuts the window for attempt `attempt` (later ones follow the re-planned plan); packed plans by
   // `packing_cost` (none: each microbatch filled).
   void cut(int64_t attempt, const std::optional<TokenStepCost>& packing_cost) {
     if (!packed) {
-      sizes = attempt == 0 && !override_sizes.empty() ? override_sizes : split_of(n);
+      sizes = attempt == 0 && !override_sizes.empty() ? override_sizes : split_of(n, rank);
       return;
     }
     cost = packing_cost;
@@ -91,6 +96,7 @@ struct WindowLoop::Split {
   int64_t padded_tokens(size_t i) const { return packed ? static_cast<int64_t>(groups[i].size()) * padded_length(i) : 0; }
 
   const Plan& plan;
+  int rank;
   int64_t n;
   std::vector<int64_t> lengths;
   std::vector<int64_t> override_sizes;
@@ -185,7 +191,7 @@ WindowStats WindowLoop::accumulate(WindowBackend& b, const WindowOptions& o, con
   st.valid_tokens = c.valid_tokens;
   st.normalization = share.normalization;
   st.loss_scale = b.loss_scale();
-  Split split(plan_, share.samples, packed ? share.lengths : std::vector<int64_t>{}, sizes, W);
+  Split split(plan_, share.samples, packed ? share.lengths : std::vector<int64_t>{}, sizes, W, b.rank());
   check_counts(c, st, packed, W);
   b.begin_attempt();
   if (st.units == 0) {
@@ -224,19 +230,25 @@ void WindowLoop::check_counts(const WindowCounts& c, const WindowStats& st, bool
   // A plan with target_tokens windows by tokens (token_windows): a window holds any number of samples.
   const bool by_tokens = packed && plan_.tokens->target_tokens.has_value();
   if (W == 1 && n < 1) throw InputError("window " + std::to_string(window_index_) + " holds no samples; pass at least one");
-  if (W == 1 && n > plan_.per_rank_batch && !by_tokens) {
+  if (W == 1 && n > rank_batch(plan_, 0) && !by_tokens) {
     throw InputError("a window holds 1.." + std::to_string(plan_.per_rank_batch) +
                      " samples (the plan's per-rank batch); got " + std::to_string(n));
   }
   if (st.samples < 1) throw InputError("window " + std::to_string(window_index_) + " holds no samples on any rank");
   for (int r = 0; r < W && !by_tokens; ++r) {
     const int64_t m = c.rank_samples[static_cast<size_t>(r)];
-    if (m > plan_.per_rank_batch) {
-      throw InputError("rank " + std::to_string(r) + " was handed " + std::to_string(m) + " samples of a global window of " +
-                       std::to_string(st.samples) + ", more than the plan's per-rank batch " +
-                       std::to_string(plan_.per_rank_batch) + ". Shard each global window of " +
-                       std::to_string(plan_.per_rank_batch * W) + " samples strided: rank r takes r, r+W, r+2W, ...");
+    if (m <= rank_batch(plan_, r)) continue;
+    const std::string handed = "rank " + std::to_string(r) + " was handed " + std::to_string(m) +
+                               " samples of a global window of " + std::to_string(st.samples);
+    if (!plan_.ranks.empty()) {
+      const auto [start, count] = rank_share(plan_, r, plan_.target_batch);
+      throw InputError(handed + ", more than its share " + std::to_string(count) + " (plan.ranks): of each global window of " +
+                       std::to_string(plan_.target_batch) + " samples, rank " + std::to_string(r) + " takes samples " +
+                       std::to_string(start) + ".." + std::to_string(start + count - 1));
     }
+    throw InputError(handed + ", more than the plan's per-rank batch " + std::to_string(plan_.per_rank_batch) +
+                     ". Shard each global window of " + std::to_string(plan_.per_rank_batch * W) +
+                     " samples strided: rank r takes r, r+W, r+2W, ...");
   }
   // The budget was confirmed with sequences of at most max_seq_len tokens; with an attention-like
   // T² cost a longer one under the same budget could need more memory.
@@ -258,7 +270,9 @@ int64_t WindowLoop::rounds_for(WindowBackend& b, const Split& split, const Windo
     counts[static_cast<size_t>(b.rank())] = rounds;
     for (int64_t m : b.sum_over_ranks(counts)) rounds = std::max(rounds, m);
   } else if (!split.packed) {
-    for (int64_t m : c.rank_samples) rounds = std::max(rounds, static_cast<int64_t>(split.split_of(m).size()));
+    for (size_t r = 0; r < c.rank_samples.size(); ++r) {
+      rounds = std::max(rounds, static_cast<int64_t>(split.split_of(c.rank_samples[r], static_cast<int>(r)).size()));
+    }
   }
   return rounds;
 }
@@ -365,14 +379,14 @@ void WindowLoop::recover(WindowBackend& b, const WindowOptions& o, const Attempt
   const std::string said = a.what.empty() ? on_rank : (on_rank.empty() ? a.what : on_rank + ": " + a.what);
   const ReplanEvent event = split.packed
                                 ? repack(a.failing, longest_sequence, split.lengths, where, said, b.budget_bytes())
-                                : replan(a.failing, where, said, b.budget_bytes());
+                                : replan(a.failing, a.failing_rank, where, said, b.budget_bytes());
   ++totals_.oom_recoveries;
   if (o.log) o.log((b.world_size() > 1 ? "rank " + std::to_string(b.rank()) + ": " : std::string()) + event.line);
   if (o.on_replan) o.on_replan(event, plan_);
 }
 
-ReplanEvent WindowLoop::replan(int64_t failing_size, const MicrobatchEvent& where, const std::string& what,
-                               std::optional<int64_t> budget) {
+ReplanEvent WindowLoop::replan(int64_t failing_size, int failing_rank, const MicrobatchEvent& where,
+                               const std::string& what, std::optional<int64_t> budget) {
   if (failing_size <= 1) {
     throw ExecutorOomError(
         "out of memory in " + where_text(where) + " with a single sample: the weights, gradients and optimizer state "
@@ -382,12 +396,17 @@ ReplanEvent WindowLoop::replan(int64_t failing_size, const MicrobatchEvent& wher
         what + ")");
   }
   std::string note;
-  plan_ = replan_below(plan_, failing_size, &note);
-  const std::string line = "out of memory in " + where_text(where) + " (size " + std::to_string(where.size) +
-                           "); re-planned to " + std::to_string(plan_.accumulation_steps) + " microbatches of at most " +
-                           std::to_string(plan_.micro_batch) + " (" + join(plan_.microbatch_sizes) + ") — " + note +
-                           "; replaying the window from its first sample";
-  return ReplanEvent{where.window, failing_size, plan_.microbatch_sizes, note, line};
+  // Where the ranks differ, only the failing rank's window is re-planned; the shares stay.
+  const int rank = std::max(failing_rank, 0);  // -1 in one process
+  plan_ = replan_rank(plan_, rank, failing_size, &note);
+  const std::vector<int64_t>& sizes =
+      plan_.ranks.empty() ? plan_.microbatch_sizes : plan_.ranks[static_cast<size_t>(rank)].microbatch_sizes;
+  const std::string whose = plan_.ranks.empty() ? std::string() : "rank " + std::to_string(rank) + "'s window ";
+  const std::string line = "out of memory in " + where_text(where) + " (size " + std::to_string(where.size) + "); " + whose +
+                           "re-planned to " + std::to_string(sizes.size()) + " microbatches of at most " +
+                           std::to_string(*std::max_element(sizes.begin(), sizes.end())) + " (" + join(sizes) + ") — " +
+                           note + "; replaying the window from its first sample";
+  return ReplanEvent{where.window, failing_size, sizes, note, line};
 }
 
 ReplanEvent WindowLoop::repack(int64_t failing_tokens, int64_t longest_sequence, const std::vector<int64_t>& lengths,

@@ -23,7 +23,7 @@ class LoadPlan(unittest.TestCase):
             with open(path) as f:
                 doc = json.load(f)
             plan = accumplan.load_plan(path)
-            self.assertIn(plan.schema_version, ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10", "1.11", "1.12"))
+            self.assertIn(plan.schema_version, ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8", "1.9", "1.10", "1.11", "1.12", "1.13"))
             self.assertEqual(plan.microbatch_sizes, doc["microbatch_sizes"])
             self.assertEqual((plan.micro_batch, plan.accumulation_steps), (doc["micro_batch"], doc["accumulation_steps"]))
             self.assertEqual(plan.weights, doc["weights"])  # n_i / T, recomputed here

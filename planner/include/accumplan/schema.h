@@ -60,8 +60,10 @@ inline constexpr int kSchemaMajor = 1;
 // `sharding.per_rank_peak_bytes`, each rank's predicted peak.
 // 1.12: run statistics name the data's split over the ranks `striding` (1.11 and before:
 // `sharding`, which now means only the optimizer state); the reader takes either.
-inline constexpr int kSchemaMinor = 12;
-const std::string& schema_version_string();  // "1.12"
+// 1.13: a plan's `ranks`, one window per rank where the ranks' budgets or speeds differ
+// (accumplan/ranks.h); absent, every rank runs the plan's one window.
+inline constexpr int kSchemaMinor = 13;
+const std::string& schema_version_string();  // "1.13"
 
 struct DeviceInfo {
   std::string type = "cpu";  // "cpu" or "cuda"
@@ -383,6 +385,17 @@ struct CheckpointChoiceRecord {
   std::string decided_by;                  // the rule that chose it, in words
 };
 
+// 1.13: one rank's window in a plan whose ranks differ (accumplan/ranks.h): its share of each
+// global window, split into its own microbatches under its own budget.
+struct RankWindow {
+  int64_t budget_bytes = 0;               // this rank's memory budget
+  int64_t per_rank_batch = 0;             // its share of the target batch
+  int64_t max_micro_batch = 0;            // the largest microbatch that fits its budget
+  std::vector<int64_t> microbatch_sizes;  // its split of the share
+  int64_t predicted_peak_bytes = 0;
+  std::optional<double> window_seconds;   // its microbatches' predicted seconds, by its own step times
+};
+
 struct Plan {
   int64_t target_batch = 0;
   int64_t world_size = 1;
@@ -411,6 +424,9 @@ struct Plan {
   std::optional<PlanCheckpoint> checkpoint; // 1.7: activation checkpointing (absent: none)
   std::optional<CheckpointChoiceRecord> checkpoint_choice;  // 1.8: what "auto" weighed (absent: not asked)
   std::optional<Sharding> sharding;         // 1.9: optimizer state sharded over the ranks (absent: not)
+  // 1.13: each rank's window, rank 0 first, where the ranks differ; the window fields above are
+  // then rank 0's. Empty: every rank runs the window above.
+  std::vector<RankWindow> ranks;
 };
 
 // `accumplan run --stats` (planner/schemas/run_stats.schema.json): what a run did, one record per

@@ -76,8 +76,8 @@ std::vector<int64_t> per_rank_peaks(const Sharding& sharding, int64_t microbatch
 // InputError when the plan's world size is not the profile's sharding's.
 void state_sharding(Plan& plan, int64_t microbatches_peak_bytes, int64_t step_peak_bytes);
 
-// The peak a plan predicts on `rank`: its sharding's per_rank_peak_bytes where it has them,
-// otherwise memory.predicted_peak_bytes (every rank holds the same).
+// The peak a plan predicts on `rank`: its own where the ranks differ (plan.ranks), its sharding's
+// per_rank_peak_bytes where it has them, otherwise memory.predicted_peak_bytes (every rank holds the same).
 int64_t predicted_peak_of_rank(const Plan& plan, int64_t rank);
 
 // shard="auto": the microbatch `unsharded`'s line gives with `freed_bytes` freed, when larger than

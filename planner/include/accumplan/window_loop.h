@@ -268,7 +268,7 @@ class WindowLoop {
                          std::exception_ptr& error);
   void recover(WindowBackend& backend, const WindowOptions& options, const Attempt& a, const Split& split,
                int64_t rounds, int64_t longest_sequence);
-  ReplanEvent replan(int64_t failing_size, const MicrobatchEvent& where, const std::string& what,
+  ReplanEvent replan(int64_t failing_size, int failing_rank, const MicrobatchEvent& where, const std::string& what,
                      std::optional<int64_t> budget);
   ReplanEvent repack(int64_t failing_tokens, int64_t longest_sequence, const std::vector<int64_t>& lengths,
                      const MicrobatchEvent& where, const std::string& what, std::optional<int64_t> budget);

@@ -1,0 +1,72 @@
+// accumplan/ranks.h — ranks that differ: each rank's share of the global window and its own
+// microbatch, so that ranks with less memory or less speed finish a window with the others.
+//
+// What it is: pure functions of profiles, budgets and a request. `plan_ranks` gives each rank the
+// largest microbatch its own budget allows (the one solver, make_plan, on that rank's profile),
+// then the shares of the target batch that the round-synchronous window loop finishes soonest:
+// every round, each rank runs one microbatch and waits for the slowest, so a window takes the sum
+// over rounds of the slowest rank's microbatch (each rank's own step-time model, TimeModel).
+// `rank_view` is the plan one rank trains by; `replan_rank` re-plans one rank after it ran out of
+// memory, the shares kept; `rank_share` is the part of a global window a rank takes.
+// What it is not: the weighting (the window loop weights by the global count, so any share is
+// exact), nor a sharding of state (accumplan/sharding.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "accumplan/memory_model.h"
+#include "accumplan/schema.h"
+#include "accumplan/solver.h"
+#include "accumplan/units.h"
+
+namespace accumplan {
+
+// What the share rule knows of one rank: its largest microbatch and its step times.
+struct RankCapacity {
+  int64_t max_micro_batch = 0;
+  TimeModel time;
+};
+
+// The predicted seconds of a window whose rank r runs `splits[r]`: round by round, the slowest
+// rank's microbatch (a rank with fewer microbatches waits).
+double round_window_seconds(const std::vector<RankCapacity>& ranks, const std::vector<std::vector<int64_t>>& splits);
+
+// Each rank's share of `target_batch` samples (each a multiple of `unit`, at least one unit), the
+// one of least round_window_seconds when each rank splits its share into its fewest microbatches.
+std::vector<int64_t> choose_shares(const std::vector<RankCapacity>& ranks, int64_t target_batch, int64_t unit = 1);
+
+// The plan of request.world_size ranks with their own budgets: `profiles` one per rank (each
+// measured on its own device) or one for all, `budgets` one per rank (an unset one: that rank's
+// profiled device total). InputError naming the mismatch, or the rank that fits no sample.
+Plan plan_ranks(const std::vector<Profile>& profiles, const std::vector<BudgetSpec>& budgets,
+                const PlanRequest& request);
+
+// The plan rank `rank` trains by: the plan's window fields set to that rank's (a plan without
+// ranks: itself).
+Plan rank_view(const Plan& plan, int64_t rank);
+
+// `plan` after rank `rank` ran out of memory at microbatch `failing_micro_batch`: that rank's
+// window re-planned below it (replan_below on its view), every share kept. `note` as replan_below's.
+Plan replan_rank(const Plan& plan, int64_t rank, int64_t failing_micro_batch, std::string* note = nullptr);
+
+// The samples [start, start + count) of a global window of `samples` that rank `rank` takes under
+// a plan with ranks: consecutive shares in rank order, each share scaled to a short window
+// (floor(samples · shares before r / target_batch)), so a full window gives each rank its share.
+std::pair<int64_t, int64_t> rank_share(const Plan& plan, int64_t rank, int64_t samples);
+
+// The most samples rank `rank` may be handed in a window: its share, or the plan's per-rank batch.
+int64_t rank_batch(const Plan& plan, int64_t rank);
+
+// The plan reader's rules for $.ranks (SchemaError naming the field): one per rank, shares that
+// sum to target_batch, each rank's split summing to its share within its max_micro_batch, rank 0
+// equal to the plan's window fields, no sharding or token budget beside them.
+void check_rank_windows(const Plan& plan);
+
+// Each rank's budget from `--memory-budget` text: one value for every rank, or one per rank
+// separated by commas ("24MiB,64MiB"). InputError naming `what` when the count is not 1 or W.
+std::vector<BudgetSpec> parse_rank_budgets(const std::string& text, int64_t world_size, const std::string& what);
+
+}  // namespace accumplan

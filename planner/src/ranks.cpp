@@ -1,0 +1,318 @@
+// ranks.cpp — ranks that differ: shares, each rank's window, its re-plan. See ranks.h.
+#include "accumplan/ranks.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+#include "accumplan/checked.h"
+#include "accumplan/errors.h"
+#include "accumplan/replan.h"
+#include "accumplan/terms.h"
+
+namespace accumplan {
+
+namespace {
+
+// The most rounds beyond the fewest that the share rule tries: more rounds only add each
+// microbatch's fixed cost, unless a step-time curve bends.
+constexpr int64_t kExtraRounds = 64;
+
+// Each rank's fewest microbatches for its share (shares and caps in samples).
+std::vector<std::vector<int64_t>> fewest_splits(const std::vector<RankCapacity>& ranks, const std::vector<int64_t>& shares,
+                                                int64_t unit) {
+  std::vector<std::vector<int64_t>> splits;
+  for (size_t r = 0; r < ranks.size(); ++r) splits.push_back(split_samples(shares[r], ranks[r].max_micro_batch, "balanced", unit));
+  return splits;
+}
+
+// The shares of `units` units with at most `rounds` microbatches per rank: each rank's per-round
+// size grown where it costs least until the rounds hold every unit, then the surplus taken back
+// from the ranks whose rounds are slowest. Empty when the ranks cannot hold them in `rounds`.
+std::vector<int64_t> shares_in_rounds(const std::vector<RankCapacity>& ranks, int64_t units, int64_t unit, int64_t rounds) {
+  const size_t W = ranks.size();
+  std::vector<int64_t> per_round(W, 1);
+  auto round_time = [&](size_t r, int64_t n) { return ranks[r].time.predict_seconds(n * unit); };
+  while (checked_mul(rounds, std::accumulate(per_round.begin(), per_round.end(), int64_t{0}), "the rounds") < units) {
+    size_t best = W;
+    for (size_t r = 0; r < W; ++r) {
+      if ((per_round[r] + 1) * unit > ranks[r].max_micro_batch) continue;
+      if (best == W || round_time(r, per_round[r] + 1) < round_time(best, per_round[best] + 1)) best = r;
+    }
+    if (best == W) return {};
+    ++per_round[best];
+  }
+  std::vector<int64_t> shares(W);
+  for (size_t r = 0; r < W; ++r) shares[r] = rounds * per_round[r];
+  for (int64_t surplus = std::accumulate(shares.begin(), shares.end(), int64_t{0}) - units; surplus > 0; --surplus) {
+    size_t slowest = W;
+    for (size_t r = 0; r < W; ++r) {
+      if (shares[r] <= 1) continue;
+      const auto t = [&](size_t i) { return round_time(i, (shares[i] + rounds - 1) / rounds); };
+      if (slowest == W || t(r) >= t(slowest)) slowest = r;
+    }
+    --shares[slowest];
+  }
+  return shares;
+}
+
+// A rank's step of the plan: its rank number named in what the solver says.
+Plan solve_rank(const Profile& profile, const PlanRequest& request, size_t rank) {
+  try {
+    return make_plan(profile, request);
+  } catch (const InfeasibleError& e) {
+    throw InfeasibleError("rank " + std::to_string(rank) + ": " + e.what(), e.detail());
+  } catch (const InputError& e) {
+    throw InputError("rank " + std::to_string(rank) + ": " + e.what(), e.detail());
+  }
+}
+
+void check_rank_request(const std::vector<Profile>& profiles, const std::vector<BudgetSpec>& budgets,
+                        const PlanRequest& request) {
+  const int64_t W = request.world_size;
+  auto count_ok = [W](size_t n) { return n == 1 || static_cast<int64_t>(n) == W; };
+  if (W < 2 || profiles.empty() || !count_ok(profiles.size()) || !count_ok(budgets.size())) {
+    throw InputError("ranks that differ need " + option_name("--world-size") + " of at least 2 and one profile and one " +
+                     option_name("--memory-budget") + " for every rank, or one for all; got world size " +
+                     std::to_string(W) + ", " + std::to_string(profiles.size()) + " profile(s) and " +
+                     std::to_string(budgets.size()) + " budget(s)");
+  }
+  if (request.target_tokens) {
+    throw InputError("ranks that differ are planned for fixed-shape samples; a " + option_name("--target-tokens") +
+                     " plan gives every rank one budget: give one " + option_name("--memory-budget"));
+  }
+  for (const Profile& p : profiles) {
+    if (p.sharding) {
+      throw InputError("ranks that differ keep their whole optimizer state; plan " + option_name("--shard") +
+                       " optimizer with one " + option_name("--memory-budget") + " for every rank");
+    }
+    if (!p.gradient_exchange) {
+      throw InputError("the profile's windows did not make a rank's gradient exchange; profile again with " +
+                       option_name("--world-size") + " " + std::to_string(W));
+    }
+  }
+}
+
+// Rank 0's window fields: those of its own plan, over the whole target batch and world.
+Plan combined_plan(const std::vector<Plan>& per_rank, const PlanRequest& request, const std::vector<RankCapacity>& caps) {
+  Plan plan = per_rank.front();
+  plan.target_batch = request.target_batch;
+  plan.world_size = request.world_size;
+  std::vector<std::vector<int64_t>> splits;
+  for (const Plan& p : per_rank) {
+    RankWindow w;
+    w.budget_bytes = p.memory.budget_bytes;
+    w.per_rank_batch = p.per_rank_batch;
+    w.max_micro_batch = p.max_micro_batch;
+    w.microbatch_sizes = p.microbatch_sizes;
+    w.predicted_peak_bytes = p.memory.predicted_peak_bytes;
+    if (p.timing) w.window_seconds = p.timing->window_seconds;
+    plan.ranks.push_back(w);
+    splits.push_back(p.microbatch_sizes);
+  }
+  const double seconds = round_window_seconds(caps, splits);
+  if (plan.timing) plan.timing->window_seconds = seconds;
+  return plan;
+}
+
+std::string ranks_reason(const Plan& plan, bool timed) {
+  std::ostringstream s;
+  s << " The ranks differ: ";
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    const RankWindow& w = plan.ranks[r];
+    s << (r ? "; " : "") << "rank " << r << " takes " << w.per_rank_batch << " as " << join_sizes(w.microbatch_sizes)
+      << " under " << format_bytes(w.budget_bytes);
+  }
+  s << (timed ? ", the shares that finish a window soonest by each rank's measured step times"
+              : ", shares in proportion to each rank's largest microbatch (no step times measured)")
+    << "; every rank weights by the global count.";
+  return s.str();
+}
+
+}  // namespace
+
+double round_window_seconds(const std::vector<RankCapacity>& ranks, const std::vector<std::vector<int64_t>>& splits) {
+  size_t rounds = 0;
+  for (const auto& s : splits) rounds = std::max(rounds, s.size());
+  double total = 0;
+  for (size_t j = 0; j < rounds; ++j) {
+    double slowest = 0;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      if (j < splits[r].size()) slowest = std::max(slowest, ranks[r].time.predict_seconds(splits[r][j]));
+    }
+    total += slowest;
+  }
+  return total;
+}
+
+std::vector<int64_t> choose_shares(const std::vector<RankCapacity>& ranks, int64_t target_batch, int64_t unit) {
+  const int64_t W = static_cast<int64_t>(ranks.size());
+  if (W < 1 || unit < 1 || target_batch % unit != 0 || target_batch / unit < W) {
+    throw InputError("a target batch of " + std::to_string(target_batch) + " gives each of " + std::to_string(W) +
+                     " ranks at least one microbatch of a multiple of " + std::to_string(unit) + " only if it is such a "
+                     "multiple and holds one per rank");
+  }
+  const int64_t units = target_batch / unit;
+  int64_t capacity = 0;
+  for (const RankCapacity& r : ranks) capacity += r.max_micro_batch / unit;
+  if (capacity < 1) throw InfeasibleError("no rank fits a microbatch of " + std::to_string(unit));
+  const int64_t fewest = (units + capacity - 1) / capacity;
+  std::vector<int64_t> best;
+  double best_seconds = std::numeric_limits<double>::infinity();
+  for (int64_t rounds = fewest; rounds <= fewest + kExtraRounds && rounds * W <= units; ++rounds) {
+    std::vector<int64_t> shares = shares_in_rounds(ranks, units, unit, rounds);
+    if (shares.empty()) continue;
+    for (int64_t& s : shares) s *= unit;
+    const double seconds = round_window_seconds(ranks, fewest_splits(ranks, shares, unit));
+    if (seconds < best_seconds) best_seconds = seconds, best = shares;
+  }
+  if (best.empty()) {
+    throw InfeasibleError("the ranks' largest microbatches cannot share a target batch of " + std::to_string(target_batch));
+  }
+  return best;
+}
+
+Plan plan_ranks(const std::vector<Profile>& profiles, const std::vector<BudgetSpec>& budgets, const PlanRequest& request) {
+  check_rank_request(profiles, budgets, request);
+  const auto W = static_cast<size_t>(request.world_size);
+  auto profile_of = [&](size_t r) -> const Profile& { return profiles[profiles.size() == 1 ? 0 : r]; };
+  auto request_of = [&](size_t r, int64_t target) {
+    PlanRequest q = request;
+    q.world_size = 1;  // each rank's own window; the exchange's buffers are in its profile's windows
+    q.target_batch = target;
+    q.budget = budgets[budgets.size() == 1 ? 0 : r];
+    q.use_timing = false;
+    return q;
+  };
+  std::vector<RankCapacity> caps;
+  bool timed = true;
+  for (size_t r = 0; r < W; ++r) {
+    const Plan whole = solve_rank(profile_of(r), request_of(r, request.target_batch), r);
+    timed = timed && TimeModel::available(profile_of(r));
+    caps.push_back({whole.max_micro_batch, TimeModel::available(profile_of(r)) ? TimeModel::fit(profile_of(r))
+                                                                              : TimeModel::line(0, 1.0)});
+  }
+  if (!timed) {  // no step times: a round takes each rank's fraction of its largest microbatch
+    for (RankCapacity& c : caps) c.time = TimeModel::line(0, 1.0 / static_cast<double>(c.max_micro_batch));
+  }
+  const std::vector<int64_t> shares = choose_shares(caps, request.target_batch, request.multiple_of.value_or(1));
+  std::vector<Plan> per_rank;
+  for (size_t r = 0; r < W; ++r) per_rank.push_back(solve_rank(profile_of(r), request_of(r, shares[r]), r));
+  Plan plan = combined_plan(per_rank, request, caps);
+  plan.reason += ranks_reason(plan, timed);
+  check_rank_windows(plan);
+  return plan;
+}
+
+Plan rank_view(const Plan& plan, int64_t rank) {
+  if (plan.ranks.empty()) return plan;
+  if (rank < 0 || rank >= static_cast<int64_t>(plan.ranks.size())) {
+    throw InputError("rank " + std::to_string(rank) + " is not one of the plan's " + std::to_string(plan.ranks.size()) +
+                     " ranks");
+  }
+  const RankWindow& w = plan.ranks[static_cast<size_t>(rank)];
+  Plan v = plan;
+  v.ranks.clear();
+  v.target_batch = v.per_rank_batch = w.per_rank_batch;
+  v.world_size = 1;
+  set_window(v, w.microbatch_sizes, w.max_micro_batch, plan.multiple_of.value_or(1));
+  v.memory.budget_bytes = w.budget_bytes;
+  v.memory.predicted_peak_bytes = w.predicted_peak_bytes;
+  return v;
+}
+
+Plan replan_rank(const Plan& plan, int64_t rank, int64_t failing_micro_batch, std::string* note) {
+  if (plan.ranks.empty()) return replan_below(plan, failing_micro_batch, note);
+  const Plan view = replan_below(rank_view(plan, rank), failing_micro_batch, note);
+  Plan next = plan;
+  RankWindow& w = next.ranks[static_cast<size_t>(rank)];
+  w.max_micro_batch = view.max_micro_batch;
+  w.microbatch_sizes = view.microbatch_sizes;
+  w.predicted_peak_bytes = view.memory.predicted_peak_bytes;
+  w.window_seconds.reset();
+  if (rank == 0) {  // the plan's window fields are rank 0's
+    set_window(next, view.microbatch_sizes, view.max_micro_batch, plan.multiple_of.value_or(1));
+    next.memory.predicted_peak_bytes = view.memory.predicted_peak_bytes;
+  }
+  next.confirmed = false;
+  return next;
+}
+
+std::pair<int64_t, int64_t> rank_share(const Plan& plan, int64_t rank, int64_t samples) {
+  if (plan.ranks.empty() || rank < 0 || rank >= static_cast<int64_t>(plan.ranks.size()) || samples < 0) {
+    throw InputError("rank " + std::to_string(rank) + " has no share of this plan's windows");
+  }
+  int64_t before = 0;
+  for (int64_t r = 0; r < rank; ++r) before += plan.ranks[static_cast<size_t>(r)].per_rank_batch;
+  const int64_t through = before + plan.ranks[static_cast<size_t>(rank)].per_rank_batch;
+  auto at = [&](int64_t shares) {  // floor(samples · shares / B), exact in 128 bits
+    return static_cast<int64_t>(static_cast<__int128>(samples) * shares / plan.target_batch);
+  };
+  return {at(before), at(through) - at(before)};
+}
+
+int64_t rank_batch(const Plan& plan, int64_t rank) {
+  if (plan.ranks.empty() || rank < 0 || rank >= static_cast<int64_t>(plan.ranks.size())) return plan.per_rank_batch;
+  return plan.ranks[static_cast<size_t>(rank)].per_rank_batch;
+}
+
+std::vector<BudgetSpec> parse_rank_budgets(const std::string& text, int64_t world_size, const std::string& what) {
+  std::vector<BudgetSpec> out;
+  std::string item;
+  std::istringstream in(text);
+  while (std::getline(in, item, ',')) out.push_back(parse_budget(item, what));
+  if (text.empty() || text.back() == ',') out.push_back(parse_budget("", what));  // names the empty entry
+  if (out.size() != 1 && static_cast<int64_t>(out.size()) != world_size) {
+    throw InputError(what + " '" + (text.size() > 80 ? text.substr(0, 77) + "..." : text) + "' holds " +
+                     std::to_string(out.size()) + " budgets for " + std::to_string(world_size) +
+                     " ranks; give one for every rank, or one for all");
+  }
+  return out;
+}
+
+}  // namespace accumplan
+
+namespace accumplan {
+
+void check_rank_windows(const Plan& p) {
+  if (p.ranks.empty()) return;
+  const std::string W = std::to_string(p.world_size);
+  if (static_cast<int64_t>(p.ranks.size()) != p.world_size) {
+    throw SchemaError("$.ranks: " + std::to_string(p.ranks.size()) + " ranks for world_size " + W + "; one per rank");
+  }
+  if (p.sharding || p.tokens) {
+    throw SchemaError(std::string("$.ranks: a plan whose ranks differ has no ") + (p.sharding ? "sharding" : "tokens") +
+                      "; re-plan it");
+  }
+  for (size_t r = 0; r < p.ranks.size(); ++r) {
+    const RankWindow& w = p.ranks[r];
+    const std::string at = "$.ranks[" + std::to_string(r) + "]";
+    if (w.per_rank_batch < 1 || w.max_micro_batch < 1 || w.budget_bytes < 0 || w.predicted_peak_bytes < 0 ||
+        w.microbatch_sizes.empty()) {
+      throw SchemaError(at + ": per_rank_batch and max_micro_batch >= 1, budget_bytes and predicted_peak_bytes >= 0, "
+                        "at least one microbatch");
+    }
+    for (int64_t n : w.microbatch_sizes) {
+      if (n < 1 || n > w.max_micro_batch) {
+        throw SchemaError(at + ".microbatch_sizes: " + std::to_string(n) + " is not in 1..max_micro_batch " +
+                          std::to_string(w.max_micro_batch));
+      }
+    }
+    if (checked_sum(w.microbatch_sizes, at + ".microbatch_sizes") != w.per_rank_batch) {
+      throw SchemaError(at + ".microbatch_sizes: they do not sum to its per_rank_batch " + std::to_string(w.per_rank_batch));
+    }
+  }
+  int64_t total = 0;
+  for (const RankWindow& w : p.ranks) total = checked_add(total, w.per_rank_batch, "$.ranks' shares");
+  if (total != p.target_batch) {
+    throw SchemaError("$.ranks: the shares sum to " + std::to_string(total) + ", but target_batch is " +
+                      std::to_string(p.target_batch) + "; every sample of a window goes to one rank");
+  }
+  if (p.ranks.front().per_rank_batch != p.per_rank_batch || p.ranks.front().microbatch_sizes != p.microbatch_sizes) {
+    throw SchemaError("$.ranks[0]: its share and microbatch_sizes differ from the plan's per_rank_batch and "
+                      "microbatch_sizes, which are rank 0's");
+  }
+}
+
+}  // namespace accumplan
