@@ -258,11 +258,12 @@ int64_t rank_batch(const Plan& plan, int64_t rank) {
 }
 
 std::vector<BudgetSpec> parse_rank_budgets(const std::string& text, int64_t world_size, const std::string& what) {
+  if (text.empty()) return {BudgetSpec{}};  // the device's total
   std::vector<BudgetSpec> out;
   std::string item;
   std::istringstream in(text);
   while (std::getline(in, item, ',')) out.push_back(parse_budget(item, what));
-  if (text.empty() || text.back() == ',') out.push_back(parse_budget("", what));  // names the empty entry
+  if (text.back() == ',') out.push_back(parse_budget("", what));  // names the empty entry
   if (out.size() != 1 && static_cast<int64_t>(out.size()) != world_size) {
     throw InputError(what + " '" + (text.size() > 80 ? text.substr(0, 77) + "..." : text) + "' holds " +
                      std::to_string(out.size()) + " budgets for " + std::to_string(world_size) +

@@ -1038,6 +1038,8 @@ Plan plan_from_json(const json& doc) {
 Profile read_profile_file(const std::string& path, const std::string& what) {
   const json doc = read_json_file(path, what);
   try {
+    // A plan's profile: what a plan made on a rank's own device measured there, confirmations included.
+    if (doc.is_object() && doc.contains("schema") && doc["schema"] == kPlanSchema) return plan_from_json(doc).profile;
     return profile_from_json(doc);
   } catch (const SchemaError& e) {
     throw SchemaError(what + " '" + path_for_message(path) + "': " + e.what());

@@ -34,6 +34,7 @@
 #include "accumplan/build_config.h"
 #include "accumplan/checked.h"
 #include "accumplan/errors.h"
+#include "accumplan/ranks.h"
 #include "accumplan/json_io.h"
 #include "accumplan/memory_probe.h"
 #include "accumplan/schema.h"
@@ -328,7 +329,7 @@ Setup run_setup(const RunArgs& a, const Plan& plan) {
 }
 
 // The run's data, with the budget enforced beside it.
-RunData load_run_data(const RunArgs& a, Prepared& p) {
+RunData load_run_data(const RunArgs& a, Prepared& p, int rank) {
   if (!a.seq_len_file.empty() && !a.data.empty()) {
     throw InputError("--seq-len-file draws the lengths of synthetic data; with --data the lengths are the data's own");
   }
@@ -336,7 +337,10 @@ RunData load_run_data(const RunArgs& a, Prepared& p) {
     throw InputError("--seq-len-file applies to plans for variable-length data (setup.seq_len); this plan is for fixed shapes");
   }
   std::optional<int64_t> budget;
-  if (!a.budget.empty()) budget = memory_budget_from(a.budget).resolve_bytes(p.probe->device_total_bytes());
+  if (!a.budget.empty()) {  // one for every rank, or this rank's of one per rank
+    const std::vector<BudgetSpec> each = parse_rank_budgets(a.budget, p.plan.world_size, "--memory-budget");
+    budget = each[each.size() == 1 ? 0 : static_cast<size_t>(rank)].resolve_bytes(p.probe->device_total_bytes());
+  }
   RunDataSource eval;
   eval.data_path = a.eval_data;
   eval.data_name = "--eval-data";
@@ -427,11 +431,13 @@ void print_run_summary(const RunRecord& r, const Plan& final_plan, const Plan& p
 // The run's constants, what a RunRecord holds besides what the session measured.
 RunRecord run_record_base(const Prepared& p, const Communicator* comm, const RunData& d, const Setup& setup) {
   RunRecord r;
-  r.per_rank_batch = p.plan.per_rank_batch;
+  r.per_rank_batch = rank_batch(p.plan, comm ? comm->rank() : 0);
   r.world_size = comm ? comm->world_size() : 1;
   r.rank = comm ? comm->rank() : 0;
   r.backend = comm ? comm->backend() : std::string("none");
-  r.striding = comm ? "strided: rank r takes samples r, r+W, r+2W, ... of each global window" : "none";
+  r.striding = !comm ? "none"
+               : p.plan.ranks.empty() ? "strided: rank r takes samples r, r+W, r+2W, ... of each global window"
+                                      : "shares: rank r takes the consecutive samples of its share (plan.ranks)";
   r.normalization = to_string(p.loss.normalization);
   r.amp = setup.amp;
   r.predicted_peak_bytes = predicted_peak_of_rank(p.plan, r.rank);  // a sharded plan's ranks differ
@@ -471,7 +477,7 @@ int run_command(const RunArgs& a) {
   const int rank = comm ? comm->rank() : 0;
   const bool lead = rank == 0;  // writes the human progress lines
   const Setup setup = run_setup(a, p.plan);
-  const RunData d = load_run_data(a, p);
+  const RunData d = load_run_data(a, p, rank);
   const std::vector<at::Tensor> params = trainable_parameters(p.model.module);
   ExecutorOptions eo = run_executor_options(a, p, setup, comm.get(), rank);
   if (p.plan.sharding) eo.parameter_owners = parameter_owners(params, p.plan.world_size);

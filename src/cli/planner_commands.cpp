@@ -12,6 +12,7 @@
 #include "accumplan/errors.h"
 #include "accumplan/exporters.h"
 #include "accumplan/json_io.h"
+#include "accumplan/ranks.h"
 #include "accumplan/report.h"
 #include "accumplan/schema.h"
 #include "accumplan/search.h"
@@ -25,7 +26,7 @@ namespace accumplan::cli {
 namespace {
 
 struct PlanArgs {
-  std::string profile;
+  std::vector<std::string> profiles;
   std::string budget;
   PlanOptionArgs plan;
   std::string out;
@@ -54,18 +55,30 @@ void add_planner_commands(CLI::App& root, std::vector<Command>& commands) {
   auto args = std::make_shared<PlanArgs>();
   CLI::App* plan = root.add_subcommand(
       "plan", "Plan from a saved profile (no device needed): microbatch, accumulation, weights.");
-  plan->add_option("--profile", args->profile, "profile.json written by `accumplan profile`")->required();
+  plan->add_option("--profile", args->profiles,
+                   "profile.json written by `accumplan profile`; give it once per rank (each profiled on its own "
+                   "device and threads, with --world-size W) to plan ranks that differ in speed")
+      ->required();
   add_plan_options(plan, args->plan, "Plan");
   add_memory_budget_option(plan, args->budget, "device memory to plan for",
-                           "default: the profiled device's total", "Plan");
+                           "default: the profiled device's total; one per rank, comma-separated (24GiB,80GiB), to plan "
+                           "ranks that differ in memory",
+                           "Plan");
   plan->add_option("--out", args->out, "write plan.json here (atomically); default stdout");
 
   commands.push_back({plan, [args, plan]() {
-                        check_outputs({output_option(plan, "--out", args->out, true)}, {{"--profile", args->profile}});
-                        const Profile profile = read_profile_file(args->profile, "--profile");
+                        std::vector<InputOption> inputs;
+                        for (const std::string& path : args->profiles) inputs.push_back({"--profile", path});
+                        check_outputs({output_option(plan, "--out", args->out, true)}, inputs);
+                        std::vector<Profile> profiles;
+                        for (const std::string& path : args->profiles) profiles.push_back(read_profile_file(path, "--profile"));
                         PlanRequest req = plan_request_from(args->plan);
-                        req.budget = memory_budget_from(args->budget);
-                        Plan p = make_plan(profile, req);
+                        const std::vector<BudgetSpec> budgets =
+                            parse_rank_budgets(args->budget, req.world_size, "--memory-budget");
+                        req.budget = budgets.front();
+                        // Ranks that differ: a profile or a budget per rank.
+                        Plan p = profiles.size() > 1 || budgets.size() > 1 ? plan_ranks(profiles, budgets, req)
+                                                                           : make_plan(profiles.front(), req);
                         p.eval = eval_from_profile(p);  // 1.7: from the profile's eval window, if it ran one
                         // Written first: a bad --out is then one error line, not a summary of a
                         // plan that was never saved followed by the error.

@@ -21,6 +21,7 @@
 #include "accumplan/json_io.h"
 #include "accumplan/token_model.h"
 #include "accumplan/units.h"
+#include "accumplan/ranks.h"
 #include "accumplan/replan.h"
 #include "accumplan/terms.h"
 #include "executor/step_thread.h"
@@ -92,7 +93,7 @@ std::vector<std::pair<int64_t, int64_t>> plan_windows(const Batch& data, const P
   if (plan.tokens && plan.tokens->target_tokens) {
     return token_windows(valid_tokens_per_sample(data, ignore_index), *plan.tokens->target_tokens);
   }
-  return epoch_windows(batch_samples(data, "the data"), checked_mul(plan.per_rank_batch, plan.world_size, "the global window"));
+  return epoch_windows(batch_samples(data, "the data"), plan.target_batch);  // the global window
 }
 
 Batch stride_window(const Batch& window, int rank, int world_size) {
@@ -106,6 +107,16 @@ Batch stride_window(const Batch& window, int rank, int world_size) {
   for (const auto& t : window.inputs) out.inputs.push_back(part(t));
   if (window.target.defined()) out.target = part(window.target);
   if (window.lengths.defined()) out.lengths = part(window.lengths);
+  return out;
+}
+
+Batch rank_window(const Batch& window, const Plan& plan, int rank, int world_size) {
+  if (plan.ranks.empty()) return stride_window(window, rank, world_size);
+  const auto [start, count] = rank_share(plan, rank, batch_samples(window));
+  Batch out;
+  for (const auto& t : window.inputs) out.inputs.push_back(t.slice(0, start, start + count));
+  if (window.target.defined()) out.target = window.target.slice(0, start, start + count);
+  if (window.lengths.defined()) out.lengths = window.lengths.slice(0, start, start + count);
   return out;
 }
 

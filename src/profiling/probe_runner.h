@@ -176,6 +176,7 @@ class ProbeRunner final : public WindowRunner {
   std::optional<Batch> file_batch_;
   std::optional<int64_t> budget_bytes_;
   bool persistent_over_budget_ = false;
+  bool warmed_up_ = false;  // the first window's executor ran one sample first, timed by no window
   Persistent persistent_;
   std::optional<Sharding> sharding_;  // RunnerOptions::shard_world_size: the largest share the optimizer holds
   std::vector<int64_t> owners_;        // with sharding_: each trainable parameter's owning rank

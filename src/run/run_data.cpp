@@ -56,7 +56,7 @@ std::vector<int64_t> synthetic_lengths(const RunDataSource& s, const SeqLenRange
 // plan windows x target_tokens over the mean length less one (next-token targets have one valid
 // token fewer than the sequence), so the data holds at least that many windows.
 int64_t default_synthetic_samples(const RunDataSource& s, const Plan& plan, int64_t windows) {
-  const int64_t B = checked_mul(plan.per_rank_batch, plan.world_size, "the global window");
+  const int64_t B = plan.target_batch;  // the global window
   if (!plan.tokens || !plan.tokens->target_tokens) return checked_mul(windows, B, "the default synthetic samples");
   const std::optional<SeqLenRange> range = synthetic_range(plan);
   double mean = range ? 0.5 * static_cast<double>(range->min + range->max) : 1.0;

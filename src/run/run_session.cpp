@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "accumplan/ranks.h"
 #include "accumplan/replan.h"
 #include "accumplan/sharding.h"
 
@@ -76,7 +77,7 @@ void RunSession::run() {
     // The first window then runs TorchScript's optimized graph, as every later one (Executor::warm_up).
     const Batch first = data_.slice(windows_.front().first, windows_.front().second);
     options_.guard([&] {
-      executor_->warm_up(comm_ ? stride_window(first, rank, world) : first);
+      executor_->warm_up(comm_ ? rank_window(first, executor_->plan(), rank, world) : first);
       return WindowStats{};
     });
   }
@@ -85,7 +86,8 @@ void RunSession::run() {
     const Batch window = data_.slice(start, count);
     window_replans_ = 0;
     if (trace) trace->window_begin(w, trace->now_us());
-    const WindowStats st = options_.guard([&] { return executor_->step(comm_ ? stride_window(window, rank, world) : window); });
+    const WindowStats st =
+        options_.guard([&] { return executor_->step(comm_ ? rank_window(window, executor_->plan(), rank, world) : window); });
     const std::optional<int64_t> peak = device_peak(st.peak_bytes);
     if (trace) trace->window_end(st.samples, st.loss, st.stepped, peak, trace->now_us());
     last_loss_ = finite(st.loss);
@@ -185,9 +187,10 @@ void RunSession::add_device_timeline(const MemoryProbe& probe) {
 RunRecord RunSession::record(RunRecord r, const Plan& final_plan, bool replicas_identical) const {
   const ExecutorTotals& t = executor_->totals();
   static_cast<RunCounts&>(r) = t;
-  r.microbatch_sizes = final_plan.microbatch_sizes;
-  r.micro_batch = final_plan.micro_batch;
-  r.accumulation_steps = final_plan.accumulation_steps;
+  const Plan own = rank_view(final_plan, final_plan.ranks.empty() || !comm_ ? 0 : comm_->rank());  // this rank's window
+  r.microbatch_sizes = own.microbatch_sizes;
+  r.micro_batch = own.micro_batch;
+  r.accumulation_steps = own.accumulation_steps;
   r.collectives = {training_collectives_.counter_all_reduces, training_collectives_.gradient_exchanges,
                    training_collectives_.tensor_all_reduces, training_collectives_.parameter_broadcasts};
   r.replicas_identical = replicas_identical;

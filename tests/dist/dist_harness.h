@@ -171,6 +171,29 @@ inline Plan per_rank_plan(std::vector<int64_t> sizes, int world, const std::stri
   return p;
 }
 
+// A plan whose ranks differ: rank r takes shares[r] of each window, split as its sizes[r].
+inline Plan ranks_plan(const std::vector<std::vector<int64_t>>& sizes, const std::string& loss) {
+  Plan p = per_rank_plan(sizes[0], static_cast<int>(sizes.size()), loss);
+  p.target_batch = 0;
+  for (const auto& s : sizes) {
+    RankWindow w;
+    w.microbatch_sizes = s;
+    for (int64_t n : s) w.per_rank_batch += n;
+    w.max_micro_batch = *std::max_element(s.begin(), s.end());
+    p.target_batch += w.per_rank_batch;
+    p.ranks.push_back(w);
+  }
+  return p;
+}
+
+// The scenario in float64: parameters and floating inputs, so an update matches to 1e-9.
+inline void in_float64(Scenario& s) {
+  s.model.to(at::kDouble);
+  for (auto& t : s.data.inputs) {
+    if (t.is_floating_point()) t = t.to(at::kDouble);
+  }
+}
+
 inline Scenario make_scenario(const std::string& name) {
   Scenario s;
   s.name = name;
@@ -233,6 +256,30 @@ inline Scenario make_scenario(const std::string& name) {
     s.plan = per_rank_plan({2}, kWorld, "cross_entropy");
     s.plan.tokens = TokenBudget{24, 16, 16, 60};
     s.windows = {{0, 6}, {6, 8}};
+  } else if (name == "ranks-samples") {
+    // Ranks that differ, float64: of each window of 12, rank 0 takes the first 3 as 2,1 and rank 1
+    // the last 9 as 4,4,1 (three rounds: rank 0 runs an empty one); then a short window of 5
+    // (1 and 4, in proportion).
+    s.model = make_mlp(3);
+    s.data = classification_batch(17, 29);
+    in_float64(s);
+    s.windows = {{0, 12}, {12, 5}};
+    s.plan = ranks_plan({{2, 1}, {4, 4, 1}}, "cross_entropy");
+    s.loss.kind = "cross_entropy";
+    s.reference_kind = "ce";
+  } else if (name == "ranks-tokens") {
+    // Ranks that differ, per-token loss, float64: 10 sequences of 6 tokens, rank 0 takes 2 (one
+    // microbatch), rank 1 takes 8 as 3,3,2; rank 1's sequences keep 2 valid tokens each.
+    s.model = make_tiny_lm(5);
+    s.model.to(at::kDouble);
+    s.data = token_batch(10, 6, 31);
+    for (int64_t i = 2; i < 10; ++i) s.data.target[i].slice(0, 2).fill_(-100);
+    s.windows = {{0, 10}};
+    s.plan = ranks_plan({{2}, {3, 3, 2}}, "cross_entropy");
+    s.loss.kind = "cross_entropy";
+    s.loss.normalization = Normalization::Tokens;
+    s.loss.ignore_index = -100;
+    s.reference_kind = "ce_tokens";
   } else {
     throw std::runtime_error("unknown scenario " + name);
   }

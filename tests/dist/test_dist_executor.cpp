@@ -99,7 +99,7 @@ void run_worker(const std::string& name, const std::string& dir) {
   for (size_t w = 0; w < s.windows.size(); ++w) {
     const auto [start, count] = s.windows[w];
     const CollectiveCounts before = comm->counts();
-    const WindowStats st = ex.step(stride_window(s.data.slice(start, count), env->rank, env->world_size));
+    const WindowStats st = ex.step(rank_window(s.data.slice(start, count), s.plan, env->rank, env->world_size));
     const CollectiveCounts after = comm->counts();
     out["windows"].push_back({{"samples", st.samples},
                               {"units", st.units},
@@ -346,4 +346,38 @@ TEST_CASE("2 ranks: one gradient exchange per window, one counter reduce per mic
     }
   }
   CHECK(runs[1].stats["windows"][2]["microbatch_sizes"] == json::array());
+}
+
+TEST_CASE("2 ranks that differ (shares 3 and 9, their own microbatches): each window's update equals one process "
+          "training the whole window, float64, per-sample and per-token losses", "[dist][ranks]") {
+  for (const std::string name : {"ranks-samples", "ranks-tokens"}) {
+    INFO(name);
+    const Scenario s = make_scenario(name);
+    const auto& runs = run_scenario(name);
+    const Reference ref = reference_updates(s);
+    for (size_t w = 0; w < s.windows.size(); ++w) {
+      INFO("window " << w);
+      const auto grads = compare_tensors(runs[1].grads[w], ref.grads[w]);
+      const auto params = compare_tensors(runs[0].params[w], ref.params[w]);
+      report("dist " + name + " window " + std::to_string(w) + ": update rel vs one process", params.max_rel);
+      CHECK(grads.max_rel <= 1e-9);
+      CHECK(params.max_rel <= 1e-9);
+      CHECK(compare_tensors(runs[0].params[w], runs[1].params[w]).max_abs == 0.0);
+      for (int r = 0; r < kWorld; ++r) {
+        const json& st = runs[static_cast<size_t>(r)].stats["windows"][w];
+        CHECK(st["samples"] == s.windows[w].second);
+        CHECK(std::abs(st["loss"].get<double>() - ref.losses[w]) <= 1e-9 * std::abs(ref.losses[w]));
+      }
+    }
+  }
+  // Each rank ran its own share and split: rank 0 three samples as 2,1, rank 1 nine as 4,4,1.
+  const auto& samples = run_scenario("ranks-samples");
+  CHECK(samples[0].stats["windows"][0]["local_samples"] == 3);
+  CHECK(samples[0].stats["windows"][0]["microbatch_sizes"] == json::array({2, 1}));
+  CHECK(samples[1].stats["windows"][0]["local_samples"] == 9);
+  CHECK(samples[1].stats["windows"][0]["microbatch_sizes"] == json::array({4, 4, 1}));
+  CHECK(samples[0].stats["windows"][0]["rounds"] == 3);
+  CHECK(samples[0].stats["windows"][1]["local_samples"] == 1);  // floor(5·3/12) of the short window
+  CHECK(samples[1].stats["windows"][1]["local_samples"] == 4);
+  CHECK(samples[1].stats["windows"][0]["gradient_exchanges"] == 1);
 }

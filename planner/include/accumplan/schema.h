@@ -546,7 +546,8 @@ RunRecord run_record_from_json(const nlohmann::json& j);
 void check_plan_window(const Plan& p);
 
 // Read and parse a file; InputError if it is missing or not JSON, SchemaError if it does not
-// match. `what` names the file's role in messages ("--profile").
+// match. `what` names the file's role in messages ("--profile"). A plan file gives its profile
+// (what the plan's device measured, its confirming windows included).
 Profile read_profile_file(const std::string& path, const std::string& what = "profile");
 Plan read_plan_file(const std::string& path, const std::string& what = "plan");
 // The plan in JSON `text` as read_plan_file reads a file's: `where` prefixes every message

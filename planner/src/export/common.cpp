@@ -172,6 +172,17 @@ void check_exportable(const Plan& plan, const Exporter* exporter, const std::str
     throw InputError(options.names.lightning_datamodule + " is for " + options.names.lightning_target + ", not " +
                      target);
   }
+  // Ranks that differ: a per-device batch for each rank, which these trainers give every rank alike.
+  if (!plan.ranks.empty()) {
+    if (exporter->runs_plan_itself()) return;
+    std::string shares;
+    for (const RankWindow& w : plan.ranks) shares += (shares.empty() ? "" : ", ") + std::to_string(w.per_rank_batch);
+    throw InputError("this plan gives its " + std::to_string(plan.world_size) + " ranks different shares of each window (" +
+                     shares + ") and microbatches (plan.ranks); " + target +
+                     " gives every rank one per-device batch. Run the plan itself (" + to_target("torchrun") +
+                     ", which launches accumplan run), or re-plan with one " + option_name("--memory-budget") +
+                     " for every rank");
+  }
   const int64_t u = plan.uniform.micro_batch, k = plan.uniform.accumulation_steps, W = plan.world_size;
   if (u < 1 || k < 1 || W < 1 ||
       checked_mul(checked_mul(u, k, "the plan's uniform split"), W, "the plan's uniform split x world_size") !=

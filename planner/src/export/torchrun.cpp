@@ -45,6 +45,13 @@ std::string torchrun_window(const Plan& plan) {
   std::ostringstream s;
   if (plan.tokens && plan.tokens->target_tokens) {
     s << "windows of at least " << *plan.tokens->target_tokens << " valid tokens over " << plan.world_size << " rank(s)";
+  } else if (!plan.ranks.empty()) {
+    s << plan.target_batch << " samples per step over " << plan.world_size << " ranks that differ (plan.ranks):";
+    for (size_t r = 0; r < plan.ranks.size(); ++r) {
+      s << (r ? ";" : "") << " rank " << r << " takes " << plan.ranks[r].per_rank_batch << " as ["
+        << join_sizes(plan.ranks[r].microbatch_sizes, 8) << "] under " << format_bytes(plan.ranks[r].budget_bytes);
+    }
+    return s.str() + "\n";
   } else {
     s << plan.target_batch << " samples per step = " << plan.world_size << " rank(s) x " << plan.per_rank_batch;
   }
