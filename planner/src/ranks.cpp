@@ -15,46 +15,24 @@ namespace accumplan {
 
 namespace {
 
-// The most rounds beyond the fewest that the share rule tries: more rounds only add each
-// microbatch's fixed cost, unless a step-time curve bends.
-constexpr int64_t kExtraRounds = 64;
-
-// Each rank's fewest microbatches for its share (shares and caps in samples).
-std::vector<std::vector<int64_t>> fewest_splits(const std::vector<RankCapacity>& ranks, const std::vector<int64_t>& shares,
-                                                int64_t unit) {
-  std::vector<std::vector<int64_t>> splits;
-  for (size_t r = 0; r < ranks.size(); ++r) splits.push_back(split_samples(shares[r], ranks[r].max_micro_batch, "balanced", unit));
-  return splits;
+// The predicted seconds of rank r's share of `units` units split into its fewest microbatches
+// (balanced: sizes differing by at most one unit).
+double share_seconds(const RankCapacity& rank, int64_t units, int64_t unit) {
+  if (units <= 0) return 0;
+  const int64_t cap = rank.max_micro_batch / unit;
+  const int64_t k = (units + cap - 1) / cap, q = units / k, longer = units % k;
+  return static_cast<double>(longer) * rank.time.predict_seconds((q + 1) * unit) +
+         static_cast<double>(k - longer) * rank.time.predict_seconds(q * unit);
 }
 
-// The shares of `units` units with at most `rounds` microbatches per rank: each rank's per-round
-// size grown where it costs least until the rounds hold every unit, then the surplus taken back
-// from the ranks whose rounds are slowest. Empty when the ranks cannot hold them in `rounds`.
-std::vector<int64_t> shares_in_rounds(const std::vector<RankCapacity>& ranks, int64_t units, int64_t unit, int64_t rounds) {
-  const size_t W = ranks.size();
-  std::vector<int64_t> per_round(W, 1);
-  auto round_time = [&](size_t r, int64_t n) { return ranks[r].time.predict_seconds(n * unit); };
-  while (checked_mul(rounds, std::accumulate(per_round.begin(), per_round.end(), int64_t{0}), "the rounds") < units) {
-    size_t best = W;
-    for (size_t r = 0; r < W; ++r) {
-      if ((per_round[r] + 1) * unit > ranks[r].max_micro_batch) continue;
-      if (best == W || round_time(r, per_round[r] + 1) < round_time(best, per_round[best] + 1)) best = r;
-    }
-    if (best == W) return {};
-    ++per_round[best];
+// The most units rank r takes within `seconds` (at least one: every rank takes a microbatch).
+int64_t units_within(const RankCapacity& rank, double seconds, int64_t units, int64_t unit) {
+  int64_t lo = 1, hi = units;  // share_seconds grows with the share
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (share_seconds(rank, mid, unit) <= seconds) lo = mid; else hi = mid - 1;
   }
-  std::vector<int64_t> shares(W);
-  for (size_t r = 0; r < W; ++r) shares[r] = rounds * per_round[r];
-  for (int64_t surplus = std::accumulate(shares.begin(), shares.end(), int64_t{0}) - units; surplus > 0; --surplus) {
-    size_t slowest = W;
-    for (size_t r = 0; r < W; ++r) {
-      if (shares[r] <= 1) continue;
-      const auto t = [&](size_t i) { return round_time(i, (shares[i] + rounds - 1) / rounds); };
-      if (slowest == W || t(r) >= t(slowest)) slowest = r;
-    }
-    --shares[slowest];
-  }
-  return shares;
+  return lo;
 }
 
 // A rank's step of the plan: its rank number named in what the solver says.
@@ -111,7 +89,7 @@ Plan combined_plan(const std::vector<Plan>& per_rank, const PlanRequest& request
     plan.ranks.push_back(w);
     splits.push_back(p.microbatch_sizes);
   }
-  const double seconds = round_window_seconds(caps, splits);
+  const double seconds = ranks_window_seconds(caps, splits);
   if (plan.timing) plan.timing->window_seconds = seconds;
   return plan;
 }
@@ -132,18 +110,10 @@ std::string ranks_reason(const Plan& plan, bool timed) {
 
 }  // namespace
 
-double round_window_seconds(const std::vector<RankCapacity>& ranks, const std::vector<std::vector<int64_t>>& splits) {
-  size_t rounds = 0;
-  for (const auto& s : splits) rounds = std::max(rounds, s.size());
-  double total = 0;
-  for (size_t j = 0; j < rounds; ++j) {
-    double slowest = 0;
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      if (j < splits[r].size()) slowest = std::max(slowest, ranks[r].time.predict_seconds(splits[r][j]));
-    }
-    total += slowest;
-  }
-  return total;
+double ranks_window_seconds(const std::vector<RankCapacity>& ranks, const std::vector<std::vector<int64_t>>& splits) {
+  double slowest = 0;
+  for (size_t r = 0; r < ranks.size(); ++r) slowest = std::max(slowest, ranks[r].time.window_seconds(splits[r]));
+  return slowest;
 }
 
 std::vector<int64_t> choose_shares(const std::vector<RankCapacity>& ranks, int64_t target_batch, int64_t unit) {
@@ -153,24 +123,52 @@ std::vector<int64_t> choose_shares(const std::vector<RankCapacity>& ranks, int64
                      " ranks at least one microbatch of a multiple of " + std::to_string(unit) + " only if it is such a "
                      "multiple and holds one per rank");
   }
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (ranks[r].max_micro_batch < unit) {
+      throw InfeasibleError("rank " + std::to_string(r) + " fits no microbatch of " + std::to_string(unit));
+    }
+  }
   const int64_t units = target_batch / unit;
-  int64_t capacity = 0;
-  for (const RankCapacity& r : ranks) capacity += r.max_micro_batch / unit;
-  if (capacity < 1) throw InfeasibleError("no rank fits a microbatch of " + std::to_string(unit));
-  const int64_t fewest = (units + capacity - 1) / capacity;
-  std::vector<int64_t> best;
-  double best_seconds = std::numeric_limits<double>::infinity();
-  for (int64_t rounds = fewest; rounds <= fewest + kExtraRounds && rounds * W <= units; ++rounds) {
-    std::vector<int64_t> shares = shares_in_rounds(ranks, units, unit, rounds);
-    if (shares.empty()) continue;
-    for (int64_t& s : shares) s *= unit;
-    const double seconds = round_window_seconds(ranks, fewest_splits(ranks, shares, unit));
-    if (seconds < best_seconds) best_seconds = seconds, best = shares;
+  // The least time T within which the ranks hold every unit: bisected between 0 and the time any
+  // one rank takes for all of them.
+  double lo = 0, hi = 0;
+  for (const RankCapacity& r : ranks) hi = std::max(hi, share_seconds(r, units, unit));
+  auto held = [&](double seconds) {
+    int64_t n = 0;
+    for (const RankCapacity& r : ranks) n += units_within(r, seconds, units, unit);
+    return n;
+  };
+  for (int i = 0; i < 100 && held(lo) < units; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    if (held(mid) >= units) hi = mid; else lo = mid;
+    if (hi - lo <= 1e-12 * hi) break;
   }
-  if (best.empty()) {
-    throw InfeasibleError("the ranks' largest microbatches cannot share a target batch of " + std::to_string(target_batch));
+  // Each rank takes what it holds within the lower time, then the rest goes to the ranks with room
+  // within the upper one, in rank order: no rank's time then exceeds hi.
+  std::vector<int64_t> shares;
+  int64_t left = units;
+  for (const RankCapacity& r : ranks) left -= shares.emplace_back(held(lo) >= units ? 0 : units_within(r, lo, units, unit));
+  for (size_t r = 0; r < ranks.size() && left > 0; ++r) {
+    const int64_t more = std::min(left, units_within(ranks[r], hi, units, unit) - shares[r]);
+    shares[r] += more;
+    left -= more;
   }
-  return best;
+  for (int64_t& s : shares) s = std::max<int64_t>(s, 1);
+  // Rounding can leave a unit over or under: taken from, or given to, the rank it slows least.
+  int64_t total = std::accumulate(shares.begin(), shares.end(), int64_t{0});
+  for (; total != units; total += total < units ? 1 : -1) {
+    size_t best = ranks.size();
+    double best_seconds = 0;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      if (total > units && shares[r] <= 1) continue;
+      const double t = share_seconds(ranks[r], shares[r] + (total < units ? 1 : -1), unit);
+      const bool better = total < units ? t < best_seconds : t > best_seconds;
+      if (best == ranks.size() || better) best = r, best_seconds = t;
+    }
+    shares[best] += total < units ? 1 : -1;
+  }
+  for (int64_t& s : shares) s *= unit;
+  return shares;
 }
 
 Plan plan_ranks(const std::vector<Profile>& profiles, const std::vector<BudgetSpec>& budgets, const PlanRequest& request) {
@@ -193,7 +191,7 @@ Plan plan_ranks(const std::vector<Profile>& profiles, const std::vector<BudgetSp
     caps.push_back({whole.max_micro_batch, TimeModel::available(profile_of(r)) ? TimeModel::fit(profile_of(r))
                                                                               : TimeModel::line(0, 1.0)});
   }
-  if (!timed) {  // no step times: a round takes each rank's fraction of its largest microbatch
+  if (!timed) {  // no step times: a rank's time is its share over its largest microbatch
     for (RankCapacity& c : caps) c.time = TimeModel::line(0, 1.0 / static_cast<double>(c.max_micro_batch));
   }
   const std::vector<int64_t> shares = choose_shares(caps, request.target_batch, request.multiple_of.value_or(1));

@@ -207,7 +207,7 @@ WindowStats WindowLoop::accumulate(WindowBackend& b, const WindowOptions& o, con
     if (attempt > 0) b.begin_attempt();
     split.cut(attempt, packing_cost(o.packing));
     st.microbatch_rounds = rounds_for(b, split, c);
-    const Attempt a = run_rounds(b, o, split, attempt, st.microbatch_rounds, st.units);
+    const Attempt a = run_attempt(b, o, split, attempt, st.units);
     if (a.failing == 0) {
       if (packed) keep_times(a, st, b.wall_time_is_device_time());
       break;
@@ -325,39 +325,37 @@ int64_t WindowLoop::run_microbatch(WindowBackend& b, const WindowOptions& o, con
 
 // The rounds of one attempt, each ending at its agreement point: one collective of every rank's
 // status, on every rank, whatever happened. Stops at the first round with an out-of-memory anywhere.
-WindowLoop::Attempt WindowLoop::run_rounds(WindowBackend& b, const WindowOptions& o, const Split& split,
-                                           int64_t attempt, int64_t rounds, int64_t units) {
+WindowLoop::Attempt WindowLoop::run_attempt(WindowBackend& b, const WindowOptions& o, const Split& split,
+                                            int64_t attempt, int64_t units) {
   Attempt out;
   const auto t0 = Clock::now();
   const int W = b.world_size();
-  int64_t start = 0;
-  for (int64_t i = 0; i < rounds; ++i) {
-    int64_t status = 0;
-    std::exception_ptr error;
-    if (i < static_cast<int64_t>(split.sizes.size())) {
-      MicrobatchEvent where{window_index_, i, split.sizes[static_cast<size_t>(i)],
-                            static_cast<int64_t>(split.sizes.size()), attempt, split.padded_tokens(static_cast<size_t>(i))};
-      status = run_microbatch(b, o, split, where, start, units, out, error);
-      start += where.size;
-    }
-    std::vector<int64_t> flags(static_cast<size_t>(W), 0);
-    flags[static_cast<size_t>(b.rank())] = status;
-    const std::vector<int64_t> all = W > 1 ? b.sum_over_ranks(flags) : flags;
-    throw_if_a_rank_failed(all, error,
-                           "in window " + std::to_string(window_index_) + " at microbatch round " + std::to_string(i + 1),
-                           false);
-    for (int r = 0; r < W; ++r) {
-      const int64_t s = all[static_cast<size_t>(r)];
-      // The smallest size that failed anywhere: the same number on every rank, so every rank
-      // re-plans to the same split.
-      if (s > 0 && (out.failing == 0 || s < out.failing)) {
-        out.failing = s;
-        out.failing_rank = r;
-      }
-    }
-    if (out.failing > 0) {
-      out.failed_round = i;
-      break;
+  // Each rank runs its own microbatches, stopping at its first failure; the ranks agree once, after
+  // the last: a rank with fewer or smaller microbatches never waits for another's between them.
+  int64_t start = 0, status = 0, failed_index = 0;
+  std::exception_ptr error;
+  for (size_t i = 0; i < split.sizes.size() && status == 0; ++i) {
+    const MicrobatchEvent where{window_index_, static_cast<int64_t>(i), split.sizes[i],
+                                static_cast<int64_t>(split.sizes.size()), attempt, split.padded_tokens(i)};
+    status = run_microbatch(b, o, split, where, start, units, out, error);
+    failed_index = static_cast<int64_t>(i);
+    start += where.size;
+  }
+  // [status of rank 0 .. W-1 (0, the failing size, -1 for another error), its failing microbatch's index]
+  std::vector<int64_t> flags(2 * static_cast<size_t>(W), 0);
+  flags[static_cast<size_t>(b.rank())] = status;
+  if (status != 0) flags[static_cast<size_t>(W + b.rank())] = failed_index;
+  const std::vector<int64_t> all = W > 1 ? b.sum_over_ranks(flags) : flags;
+  throw_if_a_rank_failed(std::vector<int64_t>(all.begin(), all.begin() + W), error,
+                         "in window " + std::to_string(window_index_), false);
+  for (int r = 0; r < W; ++r) {
+    const int64_t s = all[static_cast<size_t>(r)];
+    // The smallest size that failed anywhere: the same number on every rank, so every rank
+    // re-plans to the same split.
+    if (s > 0 && (out.failing == 0 || s < out.failing)) {
+      out.failing = s;
+      out.failing_rank = r;
+      out.failed_round = all[static_cast<size_t>(W + r)];
     }
   }
   out.rounds_seconds = seconds_since(t0);

@@ -227,7 +227,7 @@ def train_window(plan, model, optimizer, inputs, target=None, *, loss=None, loss
     memory_budget (CPU): bytes, "12GiB" or "90%", enforced by that allocator as a GPU enforces its
     capacity: a microbatch past it runs out of memory and is recovered as any out-of-memory is.
     Under torch.distributed (world size > 1) every rank must call it for every window; the units
-    are counted globally, failures are agreed on after every microbatch round, and the gradients
+    are counted globally, failures are agreed on after each rank's microbatches, and the gradients
     are exchanged once, after the last microbatch (a DDP module runs every microbatch under
     ``no_sync()``: a DDP backward cannot be abandoned when a peer runs out of memory).
     Ragged data: pass the window's sequences as a list of 1-D token tensors with target a list of

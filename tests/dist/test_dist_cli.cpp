@@ -51,9 +51,7 @@ TEST_CASE("accumplan run on 2 processes: both ranks finish with identical parame
   REQUIRE(pj.world_size == 2);
   REQUIRE(pj.per_rank_batch == 8);
   REQUIRE(pj.micro_batch <= 3);
-  // Rounds per window: the plan's split of 8 (twice), then its split of the short window's 4.
-  const int64_t rounds = 2 * static_cast<int64_t>(pj.microbatch_sizes.size()) +
-                         static_cast<int64_t>(window_sizes(pj, 4).size());
+  REQUIRE(pj.microbatch_sizes.size() > 1);  // several microbatches, still one agreement a window
 
   const LaunchResult res =
       launch_ranks({ACCUMPLAN_BIN, "run", "--plan", plan, "--model", "builtin:mlp", "--steps", "3", "--synthetic-samples",
@@ -75,9 +73,9 @@ TEST_CASE("accumplan run on 2 processes: both ranks finish with identical parame
     CHECK(st["samples_seen"] == 40);  // global: 16 + 16 + 8, each sample once
     CHECK(st["replicas_identical"] == true);
     CHECK(st["collectives"]["gradient_exchanges"] == 3);
-    // One count reduce per window plus one agreement per microbatch round: 3 + (3 + 3 + 2)
-    // for microbatches 3,3,2 (the short window's 4 -> 2,2); never one exchange per microbatch.
-    CHECK(st["collectives"]["counter_all_reduces"] == 3 + rounds);
+    // One count reduce and one agreement per window, whatever its microbatches (3,3,2, and the
+    // short window's 2,2); never one exchange per microbatch.
+    CHECK(st["collectives"]["counter_all_reduces"] == 2 * 3);
     torch::jit::Module m = torch::jit::load(dir + "/trained-" + std::to_string(r) + ".pt");
     std::vector<at::Tensor> v;
     for (const auto& p : m.parameters()) v.push_back(p.detach().clone());

@@ -3,9 +3,9 @@
 //
 // What it is: pure functions of profiles, budgets and a request. `plan_ranks` gives each rank the
 // largest microbatch its own budget allows (the one solver, make_plan, on that rank's profile),
-// then the shares of the target batch that the round-synchronous window loop finishes soonest:
-// every round, each rank runs one microbatch and waits for the slowest, so a window takes the sum
-// over rounds of the slowest rank's microbatch (each rank's own step-time model, TimeModel).
+// then the shares of the target batch that finish a window soonest: each rank runs its own
+// microbatches and the ranks meet once, after the last, so a window takes the slowest rank's time
+// (each rank's own step-time model, TimeModel).
 // `rank_view` is the plan one rank trains by; `replan_rank` re-plans one rank after it ran out of
 // memory, the shares kept; `rank_share` is the part of a global window a rank takes.
 // What it is not: the weighting (the window loop weights by the global count, so any share is
@@ -30,12 +30,12 @@ struct RankCapacity {
   TimeModel time;
 };
 
-// The predicted seconds of a window whose rank r runs `splits[r]`: round by round, the slowest
-// rank's microbatch (a rank with fewer microbatches waits).
-double round_window_seconds(const std::vector<RankCapacity>& ranks, const std::vector<std::vector<int64_t>>& splits);
+// The predicted seconds of a window whose rank r runs `splits[r]`: the slowest rank's microbatches
+// (each rank runs its own, and the ranks meet once, after the last).
+double ranks_window_seconds(const std::vector<RankCapacity>& ranks, const std::vector<std::vector<int64_t>>& splits);
 
-// Each rank's share of `target_batch` samples (each a multiple of `unit`, at least one unit), the
-// one of least round_window_seconds when each rank splits its share into its fewest microbatches.
+// Each rank's share of `target_batch` samples (each a multiple of `unit`, at least one unit): the
+// shares of least ranks_window_seconds when each rank splits its share into its fewest microbatches.
 std::vector<int64_t> choose_shares(const std::vector<RankCapacity>& ranks, int64_t target_batch, int64_t unit = 1);
 
 // The plan of request.world_size ranks with their own budgets: `profiles` one per rank (each

@@ -13,9 +13,10 @@
 //   2. the counts before the first backward, in ONE collective of [units, samples, valid tokens,
 //      samples of rank 0 .. W-1, (packed) longest sequence of rank 0 .. W-1]: every rank weights
 //      by the GLOBAL N and checks every rank's share the same way, so every rank raises alike;
-//   3. the rounds: every rank runs the largest count of microbatches of any rank (a rank with fewer
-//      runs empty rounds); after each round one collective of every rank's status (0, the failing
-//      size on out-of-memory, -1 for another error): the agreement point;
+//   3. the microbatches: each rank runs its own split (a rank with fewer or smaller microbatches
+//      does not wait between them), stopping at its first failure; after its last, ONE collective of
+//      every rank's status (0, the failing size on out-of-memory, -1 for another error) and failing
+//      microbatch: the agreement point;
 //   4. after an out-of-memory anywhere: the smallest failing size on every rank; the gradients set
 //      to none and the failed microbatch's memory released, the plan re-planned below the size
 //      (replan_below; packed: repack_below) and the window replayed from its first sample, so the
@@ -159,7 +160,7 @@ struct WindowOptions {
   std::string ragged_data_fix = "load the data from a torch.save([list_of_1d_token_tensors, targets]) file";
   // One line per event (recoveries, skipped steps); none: dropped.
   std::function<void(const std::string&)> log;
-  // Before each microbatch's forward (not for a rank's empty rounds), and after it returned or
+  // Before each microbatch's forward, and after it returned or
   // failed (`out_of_memory`: it failed for memory); instrumentation, never changes the window.
   std::function<void(const MicrobatchEvent&)> before_microbatch;
   std::function<void(const MicrobatchEvent&, bool out_of_memory)> after_microbatch;
@@ -261,8 +262,8 @@ class WindowLoop {
   struct Split;
   void check_counts(const WindowCounts& c, const WindowStats& st, bool packed, int world) const;
   int64_t rounds_for(WindowBackend& backend, const Split& split, const WindowCounts& c) const;
-  Attempt run_rounds(WindowBackend& backend, const WindowOptions& options, const Split& split, int64_t attempt,
-                     int64_t rounds, int64_t units);
+  Attempt run_attempt(WindowBackend& backend, const WindowOptions& options, const Split& split, int64_t attempt,
+                      int64_t units);
   int64_t run_microbatch(WindowBackend& backend, const WindowOptions& options, const Split& split,
                          const MicrobatchEvent& where, int64_t start, int64_t units, Attempt& out,
                          std::exception_ptr& error);
