@@ -103,6 +103,7 @@ class Plan:
     tokens, eval, checkpoint = _field("tokens", True), _field("eval", True), _field("checkpoint", True)
     checkpoint_choice = _field("checkpoint_choice", True)  # what checkpointing="auto" weighed
     sharding = _field("sharding", True)  # 1.9: the optimizer state sharded over the ranks
+    ranks = _field("ranks", True)  # 1.13: each rank's window where the ranks differ
     del _field
 
     margin_bytes = property(lambda self: self.memory.get("margin_bytes"))
@@ -138,15 +139,28 @@ class Plan:
         (as many as its valid tokens need), not at most ``per_rank_batch``."""
         return self.tokens is not None and self.target_tokens is not None
 
-    def window_sizes(self, samples):
-        """Microbatch sizes of a window of ``samples`` on this rank: the plan's own sizes for a full
-        window; a short window is re-split under the plan's largest microbatch (a size the full
-        window already ran), as the C++ executor does. A plan with ``target_tokens`` splits a window
-        of any size >= 1 under that largest microbatch."""
+    def window_sizes(self, samples, rank=0):
+        """Microbatch sizes of a window of ``samples`` on rank ``rank`` (its own window where the
+        ranks differ, ``plan.ranks``): the plan's own sizes for a full window; a short window is
+        re-split under the plan's largest microbatch (a size the full window already ran), as the
+        C++ executor does. A plan with ``target_tokens`` splits a window of any size >= 1 under that
+        largest microbatch."""
         try:
-            return self._core.window_sizes(int_arg(samples, "samples", 1, MAX_COUNT))
+            return self._core.window_sizes(int_arg(samples, "samples", 1, MAX_COUNT),
+                                           int_arg(rank, "rank", 0, self.world_size - 1))
         except _core.InputError as e:
             raise ValueError(str(e)) from None
+
+    def rank_slice(self, rank, samples):
+        """The samples of a global window of ``samples`` that rank ``rank`` trains, as a slice of the
+        window: where the ranks differ (``plan.ranks``) its consecutive share (a short window shared
+        in proportion), otherwise every world_size-th sample from ``rank`` (strided)."""
+        rank = int_arg(rank, "rank", 0, self.world_size - 1)
+        samples = int_arg(samples, "samples", 0, MAX_COUNT)
+        if not self.ranks:
+            return slice(rank, samples, self.world_size)
+        start, count = self._core.rank_share(rank, samples)
+        return slice(start, start + count)
 
     def largest_fitting(self):
         """The largest microbatch b whose predicted peak on the plan's fitted line (fit.intercept_bytes

@@ -74,7 +74,7 @@ def split(plan, inputs, target=None, *, ignore_index=None, normalization=None, l
 
     def count():  # this rank's share and split, checked before the core's collective agrees on every rank's
         n = count_samples(inputs, target)
-        sizes[:] = plan.window_sizes(n) if n > 0 else []
+        sizes[:] = plan.window_sizes(n, dist.get_rank(group) if world > 1 else 0) if n > 0 else []
         norm, labels = units_rule(normalization or plan.normalization, loss_kind, None, inputs, target)
         shift = causal_shift(model, shift_labels) if loss_kind == "model" and norm == "tokens" else False
         return _core.ShareCounts(n, count_units(labels, n, norm, ii, shift) if n > 0 else 0, normalization=norm)

@@ -21,6 +21,7 @@
 #include "accumplan/errors.h"
 #include "accumplan/json_io.h"
 #include "accumplan/memory_model.h"
+#include "accumplan/ranks.h"
 #include "accumplan/replan.h"
 #include "accumplan/schema.h"
 #include "accumplan/solver.h"
@@ -99,8 +100,15 @@ void bind_plan_object(py::module_& m) {
            "re-plans in place after a microbatch of that size ran out of memory; returns how")
       .def("repack_below", [](Plan& p, int64_t failing_tokens) { p = repack_below(p, failing_tokens); },
            py::arg("failing_tokens"), "lowers the token budget in place below failing_tokens")
-      .def("window_sizes", [](const Plan& p, int64_t samples) { return window_sizes(p, samples); }, py::arg("samples"),
-           "microbatch sizes of a window of `samples`")
+      .def("window_sizes",
+           [](const Plan& p, int64_t samples, int64_t rank) {
+             return p.ranks.empty() ? window_sizes(p, samples) : window_sizes(rank_view(p, rank), samples);
+           },
+           py::arg("samples"), py::arg("rank") = 0,
+           "microbatch sizes of rank `rank`'s window of `samples` (its own where the ranks differ)")
+      .def("rank_share", [](const Plan& p, int64_t rank, int64_t samples) { return rank_share(p, rank, samples); },
+           py::arg("rank"), py::arg("samples"),
+           "(start, count): rank `rank`'s consecutive share of a global window of `samples` where the ranks differ")
       .def("eval_sizes", [](const Plan& p, int64_t samples) { return eval_sizes(p, samples); }, py::arg("samples"),
            "the eval microbatches of `samples` under the plan (plan.eval, else its microbatch)")
       .def("largest_fitting",

@@ -59,7 +59,8 @@ void bind_sharding(py::module_& m) {
         py::arg("state_bytes_one_element"), py::arg("state_bytes_two_elements"),
         "(bytes per element, bytes per parameter) of the state one step left on parameters of one and two elements");
   m.def("predicted_peak_of_rank", &predicted_peak_of_rank, py::arg("plan"), py::arg("rank"),
-        "the peak the plan predicts on this rank: a sharded plan's per_rank_peak_bytes, otherwise memory.predicted_peak_bytes");
+        "the peak the plan predicts on this rank: its own where the ranks differ, a sharded plan's per_rank_peak_bytes, "
+        "otherwise memory.predicted_peak_bytes");
   m.attr("SHARD_MODES") = py::tuple(py::cast(shard_mode_names()));
   m.def("check_shard_mode", [](const std::string& shard, int64_t world_size) { parse_shard_mode(shard, world_size); },
         py::arg("shard"), py::arg("world_size"), "InputError naming a shard mode that is not one, or one without ranks");

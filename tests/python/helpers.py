@@ -62,6 +62,17 @@ def plan_doc(sizes, world_size=1, split="balanced", multiple_of=None, loss="cros
     return as_version(d, version)
 
 
+def ranks_doc(rank_sizes, budgets=(24 << 20, 64 << 20), loss="cross_entropy", normalization="auto"):
+    """A 1.13 plan.json document whose ranks differ: rank r takes sum(rank_sizes[r]) of each window,
+    split as rank_sizes[r] under budgets[r]; the window fields are rank 0's."""
+    d = plan_doc(rank_sizes[0], world_size=len(rank_sizes), loss=loss, normalization=normalization, version="1.13")
+    d["target_batch"] = sum(sum(s) for s in rank_sizes)
+    d["ranks"] = [{"rank": r, "budget_bytes": budgets[r], "per_rank_batch": sum(s), "max_micro_batch": max(s),
+                   "microbatch_sizes": list(s), "predicted_peak_bytes": d["memory"]["predicted_peak_bytes"],
+                   "window_seconds": None} for r, s in enumerate(rank_sizes)]
+    return d
+
+
 def as_version(d, version):
     """The plan document in the 1.0 layout (profile_points, trials at the top) or the 1.1 layout
     (the profile nested as "profile"), whichever layout the golden file has today."""

@@ -1,0 +1,77 @@
+"""Two gloo processes training a plan whose ranks differ (shares 3 and 9 of each window, their own
+microbatches) end with the parameters of one process training each whole window, in float64, with
+per-sample and per-token losses, and after an out-of-memory on one rank; only that rank re-plans."""
+import json
+import os
+import tempfile
+import unittest
+
+import torch
+
+from helpers import DIST_TIMEOUT_S, Classifier, TinyLM, make_plan, params_of, ranks_doc, run_two_gloo_ranks
+
+import accumplan
+import ranks_worker
+
+
+def one_process(model, data, normalization):
+    """The reference: every global window as one process's window."""
+    plan = make_plan([ranks_worker.TARGET], normalization=normalization)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    x, y = data
+    for s in range(0, ranks_worker.SAMPLES, ranks_worker.TARGET):
+        plan.train_window(model, opt, (x[s:s + ranks_worker.TARGET],), y[s:s + ranks_worker.TARGET])
+    return params_of(model)
+
+
+class RanksThatDiffer(unittest.TestCase):
+    def test_each_rank_trains_its_share_and_the_update_is_one_process(self):
+        g = torch.Generator().manual_seed(5)
+        samples = (torch.randn(ranks_worker.SAMPLES, 8, generator=g, dtype=torch.float64),
+                   torch.randint(0, 4, (ranks_worker.SAMPLES,), generator=g))
+        want = {"samples": one_process(Classifier().double(), samples, "auto"),
+                "tokens": one_process(TinyLM().double(), ranks_worker.token_data(ranks_worker.SAMPLES), "tokens")}
+        want["oom"] = want["tokens"]
+        with tempfile.TemporaryDirectory() as out:
+            codes, logs = run_two_gloo_ranks("ranks_worker.py", out)
+            for r in range(2):
+                self.assertEqual(codes[r], 0, "rank %d failed (None: killed after %d s):\n%s" % (r, DIST_TIMEOUT_S, logs[r]))
+            for way, params in want.items():
+                for r in range(2):
+                    got = torch.load(os.path.join(out, "rank%d-%s.pt" % (r, way)))
+                    for a, b in zip(got, params):
+                        self.assertEqual(a.dtype, torch.float64)
+                        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=lambda m: "%s rank %d: %s" % (way, r, m))
+            for r in range(2):
+                with open(os.path.join(out, "rank%d-ranks.json" % r)) as f:
+                    ranks = json.load(f)
+                self.assertEqual([w["per_rank_batch"] for w in ranks], [3, 9])  # the shares stay
+                self.assertEqual(ranks[0]["microbatch_sizes"], [2, 1])  # rank 0's window untouched
+                self.assertLess(max(ranks[1]["microbatch_sizes"]), 4)  # rank 1 re-planned below 4
+
+    def test_rank_slice_and_window_sizes_follow_each_rank(self):
+        plan = accumplan.load_plan(ranks_doc([[2, 1], [4, 4, 1]]))
+        self.assertEqual(plan.rank_slice(0, 12), slice(0, 3))
+        self.assertEqual(plan.rank_slice(1, 12), slice(3, 12))
+        self.assertEqual(plan.rank_slice(1, 5), slice(1, 5))  # a short window, in proportion
+        self.assertEqual(plan.window_sizes(9, rank=1), [4, 4, 1])
+        self.assertEqual(plan.window_sizes(3, rank=0), [2, 1])
+        uniform = make_plan([2, 2], world_size=2)
+        self.assertEqual(uniform.rank_slice(1, 8), slice(1, 8, 2))
+        with self.assertRaisesRegex(ValueError, "rank"):
+            plan.window_sizes(3, rank=2)
+
+    def test_the_reader_refuses_ranks_that_do_not_add_up(self):
+        doc = ranks_doc([[2, 1], [4, 4, 1]])
+        doc["ranks"][1]["per_rank_batch"] = 8
+        doc["ranks"][1]["microbatch_sizes"] = [4, 4]
+        with self.assertRaisesRegex(accumplan.PlanError, r"\$\.ranks: the shares sum to 11, but target_batch is 12"):
+            accumplan.load_plan(doc)
+        doc = ranks_doc([[2, 1], [4, 4, 1]])
+        doc["world_size"] = 3
+        with self.assertRaisesRegex(accumplan.PlanError, r"\$\.ranks: 2 ranks for world_size 3"):
+            accumplan.load_plan(doc)
+
+
+if __name__ == "__main__":
+    unittest.main()
