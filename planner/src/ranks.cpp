@@ -203,6 +203,31 @@ Plan plan_ranks(const std::vector<Profile>& profiles, const std::vector<BudgetSp
   return plan;
 }
 
+Plan plan_ranks(const std::vector<Plan>& own) {
+  if (own.empty()) throw InputError("ranks that differ are planned from one plan per rank; got none");
+  const Plan& first = own.front();
+  std::vector<Profile> profiles;
+  std::vector<BudgetSpec> budgets;
+  for (size_t r = 0; r < own.size(); ++r) {
+    const Plan& p = own[r];
+    if (p.target_batch != first.target_batch || p.world_size != first.world_size || p.model.sha256 != first.model.sha256) {
+      throw InputError("rank " + std::to_string(r) + "'s plan is for target batch " + std::to_string(p.target_batch) +
+                       " on " + std::to_string(p.world_size) + " ranks of model " + p.model.sha256.substr(0, 12) +
+                       ", rank 0's for " + std::to_string(first.target_batch) + " on " + std::to_string(first.world_size) +
+                       " of " + first.model.sha256.substr(0, 12) + "; plan every rank for the same training");
+    }
+    profiles.push_back(p.profile);
+    budgets.push_back(BudgetSpec{p.memory.budget_bytes, std::nullopt});
+  }
+  PlanRequest request;
+  request.target_batch = first.target_batch;
+  request.world_size = first.world_size;
+  request.headroom = headroom_of(first.memory.margin);
+  request.multiple_of = first.multiple_of;
+  request.split = first.split;
+  return plan_ranks(profiles, budgets, request);
+}
+
 Plan rank_view(const Plan& plan, int64_t rank) {
   if (plan.ranks.empty()) return plan;
   if (rank < 0 || rank >= static_cast<int64_t>(plan.ranks.size())) {

@@ -19,7 +19,7 @@ re-planning plans need no torch; training needs it. docs/python.md has the rest.
 """
 
 from .plans import (OutOfMemoryAtOne, PeerError, Plan, PlanError, balanced_split, file_sha256, largest_divisor_at_most,
-                   load_plan, pack_by_token_budget, split_samples, token_windows)
+                   load_plan, pack_by_token_budget, plan_ranks, split_samples, token_windows)
 
 __version__ = "0.1.0"
 
@@ -47,7 +47,7 @@ def __getattr__(name):
     raise AttributeError("module 'accumplan' has no attribute %r" % name)
 
 
-__all__ = ["plan", "load_plan", "Plan", "PlanError", "PeerError", "OutOfMemoryAtOne", "balanced_split", "split_samples",
+__all__ = ["plan", "load_plan", "plan_ranks", "Plan", "PlanError", "PeerError", "OutOfMemoryAtOne", "balanced_split", "split_samples",
            "largest_divisor_at_most", "file_sha256", "pack_by_token_budget", "token_windows", "pad_sequences",
            "padding_mask", "valid_token_counts", "is_oom", "loss_sum", "count_units", "model_output",
            "resolve_normalization", "split", "train_window", "evaluate", "all_reduce_gradients", "WindowStats",

@@ -406,3 +406,18 @@ def load_plan(path_or_doc, model=None, force=False):
     if model is not None:
         plan.check_model(model, force=force)
     return plan
+
+
+def plan_ranks(plans):
+    """The plan of ranks that differ, from each rank's own plan: ``plans[r]`` made for rank r on
+    its own device and budget (``accumplan.plan(..., world_size=W, memory_budget=...)`` in rank r's
+    process, gathered; or plans read from files). Each rank gets the largest microbatch its budget
+    allows and the share of every window that its measured step times finish with the others
+    (``plan.ranks``; train it with ``plan.rank_slice(rank, n)`` of each global window). PlanError
+    naming a plan for another target, world size or model."""
+    if not isinstance(plans, (list, tuple)) or not all(isinstance(p, Plan) for p in plans):
+        raise TypeError("plans: a list of accumplan.Plan, one per rank (got %s)" % type(plans).__name__)
+    try:
+        return Plan._from_core(_core.Plan.for_ranks([p._core for p in plans]), "accumplan.plan_ranks")
+    except _core.InputError as e:
+        raise plan_error(e) from None

@@ -106,6 +106,13 @@ void bind_plan_object(py::module_& m) {
            },
            py::arg("samples"), py::arg("rank") = 0,
            "microbatch sizes of rank `rank`'s window of `samples` (its own where the ranks differ)")
+      .def_static("for_ranks",
+                  [](const std::vector<PlanPtr>& own) {
+                    std::vector<Plan> plans;
+                    for (const PlanPtr& p : own) plans.push_back(*p);
+                    return std::make_shared<Plan>(plan_ranks(plans));
+                  },
+                  py::arg("own"), "the plan of ranks that differ from each rank's own plan (accumplan/ranks.h)")
       .def("rank_share", [](const Plan& p, int64_t rank, int64_t samples) { return rank_share(p, rank, samples); },
            py::arg("rank"), py::arg("samples"),
            "(start, count): rank `rank`'s consecutive share of a global window of `samples` where the ranks differ")

@@ -176,6 +176,23 @@ def oom_error(kind):
     return RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB (injected, message only)")
 
 
+class Gated(torch.nn.Module):
+    """float32[B,16,32] -> logits [B,8]: a gated MLP over 16 positions, pooled."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        self.inp = torch.nn.Linear(32, 96)
+        self.gate = torch.nn.Linear(96, 192)
+        self.norm = torch.nn.LayerNorm(96)
+        self.head = torch.nn.Linear(96, 8)
+        reseed(self, seed, 0.2)
+
+    def forward(self, x):
+        z = torch.tanh(self.inp(x))
+        a, b = self.gate(z).chunk(2, dim=-1)
+        return self.head(self.norm(z + a * torch.sigmoid(b)).mean(dim=1))
+
+
 class FailingAt(torch.nn.Module):
     """Wraps a model; the forward call number `position` (0-based) raises an out-of-memory error,
     once. Optionally every call with more than `over` samples raises too (a real memory bound)."""

@@ -8,7 +8,7 @@ import unittest
 
 import torch
 
-from helpers import DIST_TIMEOUT_S, Classifier, TinyLM, make_plan, params_of, ranks_doc, run_two_gloo_ranks
+from helpers import DIST_TIMEOUT_S, Classifier, Gated, TinyLM, make_plan, params_of, ranks_doc, run_two_gloo_ranks
 
 import accumplan
 import ranks_worker
@@ -71,6 +71,39 @@ class RanksThatDiffer(unittest.TestCase):
         doc["world_size"] = 3
         with self.assertRaisesRegex(accumplan.PlanError, r"\$\.ranks: 2 ranks for world_size 3"):
             accumplan.load_plan(doc)
+
+
+class PlannedRanks(unittest.TestCase):
+    def test_each_rank_planned_on_its_budget_peaks_as_predicted_under_it(self):
+        # Each rank's own plan, measured here (CPU: the counting allocator) under its own budget.
+        g = torch.Generator().manual_seed(3)
+        x, y = torch.randn(8, 16, 32, generator=g), torch.randint(0, 8, (8,), generator=g)
+        own = []
+        for budget in ("3MiB", "6MiB"):
+            model = Gated()
+            own.append(accumplan.plan(model, (x,), y, target_batch=192, world_size=2, memory_budget=budget,
+                                      optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), progress=False,
+                                      eval=False))
+        plan = accumplan.plan_ranks(own)
+        self.assertEqual([r["budget_bytes"] for r in plan.ranks], [3 << 20, 6 << 20])
+        self.assertEqual(sum(r["per_rank_batch"] for r in plan.ranks), 192)
+        self.assertGreater(plan.ranks[1]["max_micro_batch"], plan.ranks[0]["max_micro_batch"])
+        self.assertGreater(plan.ranks[1]["per_rank_batch"], plan.ranks[0]["per_rank_batch"])
+        with tempfile.TemporaryDirectory() as out:
+            plan.save(os.path.join(out, "plan.json"))
+            codes, logs = run_two_gloo_ranks("ranks_planned_worker.py", out)
+            for r in range(2):
+                self.assertEqual(codes[r], 0, "rank %d failed:\n%s" % (r, logs[r]))
+                with open(os.path.join(out, "rank%d-peaks.json" % r)) as f:
+                    rows = json.load(f)
+                self.assertEqual(rows[0]["sizes"], plan.ranks[r]["microbatch_sizes"])
+                for w, row in enumerate(rows[1:], 1):  # the steady windows: the optimizer state exists
+                    self.assertEqual(row["oom"], 0)
+                    self.assertEqual(row["predicted"], plan.ranks[r]["predicted_peak_bytes"])
+                    self.assertLessEqual(row["peak"], plan.ranks[r]["budget_bytes"], "rank %d window %d" % (r, w))
+                    self.assertLessEqual(abs(row["peak"] / row["predicted"] - 1), 0.01, "rank %d window %d: %s" % (r, w, row))
+        with self.assertRaisesRegex(TypeError, "plans: a list of accumplan.Plan"):
+            accumplan.plan_ranks(own[0])
 
 
 if __name__ == "__main__":

@@ -44,6 +44,11 @@ std::vector<int64_t> choose_shares(const std::vector<RankCapacity>& ranks, int64
 Plan plan_ranks(const std::vector<Profile>& profiles, const std::vector<BudgetSpec>& budgets,
                 const PlanRequest& request);
 
+// The same from each rank's own plan (made on that rank's device for request.world_size ranks,
+// under its budget, its profile holding its confirmations): their profiles and budgets, rank 0's
+// request. InputError naming a plan whose target, world size or model differs from rank 0's.
+Plan plan_ranks(const std::vector<Plan>& own);
+
 // The plan rank `rank` trains by: the plan's window fields set to that rank's (a plan without
 // ranks: itself).
 Plan rank_view(const Plan& plan, int64_t rank);
