@@ -30,7 +30,23 @@ using report_draw::point_bytes;
 using report_draw::svg_document;
 using report_draw::xml_escape;
 
-std::string table_row(const std::vector<std::string>& cells, const char* tag = "td") {
+std::string table_row(const std::vector<std::string>& cells, const char* tag = "td");
+
+// 1.13: each rank's window where the ranks differ.
+std::string ranks_section(const Plan& plan) {
+  std::ostringstream h;
+  h << "<h2>Ranks that differ: " << plan.world_size << " ranks, each its own share and microbatch</h2>\n<table>\n"
+    << table_row({"rank", "budget", "share", "microbatches", "predicted peak", "predicted seconds"}, "th");
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    const RankWindow& w = plan.ranks[r];
+    h << table_row({std::to_string(r), format_bytes(w.budget_bytes), std::to_string(w.per_rank_batch),
+                    join_sizes(w.microbatch_sizes, 8), format_bytes(w.predicted_peak_bytes),
+                    w.window_seconds ? format_seconds(*w.window_seconds) : "-"});
+  }
+  return h.str() + "</table>\n";
+}
+
+std::string table_row(const std::vector<std::string>& cells, const char* tag) {
   std::string r = "<tr>";
   for (const auto& c : cells) r += std::string("<") + tag + ">" + xml_escape(c) + "</" + tag + ">";
   return r + "</tr>\n";
@@ -209,6 +225,7 @@ std::string render_report_html(const ReportInput& in) {
     }
     h << "</table>\n";
   }
+  if (in.plan && !in.plan->ranks.empty()) h << ranks_section(*in.plan);
   const ChartData d = chart_data(in);
   h << "<h2>Measured windows</h2>\n<table>\n"
     << table_row({"microbatch", d.reserved ? "reserved peak" : "peak", "fitted", "residual", "first microbatch peak",

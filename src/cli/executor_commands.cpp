@@ -664,7 +664,8 @@ void add_executor_commands(CLI::App& root, std::vector<Command>& commands) {
   run->footer(
       "Data parallel: launch with torchrun --no_python --nproc_per_node W accumplan run --plan plan.json ... "
       "(a plan made with --world-size W). Each global window of B samples is split strided: rank r takes "
-      "samples r, r+W, r+2W, .... Rank 0 writes --stats/--save/--plan-out/--trace; put {rank} in a path to have every rank "
+      "samples r, r+W, r+2W, ...; under a plan whose ranks differ (plan.ranks), rank r takes its own consecutive "
+      "share, and --memory-budget may give one budget per rank (24MiB,64MiB). Rank 0 writes --stats/--save/--plan-out/--trace; put {rank} in a path to have every rank "
       "write its own.");
   args->app = run;
   commands.push_back({run, [args]() { return run_command(*args); }});

@@ -7,6 +7,7 @@
 
 #include "accumplan/errors.h"
 #include "accumplan/ranks.h"
+#include "accumplan/report.h"
 #include "accumplan/sharding.h"
 #include "accumplan/window_loop.h"
 #include "test_helpers.h"
@@ -104,6 +105,10 @@ TEST_CASE("Ranks: each rank's budget gives its microbatch and its predicted peak
   CHECK(back.ranks[1].microbatch_sizes == plan.ranks[1].microbatch_sizes);
   CHECK(back.ranks[1].budget_bytes == 200 * MiB);
   CHECK_THAT(describe_plan(plan), Catch::Contains("rank 1") && Catch::Contains("predicted peak"));
+  // The report shows each rank's budget, share and predicted peak.
+  const std::string html = render_report_html(report_input_from_plan(plan));
+  CHECK_THAT(html, Catch::Contains("Ranks that differ") && Catch::Contains("200.0 MiB") &&
+                       Catch::Contains(format_bytes(plan.ranks[1].predicted_peak_bytes)));
 }
 
 TEST_CASE("Ranks: a plan asks a budget or a profile for every rank, or one for all", "[ranks]") {
