@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "accumplan/errors.h"
 #include "accumplan/schema.h"
 
 namespace accumplan::test {
@@ -29,6 +32,16 @@ inline Profile linear_profile(int64_t weights_bytes, int64_t fixed_bytes, int64_
     p.points.push_back(pt);
   }
   return p;
+}
+
+// What the plan reader says of `doc`: its SchemaError's message, "" when it reads the plan.
+inline std::string plan_schema_error(const nlohmann::json& doc) {
+  try {
+    plan_from_json(doc);
+  } catch (const SchemaError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 inline std::string source_path(const std::string& rel) { return std::string(ACCUMPLAN_SOURCE_DIR) + "/" + rel; }

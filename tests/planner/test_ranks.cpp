@@ -46,15 +46,6 @@ PlanRequest two_rank_request(int64_t target_batch) {
   return r;
 }
 
-std::string read_error(const json& doc) {
-  try {
-    plan_from_json(doc);
-  } catch (const SchemaError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("Ranks: the shares finish a window soonest, no share split of the pair does better", "[ranks]") {
@@ -130,20 +121,20 @@ TEST_CASE("Ranks: the reader refuses ranks that do not match the world size or t
   const Plan plan = plan_ranks({rank_profile(1.0), rank_profile(0.5)}, parse_rank_budgets("160MiB,200MiB", 2, "b"),
                                two_rank_request(256));
   const json good = json::parse(to_json(plan).dump());
-  CHECK(read_error(good).empty());
+  CHECK(accumplan::test::plan_schema_error(good).empty());
   json missing = good;
   missing["ranks"].erase(1);
-  CHECK_THAT(read_error(missing), Catch::Contains("$.ranks: 1 ranks for world_size 2"));
+  CHECK_THAT(accumplan::test::plan_schema_error(missing), Catch::Contains("$.ranks: 1 ranks for world_size 2"));
   json extra = good;
   extra["ranks"][1]["per_rank_batch"] = extra["ranks"][1]["per_rank_batch"].get<int64_t>() + 1;
   extra["ranks"][1]["microbatch_sizes"][0] = extra["ranks"][1]["microbatch_sizes"][0].get<int64_t>() + 1;
-  CHECK_THAT(read_error(extra), Catch::Contains("the shares sum to 257, but target_batch is 256"));
+  CHECK_THAT(accumplan::test::plan_schema_error(extra), Catch::Contains("the shares sum to 257, but target_batch is 256"));
   json split = good;
   split["ranks"][1]["microbatch_sizes"][0] = 1;
-  CHECK_THAT(read_error(split), Catch::Contains("$.ranks[1].microbatch_sizes: they do not sum"));
+  CHECK_THAT(accumplan::test::plan_schema_error(split), Catch::Contains("$.ranks[1].microbatch_sizes: they do not sum"));
   json order = good;
   order["ranks"][0]["rank"] = 1;
-  CHECK_THAT(read_error(order), Catch::Contains("$.ranks[0].rank"));
+  CHECK_THAT(accumplan::test::plan_schema_error(order), Catch::Contains("$.ranks[0].rank"));
 }
 
 TEST_CASE("Ranks: each rank takes its consecutive share; a short window is shared in proportion", "[ranks]") {

@@ -61,15 +61,6 @@ Plan sharded_plan(int64_t world_size = 4) {
   return make_plan(sharded_profile(world_size), r);
 }
 
-std::string plan_error(const json& doc) {
-  try {
-    plan_from_json(doc);
-  } catch (const SchemaError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("Sharding: where the whole state's optimizer step passes the budget, unsharded fits no sample, as planning "
@@ -264,55 +255,55 @@ TEST_CASE("Sharding: the reader refuses shares that do not describe the plan's r
   doc["sharding"]["per_rank_state_bytes"] = {10, 20};
   doc["sharding"]["measured_rank"] = 1;
   doc["sharding"].erase("other_ranks");
-  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.per_rank_peak_bytes: 4 peaks for world_size 2 (one per rank)"));
+  CHECK_THAT(accumplan::test::plan_schema_error(doc), Catch::Contains("$.sharding.per_rank_peak_bytes: 4 peaks for world_size 2 (one per rank)"));
   doc["sharding"].erase("per_rank_peak_bytes");
-  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.world_size: 2 but the plan's world_size is 4"));
+  CHECK_THAT(accumplan::test::plan_schema_error(doc), Catch::Contains("$.sharding.world_size: 2 but the plan's world_size is 4"));
   doc = good;  // other_ranks: ranks of the plan, ascending, not the measured one
   doc["sharding"]["other_ranks"][0]["rank"] = 0;
-  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.other_ranks[0].rank: 0 is not a rank in [0, 4)"));
+  CHECK_THAT(accumplan::test::plan_schema_error(doc), Catch::Contains("$.sharding.other_ranks[0].rank: 0 is not a rank in [0, 4)"));
   doc = good;
   doc["sharding"]["other_ranks"][1]["rank"] = 1;
-  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.other_ranks[1].rank: 1 is not a rank"));
+  CHECK_THAT(accumplan::test::plan_schema_error(doc), Catch::Contains("$.sharding.other_ranks[1].rank: 1 is not a rank"));
   doc = good;  // a 1.10 plan has no per-rank peaks: every rank reads the plan's
   doc["sharding"].erase("per_rank_peak_bytes");
   doc["sharding"].erase("other_ranks");
   doc["profile"]["sharding"].erase("other_ranks");
-  CHECK(plan_error(doc).empty());
+  CHECK(accumplan::test::plan_schema_error(doc).empty());
   CHECK(predicted_peak_of_rank(plan_from_json(doc), 2) == good["memory"]["predicted_peak_bytes"].get<int64_t>());
   doc = good;
   doc["sharding"]["per_rank_state_bytes"].erase(0);
-  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.per_rank_state_bytes: 3 shares for world_size 4"));
+  CHECK_THAT(accumplan::test::plan_schema_error(doc), Catch::Contains("$.sharding.per_rank_state_bytes: 3 shares for world_size 4"));
   doc = good;
   doc["sharding"]["measured_rank"] = (good["sharding"]["measured_rank"].get<int>() + 1) % 4;
-  CHECK_THAT(plan_error(doc), Catch::Contains("the lowest rank of the largest share"));
+  CHECK_THAT(accumplan::test::plan_schema_error(doc), Catch::Contains("the lowest rank of the largest share"));
   doc = good;  // equal shares: the windows held rank 0's, the lowest
   doc["sharding"]["per_rank_state_bytes"] = {5, 5, 5, 5};
   doc["sharding"]["measured_rank"] = 1;
-  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.measured_rank: 1 is not rank 0"));
+  CHECK_THAT(accumplan::test::plan_schema_error(doc), Catch::Contains("$.sharding.measured_rank: 1 is not rank 0"));
   doc = good;  // a plan that shards over windows that held no share
   doc["profile"].erase("sharding");
-  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding: the plan shards the optimizer state, but $.profile.sharding is absent"));
+  CHECK_THAT(accumplan::test::plan_schema_error(doc), Catch::Contains("$.sharding: the plan shards the optimizer state, but $.profile.sharding is absent"));
   doc = good;
   doc["profile"]["sharding"]["per_rank_state_bytes"][0] = doc["profile"]["sharding"]["per_rank_state_bytes"][0].get<int64_t>() + 1;
-  CHECK_THAT(plan_error(doc), Catch::Contains("$.profile.sharding holds other shares"));
+  CHECK_THAT(accumplan::test::plan_schema_error(doc), Catch::Contains("$.profile.sharding holds other shares"));
   doc = good;  // shares in range whose sum is not: the message names where
   doc["sharding"]["per_rank_state_bytes"] = {int64_t{1} << 50, int64_t{1} << 50, int64_t{1} << 50, int64_t{1} << 50};
   doc["profile"]["sharding"]["per_rank_state_bytes"] = doc["sharding"]["per_rank_state_bytes"];
   doc["profile"]["sharding"]["measured_rank"] = doc["sharding"]["measured_rank"] = 0;
-  CHECK(plan_error(doc).empty());
+  CHECK(accumplan::test::plan_schema_error(doc).empty());
   doc["sharding"]["world_size"] = doc["world_size"] = 1 << 14;
   doc["sharding"]["per_rank_state_bytes"] = json::array();
   for (int r = 0; r < (1 << 14); ++r) doc["sharding"]["per_rank_state_bytes"].push_back(int64_t{1} << 50);
-  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.per_rank_state_bytes: the whole state, the shares' sum"));
+  CHECK_THAT(accumplan::test::plan_schema_error(doc), Catch::Contains("$.sharding.per_rank_state_bytes: the whole state, the shares' sum"));
   doc = good;
   doc["sharding"]["optimizer"] = false;
-  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.optimizer: false"));
+  CHECK_THAT(accumplan::test::plan_schema_error(doc), Catch::Contains("$.sharding.optimizer: false"));
   doc = good;
   doc["sharding"]["per_rank_state_bytes"][0] = -1;
-  CHECK_THAT(plan_error(doc), Catch::Contains("$.sharding.per_rank_state_bytes[0]"));
+  CHECK_THAT(accumplan::test::plan_schema_error(doc), Catch::Contains("$.sharding.per_rank_state_bytes[0]"));
   doc = good;
   doc["sharding"]["unsharded_micro_batch"] = nullptr;  // not one sample fits unsharded
-  CHECK(plan_error(doc).empty());
+  CHECK(accumplan::test::plan_schema_error(doc).empty());
 }
 
 TEST_CASE("Sharding: every export carries ZeRO stage 1 in its trainer's terms",
