@@ -32,7 +32,7 @@ from .distributed import ddp_bucket_bytes
 from .errors import oom_error, plan_error
 from .losses import LOSSES, check_class_target, causal_shift, units_rule
 from .meters import meter_for, weight_bytes
-from .plans import Plan
+from .plans import Plan, plan_ranks
 from .runner import PERSISTENT_WINDOW, ModuleRunner, persistent_memory, state_bytes
 from .sharding import measuring_optimizer, shard_arg, sharding_of, unsharded_view
 from .snapshot import RestoreGuard, TrainingState
@@ -261,7 +261,9 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
     ``model(**inputs)``. target: the target tensor; None with loss="model" (the output carries the
     mean loss: a Hugging Face model given labels). loss_fn(output, target) returning the SUM over
     the microbatch replaces ``loss``. memory_budget: bytes, "12GiB" or "90%" (None: the device's
-    memory). device: "cpu" or "cuda[:N]", where the model is (None: there). amp: None, "bf16"
+    memory), or a list of one per rank (world_size of them) for ranks that differ: one search per
+    budget here, each rank then at this process's speed (``accumplan.plan_ranks`` combines plans made
+    on each rank's own device instead). device: "cpu" or "cuda[:N]", where the model is (None: there). amp: None, "bf16"
     or "fp16". headroom: "auto", a fraction ("0.05") or bytes ("256MiB"), as ``--headroom``.
     shift_labels: with loss="model" and per-token labels, whether the model's loss shifts them
     (None: detected, as ``train_window`` does; the plan records normalization "tokens").
@@ -319,8 +321,27 @@ def plan(model, inputs, target=None, *, target_batch=None, optimizer, loss="cros
                                   normalization, ignore_index)
     job.cfg.update(lengths=lengths, padding_mask=padding_mask, seq_range=_seq_range(lengths, max_seq_len),
                    shift_labels=causal_shift(model, shift_labels) if shift_labels is not None else None)
+    if isinstance(memory_budget, (list, tuple)):
+        return _per_rank_plan(job, model, optimizer, memory_budget)
     return Plan._from_core(_measured_plan(job, model, optimizer, memory_budget),
                            "accumplan.plan(%s)" % type(model).__name__)
+
+
+def _per_rank_plan(job, model, optimizer, budgets):
+    """memory_budget=[one per rank]: one search per distinct budget in this process (so every rank at
+    this process's speed), the plans combined by accumplan.plan_ranks."""
+    if len(budgets) != job.request.world_size:
+        raise ValueError("memory_budget: %d budgets for world_size=%d; give one per rank, or one for all"
+                         % (len(budgets), job.request.world_size))
+    if job.shard != "off" or job.knob is not None or job.request.target_tokens != 0:
+        raise ValueError("memory_budget: one per rank plans fixed-shape samples with the whole optimizer state and no "
+                         "checkpointing; pass one budget with shard, checkpointing or target_tokens")
+    own = {}
+    for b in budgets:
+        if repr(b) not in own:
+            own[repr(b)] = Plan._from_core(_measured_plan(job, model, optimizer, b),
+                                           "accumplan.plan(%s)" % type(model).__name__)
+    return plan_ranks([own[repr(b)] for b in budgets])
 
 
 def _job(model, optimizer, request, shard, progress):

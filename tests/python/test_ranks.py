@@ -104,6 +104,18 @@ class PlannedRanks(unittest.TestCase):
                     self.assertLessEqual(abs(row["peak"] / row["predicted"] - 1), 0.01, "rank %d window %d: %s" % (r, w, row))
         with self.assertRaisesRegex(TypeError, "plans: a list of accumplan.Plan"):
             accumplan.plan_ranks(own[0])
+        # One budget per rank from one process: the same searches, combined the same way.
+        model = Gated()
+        here = accumplan.plan(model, (x,), y, target_batch=192, world_size=2, memory_budget=["3MiB", "6MiB"],
+                              optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), progress=False, eval=False)
+        self.assertEqual([r["budget_bytes"] for r in here.ranks], [3 << 20, 6 << 20])
+        self.assertEqual(sum(r["per_rank_batch"] for r in here.ranks), 192)
+        self.assertGreater(here.ranks[1]["max_micro_batch"], here.ranks[0]["max_micro_batch"])
+        for r in here.ranks:
+            self.assertLessEqual(r["predicted_peak_bytes"], r["budget_bytes"])
+        with self.assertRaisesRegex(ValueError, "memory_budget: 3 budgets for world_size=2"):
+            accumplan.plan(model, (x,), y, target_batch=192, world_size=2, memory_budget=["3MiB"] * 3,
+                           optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), progress=False)
 
 
 if __name__ == "__main__":
