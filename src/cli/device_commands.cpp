@@ -25,6 +25,7 @@
 #include "accumplan/json_io.h"
 #include "accumplan/tensor_spec.h"
 #include "accumplan/memory_probe.h"
+#include "accumplan/ranks.h"
 #include "accumplan/report.h"
 #include "accumplan/schema.h"
 #include "accumplan/setup_rules.h"
@@ -188,7 +189,9 @@ void add_setup_options(CLI::App* app, DeviceArgs& a) {
       choice(app->add_option("--device", a.device, "cpu, cuda or cuda:N (default: cuda when available, else cpu)"))
           ->group(dev_group);
   add_memory_budget_option(app, a.budget, "device memory to stay within, enforced while measuring",
-                           "on cpu this makes the CPU a simulated accelerator of that size", dev_group);
+                           "on cpu this makes the CPU a simulated accelerator of that size; the main job also "
+                           "takes one per rank (24MiB,64MiB with --world-size 2) to plan ranks that differ",
+                           dev_group);
   choice(app->add_option("--probe", a.probe, "memory probe: auto | cpu-counting | cuda-caching-allocator | cupti"))
       ->capture_default_str()
       ->group(dev_group);
@@ -268,7 +271,8 @@ RunnerOptions runner_options(const DeviceArgs& a) {
   }
   o.device = given(a.device_option) ? a.device : (torch::cuda::is_available() ? "cuda" : "cpu");
   parse_device(o.device);  // InputError for a bad --device before anything is loaded
-  o.budget = memory_budget_from(a.budget);
+  // One budget for every rank; the root job plans a list of one per rank (plan_root), nothing else does.
+  o.budget = parse_rank_budgets(a.budget, a.plan.world_size, "--memory-budget").front();
   o.probe_sizes = parse_sizes(a.probe_sizes);
   o.seed = a.seed;
   o.progress = [](const std::string& line) { std::cerr << "accumplan: " << line << "\n" << std::flush; };
@@ -396,6 +400,11 @@ static void add_profile_command(CLI::App& root, std::vector<Command>& commands) 
                           throw InputError("--shard auto chooses while planning; `accumplan profile` measures one way: "
                                            "give --shard off or --shard optimizer");
                         }
+                        if (pargs->budget.find(',') != std::string::npos) {
+                          throw InputError("--memory-budget '" + cut_for_message(pargs->budget) + "': `accumplan profile` "
+                                           "measures one device under one budget; profile each rank on its own and "
+                                           "give `accumplan plan` one --profile per rank");
+                        }
                         const std::shared_ptr<Progress> progress = make_stderr_progress(pargs->progress, "step", 0);
                         o.progress = step_callback(progress);
                         if (pargs->plan.target_batch < 0 || pargs->plan.world_size < 1) {
@@ -446,6 +455,30 @@ static Plan plan_on_device(const DeviceArgs& a, const RunnerOptions& o, PlanRequ
                             [&] { return freed; }, o.progress);
 }
 
+// The root job's plan: one search, or with one --memory-budget per rank one search per distinct
+// budget on this device (every rank at this device's speed), combined by plan_ranks.
+static Plan plan_root(const DeviceArgs& a, const RunnerOptions& o, const PlanRequest& req) {
+  const std::vector<BudgetSpec> budgets = parse_rank_budgets(a.budget, req.world_size, "--memory-budget");
+  if (budgets.size() == 1) return plan_on_device(a, o, req);
+  if (parse_shard_mode(a.shard, req.world_size) != ShardMode::Off || req.target_tokens) {
+    throw InputError("--memory-budget with one budget per rank plans fixed-shape samples with the whole optimizer "
+                     "state; give one --memory-budget with --shard or --target-tokens");
+  }
+  std::vector<Plan> own;
+  for (size_t r = 0; r < budgets.size(); ++r) {
+    size_t same = 0;
+    while (same < r && !(budgets[same].bytes == budgets[r].bytes && budgets[same].fraction == budgets[r].fraction)) ++same;
+    if (same < r) {
+      own.push_back(own[same]);
+      continue;
+    }
+    RunnerOptions rank = o;
+    rank.budget = budgets[r];
+    own.push_back(plan_on_device(a, rank, req));
+  }
+  return plan_ranks(own);
+}
+
 Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
   const size_t first_device_command = commands.size();
   // --- the root job: profile, plan, confirm ---------------------------------------------------
@@ -494,7 +527,7 @@ Command add_device_commands(CLI::App& root, std::vector<Command>& commands) {
             o.progress = step_callback(progress);
             // With --target-tokens the window in sequences depends on the lengths: probes are bounded by memory alone.
             o.max_probe_micro_batch = by_tokens ? 0 : args->plan.target_batch / args->plan.world_size;
-            const Plan plan = plan_on_device(*args, o, req);
+            const Plan plan = plan_root(*args, o, req);
             progress->finish();
             // Written before the summary, files before stdout: an output that cannot be written (a
             // full disk) is one error line, with no summary of a plan never saved and no plan on stdout.

@@ -198,3 +198,40 @@ TEST_CASE("CLI: a newline inside any value never breaks the one error line", "[c
   expect_refusal(dir, {"plan", "--profile", "no\nsuch.json", "--target-batch", "8"}, "no?such.json");
   expect_refusal(dir, {"export", "--plan", kProfile, "--to", "h\nf"}, "accumplan: error:");
 }
+
+TEST_CASE("CLI plan: one --profile and one --memory-budget per rank plan ranks that differ", "[cli][plan][ranks]") {
+  const std::string dir = scratch_dir("plan-ranks");
+  // The golden profile, as windows for two ranks measured it (its exchange made).
+  json p = json::parse(slurp(kProfile));
+  p["gradient_exchange"] = true;
+  const std::string profile = dir + "/profile.json";
+  std::ofstream(profile) << p.dump();
+  const int64_t total = p["device"]["total_bytes"];
+  const std::string small = std::to_string(total / 2), large = std::to_string(total);
+  const CliResult r = run_cli({"plan", "--profile", profile, "--profile", profile, "--target-batch", "512",
+                               "--world-size", "2", "--memory-budget", small + "," + large});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json plan = json::parse(r.out);
+  REQUIRE(plan["ranks"].size() == 2);
+  CHECK(plan["ranks"][0]["budget_bytes"] == total / 2);
+  CHECK(plan["ranks"][1]["budget_bytes"] == total);
+  CHECK(plan["ranks"][0]["per_rank_batch"].get<int64_t>() + plan["ranks"][1]["per_rank_batch"].get<int64_t>() == 512);
+  CHECK(plan["ranks"][1]["max_micro_batch"].get<int64_t>() >= plan["ranks"][0]["max_micro_batch"].get<int64_t>());
+  CHECK(r.err.find("ranks that differ") != std::string::npos);
+  // A budget count that is neither one nor one per rank is refused, naming the counts.
+  const CliResult three = run_cli({"plan", "--profile", profile, "--target-batch", "512", "--world-size", "2",
+                                   "--memory-budget", small + "," + small + "," + large});
+  CHECK(three.exit_code == 2);
+  CHECK(three.err.find("holds 3 budgets for 2 ranks") != std::string::npos);
+  // The exports that give every rank one per-device batch refuse the plan; torchrun carries it.
+  const std::string planned = dir + "/plan.json";
+  std::ofstream(planned) << r.out;
+  const CliResult hf = run_cli({"export", "--plan", planned, "--to", "hf"});
+  CHECK(hf.exit_code == 2);
+  CHECK(hf.err.find("gives every rank one per-device batch") != std::string::npos);
+  const CliResult torchrun = run_cli({"export", "--plan", planned, "--to", "torchrun"});
+  INFO(torchrun.err);
+  CHECK(torchrun.exit_code == 0);
+  CHECK(torchrun.out.find("ranks that differ") != std::string::npos);
+}
