@@ -36,6 +36,7 @@ def main():
                      "oom": st.oom_recoveries})
     with open(os.path.join(out, "rank%d-peaks.json" % rank), "w") as f:
         json.dump(rows, f)
+    dist.barrier()  # both ranks done before either tears the group down: a teardown racing the peer's can abort
     dist.destroy_process_group()
 
 

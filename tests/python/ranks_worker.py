@@ -45,6 +45,7 @@ def main():
     train(plan, FailingAt(TinyLM().double(), position=1 if rank == 1 else None), tokens, rank, out, "oom")
     with open(os.path.join(out, "rank%d-ranks.json" % rank), "w") as f:
         json.dump(plan.ranks, f)
+    dist.barrier()  # both ranks done before either tears the group down: a teardown racing the peer's can abort
     dist.destroy_process_group()
 
 
