@@ -1,6 +1,6 @@
 """accumplan.window — the one microbatch step, and the torch side of the core's window loop.
 
-The window algorithm itself (the split, the counts every rank agrees on, the rounds, the re-plan
+The window algorithm itself (the split, the counts every rank agrees on, the agreement, the re-plan
 and replay after an out-of-memory, clipping and the order of the update) is C++
 (accumplan/window_loop.h), the one ``accumplan run`` executes. This module supplies what only
 Python has, the torch sides ``TrainBackend`` and ``EvalBackend``: ``train_window``

@@ -67,8 +67,7 @@ struct ExecutorOptions {
   std::string plan_out;                  // write the plan atomically after each re-plan
   // One line per event (recoveries, skipped steps). Default: stderr, prefixed "accumplan: ".
   std::function<void(const std::string&)> log;
-  // Testing and instrumentation hook, called before each microbatch's forward (not for the
-  // empty rounds of a data-parallel rank that has fewer microbatches).
+  // Testing and instrumentation hook, called before each microbatch's forward.
   std::function<void(const MicrobatchEvent&)> before_microbatch;
   // Instrumentation (a trace, a progress line; never changes what the executor does): after each
   // microbatch's step returned or failed (`out_of_memory`: it failed for memory), after each
