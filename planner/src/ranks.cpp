@@ -65,10 +65,7 @@ void check_rank_request(const std::vector<Profile>& profiles, const std::vector<
       throw InputError("ranks that differ keep their whole optimizer state; plan " + option_name("--shard") +
                        " optimizer with one " + option_name("--memory-budget") + " for every rank");
     }
-    if (!p.gradient_exchange) {
-      throw InputError("the profile's windows did not make a rank's gradient exchange; profile again with " +
-                       option_name("--world-size") + " " + std::to_string(W));
-    }
+    check_exchange(p, request);
   }
 }
 
@@ -183,16 +180,13 @@ Plan plan_ranks(const std::vector<Profile>& profiles, const std::vector<BudgetSp
     q.use_timing = false;
     return q;
   };
-  std::vector<RankCapacity> caps;
   bool timed = true;
+  for (const Profile& p : profiles) timed = timed && TimeModel::available(p);
+  std::vector<RankCapacity> caps;
   for (size_t r = 0; r < W; ++r) {
-    const Plan whole = solve_rank(profile_of(r), request_of(r, request.target_batch), r);
-    timed = timed && TimeModel::available(profile_of(r));
-    caps.push_back({whole.max_micro_batch, TimeModel::available(profile_of(r)) ? TimeModel::fit(profile_of(r))
-                                                                              : TimeModel::line(0, 1.0)});
-  }
-  if (!timed) {  // no step times: a rank's time is its share over its largest microbatch
-    for (RankCapacity& c : caps) c.time = TimeModel::line(0, 1.0 / static_cast<double>(c.max_micro_batch));
+    const int64_t cap = solve_rank(profile_of(r), request_of(r, request.target_batch), r).max_micro_batch;
+    // No step times: a rank's time is its share over its largest microbatch.
+    caps.push_back({cap, timed ? TimeModel::fit(profile_of(r)) : TimeModel::line(0, 1.0 / static_cast<double>(cap))});
   }
   const std::vector<int64_t> shares = choose_shares(caps, request.target_batch, request.multiple_of.value_or(1));
   std::vector<Plan> per_rank;
@@ -273,6 +267,19 @@ std::pair<int64_t, int64_t> rank_share(const Plan& plan, int64_t rank, int64_t s
     return static_cast<int64_t>(static_cast<__int128>(samples) * shares / plan.target_batch);
   };
   return {at(before), at(through) - at(before)};
+}
+
+SampleSlice strided_slice(int64_t rank, int64_t world_size, int64_t samples) {
+  if (world_size < 1 || rank < 0 || rank >= world_size || samples < 0) {
+    throw InputError("rank " + std::to_string(rank) + " is not in a group of " + std::to_string(world_size));
+  }
+  return {std::min(rank, samples), samples, world_size};  // a start past the end: a rank with no share
+}
+
+SampleSlice rank_slice(const Plan& plan, int64_t rank, int64_t samples) {
+  if (plan.ranks.empty()) return strided_slice(rank, plan.world_size, samples);
+  const auto [start, count] = rank_share(plan, rank, samples);
+  return {start, start + count, 1};
 }
 
 int64_t rank_batch(const Plan& plan, int64_t rank) {

@@ -47,7 +47,21 @@ int64_t eval_size_after_oom(int64_t failing_size) {
   return failing_size / 2;
 }
 
-std::vector<int64_t> window_sizes(const Plan& plan, int64_t samples) {
+std::vector<int64_t> window_sizes(const Plan& plan, int64_t samples, int64_t rank) {
+  if (!plan.ranks.empty()) {  // ranks that differ: this rank's own window
+    if (rank < 0 || rank >= static_cast<int64_t>(plan.ranks.size())) {
+      throw InputError("rank " + std::to_string(rank) + " is not one of the plan's " + std::to_string(plan.ranks.size()) +
+                       " ranks");
+    }
+    const RankWindow& w = plan.ranks[static_cast<size_t>(rank)];
+    if (samples == w.per_rank_batch) return w.microbatch_sizes;
+    if (samples < 1 || samples > w.per_rank_batch) {
+      throw InputError("a window holds 1.." + std::to_string(w.per_rank_batch) + " samples on rank " +
+                       std::to_string(rank) + " (its share, plan.ranks); got " + std::to_string(samples));
+    }
+    const int64_t cap = *std::max_element(w.microbatch_sizes.begin(), w.microbatch_sizes.end());
+    return split_samples(samples, cap, plan.split == "uniform" ? "uniform" : "balanced", plan.multiple_of.value_or(1));
+  }
   if (samples == plan.per_rank_batch) return plan.microbatch_sizes;
   // A plan with target_tokens windows by valid tokens: a window may hold more samples than the
   // per-rank batch, split under the same largest microbatch.

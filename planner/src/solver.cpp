@@ -368,16 +368,14 @@ void check_request(const PlanRequest& request) {
   if ((B / W) % unit != 0) check_divisible(B, W * unit, "world size x " + option_name("--multiple-of"));
 }
 
-namespace {
-
-// A plan for two or more ranks predicts what each rank holds, the gradient exchange's buffers
-// included: only windows that made the exchange measured them.
 void check_exchange(const Profile& profile, const PlanRequest& request) {
   if (request.world_size < 2 || profile.gradient_exchange) return;
   const std::string ranks = option_name("--world-size") + " " + std::to_string(request.world_size);
   throw InputError("the profile's windows did not make the gradient exchange a rank of " + ranks +
                    " makes (its flat buffers lie on top of the gradients); profile again with " + ranks);
 }
+
+namespace {
 
 // The largest microbatch a sample plan may use, and how it was reached (for `reason`).
 struct SampleBound {

@@ -75,7 +75,7 @@ struct WindowLoop::Split {
   // The split of `m` samples of rank `r` under the plan (sample plans): its own window where the ranks differ.
   std::vector<int64_t> split_of(int64_t m, int r) const {
     if (m == 0) return {};
-    return plan.ranks.empty() ? window_sizes(plan, m) : window_sizes(rank_view(plan, r), m);
+    return window_sizes(plan, m, r);
   }
 
   // Cuts the window for attempt `attempt` (later ones follow the re-planned plan); packed plans by

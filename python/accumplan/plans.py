@@ -155,12 +155,9 @@ class Plan:
         """The samples of a global window of ``samples`` that rank ``rank`` trains, as a slice of the
         window: where the ranks differ (``plan.ranks``) its consecutive share (a short window shared
         in proportion), otherwise every world_size-th sample from ``rank`` (strided)."""
-        rank = int_arg(rank, "rank", 0, self.world_size - 1)
-        samples = int_arg(samples, "samples", 0, MAX_COUNT)
-        if not self.ranks:
-            return slice(rank, samples, self.world_size)
-        start, count = self._core.rank_share(rank, samples)
-        return slice(start, start + count)
+        start, stop, step = self._core.rank_slice(int_arg(rank, "rank", 0, self.world_size - 1),
+                                                  int_arg(samples, "samples", 0, MAX_COUNT))
+        return slice(start, stop, step if step != 1 else None)
 
     def largest_fitting(self):
         """The largest microbatch b whose predicted peak on the plan's fitted line (fit.intercept_bytes

@@ -102,7 +102,7 @@ void bind_plan_object(py::module_& m) {
            py::arg("failing_tokens"), "lowers the token budget in place below failing_tokens")
       .def("window_sizes",
            [](const Plan& p, int64_t samples, int64_t rank) {
-             return p.ranks.empty() ? window_sizes(p, samples) : window_sizes(rank_view(p, rank), samples);
+             return window_sizes(p, samples, rank);
            },
            py::arg("samples"), py::arg("rank") = 0,
            "microbatch sizes of rank `rank`'s window of `samples` (its own where the ranks differ)")
@@ -113,9 +113,13 @@ void bind_plan_object(py::module_& m) {
                     return std::make_shared<Plan>(plan_ranks(plans));
                   },
                   py::arg("own"), "the plan of ranks that differ from each rank's own plan (accumplan/ranks.h)")
-      .def("rank_share", [](const Plan& p, int64_t rank, int64_t samples) { return rank_share(p, rank, samples); },
+      .def("rank_slice",
+           [](const Plan& p, int64_t rank, int64_t samples) {
+             const SampleSlice s = rank_slice(p, rank, samples);
+             return py::make_tuple(s.start, s.stop, s.step);
+           },
            py::arg("rank"), py::arg("samples"),
-           "(start, count): rank `rank`'s consecutive share of a global window of `samples` where the ranks differ")
+           "(start, stop, step) of rank `rank`'s part of a global window of `samples` (accumplan/ranks.h)")
       .def("eval_sizes", [](const Plan& p, int64_t samples) { return eval_sizes(p, samples); }, py::arg("samples"),
            "the eval microbatches of `samples` under the plan (plan.eval, else its microbatch)")
       .def("largest_fitting",

@@ -96,28 +96,27 @@ std::vector<std::pair<int64_t, int64_t>> plan_windows(const Batch& data, const P
   return epoch_windows(batch_samples(data, "the data"), plan.target_batch);  // the global window
 }
 
-Batch stride_window(const Batch& window, int rank, int world_size) {
-  if (world_size < 1 || rank < 0 || rank >= world_size) {
-    throw InputError("rank " + std::to_string(rank) + " is not in a group of " + std::to_string(world_size));
-  }
-  const int64_t n = batch_samples(window);
-  // slice(dim, start, end, step); a start past the end gives 0 rows, a rank with no share.
-  auto part = [&](const at::Tensor& t) { return t.slice(0, std::min<int64_t>(rank, n), n, world_size); };
+namespace {
+// The window's samples in `s` (views, no copy).
+Batch slice_window(const Batch& window, const SampleSlice& s) {
+  auto part = [&](const at::Tensor& t) { return t.slice(0, s.start, s.stop, s.step); };
   Batch out;
   for (const auto& t : window.inputs) out.inputs.push_back(part(t));
   if (window.target.defined()) out.target = part(window.target);
   if (window.lengths.defined()) out.lengths = part(window.lengths);
   return out;
 }
+}  // namespace
+
+Batch stride_window(const Batch& window, int rank, int world_size) {
+  return slice_window(window, strided_slice(rank, world_size, batch_samples(window)));
+}
 
 Batch rank_window(const Batch& window, const Plan& plan, int rank, int world_size) {
-  if (plan.ranks.empty()) return stride_window(window, rank, world_size);
-  const auto [start, count] = rank_share(plan, rank, batch_samples(window));
-  Batch out;
-  for (const auto& t : window.inputs) out.inputs.push_back(t.slice(0, start, start + count));
-  if (window.target.defined()) out.target = window.target.slice(0, start, start + count);
-  if (window.lengths.defined()) out.lengths = window.lengths.slice(0, start, start + count);
-  return out;
+  if (plan.world_size != world_size) {
+    throw InputError("the plan is for world size " + std::to_string(plan.world_size) + ", not " + std::to_string(world_size));
+  }
+  return slice_window(window, rank_slice(plan, rank, batch_samples(window)));
 }
 
 std::vector<std::pair<int64_t, int64_t>> epoch_windows(int64_t samples, int64_t per_rank_batch) {

@@ -170,8 +170,8 @@ std::vector<std::pair<int64_t, int64_t>> plan_windows(const Batch& data, const P
 // Every rank can compute every share, which is why the rule is strided rather than blocks.
 Batch stride_window(const Batch& window, int rank, int world_size);
 
-// Rank `rank`'s share of a global window under `plan`: its consecutive share where the ranks
-// differ (plan.ranks, rank_share), otherwise stride_window's.
+// Rank `rank`'s share of a global window under `plan` (rank_slice: its consecutive share where the
+// ranks differ, otherwise strided); InputError when the plan is not for `world_size` ranks.
 Batch rank_window(const Batch& window, const Plan& plan, int rank, int world_size);
 
 // Samples in a batch (dim 0 of every tensor); InputError naming `what` if they disagree or the

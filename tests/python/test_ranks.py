@@ -106,8 +106,16 @@ class PlannedRanks(unittest.TestCase):
             accumplan.plan_ranks(own[0])
         # One budget per rank from one process: the same searches, combined the same way.
         model = Gated()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        before, rng = {k: v.clone() for k, v in model.state_dict().items()}, torch.get_rng_state()
         here = accumplan.plan(model, (x,), y, target_batch=192, world_size=2, memory_budget=["3MiB", "6MiB"],
-                              optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), progress=False, eval=False)
+                              optimizer=opt, progress=False, eval=False)
+        # Two searches, and the model, optimizer and RNG are as they were, bit for bit.
+        for k, v in model.state_dict().items():
+            self.assertTrue(torch.equal(v, before[k]) and v.dtype == before[k].dtype, k)
+        self.assertEqual(opt.state_dict()["state"], {})
+        self.assertTrue(all(p.grad is None for p in model.parameters()))
+        self.assertTrue(torch.equal(torch.get_rng_state(), rng))
         self.assertEqual([r["budget_bytes"] for r in here.ranks], [3 << 20, 6 << 20])
         self.assertEqual(sum(r["per_rank_batch"] for r in here.ranks), 192)
         self.assertGreater(here.ranks[1]["max_micro_batch"], here.ranks[0]["max_micro_batch"])

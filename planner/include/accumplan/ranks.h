@@ -62,6 +62,17 @@ Plan replan_rank(const Plan& plan, int64_t rank, int64_t failing_micro_batch, st
 // (floor(samples · shares before r / target_batch)), so a full window gives each rank its share.
 std::pair<int64_t, int64_t> rank_share(const Plan& plan, int64_t rank, int64_t samples);
 
+// The samples of a global window that a rank trains: [start, stop), every step-th.
+struct SampleSlice {
+  int64_t start = 0, stop = 0, step = 1;
+};
+// Rank `rank` of `world_size` under the strided rule: samples rank, rank + W, rank + 2W, ... (a
+// window of 7 on 2 ranks: 4 and 3; of 1: 1 and 0). InputError for a rank outside the group.
+SampleSlice strided_slice(int64_t rank, int64_t world_size, int64_t samples);
+// Rank `rank`'s part of a global window of `samples` under `plan`: its consecutive share where the
+// ranks differ (rank_share), otherwise strided. `accumplan run` and Python's Plan.rank_slice both cut by it.
+SampleSlice rank_slice(const Plan& plan, int64_t rank, int64_t samples);
+
 // The most samples rank `rank` may be handed in a window: its share, or the plan's per-rank batch.
 int64_t rank_batch(const Plan& plan, int64_t rank);
 

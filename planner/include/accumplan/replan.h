@@ -35,7 +35,8 @@ Plan repack_below(const Plan& plan, int64_t failing_tokens);
 // Microbatch sizes for a window of `samples` (== per_rank_batch: the plan's own sizes; fewer: a
 // short last window split with split_samples under the plan's largest microbatch, which was
 // confirmed or survived training, so the short window never uses a size the full one did not).
-std::vector<int64_t> window_sizes(const Plan& plan, int64_t samples);
+// Where the ranks differ (plan.ranks), rank `rank`'s: its share and its own microbatches.
+std::vector<int64_t> window_sizes(const Plan& plan, int64_t samples, int64_t rank = 0);
 
 // ---- The evaluation batch (plan.eval, schema 1.7) ----
 // Microbatches of `micro_batch` over `samples`, the last the remainder: 10 by 4 → 4, 4, 2.

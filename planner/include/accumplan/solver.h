@@ -123,6 +123,10 @@ struct KeptMargin {
 };
 KeptMargin kept_margin(const Margin& margin);
 
+// A plan for two or more ranks predicts what each rank holds, the gradient exchange's buffers
+// included: InputError unless the profile's windows made the exchange (or request.world_size < 2).
+void check_exchange(const Profile& profile, const PlanRequest& request);
+
 // The request's own checks (ranges, B divisible by W and by W·multiple_of), without a profile:
 // callers that measure first run it before spending the measurement. Throws like make_plan.
 void check_request(const PlanRequest& request);
