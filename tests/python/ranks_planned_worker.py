@@ -10,7 +10,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from helpers import Gated
+from helpers import end_rank, Gated
 
 import accumplan
 
@@ -36,13 +36,7 @@ def main():
                      "oom": st.oom_recoveries})
     with open(os.path.join(out, "rank%d-peaks.json" % rank), "w") as f:
         json.dump(rows, f)
-    dist.barrier()  # both ranks done before either tears the group down: a teardown racing the peer's can abort
-    dist.destroy_process_group()
-    # Every output is written: the process ends here. Left to the interpreter's exit, torch's own
-    # teardown aborted 1 run in about 30 on a loaded machine ("terminate called without an active
-    # exception", after destroy_process_group returned).
-    sys.stdout.flush()
-    os._exit(0)
+    end_rank()
 
 
 if __name__ == "__main__":

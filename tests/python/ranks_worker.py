@@ -11,7 +11,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from helpers import Classifier, FailingAt, TinyLM, params_of, ranks_doc, token_data
+from helpers import end_rank, Classifier, FailingAt, TinyLM, params_of, ranks_doc, token_data
 
 import accumplan
 
@@ -45,13 +45,7 @@ def main():
     train(plan, FailingAt(TinyLM().double(), position=1 if rank == 1 else None), tokens, rank, out, "oom")
     with open(os.path.join(out, "rank%d-ranks.json" % rank), "w") as f:
         json.dump(plan.ranks, f)
-    dist.barrier()  # both ranks done before either tears the group down: a teardown racing the peer's can abort
-    dist.destroy_process_group()
-    # Every output is written: the process ends here. Left to the interpreter's exit, torch's own
-    # teardown aborted 1 run in about 30 on a loaded machine ("terminate called without an active
-    # exception", after destroy_process_group returned).
-    sys.stdout.flush()
-    os._exit(0)
+    end_rank()
 
 
 if __name__ == "__main__":
